@@ -112,7 +112,12 @@ def load_directory(path: Path, torch_dtype=None):
                              "point --model at a directory written by save_pretrained (config.json + weights)")
     from transformers import AutoModelForCausalLM
 
+    from mechkit.model.surgery import CONFIG_KEY, load_pruned_directory
+
+    pruned = CONFIG_KEY in (path / "config.json").read_text()
     try:
+        if pruned:
+            return load_pruned_directory(path, torch_dtype), _tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype, local_files_only=True, trust_remote_code=False)
     except MechkitError:

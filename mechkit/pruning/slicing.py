@@ -1,0 +1,106 @@
+"""Make a plan physical: a sliced copy of the model, and saving / reloading it in safetensors.
+
+A saved pruned model is an ordinary HF directory (``config.json``, ``model.safetensors``, tokenizer
+files) whose config is the *dense* config plus a ``mechkit_pruning`` entry holding the per-layer
+structure. The installed transformers builds every layer with one width, so
+:func:`mechkit.load_model` rebuilds the dense modules from that config, slices them to the recorded
+structure and then loads the weights strictly (:func:`mechkit.model.surgery.build_pruned`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from mechkit.model.handle import ModelHandle
+from mechkit.model.linear import weight_out_in
+from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure
+
+if TYPE_CHECKING:
+    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.stats import UnitStats
+
+
+
+def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats) -> dict[str, torch.Tensor]:
+    """FLAP bias compensation: for each output projection, ``W[:, removed] @ mean(removed inputs)``."""
+    a = handle.anatomy
+    names = {id(m): n for n, m in handle.model.named_modules()}
+    out: dict[str, torch.Tensor] = {}
+    gone = set(plan.layers)
+    with torch.no_grad():
+        for layer, removed in plan.mlp.items():
+            if removed and layer not in gone:
+                module = a.mlp_out(layer)
+                idx = torch.tensor(sorted(removed))
+                w = weight_out_in(module)[:, idx].double()
+                out[names[id(module)]] = (w @ stats.mlp_mean[layer][idx].to(w.device)).to(module.weight.dtype)
+        for layer, removed in plan.heads.items():
+            if removed and layer not in gone:
+                module = a.attn_out(layer)
+                d = a.d_head
+                cols = torch.cat([torch.arange(h * d, (h + 1) * d) for h in sorted(removed)])
+                w = weight_out_in(module)[:, cols].double()
+                mean = stats.head_mean[layer][sorted(removed)].reshape(-1).to(w.device)
+                out[names[id(module)]] = (w @ mean).to(module.weight.dtype)
+    return out
+
+
+def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = None) -> ModelHandle:
+    """A new handle holding a physically pruned deep copy; ``handle`` is left untouched."""
+    comp = compensation(handle, plan, stats) if plan.compensate else None
+    model = copy.deepcopy(handle.model)
+    structure = apply_structure(model, plan.structure(handle.anatomy), comp,
+                                handle.anatomy.n_heads, handle.anatomy.n_kv_heads)
+    setattr(model, "_mechkit_structure", structure)  # noqa: B010 - read by save_pruned
+    from mechkit.model.anatomy import discover_anatomy
+
+    anatomy = discover_anatomy(model)
+    return ModelHandle(model=model, tokenizer=handle.tokenizer, anatomy=anatomy, spec=f"{handle.spec} (pruned)",
+                       name=f"{handle.name} (pruned)", source=None)
+
+
+def structure_of(model) -> Structure | None:
+    return getattr(model, "_mechkit_structure", None)
+
+
+def _untied_state(model) -> dict[str, torch.Tensor]:
+    """The state dict without the output embedding when it is tied to the input one (the loader re-ties)."""
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
+        state.pop(next(n for n, m in model.named_modules() if m is out_emb) + ".weight", None)
+    return state
+
+
+def save_pruned(handle: ModelHandle, out_dir: str | Path) -> Path:
+    """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename)."""
+    from safetensors.torch import save_file
+
+    structure = structure_of(handle.model)
+    if structure is None:
+        raise ValueError("this model was not pruned by mechkit (no structure to save)")
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".pruned-", dir=out.parent))
+    try:
+        config = handle.model.config.to_dict()
+        config.update(structure.config_restore)
+        config[CONFIG_KEY] = structure.as_dict()
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        save_file(_untied_state(handle.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if handle.tokenizer is not None:
+            handle.tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

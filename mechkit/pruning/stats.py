@@ -1,0 +1,78 @@
+"""Calibration statistics of prunable units: per-channel and per-head activation moments, and block
+influence, gathered in one hooked pass over calibration prompts (padding excluded)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from mechkit.hooking.core import hooks
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+
+@dataclass
+class UnitStats:
+    """Per layer: MLP channel mean / second moment ``[d_mlp]``, head output mean / second moment
+    ``[n_heads, d_head]``, and block influence 1 − cos(block input, block output) (ShortGPT)."""
+
+    mlp_mean: torch.Tensor  # [n_layers, d_mlp]
+    mlp_sq: torch.Tensor
+    head_mean: torch.Tensor  # [n_layers, n_heads, d_head]
+    head_sq: torch.Tensor
+    block_influence: torch.Tensor  # [n_layers]
+    n_tokens: int
+
+    @property
+    def mlp_var(self) -> torch.Tensor:
+        return (self.mlp_sq - self.mlp_mean ** 2).clamp_min(0)
+
+    @property
+    def mlp_norm(self) -> torch.Tensor:
+        """‖X_j‖₂ over calibration tokens (Wanda's activation norm), per channel."""
+        return (self.mlp_sq * self.n_tokens).sqrt()
+
+    @property
+    def head_var(self) -> torch.Tensor:
+        return (self.head_sq - self.head_mean ** 2).clamp_min(0)
+
+
+def collect_stats(handle: ModelHandle, texts: Sequence[str], batch_size: int = 8) -> UnitStats:
+    """One pass over ``texts`` accumulating float64 moments of every layer's MLP channels and heads."""
+    a = handle.anatomy
+    L = a.n_layers
+    acc = {"mlp": torch.zeros(L, a.d_mlp, dtype=torch.float64), "mlp2": torch.zeros(L, a.d_mlp, dtype=torch.float64),
+           "head": torch.zeros(L, a.n_heads, a.d_head, dtype=torch.float64),
+           "head2": torch.zeros(L, a.n_heads, a.d_head, dtype=torch.float64),
+           "infl": torch.zeros(L, dtype=torch.float64)}
+    n_tokens = 0
+    for start in range(0, len(texts), batch_size):
+        enc = handle.tokenizer(list(texts[start:start + batch_size]), return_tensors="pt", padding=True)
+        ids, attn = enc["input_ids"].to(handle.device), enc["attention_mask"].to(handle.device)
+        mask = attn.bool()
+        pre: dict[int, torch.Tensor] = {}
+
+        def moments(x, point, key, mask=mask):
+            v = x[mask].double().cpu()
+            acc[key][point.layer] += v.sum(0)
+            acc[key + "2"][point.layer] += (v * v).sum(0)
+
+        def keep_pre(x, point, mask=mask, pre=pre):
+            pre[point.layer] = x[mask].double()
+
+        def influence(x, point, mask=mask, pre=pre):
+            cos = torch.nn.functional.cosine_similarity(pre.pop(point.layer), x[mask].double(), dim=-1)
+            acc["infl"][point.layer] += (1 - cos).sum().cpu()
+
+        fns = {"blocks.*.mlp.hook_post": lambda x, p: moments(x, p, "mlp"),
+               "blocks.*.attn.hook_z": lambda x, p: moments(x, p, "head"),
+               "blocks.*.hook_resid_pre": keep_pre, "blocks.*.hook_resid_post": influence}
+        with torch.no_grad(), hooks(handle, fns):
+            handle(ids, attention_mask=attn)
+        n_tokens += int(mask.sum())
+    n = max(n_tokens, 1)
+    return UnitStats(acc["mlp"] / n, acc["mlp2"] / n, acc["head"] / n, acc["head2"] / n, acc["infl"] / n, n_tokens)

@@ -1,0 +1,102 @@
+"""Physical pruning computes exactly what the masked dense model computes, per family, and reloads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mechkit as mk
+from mechkit.errors import MechkitError
+from mechkit.model.tiny import tiny_families
+from mechkit.model.surgery import slice_heads
+from mechkit.pruning.masking import masked
+from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.slicing import prune_copy, save_pruned
+from mechkit.pruning.stats import collect_stats
+
+TEXTS = ["input: cat\noutput: Cat\n", "input: walk\noutput: walked\ninput: go\noutput:", "hello world"]
+
+
+def _heads_plan(a) -> dict[int, list[int]]:
+    """Layer 0: one query head from every KV group; layer 1: a whole KV group (or any heads for MHA)."""
+    g = a.n_groups
+    per_group = [k * g + g - 1 for k in range(a.n_kv_heads)] if g > 1 else [0, 2]
+    whole_group = list(range(g)) if g > 1 else [1]
+    return {0: per_group, 1: whole_group}
+
+
+def _plans(a) -> list[PrunePlan]:
+    mlp = {0: list(range(0, a.d_mlp, 3)), 1: list(range(5, a.d_mlp, 4))}
+    return [PrunePlan(mlp=mlp, heads=_heads_plan(a)),
+            PrunePlan(mlp=mlp, heads=_heads_plan(a), compensate=True),
+            PrunePlan(mlp={1: [1, 2]}, layers=[0])]
+
+
+@pytest.fixture(scope="module")
+def double_models():
+    return {}
+
+
+def _double(family: str):
+    m = mk.load_model(f"tiny:{family}", device="cpu")
+    m.model.double()
+    return m
+
+
+@pytest.mark.parametrize("family", tiny_families())
+def test_sliced_equals_masked(family):
+    m = _double(family)
+    ids = m.to_tokens(TEXTS)
+    mask = (ids != m.tokenizer.pad_token_id).long()
+    stats = collect_stats(m, TEXTS)
+    with torch.no_grad():
+        dense = m(ids, attention_mask=mask)
+    for plan in _plans(m.anatomy):
+        with masked(m, plan, stats), torch.no_grad():
+            want = m(ids, attention_mask=mask)
+        pruned = prune_copy(m, plan, stats)
+        with torch.no_grad():
+            got = pruned(ids, attention_mask=mask)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+        assert not torch.allclose(got, dense)  # the plan really changed the function
+        n_dense = sum(p.numel() for p in m.model.parameters())
+        assert sum(p.numel() for p in pruned.model.parameters()) < n_dense
+    with torch.no_grad():  # the dense model is untouched
+        assert torch.equal(m(ids, attention_mask=mask), dense)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2", "gemma2"])
+def test_saved_pruned_model_reloads_with_the_same_logits(family, tmp_path):
+    m = mk.load_model(f"tiny:{family}", device="cpu")  # float32 end to end: the saved dtype
+    plan = PrunePlan(mlp={0: [1, 4, 9]}, heads=_heads_plan(m.anatomy), layers=[1], compensate=True)
+    pruned = prune_copy(m, plan, collect_stats(m, TEXTS))
+    out = save_pruned(pruned, tmp_path / "pruned")
+    assert (out / "model.safetensors").is_file() and not list(tmp_path.glob(".pruned-*"))
+    again = mk.load_model(str(out), device="cpu")
+    ids = m.to_tokens(TEXTS)
+    with torch.no_grad():
+        assert torch.equal(again(ids), pruned(ids))
+    assert len(again.anatomy.layers) == m.anatomy.n_layers - 1
+
+
+def test_pruned_model_generates_with_a_kv_cache(tiny_llama):
+    plan = PrunePlan(mlp={0: list(range(40))}, heads={1: [0, 1]}, layers=[0])
+    pruned = prune_copy(tiny_llama, plan)
+    ids = pruned.to_tokens("input: ab\noutput:")
+    with torch.no_grad():
+        out = pruned.model.generate(ids, max_new_tokens=5, do_sample=False)
+        # greedy decoding with the cache equals argmax of full forwards
+        seq = ids
+        for _ in range(5):
+            seq = torch.cat([seq, pruned(seq)[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(out, seq)
+
+
+def test_uneven_gqa_head_selection_is_refused(tiny_llama):
+    import copy
+
+    model = copy.deepcopy(tiny_llama.model)
+    from mechkit.model.anatomy import discover_anatomy
+
+    with pytest.raises(MechkitError, match="same number of query heads"):
+        slice_heads(discover_anatomy(model), 0, [0, 1, 2])  # groups {0,1} and {2,3}: 2 vs 1
