@@ -18,9 +18,9 @@ from mechkit.report.show import load_report, print_summary, summary_table
 from mechkit.report.writer import default_out_dir, write_report
 
 if TYPE_CHECKING:
-    from mechkit.report.plots import bar_plot, head_heatmap, line_plot
+    from mechkit.report.plots import bar_plot, head_heatmap, line_plot, xy_plot
 
-_PLOTS = ("head_heatmap", "line_plot", "bar_plot")
+_PLOTS = ("head_heatmap", "line_plot", "bar_plot", "xy_plot")
 
 __all__ = [
     "SCHEMA",
@@ -29,6 +29,7 @@ __all__ = [
     "default_out_dir",
     "head_heatmap",
     "line_plot",
+    "xy_plot",
     "load_report",
     "print_summary",
     "render_html",

@@ -158,3 +158,28 @@ def bar_plot(
     if len(series) > 1:
         ax.legend(frameon=False)
     return fig
+
+
+def xy_plot(
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    reference: tuple[float, float] | None = None,
+) -> Figure:
+    """Lines with their own x values (e.g. accuracy against speedup, one line per method);
+    ``reference`` marks one point (the dense model) with a star."""
+    fig = _figure(6.4, 4.4)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, (xs, ys) in series.items():
+        order = sorted(range(len(xs)), key=lambda i: xs[i])
+        ax.plot([xs[i] for i in order], _floats([ys[i] for i in order]), marker="o", label=name)
+    if reference is not None:
+        ax.plot([reference[0]], [reference[1]], marker="*", markersize=14, color="black", linestyle="none",
+                label="dense")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

@@ -49,13 +49,13 @@ def write_report(
     out_dir: str | os.PathLike[str],
     report: dict,
     figures: Mapping[str, Figure] | None = None,
-    files: Mapping[str, bytes | str] | None = None,
+    files: Mapping[str, bytes | str | Path] | None = None,
     force: bool = False,
 ) -> Path:
     """Write ``report.json``, ``report.html``, one PNG per figure and the extra files; return ``out_dir``.
 
     ``figures`` maps names (``"heatmap"`` or ``"heatmap.png"``) to matplotlib figures, ``files``
-    maps file names to contents. Every name written is added to ``report["artifacts"]``; the
+    maps file names to contents (or to a directory ``Path``, moved in whole). Every name written is added to ``report["artifacts"]``; the
     caller's dict is not modified. Raises :class:`ReportExistsError` when ``out_dir`` already
     holds a report and ``force`` is false.
     """
@@ -80,6 +80,9 @@ def write_report(
             fig.savefig(tmp / name, dpi=PNG_DPI, format="png", bbox_inches="tight")
             images[name] = (tmp / name).read_bytes()
         for name, content in files.items():
+            if isinstance(content, Path):  # a directory the plugin prepared (e.g. a saved model)
+                shutil.move(str(content), tmp / name)
+                continue
             data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
             (tmp / name).write_bytes(data)
             if name.lower().endswith(".png"):
@@ -168,7 +171,10 @@ def _move_into(tmp: Path, out: Path, names: list[str]) -> None:
             os.replace(tmp / name, out / name)
     except BaseException:
         for name, had_old in reversed(moved):
-            (out / name).unlink(missing_ok=True)
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            else:
+                (out / name).unlink(missing_ok=True)
             if had_old:
                 os.replace(backup / name, out / name)
         raise

@@ -1,0 +1,12 @@
+"""Training-free structured pruning guided by what the analyses found (see :mod:`.pipeline`)."""
+
+from mechkit.pruning.guides import GUIDES, Scores
+from mechkit.pruning.masking import masked
+from mechkit.pruning.pipeline import Calibration, calibrate, circuit_scores, guide_scores
+from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.select import make_plan, parse_sparsity
+from mechkit.pruning.slicing import prune_copy, save_pruned
+from mechkit.pruning.stats import UnitStats, collect_stats
+
+__all__ = ["GUIDES", "Calibration", "PrunePlan", "Scores", "UnitStats", "calibrate", "circuit_scores",
+           "collect_stats", "guide_scores", "make_plan", "masked", "parse_sparsity", "prune_copy", "save_pruned"]

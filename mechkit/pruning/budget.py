@@ -1,0 +1,105 @@
+"""Budget mode: the plan that keeps the most calibration accuracy within a cost budget.
+
+The budget is a fraction of the dense model's cost on this machine: measured forward latency
+(median, interleaved with the dense model) or analytic FLOPs per token. For each *mix* of unit
+types (a direction such as "MLP channels only" or "channels and heads together"), a bisection on
+the sparsity finds the smallest pruning whose cost is within budget (a physical sliced copy is
+timed at every step); each mix's plan is then scored on the calibration prompts (masked, so no
+held-out prompt is ever used) and the best is chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mechkit.pruning.cost import flops_per_token, latency
+from mechkit.pruning.masking import masked
+from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.select import make_plan
+from mechkit.pruning.slicing import prune_copy
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+    from mechkit.pruning.guides import Scores
+    from mechkit.pruning.pipeline import Calibration
+
+MIXES: dict[str, dict[str, float]] = {
+    "neurons": {"neurons": 1.0},
+    "neurons+heads": {"neurons": 1.0, "heads": 1.0},
+    "layers": {"layers": 1.0},
+    "neurons+layers": {"neurons": 1.0, "layers": 0.5},
+    "all": {"neurons": 1.0, "heads": 1.0, "layers": 0.5},
+}
+
+
+@dataclass
+class Candidate:
+    mix: str
+    sparsity: dict[str, float]
+    cost_ratio: float
+    calib_accuracy: float | None = None
+    plan: PrunePlan | None = None
+
+
+def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], repeats: int = 5) -> Callable:
+    """A function plan → cost of the pruned model as a fraction of the dense model's."""
+    dense_flops = flops_per_token(handle)
+
+    def ratio(plan: PrunePlan, stats) -> float:
+        pruned = prune_copy(handle, plan, stats)
+        if unit == "flops":
+            return flops_per_token(pruned) / dense_flops
+        dense_t, pruned_t = latency([handle, pruned], timing_texts, repeats=repeats)
+        return pruned_t / dense_t
+
+    return ratio
+
+
+def _mixes(targets: Sequence[str]) -> dict[str, dict[str, float]]:
+    return {name: mix for name, mix in MIXES.items() if set(mix) <= set(targets)}
+
+
+def search(handle: ModelHandle, scores: Scores, calib: Calibration, budget: float, targets: Sequence[str],
+           cost: Callable, accuracy: Callable, allocation: str = "global", gqa: str = "slot",
+           compensate: bool = True, steps: int = 6, on_step: Callable | None = None) -> list[Candidate]:
+    """One candidate per mix of ``targets``: the least pruning within ``budget``, with its calibration
+    accuracy (``accuracy(plan)``). Mixes that cannot reach the budget are returned with their best cost."""
+    out = []
+    for name, mix in _mixes(targets).items():
+        lo, hi, best = 0.0, 0.9, None
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            sparsity = {t: min(mid * w, 0.95) for t, w in mix.items()}
+            plan = make_plan(scores, handle.anatomy, sparsity, allocation, gqa, compensate)
+            r = cost(plan, calib.stats)
+            if on_step:
+                on_step(name, sparsity, r)
+            if r <= budget:
+                best, hi = Candidate(name, sparsity, r, plan=plan), mid
+            else:
+                lo = mid
+        if best is None:
+            sparsity = {t: min(hi * w, 0.95) for t, w in mix.items()}
+            plan = make_plan(scores, handle.anatomy, sparsity, allocation, gqa, compensate)
+            best = Candidate(name, sparsity, cost(plan, calib.stats), plan=plan)
+        if best.cost_ratio <= budget:
+            best.calib_accuracy = accuracy(best.plan)
+        out.append(best)
+    return out
+
+
+def masked_accuracy(handle: ModelHandle, calib: Calibration, batch_size: int = 16) -> Callable:
+    """plan → mean exact-match accuracy over the calibration prompts' tasks, on the masked model."""
+    from mechkit.scoring import score_prompts
+
+    def acc(plan: PrunePlan) -> float:
+        with masked(handle, plan, calib.stats):
+            by_task: dict[str, list] = {}
+            for p in calib.prompts:
+                by_task.setdefault(p.task, []).append(p)
+            values = [score_prompts(handle, ps, batch_size=batch_size).accuracy for ps in by_task.values()]
+        return sum(values) / len(values)
+
+    return acc

@@ -1,0 +1,94 @@
+"""What a pruned model costs and how well it still models text: parameters, FLOPs per token,
+measured forward latency (median, interleaved with the dense model), and held-out perplexity."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from mechkit.model.linear import is_transposed
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+
+def n_params(handle: ModelHandle) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in handle.model.parameters()}.values())
+
+
+def flops_per_token(handle: ModelHandle, context: int = 128) -> float:
+    """Forward FLOPs per token at ``context`` tokens: 2·in·out per projection (unembedding included)
+    plus the attention products, 2·2·heads·d_head·(context/2) per layer on a causal average."""
+    total = 0.0
+    for module in handle.model.modules():
+        w = getattr(module, "weight", None)
+        if isinstance(module, nn.Linear) or is_transposed(module):
+            total += 2.0 * w.shape[0] * w.shape[1]
+    a = handle.anatomy
+    for layer in range(len(a.layers)):
+        out = a.attn_out(layer)
+        width = out.weight.shape[0] if is_transposed(out) else out.weight.shape[1]
+        total += 2 * 2 * width * context / 2
+    return total
+
+
+def _time(handle: ModelHandle, ids: torch.Tensor, mask: torch.Tensor) -> float:
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        handle.model(input_ids=ids, attention_mask=mask, use_cache=False)
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def latency(handles: Sequence[ModelHandle], texts: Sequence[str], repeats: int = 7) -> list[float]:
+    """Median forward seconds of each handle on the same padded batch, runs interleaved round-robin
+    (after one warm-up each) so machine noise hits every model alike."""
+    tok = handles[0].tokenizer
+    enc = tok(list(texts), return_tensors="pt", padding=True)
+    times: list[list[float]] = [[] for _ in handles]
+    device = handles[0].device
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    for h in handles:
+        _time(h, ids, mask)
+    for _ in range(repeats):
+        for i, h in enumerate(handles):
+            times[i].append(_time(h, ids, mask))
+    return [statistics.median(t) for t in times]
+
+
+def heldout_text(n_chars: int = 6000) -> tuple[str, str]:
+    """English prose available offline on every machine: the Python language reference topics
+    shipped with CPython (``pydoc_data.topics``). Returns (text, description)."""
+    from pydoc_data.topics import topics
+
+    parts, size = [], 0
+    for key in sorted(topics):
+        parts.append(topics[key])
+        size += len(topics[key])
+        if size >= n_chars:
+            break
+    return "\n".join(parts)[:n_chars], f"pydoc_data.topics (CPython reference), first {n_chars} characters"
+
+
+def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float:
+    """exp(mean next-token NLL) over non-overlapping windows of ``text``."""
+    ids = handle.tokenizer(text, return_tensors="pt")["input_ids"][0]
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = ids[start:start + window + 1].to(handle.device)
+            if len(chunk) < 2:
+                break
+            logits = handle(chunk[None, :-1])[0].float()
+            nll += float(torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum"))
+            count += len(chunk) - 1
+    return float(torch.exp(torch.tensor(nll / max(count, 1))))

@@ -1,0 +1,83 @@
+"""The pruning workflow in four calls: calibrate, score, plan, prune.
+
+>>> import mechkit as mk
+>>> from mechkit import pruning
+>>> m = mk.load_model("tiny:llama")
+>>> calib = pruning.calibrate(m, ["capitalize"], n=4, shots=2)
+>>> scores = pruning.guide_scores(m, "wanda", calib)
+>>> plan = pruning.make_plan(scores, m.anatomy, {"neurons": 0.25})
+>>> small = pruning.prune_copy(m, plan, calib.stats)
+>>> small.model.model.layers[0].mlp.down_proj.in_features
+96
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mechkit.pruning.guides import (
+    Scores,
+    check_guide,
+    combined,
+    gradient_scores,
+    protect_heads,
+    static_scores,
+)
+from mechkit.pruning.stats import UnitStats, collect_stats
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+CALIB_SEED_OFFSET = 1000  # calibration prompts never share a seed with held-out ones
+
+
+@dataclass
+class Calibration:
+    """Calibration prompts of the chosen tasks and the unit statistics measured on them."""
+
+    tasks: list[str]
+    prompts: list
+    stats: UnitStats
+
+    @property
+    def texts(self) -> list[str]:
+        return [p.text + p.answer for p in self.prompts]
+
+
+def calibrate(handle: ModelHandle, tasks: Sequence[str], n: int = 16, shots: int | None = 10, seed: int = 0,
+              setting: str | None = None) -> Calibration:
+    """Build ``n`` calibration prompts per task (seed offset from the held-out ones) and their stats."""
+    from mechkit.evaluation import task_prompts
+
+    by_task = task_prompts(list(tasks), n, shots, seed + CALIB_SEED_OFFSET, setting)
+    prompts = [p for ps in by_task.values() for p in ps]
+    return Calibration(list(tasks), prompts, collect_stats(handle, [p.text + p.answer for p in prompts]))
+
+
+def circuit_scores(handle: ModelHandle, n_seqs: int = 20, seg_len: int = 25, seed: int = 0) -> dict:
+    """Induction and previous-token scores of every head on repeated random tokens."""
+    from mechkit.headscores import head_scores, repeated_tokens
+
+    tokens = repeated_tokens(handle, n_seqs=n_seqs, seg_len=seg_len, seed=seed)
+    return head_scores(handle, tokens, seg_len).scores
+
+
+def guide_scores(handle: ModelHandle, guide: str, calib: Calibration, seed: int = 0, protect_top_k: int = 10,
+                 circuit: dict | None = None, attribution: Scores | None = None) -> Scores:
+    """Scores of ``guide`` (see :mod:`mechkit.pruning.guides`); pass ``attribution`` to reuse one."""
+    check_guide(guide)
+    if guide in ("random", "magnitude", "wanda", "flap"):
+        return static_scores(guide, handle, calib.stats, seed)
+    if guide == "gradient":
+        return gradient_scores(handle, calib.prompts, calib.stats, baseline="zero")
+    attribution = attribution or gradient_scores(handle, calib.prompts, calib.stats, baseline="mean")
+    if guide == "attribution":
+        return attribution
+    if guide == "combined":
+        attribution = combined(static_scores("wanda", handle, calib.stats), attribution)
+    circuit = circuit or circuit_scores(handle, seed=seed)
+    out = protect_heads(attribution, circuit, protect_top_k)
+    out.guide = guide
+    return out

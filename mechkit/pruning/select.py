@@ -1,0 +1,144 @@
+"""From scores to a plan: which units go at a given sparsity, per layer or globally.
+
+``allocation="uniform"`` removes the same fraction from every layer. ``"global"`` ranks units of all
+layers together on the scores as they are — meaningful for the task-attribution guides, whose
+scores are estimated loss changes in the same units everywhere, so layers that matter less give
+more. ``"global-z"`` ranks per-layer z-scores (the combined guide's habit).
+
+Heads under grouped-query attention are removed in *slots*: slot k of a layer removes the k-th
+least important query head of every KV group (see :mod:`mechkit.model.surgery` for why the count
+must match across groups). ``gqa="group"`` removes whole KV groups instead. At least one slot (or
+group) per layer and one MLP channel per layer always stay: a layer with nothing left should be
+removed as a layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mechkit.errors import MechkitError
+from mechkit.pruning.guides import Scores, zscore_rows
+from mechkit.pruning.plan import PrunePlan
+
+if TYPE_CHECKING:
+    from mechkit.model.anatomy import Anatomy
+
+TARGETS = ("neurons", "heads", "layers")
+ALLOCATIONS = ("uniform", "global", "global-z")
+
+
+def parse_sparsity(text: str | float, targets: list[str]) -> dict[str, float]:
+    """``"0.3"`` (every target) or ``"neurons=0.3,heads=0.2"`` → ``{target: fraction}``."""
+    out: dict[str, float] = {}
+    try:
+        if isinstance(text, float | int) or "=" not in str(text):
+            out = dict.fromkeys(targets, float(text))
+        else:
+            for part in str(text).split(","):
+                key, value = part.split("=")
+                out[key.strip()] = float(value)
+    except ValueError:
+        raise MechkitError(f"malformed --sparsity {text!r}", "use a fraction like 0.3 or neurons=0.3,heads=0.2") from None
+    for key, value in out.items():
+        if key not in TARGETS:
+            raise MechkitError(f"unknown pruning target {key!r}", f"use {', '.join(TARGETS)}")
+        if not 0 <= value < 1:
+            raise MechkitError(f"sparsity {value} for {key} is outside [0, 1)", "use a fraction like 0.3")
+    return out
+
+
+def select_neurons(scores: np.ndarray, fraction: float, allocation: str) -> dict[int, list[int]]:
+    L, d = scores.shape
+    if allocation == "uniform":
+        k = min(int(round(fraction * d)), d - 1)
+        return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer in range(L) if k}
+    ranked = zscore_rows(scores) if allocation == "global-z" else scores
+    total = int(round(fraction * L * d))
+    order = np.argsort(ranked, axis=None, kind="stable")
+    removed: dict[int, list[int]] = {}
+    for flat in order:
+        if total == 0:
+            break
+        layer, j = divmod(int(flat), d)
+        if len(removed.get(layer, [])) < d - 1:
+            removed.setdefault(layer, []).append(j)
+            total -= 1
+    return {layer: sorted(v) for layer, v in removed.items()}
+
+
+def _slots(scores: np.ndarray, anatomy: Anatomy, gqa: str) -> list[tuple[float, int, list[int]]]:
+    """Removable head slots per layer, in the order they must go: (cost, layer, heads)."""
+    g, n_kv = anatomy.n_groups, anatomy.n_kv_heads
+    out = []
+    for layer in range(scores.shape[0]):
+        row = scores[layer]
+        if gqa == "group" and g > 1:
+            groups = sorted(range(n_kv), key=lambda k: row[k * g:(k + 1) * g].sum())
+            for k in groups[:-1]:
+                out.append((float(row[k * g:(k + 1) * g].sum()), layer, list(range(k * g, (k + 1) * g))))
+            continue
+        if g == 1:  # multi-head attention: any head on its own, least important first
+            order = sorted(range(anatomy.n_heads), key=lambda h: row[h])
+            out.extend((float(row[h]), layer, [h]) for h in order[:-1])
+            continue
+        per_group = [sorted(range(k * g, (k + 1) * g), key=lambda h: row[h]) for k in range(n_kv)]
+        for slot in range(g - 1):
+            heads = [grp[slot] for grp in per_group]
+            out.append((float(sum(row[h] for h in heads)), layer, heads))
+    return out
+
+
+def select_heads(scores: np.ndarray, anatomy: Anatomy, fraction: float, allocation: str,
+                 gqa: str = "slot") -> dict[int, list[int]]:
+    slots = _slots(scores, anatomy, gqa)
+    per_layer: dict[int, list] = {}
+    for cost, layer, heads in slots:
+        per_layer.setdefault(layer, []).append((cost, heads))
+    target = int(round(fraction * anatomy.n_layers * anatomy.n_heads))
+    removed: dict[int, list[int]] = {}
+    if allocation == "uniform":
+        size = len(slots[0][2]) if slots else 1
+        k = int(round(fraction * anatomy.n_heads / size))
+        for layer, items in per_layer.items():
+            for _, heads in items[:k]:
+                removed.setdefault(layer, []).extend(heads)
+        return {layer: sorted(v) for layer, v in removed.items()}
+    if allocation == "global-z":
+        scores = zscore_rows(scores)
+        per_layer = {}
+        for cost, layer, heads in _slots(scores, anatomy, gqa):
+            per_layer.setdefault(layer, []).append((cost, heads))
+    nxt = dict.fromkeys(per_layer, 0)
+    count = 0
+    while count < target:  # greedy: the cheapest next slot of any layer (slots go in order)
+        options = [(per_layer[layer][i][0], layer) for layer, i in nxt.items() if i < len(per_layer[layer])]
+        if not options:
+            break
+        _, layer = min(options)
+        heads = per_layer[layer][nxt[layer]][1]
+        removed.setdefault(layer, []).extend(heads)
+        nxt[layer] += 1
+        count += len(heads)
+    return {layer: sorted(v) for layer, v in removed.items()}
+
+
+def select_layers(scores: np.ndarray, fraction: float) -> list[int]:
+    k = min(int(round(fraction * len(scores))), len(scores) - 1)
+    return sorted(np.argsort(scores, kind="stable")[:k].tolist())
+
+
+def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str = "uniform",
+              gqa: str = "slot", compensate: bool = True) -> PrunePlan:
+    """The plan removing the least important units at ``sparsity`` per target."""
+    if allocation not in ALLOCATIONS:
+        raise MechkitError(f"unknown allocation {allocation!r}", f"use {', '.join(ALLOCATIONS)}")
+    plan = PrunePlan(compensate=compensate)
+    if sparsity.get("neurons"):
+        plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation)
+    if sparsity.get("heads"):
+        plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa)
+    if sparsity.get("layers"):
+        plan.layers = select_layers(scores.layers, sparsity["layers"])
+    return plan

@@ -1,0 +1,143 @@
+"""Guides, selection, budget search and the prune plugin, on tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from mechkit.cli.main import cli, main
+
+import mechkit as mk
+from mechkit.errors import MechkitError
+from mechkit.importance import attribution_effects
+from mechkit.model.linear import weight_out_in
+from mechkit.pruning import calibrate, guide_scores, make_plan, parse_sparsity, prune_copy
+from mechkit.pruning.cost import flops_per_token, n_params
+from mechkit.pruning.guides import Scores, gradient_scores, static_scores
+from mechkit.pruning.select import select_heads, select_neurons
+from mechkit.tasks import build_prompts
+
+
+@pytest.fixture(scope="module")
+def calib(tiny_llama):
+    return calibrate(tiny_llama, ["capitalize", "swap"], n=4, shots=2)
+
+
+def test_parse_sparsity():
+    assert parse_sparsity("0.3", ["neurons", "heads"]) == {"neurons": 0.3, "heads": 0.3}
+    assert parse_sparsity("neurons=0.3,layers=0.1", ["neurons"]) == {"neurons": 0.3, "layers": 0.1}
+    for bad in ("1.5", "neurons=x", "mlp=0.2"):
+        with pytest.raises(MechkitError):
+            parse_sparsity(bad, ["neurons"])
+
+
+def test_uniform_and_global_neuron_selection():
+    scores = np.arange(2 * 10, dtype=float).reshape(2, 10)
+    assert select_neurons(scores, 0.3, "uniform") == {0: [0, 1, 2], 1: [0, 1, 2]}
+    # globally the 6 lowest scores all sit in layer 0
+    assert select_neurons(scores, 0.3, "global") == {0: [0, 1, 2, 3, 4, 5]}
+    assert select_neurons(scores, 0.3, "global-z") == {0: [0, 1, 2], 1: [0, 1, 2]}
+
+
+def test_gqa_head_selection_keeps_groups_even(tiny_llama):
+    a = tiny_llama.anatomy  # 4 query heads, 2 KV groups of 2
+    scores = np.array([[4.0, 1.0, 3.0, 2.0], [1.0, 2.0, 9.0, 9.0]])
+    slot = select_heads(scores, a, 0.25, "global", gqa="slot")
+    assert slot == {0: [1, 3]}  # the least important head of each group: layer 0 costs 1 + 2, layer 1 costs 1 + 9
+    group = select_heads(scores, a, 0.25, "global", gqa="group")
+    assert group == {1: [0, 1]}  # the cheapest whole KV group
+
+
+def test_static_guides_match_their_definitions(tiny_llama, calib):
+    a = tiny_llama.anatomy
+    mag = static_scores("magnitude", tiny_llama, calib.stats)
+    w = weight_out_in(a.mlp_out(1)).detach().double()
+    np.testing.assert_allclose(mag.mlp[1], w.norm(dim=0).numpy(), rtol=1e-6)
+    wanda = static_scores("wanda", tiny_llama, calib.stats)
+    np.testing.assert_allclose(wanda.mlp[1], (w.norm(dim=0) * calib.stats.mlp_norm[1]).numpy(), rtol=1e-6)
+    flap = static_scores("flap", tiny_llama, calib.stats)
+    np.testing.assert_allclose(flap.mlp[1], (w.pow(2).sum(0) * calib.stats.mlp_var[1]).numpy(), rtol=1e-6)
+
+
+def test_zero_baseline_gradient_equals_attribution_patching_per_prompt(tiny_llama, calib):
+    prompt = build_prompts("capitalize", n=1, shots=2, seed=5)
+    ours = gradient_scores(tiny_llama, prompt, calib.stats, baseline="zero")
+    ref = attribution_effects(tiny_llama, prompt)
+    np.testing.assert_allclose(ours.heads, np.abs(ref.logprob), rtol=1e-4, atol=1e-7)
+
+
+def test_task_guides_are_finite_and_detach(tiny_llama, calib):
+    ids = tiny_llama.to_tokens("input: ab\noutput:")
+    with torch.no_grad():
+        before = tiny_llama(ids)
+    for guide in ("gradient", "attribution", "combined", "induction"):
+        s = guide_scores(tiny_llama, guide, calib, protect_top_k=1)
+        assert np.isfinite(s.mlp).all() and np.isfinite(s.heads).all() and np.isfinite(s.layers).all()
+        assert s.mlp.shape == (2, tiny_llama.anatomy.d_mlp)
+    with torch.no_grad():
+        assert torch.equal(tiny_llama(ids), before)
+    assert len(guide_scores(tiny_llama, "induction", calib, protect_top_k=1).protected_heads) >= 1
+
+
+def test_pruned_model_is_smaller_and_cheaper(tiny_llama, calib):
+    s = static_scores("wanda", tiny_llama, calib.stats)
+    plan = make_plan(s, tiny_llama.anatomy, {"neurons": 0.5, "heads": 0.5, "layers": 0.5})
+    small = prune_copy(tiny_llama, plan, calib.stats)
+    assert n_params(small) < n_params(tiny_llama)
+    assert flops_per_token(small) < flops_per_token(tiny_llama)
+    assert len(small.anatomy.layers) == 1
+
+
+def _report(path):
+    return json.loads((path / "report.json").read_text())
+
+
+def test_prune_plugin_rows_and_saved_model(tmp_path):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(cli, ["prune", "--model", "tiny:llama", "--out", str(out), "--guide", "attribution,random",
+                                 "--target", "neurons,heads", "--sparsity", "0.25", "--tasks", "capitalize",
+                                 "--n", "4", "--calib", "3", "--shots", "2", "--repeats", "1", "--save-model"])
+    assert r.exit_code == 0, r.output
+    rep = _report(out)
+    assert [row["guide"] for row in rep["results"]["rows"]] == ["attribution", "random"]
+    for row in rep["results"]["rows"]:
+        assert row["params"] < rep["results"]["dense"]["params"] and row["latency_ratio"] > 0
+    assert "accuracy_vs_speedup.png" in rep["artifacts"] and "model" in rep["artifacts"]
+    saved = mk.load_model(str(out / "model"), device="cpu")
+    plan = mk.pruning.PrunePlan.from_dict(rep["results"]["rows"][0]["plan"])
+    dense = mk.load_model("tiny:llama", device="cpu")
+    again = prune_copy(dense, plan, calibrate(dense, ["capitalize"], n=3, shots=2).stats)
+    ids = dense.to_tokens("input: ab\noutput:")
+    with torch.no_grad():
+        assert torch.equal(saved(ids), again(ids))
+
+
+def test_budget_mode_meets_a_flops_budget(tmp_path):
+    out = tmp_path / "budget"
+    r = CliRunner().invoke(cli, ["prune", "--model", "tiny:llama", "--out", str(out), "--guide", "wanda",
+                                 "--target", "neurons,heads", "--budget", "0.8", "--budget-unit", "flops",
+                                 "--tasks", "capitalize", "--n", "3", "--calib", "3", "--shots", "2", "--repeats", "1"])
+    assert r.exit_code == 0, r.output
+    budget = _report(out)["results"]["budget"]
+    assert budget["met"] and budget["measured_ratio"] <= 0.8
+    assert {c["mix"] for c in budget["candidates"]} == {"neurons", "neurons+heads"}
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--sparsity", "1.5"], "sparsity"), (["--guide", "bogus"], "guide"), (["--target", "mlp"], "target"),
+    (["--budget", "2"], "budget"), (["--tasks", "nope"], "nope"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, word):
+    out = tmp_path / "bad"
+    with pytest.raises(SystemExit) as exit_:
+        main(["prune", "--model", "tiny:llama", "--out", str(out), "--n", "2", "--calib", "2", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and word in err[0]
+    assert not out.exists()
+
+
+def test_scores_type_is_public():
+    assert Scores.__name__ == "Scores"
