@@ -3,51 +3,177 @@
 Run demonstrations plus a dummy query; the residual stream at the last prompt token after block L,
 averaged over contexts and dummy queries, is the task vector θ_L. Replacing that position's
 residual stream in a *zero-shot* query with θ_L at the right layer makes the model do the task
-without demonstrations. :func:`icl_task_vectors` extracts θ for every layer at once;
-:func:`patched_accuracy` scores zero-shot prompts with θ_L patched in, layer by layer.
+without demonstrations. :func:`icl_task_vectors` extracts θ for every layer at once.
+
+The same last-token machinery serves function vectors (:mod:`mechkit.functionvectors`, which are
+*added* rather than substituted): :class:`ResidEdit` says what to write where, and
+:func:`score_edited` scores prompts under many edits in padded batches — every row has its own
+last prompt position, so a 30-layer sweep is one batched pass over (layer, prompt) rows.
+:class:`ActivationVector` is a saved, reusable vector (safetensors, metadata in the header).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks
-from mechkit.scoring import score_prompts
+from mechkit.scoring import (
+    TaskScore,
+    _greedy_writes,
+    _maybe_other_spelling,
+    _score_batch,
+    encode_rows,
+    pad_id,
+)
 from mechkit.tasks import build_prompts
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
+METHODS = ("task-vector", "function-vector")
 
-def _last_positions(handle: ModelHandle, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    enc = handle.tokenizer(list(texts), return_tensors="pt", padding=True)
-    last = enc["attention_mask"].sum(dim=1) - 1  # right padding: the last real token of each row
-    return enc["input_ids"], last
+
+def pad_right(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and each row's last real position."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(list(r))
+        mask[i, :len(r)] = 1
+    return ids, mask, mask.sum(dim=1) - 1
+
+
+def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
+    return [handle.tokenizer(p.text)["input_ids"] for p in prompts]
 
 
 def icl_task_vectors(handle: ModelHandle, task: str, n_contexts: int = 16, shots: int = 10, seed: int = 0,
-                     batch_size: int = 8) -> torch.Tensor:
+                     batch_size: int = 8, prompts: Sequence | None = None) -> torch.Tensor:
     """``[n_layers, d_model]``: mean residual stream after each block at the last token of
-    demonstrations + a dummy query (the query's own answer is never shown)."""
-    prompts = build_prompts(task, n=n_contexts, shots=shots, seed=seed)
+    demonstrations + a dummy query (the query's own answer is never shown).
+
+    Each prompt has its own demonstrations and dummy query, so the mean runs over both. Pass
+    ``prompts`` to use your own contexts instead of ``build_prompts(task, n_contexts, shots, seed)``.
+    """
+    prompts = build_prompts(task, n=n_contexts, shots=shots, seed=seed) if prompts is None else prompts
     a = handle.anatomy
     total = torch.zeros(a.n_layers, a.d_model, dtype=torch.float64)
-    for start in range(0, len(prompts), batch_size):
-        ids, last = _last_positions(handle, [p.text for p in prompts[start:start + batch_size]])
+    encoded = prompt_ids(handle, prompts)
+    for start in range(0, len(encoded), batch_size):
+        ids, mask, last = pad_right(encoded[start:start + batch_size], pad_id(handle.tokenizer))
         rows = torch.arange(len(ids))
         taken: dict[int, torch.Tensor] = {}
 
         def take(x, point, taken=taken, rows=rows, last=last):
-            taken[point.layer] = x[rows, last.to(x.device)].double().cpu()
+            taken[point.layer] = x[rows, last.to(x.device)].detach().double().cpu()
 
         with torch.no_grad(), hooks(handle, {"blocks.*.hook_resid_post": take}):
-            handle(ids.to(handle.device))
+            handle(ids.to(handle.device), attention_mask=mask.to(handle.device))
         for layer, values in taken.items():
             total[layer] += values.sum(0)
-    return (total / len(prompts)).float()
+    return (total / len(encoded)).float()
+
+
+@dataclass(frozen=True)
+class ResidEdit:
+    """Write ``vector`` into the residual stream after block ``layer`` at a prompt's last token.
+
+    ``mode="replace"`` substitutes it (task vectors), ``mode="add"`` adds it (function vectors).
+    """
+
+    layer: int
+    vector: torch.Tensor = field(repr=False)
+    mode: str = "replace"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("replace", "add"):
+            raise MechkitError(f"unknown edit mode {self.mode!r}", "use mode='replace' or mode='add'")
+
+
+Edits = ResidEdit | Sequence[ResidEdit] | None
+
+
+def _as_tuple(edit: Edits) -> tuple[ResidEdit, ...]:
+    if edit is None:
+        return ()
+    return (edit,) if isinstance(edit, ResidEdit) else tuple(edit)
+
+
+class _Plan:
+    """Which rows of the forward now running get which edits, at which position."""
+
+    def __init__(self) -> None:
+        self.by_layer: dict[int, list[tuple[int, int, ResidEdit]]] = {}
+
+    def set(self, rows: Sequence[tuple[int, tuple[ResidEdit, ...]]]) -> None:
+        """``rows``: per batch row, its last prompt position and its edits."""
+        self.by_layer = {}
+        for i, (position, edits) in enumerate(rows):
+            for e in edits:
+                self.by_layer.setdefault(e.layer, []).append((i, position, e))
+
+    def hook(self, x: torch.Tensor, point) -> torch.Tensor | None:
+        todo = [(i, pos, e) for i, pos, e in self.by_layer.get(point.layer, ()) if pos < x.shape[1]]
+        if not todo:  # cached decoding steps (one new token) hold no prompt position
+            return None
+        x = x.clone()
+        for i, pos, e in todo:
+            v = e.vector.to(x)
+            x[i, pos] = v if e.mode == "replace" else x[i, pos] + v
+        return x
+
+
+def _layers(edits: Sequence[tuple[ResidEdit, ...]]) -> list[int]:
+    return sorted({e.layer for es in edits for e in es})
+
+
+def score_edited(handle: ModelHandle, prompts: Sequence, edits: Sequence[Edits],
+                 batch_size: int = 16) -> list[TaskScore]:
+    """Exact-match scores of ``prompts`` under each entry of ``edits`` (``None`` = unedited).
+
+    Every (edit, prompt) pair is one row; rows are sorted by length and batched whatever their
+    edit, and each row is edited at its own last prompt position. Accuracy is that of
+    :func:`mechkit.score_prompts` (including its greedy check of other spellings).
+    """
+    edits = [_as_tuple(e) for e in edits]
+    tok, plan = handle.tokenizer, _Plan()
+    base = encode_rows(tok, prompts, None)
+    rows = [(k, r) for k in range(len(edits)) for r in base]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][1].ids))
+    results: dict[int, tuple[bool, float]] = {}
+    layer_hooks = {f"blocks.{L}.hook_resid_post": plan.hook for L in _layers(edits)}
+    with torch.no_grad(), hooks(handle, layer_hooks):
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            plan.set([(rows[i][1].answer_start - 1, edits[rows[i][0]]) for i in idx])
+            scored = _score_batch(handle, [rows[i][1] for i in idx], pad_id(tok))
+            for i, (ok, logprob, first, pred, _diff) in zip(idx, scored, strict=True):
+                k, row = rows[i]
+                if not ok and _maybe_other_spelling(tok, row, first, pred):
+                    plan.set([(row.answer_start - 1, edits[k])])
+                    ok = _greedy_writes(handle, row)
+                results[i] = (ok, logprob)
+    return [_aggregate(prompts, [(rows[i][1], results[i]) for i in range(len(rows)) if rows[i][0] == k])
+            for k in range(len(edits))]
+
+
+def _aggregate(prompts: Sequence, scored: list) -> TaskScore:
+    correct = [False] * len(prompts)
+    logprobs = [float("-inf")] * len(prompts)
+    for row, (ok, lp) in scored:
+        correct[row.prompt_index] |= ok
+        logprobs[row.prompt_index] = max(logprobs[row.prompt_index], lp)
+    n = max(len(prompts), 1)
+    return TaskScore(sum(correct) / n, sum(logprobs) / n, correct, logprobs)
 
 
 def patch_last_token(layer: int, position: int, vector: torch.Tensor) -> dict[str, Callable]:
@@ -66,18 +192,110 @@ def patch_last_token(layer: int, position: int, vector: torch.Tensor) -> dict[st
 
 
 def patched_accuracy(handle: ModelHandle, prompts: Sequence, vectors: torch.Tensor,
-                     layers: Sequence[int] | None = None) -> dict[int, float]:
-    """Exact-match accuracy of ``prompts`` with θ_L patched at each prompt's last token, per layer L.
+                     layers: Sequence[int] | None = None, mode: str = "replace",
+                     batch_size: int = 16) -> dict[int, float]:
+    """Exact-match accuracy of ``prompts`` with ``vectors[L]`` written at each prompt's last token,
+    per layer L (one batched pass over every layer)."""
+    layers = list(range(handle.anatomy.n_layers) if layers is None else layers)
+    vecs = vectors if vectors.dim() == 2 else vectors.expand(handle.anatomy.n_layers, -1)
+    scores = score_edited(handle, prompts, [ResidEdit(L, vecs[L], mode) for L in layers], batch_size)
+    return {L: s.accuracy for L, s in zip(layers, scores, strict=True)}
 
-    Prompts are scored one at a time (each has its own last position); zero-shot prompts are short.
+
+def choose_layer(curve: dict[int, float], logprobs: dict[int, float] | None = None) -> int:
+    """The best layer of a dev curve: highest accuracy, then highest log-prob, then the earliest."""
+    def key(L: int) -> tuple:
+        return (curve[L], (logprobs or {}).get(L, 0.0), -L)
+
+    return max(curve, key=key)
+
+
+@dataclass
+class ActivationVector:
+    """A saved activation-space vector and how to use it.
+
+    ``vector`` is ``[d_model]`` (function vectors: one vector, added at ``layer``) or
+    ``[n_layers, d_model]`` (task vectors: θ_L for every layer; ``layer`` is the chosen one).
     """
-    layers = range(handle.anatomy.n_layers) if layers is None else layers
-    out = {}
-    for layer in layers:
-        correct = 0
-        for p in prompts:
-            position = len(handle.tokenizer(p.text)["input_ids"]) - 1
-            with hooks(handle, patch_last_token(layer, position, vectors[layer])):
-                correct += score_prompts(handle, [p], batch_size=1).correct[0]
-        out[layer] = correct / max(len(prompts), 1)
-    return out
+
+    vector: torch.Tensor
+    method: str
+    task: str
+    layer: int
+    mode: str
+    model_sha256: str = ""
+    heads: list[dict] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    def at(self, layer: int | None = None) -> torch.Tensor:
+        layer = self.layer if layer is None else layer
+        return self.vector[layer] if self.vector.dim() == 2 else self.vector
+
+    def edit(self, layer: int | None = None, scale: float = 1.0) -> ResidEdit:
+        """The :class:`ResidEdit` applying this vector at ``layer`` (default: its chosen layer)."""
+        layer = self.layer if layer is None else layer
+        return ResidEdit(layer, self.at(layer) * scale, self.mode)
+
+    def metadata(self) -> dict:
+        return {"method": self.method, "task": self.task, "layer": self.layer, "mode": self.mode,
+                "model_sha256": self.model_sha256, "heads": self.heads, "info": self.info}
+
+    def to_bytes(self) -> bytes:
+        """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``."""
+        from safetensors.torch import save
+
+        return save({"vector": self.vector.detach().float().cpu().contiguous()},
+                    metadata={"mechkit": json.dumps(self.metadata(), sort_keys=True)})
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_bytes(self.to_bytes())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, handle: ModelHandle | None = None) -> ActivationVector:
+        """Read a saved vector; with ``handle``, check that it fits that model."""
+        from safetensors import safe_open
+
+        if not Path(path).is_file():
+            raise MechkitError(f"no vector file at {path}", "pass a .safetensors file written by icl-vectors")
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("mechkit", "null") or "null")
+            names = f.keys()
+            if meta is None or "vector" not in names:
+                raise MechkitError(f"{path} is not a mechkit activation vector", "pass a file saved by icl-vectors")
+            vec = cls(vector=f.get_tensor("vector"), **meta)
+        if handle is not None:
+            vec.check(handle)
+        return vec
+
+    def check(self, handle: ModelHandle) -> None:
+        if self.vector.shape[-1] != handle.anatomy.d_model:
+            raise MechkitError(f"vector width {self.vector.shape[-1]} does not match d_model "
+                               f"{handle.anatomy.d_model}", "use a vector extracted from this model")
+        if self.model_sha256 and self.model_sha256 != handle.weights_sha256():
+            raise MechkitError("the vector was extracted from other model weights (sha256 differs)",
+                               "extract it again on this model with `mechkit icl-vectors`")
+
+
+@contextlib.contextmanager
+def apply_vector(handle: ModelHandle, vector: ActivationVector | ResidEdit, layer: int | None = None,
+                 scale: float = 1.0) -> Iterator[None]:
+    """Apply a vector at the last position of every multi-token forward inside the context.
+
+    That position is the prompt's last token for an unpadded prompt and for the prefill of
+    ``generate`` (later one-token decoding steps are left alone). Padded batches: use
+    :func:`score_edited`, which edits each row at its own position.
+    """
+    edit = vector.edit(layer, scale) if isinstance(vector, ActivationVector) else vector
+
+    def fn(x, _point):
+        if x.shape[1] < 2:
+            return None
+        x = x.clone()
+        v = edit.vector.to(x)
+        x[:, -1] = v if edit.mode == "replace" else x[:, -1] + v
+        return x
+
+    with hooks(handle, {f"blocks.{edit.layer}.hook_resid_post": fn}):
+        yield

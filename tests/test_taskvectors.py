@@ -1,12 +1,29 @@
-"""ICL task vectors: extraction reads the right positions, patching is exact and detached."""
+"""ICL task vectors: extraction reads the right positions, batched patching equals one-by-one,
+edits detach, saved vectors round-trip, and the icl-vectors plugin runs end to end."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import mechkit as mk
+from mechkit.errors import MechkitError
 from mechkit.tasks import build_prompts
-from mechkit.taskvectors import icl_task_vectors, patch_last_token, patched_accuracy
+from mechkit.taskvectors import (
+    ActivationVector,
+    ResidEdit,
+    apply_vector,
+    choose_layer,
+    icl_task_vectors,
+    patch_last_token,
+    patched_accuracy,
+    score_edited,
+)
+
+
+def _logits(handle, ids):
+    with torch.no_grad():
+        return handle(ids)
 
 
 def test_vectors_are_means_of_last_token_residuals(tiny_llama):
@@ -45,3 +62,92 @@ def test_patching_with_the_clean_value_changes_nothing(tiny_llama):
     own = torch.zeros(tiny_llama.anatomy.n_layers, tiny_llama.anatomy.d_model)
     own[0] = cache["blocks.0.hook_resid_post"][0, -1]
     assert patched_accuracy(tiny_llama, [p], own, layers=[0]) == {0: float(baseline[0])}
+
+
+def _one_by_one(handle, prompt, edit: ResidEdit | None) -> float:
+    """Reference: one prompt, one edit, plain hooks at its own last position."""
+    if edit is None:
+        return mk.score_prompts(handle, [prompt], batch_size=1).logprob
+    position = len(handle.tokenizer(prompt.text)["input_ids"]) - 1
+
+    def fn(x, _point):
+        if x.shape[1] <= position:
+            return None
+        x = x.clone()
+        x[:, position] = edit.vector if edit.mode == "replace" else x[:, position] + edit.vector
+        return x
+
+    with mk.hooks(handle, {f"blocks.{edit.layer}.hook_resid_post": fn}):
+        return mk.score_prompts(handle, [prompt], batch_size=1).logprob
+
+
+def test_batched_edits_equal_one_by_one(tiny_llama):
+    # Prompts of different lengths (different last positions) and edits at different layers and modes,
+    # all mixed in padded batches.
+    prompts = build_prompts("swap", n=3, shots=0, seed=4) + build_prompts("plus-one", n=3, shots=1, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    d = tiny_llama.anatomy.d_model
+    edits = [None, ResidEdit(0, torch.randn(d, generator=gen)), ResidEdit(1, torch.randn(d, generator=gen), "add"),
+             (ResidEdit(0, torch.randn(d, generator=gen), "add"), ResidEdit(1, torch.randn(d, generator=gen)))]
+    scores = score_edited(tiny_llama, prompts, edits[:3], batch_size=4)
+    for score, edit in zip(scores, edits[:3], strict=True):
+        ref = [_one_by_one(tiny_llama, p, edit) for p in prompts]
+        torch.testing.assert_close(torch.tensor(score.logprobs), torch.tensor(ref), rtol=1e-4, atol=1e-4)
+    # Two edits in one condition compose like one edit after the other.
+    both = score_edited(tiny_llama, prompts, [edits[3]], batch_size=5)[0]
+    assert both.logprobs != scores[0].logprobs
+
+
+def test_edits_and_applied_vectors_detach(tiny_llama, ids):
+    before = _logits(tiny_llama, ids)
+    vec = torch.randn(tiny_llama.anatomy.d_model)
+    score_edited(tiny_llama, build_prompts("swap", n=2, shots=0, seed=0), [ResidEdit(1, vec, "add")])
+    with apply_vector(tiny_llama, ResidEdit(1, vec, "add")):
+        during = _logits(tiny_llama, ids)
+    after = _logits(tiny_llama, ids)
+    assert torch.equal(before, after)
+    assert not torch.equal(during[:, -1], before[:, -1])
+    assert torch.equal(during[:, :-1], before[:, :-1])  # only the last position (and nothing before it) moves
+
+
+def test_choose_layer_breaks_ties_by_logprob_then_earliest():
+    assert choose_layer({3: 0.5, 7: 0.5, 9: 0.2}, {3: -2.0, 7: -1.0, 9: 0.0}) == 7
+    assert choose_layer({3: 0.5, 7: 0.5}) == 3
+
+
+def test_saved_vector_round_trip(tiny_llama, tmp_path):
+    vec = ActivationVector(torch.randn(tiny_llama.anatomy.n_layers, tiny_llama.anatomy.d_model), "task-vector",
+                           "swap", 1, "replace", tiny_llama.weights_sha256(), [], {"n_contexts": 5})
+    path = vec.save(tmp_path / "v.safetensors")
+    back = ActivationVector.load(path, tiny_llama)
+    assert torch.equal(back.vector, vec.vector)
+    assert back.metadata() == vec.metadata()
+    torch.testing.assert_close(back.edit(scale=2.0).vector, 2 * vec.vector[1])
+    other = ActivationVector(vec.vector, "task-vector", "swap", 1, "replace", "0" * 64)
+    other.save(tmp_path / "o.safetensors")
+    with pytest.raises(MechkitError, match="other model weights"):
+        ActivationVector.load(tmp_path / "o.safetensors", tiny_llama)
+    with pytest.raises(MechkitError, match="no vector file"):
+        ActivationVector.load(tmp_path / "missing.safetensors")
+
+
+def test_plugin_runs_and_reloads_its_vectors(tmp_path):
+    small = dict(model="tiny:llama", tasks="swap", n=3, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2)
+    run = mk.run("icl-vectors", out=tmp_path / "a", **small)
+    res = run.results
+    assert set(res["accuracy_table"]) == {"zero-shot", "zero-shot + TV", "zero-shot + FV", "shuffled ICL",
+                                          "shuffled ICL + TV", "shuffled ICL + FV", "ICL"}
+    assert len(res["per_task"]["swap"]["methods"]["task-vector"]["test"]["accuracy"]) == 2  # tiny: 2 layers
+    assert (tmp_path / "a" / "aie_swap.png").exists()
+    fv = ActivationVector.load(tmp_path / "a" / "swap.function-vector.safetensors")
+    assert fv.layer == res["chosen_layer"]["function-vector"]["swap"] and len(fv.heads) == 2
+    again = mk.run("icl-vectors", out=tmp_path / "b", model="tiny:llama", n=3, shots=2,
+                   load_vector=str(tmp_path / "a" / "swap.function-vector.safetensors"))
+    assert again.results["methods"] == ["function-vector"]
+    assert again.results["chosen_layer"]["function-vector"]["swap"] == fv.layer
+
+
+def test_plugin_rejects_bad_layers_before_work(tmp_path):
+    with pytest.raises(MechkitError, match="--layers"):
+        mk.run("icl-vectors", model="tiny:llama", out=tmp_path / "x", tasks="swap", layers="0-9")
+    assert not (tmp_path / "x").exists()

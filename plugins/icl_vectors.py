@@ -1,0 +1,221 @@
+"""``mechkit icl-vectors``: can one activation vector stand in for the demonstrations?
+
+Two kinds of vector, both written at the last token of a zero-shot prompt ``input: Q\\noutput:``:
+the ICL task vector (Hendel et al. 2023: the residual stream after block L of demonstrations + a
+dummy query, averaged, *replaces* the zero-shot one) and the function vector (Todd et al. 2024: the
+summed mean outputs of the heads with the largest causal indirect effect on shuffled-label prompts,
+*added* at layer L). Layer L is chosen on dev prompts; the report gives the per-layer curve and the
+conditions zero-shot, zero-shot + vector, shuffled-label ICL ± vector and real ICL on held-out test
+prompts, and saves each vector (``--load-vector FILE`` evaluates a saved one instead).
+
+Prompt sets, all seeded from ``--seed s``: extraction contexts s, CIE prompts s+1, dev s+2, test
+s+3 (test queries that also occur in dev are replaced).
+"""
+
+from __future__ import annotations
+
+from mechkit.plugin import Option, Plugin, Result, RunContext
+
+DEFAULT_TASKS = "capitalize,past-tense,country-capital"
+SHORT = {"task-vector": "TV", "function-vector": "FV"}
+
+
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """``all``, ``12-24`` or ``10,20,25`` -> sorted layer indices, validated."""
+    from mechkit.errors import MechkitError
+
+    fix = f"use all, a range like 12-24 or a list like 10,20 (layers 0..{n_layers - 1})"
+    try:
+        if text.strip() == "all":
+            return list(range(n_layers))
+        layers: set[int] = set()
+        for item in (x.strip() for x in text.split(",") if x.strip()):
+            lo, _, hi = item.partition("-")
+            layers.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise MechkitError(f"malformed --layers {text!r}", fix) from None
+    if not layers or min(layers) < 0 or max(layers) >= n_layers:
+        raise MechkitError(f"--layers {text!r} is out of range", fix)
+    return sorted(layers)
+
+
+def held_out_prompts(task: str, n: int, shots: int, seed: int, avoid: set[str]) -> dict[str, list]:
+    """Zero-shot, ICL and shuffled-label prompts asking the same ``n`` queries, none of them in ``avoid``."""
+    from mechkit.tasks import build_prompts
+    from mechkit.tasks.shuffled import shuffled_label_prompts
+
+    pool = 3 * n + len(avoid)
+    sets = {"zero-shot": build_prompts(task, n=pool, shots=0, seed=seed),
+            "icl": build_prompts(task, n=pool, shots=shots, seed=seed),
+            "shuffled": shuffled_label_prompts(task, n=pool, shots=shots, seed=seed)}
+    keep = [i for i, p in enumerate(sets["zero-shot"]) if p.query not in avoid][:n]
+    return {name: [ps[i] for i in keep] for name, ps in sets.items()}
+
+
+class IclVectorsPlugin(Plugin):
+    name = "icl-vectors"
+    version = "0.1.0"
+    summary = "ICL task vectors and function vectors: extract, pick a layer on dev, evaluate zero-shot + vector."
+    options = (
+        Option("tasks", str, None, f"Comma-separated task ids (default {DEFAULT_TASKS}, or the loaded vector's)."),
+        Option("method", str, "both", "Which vectors.", choices=("task-vector", "function-vector", "both")),
+        Option("n", int, 40, "Test prompts per task."),
+        Option("n_dev", int, 20, "Dev prompts per task (choose the layer)."),
+        Option("n_contexts", int, 24, "ICL contexts averaged for the task vector and the mean head outputs."),
+        Option("n_cie", int, 10, "Shuffled-label prompts for the heads' indirect effects."),
+        Option("shots", int, 10, "Demonstrations per ICL prompt."),
+        Option("top_k", int, 10, "Heads summed into the function vector."),
+        Option("fv_scale", float, 1.0, "Multiply the function vector by this before adding it."),
+        Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20."),
+        Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting."),
+        Option("batch_size", int, 16, "Rows per forward pass."),
+    )
+
+    def run(self, ctx: RunContext) -> Result:
+        from mechkit.evaluation import progress
+        from mechkit.tasks import parse_tasks
+        from mechkit.taskvectors import ActivationVector
+
+        p, m = ctx.params, ctx.model
+        loaded = ActivationVector.load(p["load_vector"], m) if p["load_vector"] else None
+        tasks = parse_tasks(p["tasks"] or (loaded.task if loaded else DEFAULT_TASKS))
+        layers = parse_layers(p["layers"], m.anatomy.n_layers)
+        methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
+        out: dict = {}
+        with progress(ctx.console) as bar:
+            job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))
+            for task in tasks:
+                bar.update(job, description=f"{task}: baselines")
+                out[task] = _Task(ctx, task, layers).run(methods, loaded, bar, job)
+        return _result(out, tasks, methods, layers, m.anatomy.n_layers)
+
+
+class _Task:
+    """One task's prompt sets and resumable steps."""
+
+    def __init__(self, ctx: RunContext, task: str, layers: list[int]) -> None:
+        from mechkit.tasks import build_prompts
+
+        self.ctx, self.task, self.layers, self.p, self.m = ctx, task, layers, ctx.params, ctx.model
+        s = ctx.seed
+        self.dev = build_prompts(task, n=self.p["n_dev"], shots=0, seed=s + 2)
+        self.test = held_out_prompts(task, self.p["n"], self.p["shots"], s + 3, {q.query for q in self.dev})
+
+    def step(self, name: str, compute):
+        return self.ctx.step(f"{self.task}|{name}", compute)
+
+    def run(self, methods: list[str], loaded, bar, job) -> dict:
+        from mechkit.taskvectors import score_edited
+
+        bs = self.p["batch_size"]
+        base = self.step("baselines", lambda: {
+            name: score_edited(self.m, self.test[key], [None], bs)[0].accuracy
+            for name, key in (("zero-shot", "zero-shot"), ("shuffled ICL", "shuffled"), ("ICL", "icl"))})
+        bar.advance(job)
+        res = {"baselines": base, "methods": {}}
+        for method in methods:
+            bar.update(job, description=f"{self.task}: {method}")
+            res["methods"][method] = self.method(method, loaded)
+            bar.advance(job)
+        return res
+
+    def method(self, method: str, loaded) -> dict:
+        from mechkit.taskvectors import choose_layer
+
+        vec = loaded or self.extract(method)
+        dev = None
+        if loaded is None:
+            dev = self.step(f"{method}|dev", lambda: self.sweep(vec, self.dev))
+            vec.layer = choose_layer(*(dict(zip(self.layers, dev[k], strict=True)) for k in ("accuracy", "logprob")))
+        test = self.step(f"{method}|test", lambda: self.sweep(vec, self.test["zero-shot"]))
+        cond = self.step(f"{method}|conditions|L={vec.layer}", lambda: self.conditions(vec))
+        return {"layer": vec.layer, "dev": dev, "test": test, "conditions": cond, "heads": vec.heads,
+                "aie": vec.info.get("aie"), "file": f"{self.task}.{method}.safetensors", "bytes": vec.to_bytes()}
+
+    def extract(self, method: str):
+        import torch
+
+        from mechkit.taskvectors import ActivationVector
+
+        stored = self.step(f"{method}|extract", lambda: self._extract(method))
+        return ActivationVector(vector=torch.tensor(stored["vector"]), method=method, task=self.task, layer=-1,
+                                mode="replace" if method == "task-vector" else "add",
+                                model_sha256=self.m.weights_sha256(), heads=stored["heads"],
+                                info={k: v for k, v in stored.items() if k not in ("vector", "heads")})
+
+    def _extract(self, method: str) -> dict:
+        from mechkit.functionvectors import function_vector, indirect_effects, mean_head_outputs, top_heads
+        from mechkit.tasks import build_prompts
+        from mechkit.tasks.shuffled import shuffled_label_prompts
+        from mechkit.taskvectors import icl_task_vectors
+
+        p, s = self.p, self.ctx.seed
+        contexts = build_prompts(self.task, n=p["n_contexts"], shots=p["shots"], seed=s)
+        common = {"n_contexts": p["n_contexts"], "shots": p["shots"], "seed": s}
+        if method == "task-vector":
+            return {"vector": icl_task_vectors(self.m, self.task, prompts=contexts).tolist(), "heads": [], **common}
+        means = mean_head_outputs(self.m, contexts)
+        corrupted = shuffled_label_prompts(self.task, n=p["n_cie"], shots=p["shots"], seed=s + 1)
+        aie = indirect_effects(self.m, corrupted, means).mean(0)
+        heads = top_heads(aie, p["top_k"])
+        fv = function_vector(self.m, means, heads) * p["fv_scale"]
+        return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie.tolist(), "n_cie": p["n_cie"],
+                "top_k": p["top_k"], "fv_scale": p["fv_scale"], **common}
+
+    def sweep(self, vec, prompts) -> dict:
+        from mechkit.taskvectors import score_edited
+
+        scores = score_edited(self.m, prompts, [vec.edit(L) for L in self.layers], self.p["batch_size"])
+        return {"accuracy": [s.accuracy for s in scores], "logprob": [s.logprob for s in scores]}
+
+    def conditions(self, vec) -> dict:
+        from mechkit.taskvectors import score_edited
+
+        bs = self.p["batch_size"]
+        return {"zero-shot": score_edited(self.m, self.test["zero-shot"], [vec.edit()], bs)[0].accuracy,
+                "shuffled ICL": score_edited(self.m, self.test["shuffled"], [vec.edit()], bs)[0].accuracy}
+
+
+def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], n_layers: int) -> Result:
+    from mechkit.report import bar_plot, head_heatmap, line_plot
+
+    table: dict[str, dict] = {"zero-shot": {}}
+    for method in methods:
+        table[f"zero-shot + {SHORT[method]}"] = {}
+    table["shuffled ICL"] = {}
+    for method in methods:
+        table[f"shuffled ICL + {SHORT[method]}"] = {}
+    table["ICL"] = {}
+    figures, files, summary, vectors = {}, {}, {}, {}
+    for task in tasks:
+        res = out[task]
+        for name, acc in res["baselines"].items():
+            table[name][task] = acc
+        series = {"zero-shot": [res["baselines"]["zero-shot"]] * len(layers),
+                  "ICL": [res["baselines"]["ICL"]] * len(layers)}
+        line = [f"zero-shot {res['baselines']['zero-shot']:.2f}"]
+        for method, r in res["methods"].items():
+            tag = SHORT[method]
+            table[f"zero-shot + {tag}"][task] = r["conditions"]["zero-shot"]
+            table[f"shuffled ICL + {tag}"][task] = r["conditions"]["shuffled ICL"]
+            series[f"{tag} test"] = r["test"]["accuracy"]
+            if r["dev"] is not None:
+                series[f"{tag} dev"] = r["dev"]["accuracy"]
+            line.append(f"+{tag}@L{r['layer']} {r['conditions']['zero-shot']:.2f}")
+            files[r["file"]] = r.pop("bytes")
+            vectors.setdefault(task, {})[method] = r["file"]
+            if r["aie"] is not None:
+                hi = [(h["layer"], h["head"]) for h in r["heads"]]
+                figures[f"aie_{task}"] = head_heatmap(r["aie"], f"{task}: average indirect effect of each head",
+                                                      "ΔP(answer)", highlight=hi)
+        line.append(f"ICL {res['baselines']['ICL']:.2f}")
+        summary[task] = " | ".join(line)
+        figures[f"layers_{task}"] = line_plot(layers, series, f"{task}: zero-shot accuracy with the vector at layer L",
+                                              "layer", "exact-match accuracy")
+    figures["accuracy"] = bar_plot(tasks, {c: [row.get(t) for t in tasks] for c, row in table.items()},
+                                   "Accuracy by condition (test prompts)", "accuracy")
+    chosen = {m: {t: out[t]["methods"][m]["layer"] for t in tasks} for m in methods}
+    results = {"tasks": tasks, "methods": methods, "layers": layers, "n_layers": n_layers,
+               "accuracy_table": table, "chosen_layer": chosen, "summary": summary, "vectors": vectors,
+               "per_task": out}
+    return Result(results=results, figures=figures, files=files)
