@@ -88,3 +88,17 @@ def test_function_vector_is_the_sum_of_projected_head_means(tiny):
             manual = manual + (proj(z.reshape(1, -1)) - zero)[0]
     torch.testing.assert_close(function_vector(tiny, means, heads), manual, rtol=1e-4, atol=1e-5)
     assert head_contributions(tiny, means).shape == (a.n_layers, a.n_heads, a.d_model)
+
+
+def test_function_vector_example_on_tiny_model(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples/function_vectors.py"
+    out = tmp_path / "fv.safetensors"
+    result = subprocess.run([sys.executable, str(script), "--model", "tiny:llama", "--task", "swap", "--shots", "2",
+                             "--n", "3", "--top-k", "2", "--out", str(out)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "zero-shot + FV at layer" in result.stdout and out.exists()
