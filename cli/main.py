@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import click
+from mechkit.cli.taskvec import taskvec
 
 from mechkit._version import __version__
 from mechkit.errors import MechkitError
@@ -92,6 +93,9 @@ class MechkitGroup(click.Group):
 @click.version_option(__version__, prog_name="mechkit")
 def cli() -> None:
     """mechkit: find the components that matter, prove it causally, edit and prune models."""
+
+
+cli.add_command(taskvec)
 
 
 @cli.group()

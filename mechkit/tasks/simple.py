@@ -1,8 +1,9 @@
-"""The seeds' simple tasks (Table 4.2, letters A-H) plus ``country-capital``.
+"""The seeds' simple tasks (Table 4.2, letters A-H) plus ``country-capital`` and ``lowercase``.
 
 Each task is a sampler ``rng -> Example`` wrapped with its id and a one-line description. Input forms
 follow the seeds: ``apple -> APPLE``, ``bell ford -> ford bell``, ``twenty @ eleven -> thirty-one``,
-``pay -> paid``, ``above -> below``, ``435 -> 436``, ``15 @ 6 -> 3``, ``12 # 5 -> 18``. Operators are
+``pay -> paid``, ``above -> below``, ``435 -> 436``, ``15 @ 6 -> 3``, ``12 # 5 -> 18``. ``lowercase``
+(``APPLE -> apple``, ``Apple -> apple``) is capitalize's contradictory partner for task arithmetic. Operators are
 written with spaces around them (``12 # 5``) as in the seeds' slides and code, so numbers tokenize the
 same way in simple and composite prompts.
 """
@@ -38,6 +39,12 @@ def two_sum_operands(rng: random.Random) -> tuple[int, int]:
 def capitalize(rng: random.Random) -> Example:
     word = rng.choice(OBJECT_NOUNS)
     return Example(word, word.upper())
+
+
+def lowercase(rng: random.Random) -> Example:
+    """An upper-case or title-case noun back to lower case: the opposite direction of ``capitalize``."""
+    word = rng.choice(OBJECT_NOUNS)
+    return Example(word.upper() if rng.random() < 0.5 else word.capitalize(), word)
 
 
 def swap(rng: random.Random) -> Example:
@@ -130,5 +137,7 @@ SIMPLE_TASKS: dict[str, SimpleTask] = {
                    "12 # 5 -> 18", two_sum_plus_one),
         SimpleTask("country-capital", None, "Country Capital", "capital city of a country",
                    "France -> Paris", country_capital),
+        SimpleTask("lowercase", None, "Lowercase", "lower-case an upper- or title-case object noun",
+                   "APPLE -> apple", lowercase),
     )
 }

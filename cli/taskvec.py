@@ -1,0 +1,167 @@
+"""``mechkit taskvec``: extract, combine, inspect and sweep weight-space task vectors.
+
+Nothing here imports torch at import time (``mechkit --help`` stays fast); ``sweep`` is the
+``taskvec-sweep`` plugin's command, built lazily like every plugin command.
+"""
+
+from __future__ import annotations
+
+import click
+
+from mechkit.errors import MechkitError
+
+MERGE_METHODS = ("task_arithmetic", "ties", "dare", "dare_ties")
+
+
+class TaskvecGroup(click.Group):
+    """The fixed subcommands plus ``sweep``, which is the taskvec-sweep plugin's command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), "sweep"})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "sweep":
+            from mechkit.cli.main import _plugin_command
+
+            command = _plugin_command("taskvec-sweep")
+            command.name = "sweep"
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=TaskvecGroup)
+def taskvec() -> None:
+    """Weight-space task vectors: ΔΨ = Ψ_ft − Ψ0 and task arithmetic Ψ0 + Σ λ_i ΔΨ_i."""
+
+
+@taskvec.command("extract")
+@click.option("--base", default="llama", show_default=True, help="Base model spec (as --model elsewhere).")
+@click.option("--finetuned", required=True, type=click.Path(), help="Fine-tuned model directory.")
+@click.option("--out", required=True, type=click.Path(), help="Task-vector file to write (.safetensors).")
+@click.option("--embeddings", type=click.Choice(("error", "truncate", "skip")), default="error", show_default=True,
+              help="When vocabularies differ: fail, use the shared rows, or leave embeddings out.")
+@click.option("--task", "tasks", default=None, help="Task id(s) to record (default: from the fine-tune report).")
+@click.option("--force", is_flag=True, help="Overwrite --out.")
+def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str | None, force: bool) -> None:
+    """ΔΨ = Ψ_ft − Ψ0, streamed tensor by tensor from the fine-tuned safetensors."""
+    from pathlib import Path
+
+    _check_out(out, force)
+    from mechkit.model import load_model
+    from mechkit.taskarith import extract
+
+    handle = load_model(base, device="cpu", dtype="float32")
+    tv = extract(handle, Path(finetuned), embeddings=embeddings, tasks=tasks.split(",") if tasks else None)
+    tv.save(out)
+    _print_summary(tv, out)
+
+
+def _check_out(out: str, force: bool) -> None:
+    from pathlib import Path
+
+    if Path(out).exists() and not force:
+        raise MechkitError(f"{out} already exists", "pass --force to overwrite it or choose another --out")
+
+
+def _load_named(vectors: tuple[str, ...]) -> dict:
+    from pathlib import Path
+
+    from mechkit.taskarith import TaskVector
+
+    named = {}
+    for item in vectors:
+        name, sep, path = item.partition("=")
+        if not sep:
+            path, name = item, Path(item).name.split(".")[0].replace("-", "_")
+        if not name.isidentifier():
+            raise MechkitError(f"--vector name {name!r} is not a plain identifier", "use --vector cap=FILE")
+        named[name] = TaskVector.load(path)
+    return named
+
+
+@taskvec.command("merge")
+@click.option("--vector", "-v", "vectors", multiple=True, required=True,
+              help="NAME=FILE (repeatable); a bare FILE is named after its file name.")
+@click.option("--expr", default=None, help="Arithmetic over the names, e.g. 'cap + 0.5*past - low'.")
+@click.option("--method", type=click.Choice(MERGE_METHODS), default=None, help="Merge all vectors with this method.")
+@click.option("--weights", default=None, help="Comma-separated weight per vector (merge methods).")
+@click.option("--density", type=float, default=1.0, show_default=True, help="TIES: fraction of entries kept.")
+@click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability.")
+@click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed.")
+@click.option("--scale", type=float, default=1.0, show_default=True, help="λ applied to the merged vector.")
+@click.option("--rank", type=int, default=None, help="Low-rank: truncated SVD rank per matrix.")
+@click.option("--energy", type=float, default=None, help="Low-rank: keep this fraction of squared singular mass.")
+@click.option("--sparsity-density", type=float, default=None, help="Keep the top fraction by magnitude.")
+@click.option("--out", required=True, type=click.Path(), help="Task-vector file to write.")
+@click.option("--force", is_flag=True, help="Overwrite --out.")
+def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
+              force) -> None:
+    """Combine task vectors (expression or merge method), optionally compress, write a new vector."""
+    _check_out(out, force)
+    tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
+    tv.save(out)
+    _print_summary(tv, out)
+
+
+def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density):
+    from mechkit.taskarith import evaluate_expression, merge
+
+    named = _load_named(vectors)
+    if (expr is None) == (method is None):
+        raise MechkitError("pass exactly one of --expr and --method", "e.g. --expr 'cap + past' or --method ties")
+    if expr is not None:
+        tv = evaluate_expression(expr, named) * scale if scale != 1.0 else evaluate_expression(expr, named)
+    else:
+        ws = [float(w) for w in weights.split(",")] if weights else None
+        tv = merge(list(named.values()), method, weights=ws, density=density, p=p, seed=seed, scale=scale)
+    if rank is not None or energy is not None:
+        tv = tv.low_rank(rank=rank, energy=energy)
+    if sparsity_density is not None:
+        tv = tv.sparsify(sparsity_density)
+    return tv
+
+
+@taskvec.command("apply")
+@click.option("--base", default="llama", show_default=True, help="Base model spec.")
+@click.option("--vector", "-v", "vectors", multiple=True, required=True, help="NAME=FILE (repeatable).")
+@click.option("--expr", default=None, help="Arithmetic over the names, e.g. 'cap + past'.")
+@click.option("--method", type=click.Choice(MERGE_METHODS), default=None, help="Or merge all vectors.")
+@click.option("--weights", default=None, help="Comma-separated weight per vector (merge methods).")
+@click.option("--density", type=float, default=1.0, show_default=True, help="TIES: fraction of entries kept.")
+@click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability.")
+@click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed.")
+@click.option("--scale", type=float, default=1.0, show_default=True, help="λ of the combined vector.")
+@click.option("--out", required=True, type=click.Path(), help="Merged model directory to write.")
+@click.option("--force", is_flag=True, help="Overwrite --out.")
+def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, out, force) -> None:
+    """Write Ψ0 + combined vector as a loadable model directory (usable as --model DIR)."""
+    from pathlib import Path
+
+    if Path(out).exists() and any(Path(out).iterdir()) and not force:
+        raise MechkitError(f"{out} already exists", "pass --force to overwrite it or choose another --out")
+    tv = _combine(vectors, expr, method, weights, density, p, seed, scale, None, None, None)
+    from mechkit.model import load_model
+    from mechkit.taskarith import save_merged
+
+    handle = load_model(base, device="cpu", dtype="float32")
+    save_merged(handle, tv, out, force=force)
+    click.echo(f"merged model: {out}  (tasks: {', '.join(tv.meta.get('tasks', [])) or '-'})")
+
+
+@taskvec.command("info")
+@click.argument("path", type=click.Path())
+def info_cmd(path: str) -> None:
+    """Tasks, size, norm, layers, operations and recipe of a task-vector file."""
+    from mechkit.taskarith import TaskVector
+
+    _print_summary(TaskVector.load(path), path)
+
+
+def _print_summary(tv, path: str) -> None:
+    import json
+
+    click.echo(f"task vector: {path}")
+    for key, value in tv.summary().items():
+        if value not in (None, [], {}):
+            text = value if isinstance(value, (str, int, float)) else json.dumps(value, default=str)
+            click.echo(f"  {key:8s} {text}")

@@ -1,0 +1,205 @@
+"""Fine-tune a copy of a model on one of the seeds' tasks, to make task models for task arithmetic.
+
+No fine-tuned checkpoints exist offline, so mechkit makes its own: Ψ*_T for a task T is the base
+model trained on ``input: X\\noutput: Y\\n`` prompts (zero-shot and/or few-shot, drawn with a data
+seed distinct from the evaluation prompts' seed, and never asking an evaluation query), with the
+loss on the answer tokens and the terminating newline only. The caller's model is never touched:
+training runs on a deep copy. LoRA (through peft) is merged into the copy's weights before saving,
+so the task vector ``Ψ*_T − Ψ0`` is always a plain weight difference.
+
+>>> import mechkit as mk
+>>> from mechkit.finetune import Recipe, finetune
+>>> out = finetune(mk.load_model("tiny:llama"), Recipe(task="capitalize", steps=2, batch_size=4))
+>>> len(out.losses)
+2
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from mechkit.errors import MechkitError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from mechkit.model.handle import ModelHandle
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_WEIGHTS = "lora_adapter.safetensors"  # not adapter_model.*: transformers would try to load it as a PEFT dir
+ADAPTER_CONFIG = "lora_adapter_config.json"
+
+
+@dataclass
+class Recipe:
+    """Everything that determines a fine-tuning run (recorded in the report and the task vector)."""
+
+    task: str
+    steps: int = 100
+    lr: float = 1e-4
+    method: str = "full"  # full | lora
+    rank: int = 8
+    lora_alpha: float = 16.0
+    batch_size: int = 8
+    shots: tuple[int, ...] = (0,)
+    seed: int = 0
+    data_seed: int = 1000
+    eval_n: int = 20
+    eval_seed: int = 0
+    weight_decay: float = 0.0
+    pool: int = 512
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["shots"] = list(self.shots)
+        return d
+
+
+@dataclass
+class Finetuned:
+    """A trained copy of the model (merged, plain HF module) with its loss curve."""
+
+    model: nn.Module
+    losses: list[float]
+    recipe: Recipe
+    adapter: dict | None = field(default=None, repr=False)  # LoRA tensors before merging
+    adapter_config: dict | None = None
+
+
+def parse_shots(text: str) -> tuple[int, ...]:
+    """``"0,3"`` -> ``(0, 3)``: demonstration counts for a mix of prompt settings."""
+    try:
+        shots = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        shots = ()
+    if not shots or min(shots) < 0:
+        raise MechkitError(f"malformed --shots {text!r}", "use demonstration counts like 0 or 0,3")
+    return shots
+
+
+def eval_prompts(recipe: Recipe, shots: int = 0) -> list:
+    """The held-out prompts a recipe is evaluated on (seed ``eval_seed``)."""
+    from mechkit.tasks import build_prompts
+
+    return build_prompts(recipe.task, n=recipe.eval_n, shots=shots, seed=recipe.eval_seed)
+
+
+def training_rows(handle: ModelHandle, recipe: Recipe) -> list[tuple[list[int], int]]:
+    """Token ids and answer start of ``pool`` training prompts; evaluation queries are excluded."""
+    from mechkit.scoring import encode
+    from mechkit.tasks import build_prompts
+
+    held_out = {p.query for p in eval_prompts(recipe)}
+    rows = []
+    per_shot = max(1, recipe.pool // len(recipe.shots))
+    for i, shots in enumerate(recipe.shots):
+        for p in build_prompts(recipe.task, n=per_shot, shots=shots, seed=recipe.data_seed + i):
+            if p.query not in held_out:
+                rows.append(encode(handle.tokenizer, p.text, p.answer, p.terminator))
+    if not rows:
+        raise MechkitError(f"no training prompts left for {recipe.task!r} after holding out evaluation queries",
+                           "lower --eval-n or use a task with more distinct inputs")
+    return rows
+
+
+def _batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask, and labels that are -100 everywhere but the answer."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for r, (seq, start) in enumerate(rows):
+        ids[r, :len(seq)] = torch.tensor(seq)
+        mask[r, :len(seq)] = 1
+        labels[r, start:len(seq)] = torch.tensor(seq[start:])
+    return ids, mask, labels
+
+
+def _trainable(model: nn.Module, recipe: Recipe) -> nn.Module:
+    if recipe.method == "full":
+        return model
+    if recipe.method != "lora":
+        raise MechkitError(f"unknown fine-tuning method {recipe.method!r}", "use --method full or --method lora")
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    targets = [t for t in LORA_TARGETS if t in names] or ["c_attn", "c_proj", "c_fc"]
+    config = LoraConfig(r=recipe.rank, lora_alpha=recipe.lora_alpha, target_modules=targets, lora_dropout=0.0)
+    return get_peft_model(model, config)
+
+
+def finetune(handle: ModelHandle, recipe: Recipe,
+             on_step: Callable[[int, float], None] | None = None) -> Finetuned:
+    """Train a deep copy of ``handle.model`` for ``recipe.steps`` AdamW steps; the handle is untouched."""
+    if recipe.steps < 1 or recipe.batch_size < 1 or recipe.lr <= 0:
+        raise MechkitError("steps, batch size and learning rate must be positive",
+                           "pass e.g. --steps 100 --batch-size 8 --lr 1e-4")
+    rows = training_rows(handle, recipe)
+    pad_id = handle.tokenizer.pad_token_id
+    pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
+    torch.manual_seed(recipe.seed)
+    model = _trainable(copy.deepcopy(handle.model), recipe)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    rng = random.Random(recipe.seed)
+    losses = []
+    for step in range(recipe.steps):
+        ids, mask, labels = _batch(rng.sample(rows, min(recipe.batch_size, len(rows))), pad_id)
+        loss = model(input_ids=ids.to(handle.device), attention_mask=mask.to(handle.device),
+                     labels=labels.to(handle.device), use_cache=False).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    return _finish(model, losses, recipe)
+
+
+def _finish(model: nn.Module, losses: list[float], recipe: Recipe) -> Finetuned:
+    adapter = adapter_config = None
+    if recipe.method == "lora":
+        from peft import get_peft_model_state_dict
+
+        adapter = {k: v.detach().clone().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+        adapter_config = model.peft_config["default"].to_dict()
+        model = model.merge_and_unload()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return Finetuned(model=model, losses=losses, recipe=recipe, adapter=adapter, adapter_config=adapter_config)
+
+
+def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
+    """The files of a loadable model directory (config, safetensors weights, tokenizer, adapter), as bytes.
+
+    Returned as bytes so the report writer can place them beside ``report.json`` atomically.
+    """
+    import json
+    import tempfile
+
+    from safetensors.torch import save
+
+    files: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        result.model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for path in sorted(Path(tmp).iterdir()):
+            if path.is_file():
+                files[path.name] = path.read_bytes()
+    if result.adapter is not None:
+        files[ADAPTER_WEIGHTS] = save(result.adapter)
+        files[ADAPTER_CONFIG] = json.dumps(result.adapter_config, indent=2, default=str).encode()
+    return files
+
+
+__all__ = ["Finetuned", "Recipe", "eval_prompts", "finetune", "model_files", "parse_shots", "training_rows"]

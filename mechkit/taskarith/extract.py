@@ -1,0 +1,162 @@
+"""Extract ΔΨ = Ψ_ft − Ψ0 tensor by tensor, streaming the fine-tuned weights from safetensors.
+
+The base comes from a loaded handle (its ``named_parameters()``, so tied weights are counted once)
+or from a model directory, which is then streamed too. The fine-tuned model is always read one
+tensor at a time with ``safe_open``: the two full models are never in memory together, only the
+base and the growing delta. Before any arithmetic the configs are compared (model type, hidden size,
+layer and head counts) and so are the vocabularies; a vocabulary or embedding-shape mismatch is an
+error unless ``embeddings="truncate"`` (delta over the rows both share) or ``"skip"`` (no embedding or
+output-head deltas) is chosen explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mechkit.errors import MechkitError
+from mechkit.taskarith.vector import TaskVector
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+EMBEDDING_MODES = ("error", "truncate", "skip")
+_EMBEDDING_NAMES = ("embed_tokens", "wte", "embed_in", "embed_out", "lm_head", "word_embeddings")
+_ARCH_KEYS = ("model_type", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads",
+              "n_head", "num_key_value_heads", "intermediate_size", "head_dim")
+
+
+def is_embedding(name: str) -> bool:
+    return any(part in name for part in _EMBEDDING_NAMES)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory (single file or sharded with an index)."""
+    if (model_dir / "model.safetensors").is_file():
+        return [model_dir / "model.safetensors"]
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    raise MechkitError(f"no safetensors weights in {model_dir}",
+                       "pass a directory written by `mechkit finetune` or save_pretrained (model.safetensors)")
+
+
+def stream_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs, one at a time, from a model directory's safetensors files."""
+    from safetensors import safe_open
+
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                yield key, f.get_tensor(key)
+
+
+def _config(source: Any) -> dict:
+    if isinstance(source, Path):
+        path = source / "config.json"
+        if not path.is_file():
+            raise MechkitError(f"no config.json in {source}", "pass a model directory written by save_pretrained")
+        return json.loads(path.read_text())
+    return source.model.config.to_dict()
+
+
+def check_architecture(base_cfg: dict, ft_cfg: dict) -> None:
+    """Same family and sizes, or a one-line error naming the first difference."""
+    for key in _ARCH_KEYS:
+        if key in base_cfg and key in ft_cfg and base_cfg[key] != ft_cfg[key]:
+            raise MechkitError(f"architectures differ: {key} is {base_cfg[key]} in the base, {ft_cfg[key]} fine-tuned",
+                               "a task vector needs the fine-tuned model of this very base model")
+
+
+def _vocab(source: Any) -> dict | None:
+    if isinstance(source, Path):
+        path = source / "tokenizer.json"
+        return json.loads(path.read_text()).get("model", {}).get("vocab") if path.is_file() else None
+    tok = source.tokenizer
+    return tok.get_vocab() if tok is not None else None
+
+
+def _base_tensors(base: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Base parameters by name, plus aliases of tied names (``lm_head.weight`` → the embedding's name)."""
+    if isinstance(base, Path):
+        return dict(stream_tensors(base)), {}
+    params = dict(base.model.named_parameters())
+    by_ptr = {p.data_ptr(): n for n, p in params.items()}
+    aliases = {n: by_ptr[t.data_ptr()] for n, t in base.model.state_dict().items()
+               if n not in params and t.data_ptr() in by_ptr}
+    return {n: p.detach() for n, p in params.items()}, aliases
+
+
+def _delta(name: str, ft: torch.Tensor, base: torch.Tensor, embeddings: str) -> torch.Tensor | None:
+    if ft.shape == base.shape:
+        return ft.float() - base.float()
+    if not is_embedding(name) or ft.ndim != base.ndim or ft.shape[1:] != base.shape[1:]:
+        raise MechkitError(f"shape mismatch for {name}: base {tuple(base.shape)}, fine-tuned {tuple(ft.shape)}",
+                           "a task vector needs the fine-tuned model of this very base model")
+    if embeddings == "skip":
+        return None
+    if embeddings == "truncate":
+        rows = min(ft.shape[0], base.shape[0])
+        return ft[:rows].float() - base[:rows].float()
+    raise MechkitError(f"vocabulary sizes differ for {name}: base {base.shape[0]}, fine-tuned {ft.shape[0]}",
+                       "pass --embeddings truncate (shared rows) or --embeddings skip (no embedding deltas)")
+
+
+def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: str = "error",
+            tasks: list[str] | None = None) -> TaskVector:
+    """ΔΨ = Ψ_ft − Ψ0 with HF parameter names (see :mod:`mechkit.taskarith.vector` for the naming).
+
+    ``base`` is a loaded handle or a model directory; ``finetuned`` a model directory (for example
+    the output of ``mechkit finetune``, whose recipe and task are copied into the metadata).
+    """
+    if embeddings not in EMBEDDING_MODES:
+        raise MechkitError(f"unknown --embeddings {embeddings!r}", f"use one of: {', '.join(EMBEDDING_MODES)}")
+    ft_dir = Path(finetuned)
+    base_src = Path(base) if isinstance(base, (str, Path)) else base
+    check_architecture(_config(base_src), _config(ft_dir))
+    vocab_base, vocab_ft = _vocab(base_src), _vocab(ft_dir)
+    vocab_differs = vocab_base is not None and vocab_ft is not None and vocab_base != vocab_ft
+    if vocab_differs and embeddings == "error":
+        raise MechkitError("the base and fine-tuned tokenizers have different vocabularies",
+                           "pass --embeddings truncate or --embeddings skip if the shared ids mean the same")
+    base_tensors, aliases = _base_tensors(base_src)
+    deltas: dict[str, torch.Tensor] = {}
+    for name, ft in stream_tensors(ft_dir):
+        target = aliases.get(name, name)
+        if target not in base_tensors:
+            raise MechkitError(f"the fine-tuned model has a tensor the base lacks: {name}",
+                               "a task vector needs the fine-tuned model of this very base model")
+        if target in deltas or (vocab_differs and embeddings == "skip" and is_embedding(target)):
+            continue  # a tied alias already counted, or an embedding the user chose to skip
+        delta = _delta(target, ft, base_tensors[target], embeddings)
+        if delta is not None:
+            deltas[target] = delta
+    missing = sorted(set(base_tensors) - set(deltas) - ({n for n in base_tensors if is_embedding(n)}
+                                                       if embeddings != "error" else set()))
+    if missing:
+        raise MechkitError(f"the fine-tuned model lacks {len(missing)} base tensors (first: {missing[0]})",
+                           "a task vector needs the fine-tuned model of this very base model")
+    return TaskVector(deltas, _metadata(base_src, ft_dir, embeddings, tasks))
+
+
+def _metadata(base: Any, ft_dir: Path, embeddings: str, tasks: list[str] | None) -> dict:
+    report_path = ft_dir / "report.json"
+    recipe = None
+    if report_path.is_file():
+        recipe = json.loads(report_path.read_text()).get("results", {}).get("recipe")
+    if tasks is None:
+        tasks = [recipe["task"]] if recipe and "task" in recipe else []
+    if isinstance(base, Path):
+        base_info = {"spec": str(base)}
+    else:
+        base_info = {"spec": base.spec, "name": base.name, "sha256": base.weights_sha256()}
+    return {"base": base_info, "source": str(ft_dir), "tasks": tasks, "recipe": recipe,
+            "embeddings": embeddings, "ops": ["extract"], "dtype": "float32"}
+
+
+__all__ = ["EMBEDDING_MODES", "check_architecture", "extract", "is_embedding", "stream_tensors", "weight_files"]

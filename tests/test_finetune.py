@@ -1,0 +1,60 @@
+"""Fine-tuning task models on tiny models: the loss falls, the caller's model is untouched, the saved
+directory reloads, and LoRA is merged into plain weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mechkit as mk
+from mechkit.errors import MechkitError
+from mechkit.finetune import Recipe, eval_prompts, finetune, parse_shots, training_rows
+from mechkit.tasks import build_prompts
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return mk.load_model("tiny:llama", device="cpu")
+
+
+def test_loss_falls_and_the_handle_is_untouched(tiny):
+    before = {n: p.detach().clone() for n, p in tiny.model.named_parameters()}
+    out = finetune(tiny, Recipe(task="capitalize", steps=12, lr=3e-3, batch_size=8, pool=64))
+    assert sum(out.losses[-3:]) / 3 < sum(out.losses[:3]) / 3
+    assert all(torch.equal(p, before[n]) for n, p in tiny.model.named_parameters())
+    assert out.model is not tiny.model and not any(p.requires_grad for p in out.model.parameters())
+
+
+def test_training_prompts_exclude_the_held_out_queries(tiny):
+    recipe = Recipe(task="capitalize", eval_n=20, pool=200, shots=(0, 2))
+    held_out = {p.query for p in eval_prompts(recipe)}
+    rows = training_rows(tiny, recipe)
+    texts = {tiny.tokenizer.decode(ids[:start]) for ids, start in rows}
+    assert rows and not any(t.endswith(f"input: {q}\noutput:") for t in texts for q in held_out)
+    assert parse_shots("0, 3") == (0, 3)
+    with pytest.raises(MechkitError):
+        parse_shots("x")
+
+
+def test_plugin_writes_a_reloadable_model_dir_and_lora_adapter(tmp_path):
+    out = tmp_path / "ft"
+    run = mk.run("finetune", model="tiny:llama", task="lowercase", steps=2, batch_size=4, method="lora",
+                 rank=2, out=out)
+    files = set(run.results["model_files"])
+    assert {"config.json", "model.safetensors", "tokenizer.json", "lora_adapter.safetensors"} <= files
+    report = json.loads((out / "report.json").read_text())
+    assert report["results"]["recipe"]["method"] == "lora" and len(report["results"]["losses"]) == 2
+    reloaded = mk.load_model(str(out), device="cpu")
+    base = mk.load_model("tiny:llama", device="cpu")
+    changed = {n for n, p in reloaded.model.named_parameters()
+               if not torch.equal(p, dict(base.model.named_parameters())[n])}
+    assert changed and all("proj" in n for n in changed)  # LoRA merged into the targeted projections only
+    assert "embed" not in " ".join(changed)
+
+
+def test_lowercase_is_capitalize_reversed():
+    for p in build_prompts("lowercase", n=10, shots=2, seed=0):
+        assert p.target == p.query.lower() and p.query != p.target
+        assert p.query in (p.target.upper(), p.target.capitalize())
