@@ -73,12 +73,16 @@ class TaskvecSweepPlugin(Plugin):
         if len(paths) != 2:
             raise MechkitError("--vectors needs two task-vector files A,B", "pass --vectors cap.safetensors,low.safetensors")
         a, b = (TaskVector.load(x) for x in paths)
-        tasks = parse_tasks(p["tasks"]) if p["tasks"] else [_task_of(v, x) for v, x in ((a, paths[0]), (b, paths[1]))]
+        if p["tasks"]:  # one id per vector; the same task twice is allowed (aligned vectors of one task)
+            tasks = [parse_tasks(t)[0] for t in p["tasks"].split(",") if t.strip()]
+        else:
+            tasks = [_task_of(v, x) for v, x in ((a, paths[0]), (b, paths[1]))]
         if len(tasks) != 2:
             raise MechkitError(f"--tasks needs two task ids, got {tasks}", "pass --tasks capitalize,past-tense")
         lambdas = parse_lambdas(p["lambdas"])
         shots = parse_shots(p["shots"])
-        prompts = {_col(t, s, shots): build_prompts(t, n=p["n"], shots=s, seed=ctx.seed) for s in shots for t in tasks}
+        prompts = {_col(t, i, tasks, s, shots): build_prompts(t, n=p["n"], shots=s, seed=ctx.seed)
+                   for s in shots for i, t in enumerate(tasks)}
         cols = list(prompts)
         plan = [("base", []), ("A only", [(a, p["scale_a"])]), ("B only", [(b, 1.0)])]
         plan += [(f"λ={lam:g}", [(a, p["scale_a"]), (b, lam)]) for lam in lambdas]
@@ -92,7 +96,7 @@ class TaskvecSweepPlugin(Plugin):
 
                 rows.append({"name": name, **ctx.step(f"{name}|{paths}|{tasks}", compute)})
                 bar.advance(job)
-        texts = [q.text for t in tasks for q in build_prompts(t, n=p["n"], shots=0, seed=ctx.seed)]
+        texts = [q.text for t in dict.fromkeys(tasks) for q in build_prompts(t, n=p["n"], shots=0, seed=ctx.seed)]
         alpha = ctx.step("alpha", lambda: task_correlation(m, a, b, texts, p["scale_a"], 1.0))
         return self._result(rows, lambdas, tasks, cols, shots, alpha, paths)
 
@@ -115,8 +119,10 @@ class TaskvecSweepPlugin(Plugin):
         return Result(results=results, figures={"accuracy_vs_lambda": fig})
 
 
-def _col(task: str, shots: int, all_shots: tuple[int, ...]) -> str:
-    return task if len(all_shots) == 1 else f"{task}@{shots}"
+def _col(task: str, index: int, tasks: list[str], shots: int, all_shots: tuple[int, ...]) -> str:
+    """Column name: the task id, ``#2`` for B's when both vectors are for one task, ``@shots`` if several."""
+    name = f"{task}#2" if index == 1 and tasks[0] == tasks[1] else task
+    return name if len(all_shots) == 1 else f"{name}@{shots}"
 
 
 def _task_of(vector, path: str) -> str:

@@ -122,7 +122,8 @@ def test_sweep_sets_from_the_snapshot_without_drift(base, vectors):
 
 def test_exact_round_trips(vectors):
     a, b = vectors
-    assert all(torch.equal((-(-a)).deltas[n], a.deltas[n]) for n in a.deltas)
+    twice = (-a).__neg__()
+    assert all(torch.equal(twice.deltas[n], a.deltas[n]) for n in a.deltas)
     assert all(torch.count_nonzero((a + (-a)).deltas[n]) == 0 for n in a.deltas)
     assert all(torch.equal((2 * a).deltas[n], (a + a).deltas[n]) for n in a.deltas)
     d = analogy(a, b, a)  # a + b - a
@@ -262,3 +263,16 @@ def test_cli_round_trip(ft_dirs, tmp_path):
     assert report["results"]["tasks"] == ["capitalize", "lowercase"] and report["checks"]["logits_unchanged"]
     res = runner.invoke(cli, ["taskvec", "merge", "-v", str(a), "--out", str(tmp_path / "x.safetensors")])
     assert res.exit_code != 0  # neither --expr nor --method
+
+
+def test_example_script_on_tiny_model(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples/task_arithmetic.py"
+    spec = importlib.util.spec_from_file_location("task_arithmetic_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--model", "tiny:llama", "--steps", "2", "--n", "2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "TIES d=0.2" in out and "λ=-1" in out and (tmp_path / "ft-capitalize" / "model.safetensors").is_file()

@@ -1,0 +1,123 @@
+"""Task arithmetic on the embedded model: the seeds' Figure 23 pattern for three task pairs.
+
+Fine-tunes (once; reused when present) capitalize, past-tense, lowercase and a second capitalize model
+from different training data, extracts their task vectors, then sweeps Ψ0 + ΔΨ_1 + λ·ΔΨ_2 for
+
+- irrelevant:    capitalize (T1) vs past-tense (T2)
+- aligned:       capitalize (T1) vs capitalize fine-tuned on other data (T2)
+- contradictory: capitalize (T1) vs lowercase (T2)
+
+and prints the accuracy tables (zero-shot and 5-shot, n prompts per task), the best λ for multi-task
+learning and unlearning, α̂ for each pair, and the time to extract / apply a task vector as a ratio
+to ``load_model("llama")``. Everything is written under ``bench/results/taskarith/``.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/taskarith_sweep.py [--steps 120] [--lambdas -1:1.5:0.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).parent / "results" / "taskarith"
+MODELS = {  # name: (task, data seed)
+    "capitalize": ("capitalize", 1000),
+    "past-tense": ("past-tense", 1000),
+    "lowercase": ("lowercase", 1000),
+    "capitalize-b": ("capitalize", 2000),
+}
+PAIRS = {"irrelevant": ("capitalize", "past-tense"), "aligned": ("capitalize", "capitalize-b"),
+         "contradictory": ("capitalize", "lowercase")}
+
+
+def ensure_finetuned(name: str, steps: int, lr: float) -> Path:
+    import mechkit as mk
+
+    out = ROOT / f"ft-{name}"
+    if not (out / "report.json").exists():
+        task, data_seed = MODELS[name]
+        mk.run("finetune", model="llama", task=task, steps=steps, lr=lr, data_seed=data_seed, out=out, force=True)
+    report = json.loads((out / "report.json").read_text())["results"]
+    print(f"fine-tuned {name:13s} loss {report['summary']['loss']:>15s}  zero-shot "
+          f"{report['accuracy_before']['accuracy']:.2f} -> {report['accuracy_after']['accuracy']:.2f}")
+    return out
+
+
+def timed(fn, repeats: int = 3) -> tuple[float, object]:
+    times, value = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), value
+
+
+def extract_all(handle, dirs: dict[str, Path]) -> dict[str, Path]:
+    from mechkit import taskarith as ta
+
+    load_s, _ = timed(lambda: __import__("mechkit").load_model("llama"))
+    paths, extract_times = {}, []
+    for name, d in dirs.items():
+        t, tv = timed(lambda d=d: ta.extract(handle, d), repeats=1)
+        extract_times.append(t)
+        paths[name] = tv.save(ROOT / f"tv-{name}.safetensors")
+    tv = ta.TaskVector.load(paths["capitalize"])
+
+    def apply_once():
+        with ta.apply(handle, tv):
+            pass
+
+    apply_s, _ = timed(apply_once)
+    ext = statistics.median(extract_times)
+    print(f"\nload_model('llama') {load_s:.2f} s | extract {ext:.2f} s ({ext / load_s:.2f}x load) | "
+          f"apply+restore {apply_s:.2f} s ({apply_s / load_s:.2f}x load)")
+    return paths
+
+
+def print_pair(label: str, results: dict) -> None:
+    cols = results["columns"]
+    print(f"\n## {label}: {results['tasks'][0]} (T1) + λ·{results['tasks'][1]} (T2)")
+    print("| model | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for name, row in results["reference"].items():
+        print(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
+    for row in results["table"]:
+        print(f"| λ={row['lambda']:g} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
+    for key, row in results["best"].items():
+        if row:
+            print(f"best λ {key}: {row['lambda']:g} ({', '.join(f'{c} {row[c]:.2f}' for c in cols)})")
+    print("α̂: " + ", ".join(f"{k} {v:.3f}" for k, v in results["alpha"].items()))
+
+
+def main() -> None:
+    import mechkit as mk
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--lambdas", default="-1:1.5:0.25")
+    parser.add_argument("--n", type=int, default=20)
+    parser.add_argument("--shots", default="0,5")
+    args = parser.parse_args()
+    ROOT.mkdir(parents=True, exist_ok=True)
+    dirs = {name: ensure_finetuned(name, args.steps, args.lr) for name in MODELS}
+    handle = mk.load_model("llama")
+    paths = extract_all(handle, dirs)
+    summary = {}
+    for label, (a, b) in PAIRS.items():
+        run = mk.run("taskvec-sweep", model=handle, vectors=f"{paths[a]},{paths[b]}",
+                     tasks=f"{MODELS[a][0]},{MODELS[b][0]}", lambdas=args.lambdas, n=args.n, shots=args.shots,
+                     out=ROOT / f"sweep-{label}", force=True)
+        print_pair(label, run.results)
+        summary[label] = run.results
+    (ROOT / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
