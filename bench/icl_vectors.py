@@ -43,7 +43,7 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=TASKS)
     parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--fv-scale", type=float, default=1.0)
+    parser.add_argument("--fv-scales", default="1,2,4,8")
     parser.add_argument("--n-contexts", type=int, default=24)
     parser.add_argument("--n-cie", type=int, default=10)
     args = parser.parse_args()
@@ -56,14 +56,14 @@ def main() -> None:
     out = RESULTS / ("icl_vectors_quick" if args.quick else "icl_vectors")
     t0 = time.perf_counter()
     run = mk.run("icl-vectors", model="llama", out=out, force=True, tasks=args.tasks, method="both",
-                 shots=10, top_k=args.top_k, fv_scale=args.fv_scale, **sizes)
+                 shots=10, top_k=args.top_k, fv_scales=args.fv_scales, **sizes)
     wall = time.perf_counter() - t0
     res = run.results
     table, tasks = res["accuracy_table"], res["tasks"]
     print(f"{'condition':24s}" + "".join(f"{t:>17s}" for t in tasks))
     for cond, row in table.items():
         print(f"{cond:24s}" + "".join(f"{row[t]:17.2f}" for t in tasks))
-    print("chosen layers:", res["chosen_layer"])
+    print("chosen layers:", res["chosen_layer"], "function-vector scales:", res["chosen_scale"]["function-vector"])
     lift = {tag: {t: table[f"zero-shot + {tag}"][t] - table["zero-shot"][t] for t in tasks} for tag in ("TV", "FV")}
     best = {t: max(lift["TV"][t], lift["FV"][t]) for t in tasks}
     print("lift over zero-shot:", lift)
@@ -73,7 +73,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / ("icl_vectors_quick.json" if args.quick else "icl_vectors.json")
     path.write_text(json.dumps({"threads": threads, "wall_s": wall, "accuracy_table": table,
-                                "chosen_layer": res["chosen_layer"], "lift": lift, "timing": times,
+                                "chosen_layer": res["chosen_layer"], "chosen_scale": res["chosen_scale"], "lift": lift, "timing": times,
                                 "params": run.report["params"]}, indent=1))
     print(f"wrote {path}")
 

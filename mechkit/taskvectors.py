@@ -216,6 +216,7 @@ class ActivationVector:
 
     ``vector`` is ``[d_model]`` (function vectors: one vector, added at ``layer``) or
     ``[n_layers, d_model]`` (task vectors: θ_L for every layer; ``layer`` is the chosen one).
+    ``scale`` multiplies it when applied (function vectors: chosen on dev with the layer).
     """
 
     vector: torch.Tensor
@@ -226,19 +227,21 @@ class ActivationVector:
     model_sha256: str = ""
     heads: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    scale: float = 1.0
 
     def at(self, layer: int | None = None) -> torch.Tensor:
         layer = self.layer if layer is None else layer
         return self.vector[layer] if self.vector.dim() == 2 else self.vector
 
-    def edit(self, layer: int | None = None, scale: float = 1.0) -> ResidEdit:
-        """The :class:`ResidEdit` applying this vector at ``layer`` (default: its chosen layer)."""
+    def edit(self, layer: int | None = None, scale: float | None = None) -> ResidEdit:
+        """The :class:`ResidEdit` applying this vector at ``layer`` times ``scale`` (default: the
+        chosen layer and scale)."""
         layer = self.layer if layer is None else layer
-        return ResidEdit(layer, self.at(layer) * scale, self.mode)
+        return ResidEdit(layer, self.at(layer) * (self.scale if scale is None else scale), self.mode)
 
     def metadata(self) -> dict:
         return {"method": self.method, "task": self.task, "layer": self.layer, "mode": self.mode,
-                "model_sha256": self.model_sha256, "heads": self.heads, "info": self.info}
+                "scale": self.scale, "model_sha256": self.model_sha256, "heads": self.heads, "info": self.info}
 
     def to_bytes(self) -> bytes:
         """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``."""

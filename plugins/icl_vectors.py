@@ -52,6 +52,26 @@ def held_out_prompts(task: str, n: int, shots: int, seed: int, avoid: set[str]) 
     return {name: [ps[i] for i in keep] for name, ps in sets.items()}
 
 
+def parse_scales(text: str) -> list[float]:
+    from mechkit.errors import MechkitError
+
+    try:
+        scales = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        scales = []
+    if not scales or min(scales) <= 0:
+        raise MechkitError(f"malformed --fv-scales {text!r}", "use positive numbers like 1,2,4")
+    return scales
+
+
+def choose(dev: dict, layers: list[int]) -> tuple[int, float]:
+    """The dev sweep's best (layer, scale): highest accuracy, then log-prob, then earliest layer, smallest scale."""
+    best = max(((a, lp, -L, -x), L, x)
+               for x, accs, lps in zip(dev["scales"], dev["accuracy"], dev["logprob"], strict=True)
+               for L, a, lp in zip(layers, accs, lps, strict=True))
+    return best[1], best[2]
+
+
 class IclVectorsPlugin(Plugin):
     name = "icl-vectors"
     version = "0.1.0"
@@ -65,7 +85,7 @@ class IclVectorsPlugin(Plugin):
         Option("n_cie", int, 10, "Shuffled-label prompts for the heads' indirect effects."),
         Option("shots", int, 10, "Demonstrations per ICL prompt."),
         Option("top_k", int, 10, "Heads summed into the function vector."),
-        Option("fv_scale", float, 1.0, "Multiply the function vector by this before adding it."),
+        Option("fv_scales", str, "1,2,4", "Function-vector scales to try; layer and scale are chosen on dev."),
         Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20."),
         Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting."),
         Option("batch_size", int, 16, "Rows per forward pass."),
@@ -80,6 +100,7 @@ class IclVectorsPlugin(Plugin):
         loaded = ActivationVector.load(p["load_vector"], m) if p["load_vector"] else None
         tasks = parse_tasks(p["tasks"] or (loaded.task if loaded else DEFAULT_TASKS))
         layers = parse_layers(p["layers"], m.anatomy.n_layers)
+        parse_scales(p["fv_scales"])
         methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
         out: dict = {}
         with progress(ctx.console) as bar:
@@ -120,16 +141,16 @@ class _Task:
         return res
 
     def method(self, method: str, loaded) -> dict:
-        from mechkit.taskvectors import choose_layer
-
         vec = loaded or self.extract(method)
         dev = None
         if loaded is None:
-            dev = self.step(f"{method}|dev", lambda: self.sweep(vec, self.dev))
-            vec.layer = choose_layer(*(dict(zip(self.layers, dev[k], strict=True)) for k in ("accuracy", "logprob")))
-        test = self.step(f"{method}|test", lambda: self.sweep(vec, self.test["zero-shot"]))
-        cond = self.step(f"{method}|conditions|L={vec.layer}", lambda: self.conditions(vec))
-        return {"layer": vec.layer, "dev": dev, "test": test, "conditions": cond, "heads": vec.heads,
+            scales = parse_scales(self.p["fv_scales"]) if method == "function-vector" else [1.0]
+            dev = self.step(f"{method}|dev|{scales}", lambda: self.sweep(vec, self.dev, scales))
+            vec.layer, vec.scale = choose(dev, self.layers)
+        test = self.step(f"{method}|test|x{vec.scale}", lambda: self.sweep(vec, self.test["zero-shot"], [vec.scale]))
+        cond = self.step(f"{method}|conditions|L={vec.layer}|x{vec.scale}", lambda: self.conditions(vec))
+        test = {k: test[k][0] for k in ("accuracy", "logprob")}
+        return {"layer": vec.layer, "scale": vec.scale, "dev": dev, "test": test, "conditions": cond, "heads": vec.heads,
                 "aie": vec.info.get("aie"), "file": f"{self.task}.{method}.safetensors", "bytes": vec.to_bytes()}
 
     def extract(self, method: str):
@@ -158,15 +179,20 @@ class _Task:
         corrupted = shuffled_label_prompts(self.task, n=p["n_cie"], shots=p["shots"], seed=s + 1)
         aie = indirect_effects(self.m, corrupted, means).mean(0)
         heads = top_heads(aie, p["top_k"])
-        fv = function_vector(self.m, means, heads) * p["fv_scale"]
+        fv = function_vector(self.m, means, heads)
         return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie.tolist(), "n_cie": p["n_cie"],
-                "top_k": p["top_k"], "fv_scale": p["fv_scale"], **common}
+                "top_k": p["top_k"], **common}
 
-    def sweep(self, vec, prompts) -> dict:
+    def sweep(self, vec, prompts, scales: list[float]) -> dict:
+        """Accuracy and log-prob per scale and layer, all (scale, layer, prompt) rows batched together."""
         from mechkit.taskvectors import score_edited
 
-        scores = score_edited(self.m, prompts, [vec.edit(L) for L in self.layers], self.p["batch_size"])
-        return {"accuracy": [s.accuracy for s in scores], "logprob": [s.logprob for s in scores]}
+        edits = [vec.edit(L, x) for x in scales for L in self.layers]
+        scores = score_edited(self.m, prompts, edits, self.p["batch_size"])
+        n = len(self.layers)
+        return {"scales": scales,
+                "accuracy": [[s.accuracy for s in scores[i * n:(i + 1) * n]] for i in range(len(scales))],
+                "logprob": [[s.logprob for s in scores[i * n:(i + 1) * n]] for i in range(len(scales))]}
 
     def conditions(self, vec) -> dict:
         from mechkit.taskvectors import score_edited
@@ -200,8 +226,9 @@ def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], 
             table[f"shuffled ICL + {tag}"][task] = r["conditions"]["shuffled ICL"]
             series[f"{tag} test"] = r["test"]["accuracy"]
             if r["dev"] is not None:
-                series[f"{tag} dev"] = r["dev"]["accuracy"]
-            line.append(f"+{tag}@L{r['layer']} {r['conditions']['zero-shot']:.2f}")
+                series[f"{tag} dev"] = r["dev"]["accuracy"][r["dev"]["scales"].index(r["scale"])]
+            at = f"L{r['layer']}" + (f"×{r['scale']:g}" if r["scale"] != 1 else "")
+            line.append(f"+{tag}@{at} {r['conditions']['zero-shot']:.2f}")
             files[r["file"]] = r.pop("bytes")
             vectors.setdefault(task, {})[method] = r["file"]
             if r["aie"] is not None:
@@ -215,7 +242,8 @@ def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], 
     figures["accuracy"] = bar_plot(tasks, {c: [row.get(t) for t in tasks] for c, row in table.items()},
                                    "Accuracy by condition (test prompts)", "accuracy")
     chosen = {m: {t: out[t]["methods"][m]["layer"] for t in tasks} for m in methods}
+    scales = {m: {t: out[t]["methods"][m]["scale"] for t in tasks} for m in methods}
     results = {"tasks": tasks, "methods": methods, "layers": layers, "n_layers": n_layers,
-               "accuracy_table": table, "chosen_layer": chosen, "summary": summary, "vectors": vectors,
+               "accuracy_table": table, "chosen_layer": chosen, "chosen_scale": scales, "summary": summary, "vectors": vectors,
                "per_task": out}
     return Result(results=results, figures=figures, files=files)
