@@ -151,3 +151,13 @@ def test_plugin_rejects_bad_layers_before_work(tmp_path):
     with pytest.raises(MechkitError, match="--layers"):
         mk.run("icl-vectors", model="tiny:llama", out=tmp_path / "x", tasks="swap", layers="0-9")
     assert not (tmp_path / "x").exists()
+
+
+def test_dev_choice_of_layer_and_scale():
+    from mechkit.plugins.icl_vectors import choose, parse_scales
+
+    dev = {"scales": [1.0, 4.0], "accuracy": [[0.1, 0.5], [0.5, 0.2]], "logprob": [[-3, -1], [-2, -1]]}
+    assert choose(dev, [10, 20]) == (20, 1.0)  # equal accuracy: the better log-prob wins
+    assert parse_scales("1, 2,4") == [1.0, 2.0, 4.0]
+    with pytest.raises(MechkitError, match="fv-scales"):
+        parse_scales("0,x")
