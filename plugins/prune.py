@@ -49,7 +49,8 @@ class PrunePlugin(Plugin):
     summary = "Prune heads, MLP channels or layers by an interpretability guide; measure accuracy and speed."
     options = (
         Option("guide", str, "attribution,wanda,magnitude,random",
-               "Comma list of guides: random, magnitude, wanda, flap, gradient, attribution, induction, combined."),
+               "Comma list of guides: random, magnitude, wanda, flap, gradient, attribution, induction, combined; "
+               "GUIDE@ALLOCATION overrides --allocation for one guide (e.g. attribution@sensitivity)."),
         Option("target", str, "neurons", "Units to prune: comma list of neurons, heads, layers."),
         Option("sparsity", str, "0.2", "Fractions (0.1,0.2,0.3: each for every target) or neurons=0.3,heads=0.2."),
         Option("budget", float, None, "Instead of --sparsity: at most this fraction of the dense cost."),
@@ -58,8 +59,9 @@ class PrunePlugin(Plugin):
         Option("calib", int, 16, "Calibration prompts per task (scores and budget search only)."),
         Option("n", int, 30, "Held-out prompts per task (evaluation only)."),
         Option("shots", int, 10, "Demonstrations per prompt."),
-        Option("allocation", str, "global", "Spread over layers: uniform, global or global-z.",
-               choices=("uniform", "global", "global-z")),
+        Option("allocation", str, "global", "Spread over layers: uniform, global, global-z, or sensitivity "
+                                            "(measured per-layer MLP sensitivity on calibration prompts).",
+               choices=("uniform", "global", "global-z", "sensitivity")),
         Option("gqa", str, "slot", "Heads under GQA: slot (same count from every group) or group (whole groups).",
                choices=("slot", "group")),
         Option("compensate", bool, True, "Replace removed units by their calibration mean (bias, FLAP).",
@@ -75,10 +77,16 @@ class PrunePlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.errors import MechkitError
         from mechkit.pruning.guides import check_guide
+        from mechkit.pruning.select import ALLOCATIONS
         from mechkit.tasks import parse_tasks
 
         p = ctx.params
-        guides = [check_guide(g.strip()) for g in p["guide"].split(",") if g.strip()]
+        guides = [g.strip() for g in p["guide"].split(",") if g.strip()]
+        for g in guides:
+            name, _, alloc = g.partition("@")
+            check_guide(name)
+            if alloc and alloc not in ALLOCATIONS:
+                raise MechkitError(f"unknown allocation {alloc!r} in --guide {g!r}", f"use {', '.join(ALLOCATIONS)}")
         targets = parse_targets(p["target"])
         levels = [] if p["budget"] is not None else parse_levels(p["sparsity"], targets)
         if p["budget"] is not None and not 0 < p["budget"] < 1:
@@ -138,16 +146,31 @@ class _Run:
                 "perplexity": perplexity(handle, self.text), "params": n_params(handle),
                 "flops_per_token": flops_per_token(handle), "plan": plan.as_dict() if plan else None}
 
+    def sensitivity(self, name: str):
+        from mechkit.pruning.sensitivity import layer_sensitivity
+
+        values = self.ctx.step(f"sensitivity|{name}", lambda: layer_sensitivity(
+            self.m, self.scores(name).mlp, self.calib).tolist())
+        return _array(values)
+
+    def plan(self, guide: str, level: dict):
+        from mechkit.pruning.select import make_plan
+
+        p = self.p
+        name, _, alloc = guide.partition("@")
+        alloc = alloc or p["allocation"]
+        sens = self.sensitivity(name) if alloc == "sensitivity" and level.get("neurons") else None
+        return make_plan(self.scores(name), self.m.anatomy, level, alloc, p["gqa"], p["compensate"], sens)
+
     def row(self, guide: str, level: dict) -> dict:
         from mechkit.pruning.cost import latency
-        from mechkit.pruning.select import make_plan
         from mechkit.pruning.slicing import prune_copy
 
         p = self.p
-        key = f"row|{guide}|{sorted(level.items())}"
+        key = f"row|{guide}|{p['allocation']}|{sorted(level.items())}"
 
         def compute():
-            plan = make_plan(self.scores(guide), self.m.anatomy, level, p["allocation"], p["gqa"], p["compensate"])
+            plan = self.plan(guide, level)
             pruned = prune_copy(self.m, plan, self.calib.stats)
             out = self.measure(pruned, plan)
             dense_t, pruned_t = latency([self.m, pruned], self.timing, repeats=p["repeats"])
@@ -188,10 +211,9 @@ class _Run:
         acc = masked_accuracy(self.m, self.calib, p["batch_size"])
 
         def compute():
-            found = search(self.m, self.scores(guide), self.calib, p["budget"] * (0.97 if p["budget_unit"] == "latency"
-                                                                                   else 1.0),
-                           self.targets, cost, acc, p["allocation"], p["gqa"], p["compensate"],
-                           on_step=lambda mix, s, r: bar.update(job, description=f"budget {mix} {r:.2f}"))
+            margin = 0.97 if p["budget_unit"] == "latency" else 1.0  # measured latency is noisy
+            found = search(lambda sparsity: self.plan(guide, sparsity), self.calib.stats, p["budget"] * margin,
+                           self.targets, cost, acc, on_step=lambda mix, s, r: bar.update(job, description=f"budget {mix} {r:.2f}"))
             return [{"mix": c.mix, "sparsity": c.sparsity, "cost_ratio": c.cost_ratio,
                      "calib_accuracy": c.calib_accuracy} for c in found]
 

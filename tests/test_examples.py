@@ -32,3 +32,13 @@ def test_song_study_example_on_tiny_model(tmp_path):
     assert "top induction heads" in result.stdout and "k=2" in result.stdout
     for step in ("detect", "ablate", "shuffle"):
         assert (tmp_path / step / "report.json").exists()
+
+
+def test_prune_example_on_tiny_model(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "examples/prune_for_task.py"), "--model", "tiny:llama",
+                             "--tasks", "swap", "--n", "3", "--calib", "3", "--shots", "2",
+                             "--out", str(tmp_path / "pruned")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "pruned" in result.stdout and "forward speedup" in result.stdout
+    assert (tmp_path / "pruned" / "model.safetensors").is_file()

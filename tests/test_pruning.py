@@ -141,3 +141,34 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, word):
 
 def test_scores_type_is_public():
     assert Scores.__name__ == "Scores"
+
+
+def test_allocation_follows_inverse_sensitivity():
+    from mechkit.pruning.sensitivity import allocate
+
+    out = allocate(np.array([1.0, 2.0, 4.0, 100.0]), 0.3)
+    assert out.mean() == pytest.approx(0.3) and out[0] > out[1] > out[2] > out[3] >= 0
+    capped = allocate(np.array([1e-9, 1.0, 1.0, 1.0]), 0.5, max_fraction=0.9)
+    assert capped[0] == pytest.approx(0.9) and capped.mean() == pytest.approx(0.5)
+
+
+def test_layer_sensitivity_is_the_exact_masked_drop(tiny_llama, calib):
+    from mechkit.pruning.guides import _answer_logprob
+    from mechkit.pruning.masking import masked
+    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.sensitivity import layer_sensitivity
+    from mechkit.scoring import encode_rows, forward_kept, pad_batch, pad_id
+
+    scores = static_scores("wanda", tiny_llama, calib.stats)
+    sens = layer_sensitivity(tiny_llama, scores.mlp, calib, probe=0.5, batch_size=64)
+    rows = encode_rows(tiny_llama.tokenizer, calib.prompts, None)
+    batch = pad_batch(sorted(rows, key=lambda r: len(r.ids)), pad_id(tiny_llama.tokenizer))
+    k = tiny_llama.anatomy.d_mlp // 2
+    plan = PrunePlan(mlp={1: np.argsort(scores.mlp[1], kind="stable")[:k].tolist()}, compensate=True)
+    with torch.no_grad():
+        base = _answer_logprob(forward_kept(tiny_llama, batch), batch)
+        with masked(tiny_llama, plan, calib.stats):
+            out = _answer_logprob(forward_kept(tiny_llama, batch), batch)
+    assert sens[1] == pytest.approx(float((base - out).mean()), abs=1e-5)
+    plan = make_plan(scores, tiny_llama.anatomy, {"neurons": 0.3}, "sensitivity", sensitivity=sens)
+    assert sum(len(v) for v in plan.mlp.values()) == pytest.approx(0.3 * 2 * tiny_llama.anatomy.d_mlp, abs=2)

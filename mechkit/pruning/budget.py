@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING
 from mechkit.pruning.cost import flops_per_token, latency
 from mechkit.pruning.masking import masked
 from mechkit.pruning.plan import PrunePlan
-from mechkit.pruning.select import make_plan
 from mechkit.pruning.slicing import prune_copy
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-    from mechkit.pruning.guides import Scores
     from mechkit.pruning.pipeline import Calibration
 
 MIXES: dict[str, dict[str, float]] = {
@@ -61,19 +59,19 @@ def _mixes(targets: Sequence[str]) -> dict[str, dict[str, float]]:
     return {name: mix for name, mix in MIXES.items() if set(mix) <= set(targets)}
 
 
-def search(handle: ModelHandle, scores: Scores, calib: Calibration, budget: float, targets: Sequence[str],
-           cost: Callable, accuracy: Callable, allocation: str = "global", gqa: str = "slot",
-           compensate: bool = True, steps: int = 6, on_step: Callable | None = None) -> list[Candidate]:
-    """One candidate per mix of ``targets``: the least pruning within ``budget``, with its calibration
-    accuracy (``accuracy(plan)``). Mixes that cannot reach the budget are returned with their best cost."""
+def search(plan_for: Callable[[dict], PrunePlan], stats, budget: float, targets: Sequence[str], cost: Callable,
+           accuracy: Callable, steps: int = 6, on_step: Callable | None = None) -> list[Candidate]:
+    """One candidate per mix of ``targets``: the least pruning within ``budget`` (``plan_for(sparsity)``
+    builds the plan, ``cost(plan, stats)`` measures it), with its calibration accuracy
+    (``accuracy(plan)``). Mixes that cannot reach the budget come back with their best cost."""
     out = []
     for name, mix in _mixes(targets).items():
         lo, hi, best = 0.0, 0.9, None
         for _ in range(steps):
             mid = (lo + hi) / 2
             sparsity = {t: min(mid * w, 0.95) for t, w in mix.items()}
-            plan = make_plan(scores, handle.anatomy, sparsity, allocation, gqa, compensate)
-            r = cost(plan, calib.stats)
+            plan = plan_for(sparsity)
+            r = cost(plan, stats)
             if on_step:
                 on_step(name, sparsity, r)
             if r <= budget:
@@ -82,8 +80,8 @@ def search(handle: ModelHandle, scores: Scores, calib: Calibration, budget: floa
                 lo = mid
         if best is None:
             sparsity = {t: min(hi * w, 0.95) for t, w in mix.items()}
-            plan = make_plan(scores, handle.anatomy, sparsity, allocation, gqa, compensate)
-            best = Candidate(name, sparsity, cost(plan, calib.stats), plan=plan)
+            plan = plan_for(sparsity)
+            best = Candidate(name, sparsity, cost(plan, stats), plan=plan)
         if best.cost_ratio <= budget:
             best.calib_accuracy = accuracy(best.plan)
         out.append(best)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from mechkit.model.anatomy import Anatomy
 
 TARGETS = ("neurons", "heads", "layers")
-ALLOCATIONS = ("uniform", "global", "global-z")
+ALLOCATIONS = ("uniform", "global", "global-z", "sensitivity")
 
 
 def parse_sparsity(text: str | float, targets: list[str]) -> dict[str, float]:
@@ -49,8 +49,12 @@ def parse_sparsity(text: str | float, targets: list[str]) -> dict[str, float]:
     return out
 
 
-def select_neurons(scores: np.ndarray, fraction: float, allocation: str) -> dict[int, list[int]]:
+def select_neurons(scores: np.ndarray, fraction: float, allocation: str,
+                   layer_fractions: np.ndarray | None = None) -> dict[int, list[int]]:
     L, d = scores.shape
+    if layer_fractions is not None:  # per-layer budgets (e.g. from measured sensitivity)
+        ks = [min(int(round(f * d)), d - 1) for f in layer_fractions]
+        return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer, k in enumerate(ks) if k}
     if allocation == "uniform":
         k = min(int(round(fraction * d)), d - 1)
         return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer in range(L) if k}
@@ -130,13 +134,26 @@ def select_layers(scores: np.ndarray, fraction: float) -> list[int]:
 
 
 def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str = "uniform",
-              gqa: str = "slot", compensate: bool = True) -> PrunePlan:
-    """The plan removing the least important units at ``sparsity`` per target."""
+              gqa: str = "slot", compensate: bool = True, sensitivity: np.ndarray | None = None) -> PrunePlan:
+    """The plan removing the least important units at ``sparsity`` per target.
+
+    ``allocation="sensitivity"`` needs ``sensitivity`` (per-layer MLP sensitivity, see
+    :mod:`mechkit.pruning.sensitivity`) and spreads MLP channels by it; heads then go globally.
+    """
     if allocation not in ALLOCATIONS:
         raise MechkitError(f"unknown allocation {allocation!r}", f"use {', '.join(ALLOCATIONS)}")
     plan = PrunePlan(compensate=compensate)
+    fractions = None
+    if allocation == "sensitivity":
+        if sensitivity is None:
+            raise MechkitError("allocation 'sensitivity' needs measured layer sensitivities",
+                               "compute them with mechkit.pruning.sensitivity.layer_sensitivity")
+        from mechkit.pruning.sensitivity import allocate
+
+        fractions = allocate(sensitivity, sparsity.get("neurons", 0.0))
+        allocation = "global"
     if sparsity.get("neurons"):
-        plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation)
+        plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation, fractions)
     if sparsity.get("heads"):
         plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa)
     if sparsity.get("layers"):
