@@ -125,7 +125,7 @@ class _Run:
             if guide in ("induction", "combined") and self._circuit is None:
                 self._circuit = self.ctx.step("circuit", lambda: circuit_scores(self.m, seed=self.ctx.seed))
                 self._circuit = {k: _array(v) for k, v in self._circuit.items()}
-            if guide in ("attribution", "induction", "combined") and self._attribution is None:
+            if guide in ("attribution", "ablation", "induction", "combined") and self._attribution is None:
                 raw = self.ctx.step("scores|attribution", lambda: _scores_dict(
                     guide_scores(self.m, "attribution", self.calib)))
                 self._attribution = Scores(_array(raw["mlp"]), _array(raw["heads"]), _array(raw["layers"]),

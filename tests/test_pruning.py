@@ -73,7 +73,7 @@ def test_task_guides_are_finite_and_detach(tiny_llama, calib):
     ids = tiny_llama.to_tokens("input: ab\noutput:")
     with torch.no_grad():
         before = tiny_llama(ids)
-    for guide in ("gradient", "attribution", "combined", "induction"):
+    for guide in ("gradient", "attribution", "ablation", "combined", "induction"):
         s = guide_scores(tiny_llama, guide, calib, protect_top_k=1)
         assert np.isfinite(s.mlp).all() and np.isfinite(s.heads).all() and np.isfinite(s.layers).all()
         assert s.mlp.shape == (2, tiny_llama.anatomy.d_mlp)

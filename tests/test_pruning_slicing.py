@@ -7,8 +7,8 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.model.tiny import tiny_families
 from mechkit.model.surgery import slice_heads
+from mechkit.model.tiny import tiny_families
 from mechkit.pruning.masking import masked
 from mechkit.pruning.plan import PrunePlan
 from mechkit.pruning.slicing import prune_copy, save_pruned
@@ -100,3 +100,10 @@ def test_uneven_gqa_head_selection_is_refused(tiny_llama):
 
     with pytest.raises(MechkitError, match="same number of query heads"):
         slice_heads(discover_anatomy(model), 0, [0, 1, 2])  # groups {0,1} and {2,3}: 2 vs 1
+
+
+def test_hooks_read_a_pruned_layers_remaining_heads(tiny_llama):
+    pruned = prune_copy(tiny_llama, PrunePlan(heads={0: [1, 3]}))
+    with mk.record(pruned, "blocks.*.attn.hook_z") as cache, torch.no_grad():
+        pruned(pruned.to_tokens("input: ab\noutput:"))
+    assert cache["blocks.0.attn.hook_z"].shape[-2] == 2 and cache["blocks.1.attn.hook_z"].shape[-2] == 4

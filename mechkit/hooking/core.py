@@ -53,7 +53,7 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.ho
 
         def pre(_module, args, kwargs):
             x = _first(args, kwargs)
-            view = rearrange(x, "b p (h d) -> b p h d", h=a.n_heads) if split else x
+            view = rearrange(x, "b p (h d) -> b p h d", d=a.d_head) if split else x  # pruned layers keep fewer heads
             new = fn(view, point)
             if new is None:
                 return None

@@ -10,6 +10,8 @@ flap           Var(X_j)·‖W_down[:, j]‖²         Σ_d Var(z_hd)·‖W_o[:, 
 gradient       |∂L/∂m_j| of a unit mask (Michel et al.), zero baseline, on task calibration prompts
 attribution    |Σ_t ∂L/∂a·(a − ā)|: first-order change of the answer loss when the unit is replaced by
                its mean — exactly what a compensated removal does (attribution patching per unit)
+ablation       attribution for channels; exact ablation for heads (|Δ answer log-prob| of zeroing each
+               head, the heads sweep) and for blocks (removing each block for real)
 induction      (heads) attribution, but the top induction / previous-token heads are never removed
 combined       mean of per-layer z-scores of wanda and attribution (+ induction protection for heads)
 =============  ===============================  ==============================  ==========================
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
     from mechkit.pruning.stats import UnitStats
 
-GUIDES = ("random", "magnitude", "wanda", "flap", "gradient", "attribution", "induction", "combined")
+GUIDES = ("random", "magnitude", "wanda", "flap", "gradient", "attribution", "ablation", "induction", "combined")
 TASK_GUIDES = ("gradient", "attribution", "induction", "combined")
 
 

@@ -33,9 +33,15 @@ def layer_sensitivity(handle: ModelHandle, mlp_scores: np.ndarray, calib: Calibr
     k = int(round(probe * a.d_mlp))
     plans = [PrunePlan(mlp={layer: np.argsort(mlp_scores[layer], kind="stable")[:k].tolist()}, compensate=True)
              for layer in range(a.n_layers)]
+    return plan_drops(handle, plans, calib, batch_size)
+
+
+def plan_drops(handle: ModelHandle, plans: list[PrunePlan], calib: Calibration, batch_size: int = 8) -> np.ndarray:
+    """Exact mean drop of answer log-prob on the calibration prompts for each single-layer plan
+    (``plans[l]`` touches layer ``l`` only, so blocks below ``l`` are reused from the clean run)."""
     rows = sorted(encode_rows(handle.tokenizer, calib.prompts, None), key=lambda r: len(r.ids))
     pad = pad_id(handle.tokenizer)
-    drop = np.zeros(a.n_layers)
+    drop = np.zeros(len(plans))
     n = 0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
