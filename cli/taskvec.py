@@ -131,15 +131,19 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
 @click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability.")
 @click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed.")
 @click.option("--scale", type=float, default=1.0, show_default=True, help="λ of the combined vector.")
+@click.option("--rank", type=int, default=None, help="Low-rank: truncated SVD rank per matrix.")
+@click.option("--energy", type=float, default=None, help="Low-rank: keep this fraction of squared singular mass.")
+@click.option("--sparsity-density", type=float, default=None, help="Keep the top fraction by magnitude.")
 @click.option("--out", required=True, type=click.Path(), help="Merged model directory to write.")
 @click.option("--force", is_flag=True, help="Overwrite --out.")
-def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, out, force) -> None:
+def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
+              force) -> None:
     """Write Ψ0 + combined vector as a loadable model directory (usable as --model DIR)."""
     from pathlib import Path
 
     if Path(out).exists() and any(Path(out).iterdir()) and not force:
         raise MechkitError(f"{out} already exists", "pass --force to overwrite it or choose another --out")
-    tv = _combine(vectors, expr, method, weights, density, p, seed, scale, None, None, None)
+    tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
     from mechkit.model import load_model
     from mechkit.taskarith import save_merged
 

@@ -252,7 +252,7 @@ def test_cli_round_trip(ft_dirs, tmp_path):
                               "--out", str(tmp_path / "m.safetensors")])
     assert res.exit_code == 0, res.output
     res = runner.invoke(cli, ["taskvec", "apply", "--base", "tiny:llama", "-v", str(a), "-v", str(b),
-                              "--method", "ties", "--density", "0.5", "--out", str(tmp_path / "merged")])
+                              "--method", "ties", "--density", "0.5", "--rank", "4", "--out", str(tmp_path / "merged")])
     assert res.exit_code == 0, res.output
     assert mk.load_model(str(tmp_path / "merged")).anatomy.n_layers == 2
     res = runner.invoke(cli, ["taskvec", "sweep", "--model", "tiny:llama", "--vectors", f"{a},{b}",
