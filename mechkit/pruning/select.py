@@ -144,6 +144,8 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
         raise MechkitError(f"unknown allocation {allocation!r}", f"use {', '.join(ALLOCATIONS)}")
     plan = PrunePlan(compensate=compensate)
     fractions = None
+    if allocation == "sensitivity" and not sparsity.get("neurons"):
+        allocation = "global"
     if allocation == "sensitivity":
         if sensitivity is None:
             raise MechkitError("allocation 'sensitivity' needs measured layer sensitivities",

@@ -57,9 +57,18 @@ def plan_drops(handle: ModelHandle, plans: list[PrunePlan], calib: Calibration, 
     return drop / max(n, 1)
 
 
-def allocate(sensitivity: np.ndarray, fraction: float, probe: float = 0.5, max_fraction: float = 0.9) -> np.ndarray:
-    """Per-layer sparsities with mean ``fraction`` minimising Σ c_l (s_l/probe)², 0 ≤ s_l ≤ max_fraction."""
-    c = np.maximum(np.asarray(sensitivity, dtype=float), 1e-6 * max(float(np.max(sensitivity)), 1e-9))
+def allocate(sensitivity: np.ndarray, fraction: float, probe: float = 0.5, max_fraction: float | None = None) -> np.ndarray:
+    """Per-layer sparsities with mean ``fraction`` minimising Σ c_l (s_l/probe)², 0 ≤ s_l ≤ max_fraction.
+
+    ``max_fraction`` defaults to the probe (never extrapolate past the measured level; the drop grows
+    much faster than quadratically beyond it). Sensitivities below a tenth of the median (noise, or a
+    removal that happened to help) are raised to that floor.
+    """
+    max_fraction = max(probe, fraction) if max_fraction is None else max_fraction
+    sens = np.asarray(sensitivity, dtype=float)
+    positive = sens[sens > 0]
+    floor = 0.1 * float(np.median(positive)) if len(positive) else 1.0
+    c = np.maximum(sens, floor)
     inv = 1.0 / c
     out = np.zeros_like(inv)
     free = np.ones(len(inv), dtype=bool)
