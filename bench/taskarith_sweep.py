@@ -95,6 +95,29 @@ def print_pair(label: str, results: dict) -> None:
     print("α̂: " + ", ".join(f"{k} {v:.3f}" for k, v in results["alpha"].items()))
 
 
+def merges(handle, paths: dict[str, Path], n: int) -> None:
+    """Multi-task merges of the irrelevant pair (capitalize + past-tense), zero-shot accuracy on both."""
+    import mechkit as mk
+    from mechkit import taskarith as ta
+
+    a, b = (ta.TaskVector.load(paths[k]) for k in ("capitalize", "past-tense"))
+    prompts = {t: mk.build_prompts(t, n=n, shots=0, seed=0) for t in ("capitalize", "past-tense")}
+    cases = {"task arithmetic λ=1": lambda: a + b, "task arithmetic λ=0.5": lambda: 0.5 * (a + b),
+             "TIES d=0.2": lambda: ta.merge([a, b], "ties", density=0.2),
+             "TIES d=0.2 λ=1.5": lambda: ta.merge([a, b], "ties", density=0.2, scale=1.5),
+             "DARE p=0.9": lambda: ta.merge([a, b], "dare", p=0.9, seed=0),
+             "DARE-TIES p=0.9": lambda: ta.merge([a, b], "dare_ties", p=0.9, seed=0)}
+    print("\n## multi-task merges of capitalize + past-tense (zero-shot)")
+    print("| merge | capitalize | past-tense | merge s |\n|---|---|---|---|")
+    for name, make in cases.items():
+        t0 = time.perf_counter()
+        merged = make()
+        merge_s = time.perf_counter() - t0
+        with ta.apply(handle, merged):
+            accs = [mk.score_prompts(handle, ps).accuracy for ps in prompts.values()]
+        print(f"| {name} | {accs[0]:.2f} | {accs[1]:.2f} | {merge_s:.1f} |")
+
+
 def main() -> None:
     import mechkit as mk
 
@@ -104,11 +127,15 @@ def main() -> None:
     parser.add_argument("--lambdas", default="-1:1.5:0.25")
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--shots", default="0,5")
+    parser.add_argument("--merges-only", action="store_true", help="only the multi-task merge table")
     args = parser.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
     dirs = {name: ensure_finetuned(name, args.steps, args.lr) for name in MODELS}
     handle = mk.load_model("llama")
     paths = extract_all(handle, dirs)
+    merges(handle, paths, args.n)
+    if args.merges_only:
+        return
     summary = {}
     for label, (a, b) in PAIRS.items():
         run = mk.run("taskvec-sweep", model=handle, vectors=f"{paths[a]},{paths[b]}",
