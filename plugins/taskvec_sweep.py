@@ -4,8 +4,9 @@ For a base model (``--model``) and two task vectors A = ΔΨ_1, B = ΔΨ_2 (``--
 the grid (``--lambdas -1:1.5:0.1``) is applied reversibly and both tasks are scored (exact match,
 zero-shot by default; ``--shots 0,5`` adds few-shot prompts, where unlearning also shows as lost
 in-context ability). Reported: the table, the base model and each vector alone as reference rows,
-the best λ for multi-task learning (λ > 0 maximising the mean of both accuracies) and for unlearning
-(λ < 0 maximising acc(T1) − acc(T2)), ties going to the smaller |λ|, and the task correlation
+the best λ for multi-task learning (λ > 0 maximising the worse of the two tasks' accuracy relative
+to its own vector alone) and for unlearning (λ < 0 maximising acc(T1) − acc(T2)), ties going to the
+smaller |λ|, and the task correlation
 estimates of :mod:`mechkit.taskarith.similarity` — weight cosine, the seeds'
 E[Sim(f(X;Ψ1), f(X;Ψ2))] with Sim the cosine of next-token distributions, and its signed variant,
 the cosine of the two vectors' shifts of next-token log-probabilities — over both tasks' prompts.
@@ -37,13 +38,21 @@ def parse_lambdas(text: str) -> list[float]:
     return sorted(dict.fromkeys(values))
 
 
-def best_lambdas(rows: list[dict], t1: str, t2: str) -> dict:
-    """Best λ for multi-task (λ > 0, max mean accuracy) and unlearning (λ < 0, max acc1 − acc2)."""
-    def pick(cands, score):
-        return max(cands, key=lambda r: (round(score(r), 9), -abs(r["lambda"])), default=None)
+def best_lambdas(rows: list[dict], t1: str, t2: str, own: tuple[float, float] = (1.0, 1.0)) -> dict:
+    """Best λ for multi-task learning and for unlearning; ties go to the smaller |λ|.
 
-    multi = pick([r for r in rows if r["lambda"] > 0], lambda r: (r[t1] + r[t2]) / 2)
-    unlearn = pick([r for r in rows if r["lambda"] < 0], lambda r: r[t1] - r[t2])
+    Multi-task (λ > 0): the largest worse-of-two retention, min(acc1 / own1, acc2 / own2), where
+    ``own`` holds each task's accuracy under its own vector alone (so "keeps both" is what counts,
+    not one task's gain bought with the other), then the larger mean. Unlearning (λ < 0): the
+    largest acc1 − acc2.
+    """
+    def pick(cands, score):
+        return max(cands, key=lambda r: (*(round(x, 9) for x in score(r)), -abs(r["lambda"])), default=None)
+
+    o1, o2 = (max(o, 1e-9) for o in own)
+    multi = pick([r for r in rows if r["lambda"] > 0],
+                 lambda r: (min(r[t1] / o1, r[t2] / o2), (r[t1] + r[t2]) / 2))
+    unlearn = pick([r for r in rows if r["lambda"] < 0], lambda r: (r[t1] - r[t2],))
     return {"multi_task": multi, "unlearning": unlearn}
 
 
@@ -106,7 +115,7 @@ class TaskvecSweepPlugin(Plugin):
         refs = {r["name"]: r for r in rows[:3]}
         grid = [{"lambda": lam, **{c: r[c] for c in cols}} for lam, r in zip(lambdas, rows[3:], strict=True)]
         t1, t2 = cols[0], cols[1]  # zero-shot (first --shots setting) columns drive the best-λ choice
-        best = best_lambdas(grid, t1, t2)
+        best = best_lambdas(grid, t1, t2, own=(refs["A only"][t1], refs["B only"][t2]))
         summary = {f"λ={r['lambda']:g}": " | ".join(f"{c} {r[c]:.2f}" for c in cols) for r in grid}
         for key, row in best.items():
             if row is not None:

@@ -276,3 +276,17 @@ def test_example_script_on_tiny_model(tmp_path, capsys):
     module.main(["--model", "tiny:llama", "--steps", "2", "--n", "2", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "TIES d=0.2" in out and "λ=-1" in out and (tmp_path / "ft-capitalize" / "model.safetensors").is_file()
+
+
+def test_best_lambdas_keep_both_tasks_and_prefer_small_lambda():
+    from mechkit.plugins.taskvec_sweep import best_lambdas, parse_lambdas
+
+    rows = [{"lambda": lam, "a": a, "b": b} for lam, a, b in
+            [(-1.0, 0.8, 0.0), (-0.5, 0.8, 0.0), (0.5, 0.8, 0.4), (1.0, 0.6, 0.8), (1.5, 0.0, 1.0)]]
+    best = best_lambdas(rows, "a", "b", own=(0.8, 1.0))
+    assert best["multi_task"]["lambda"] == 1.0  # min(0.75, 0.8) beats min(1, 0.4) and one task lost at 1.5
+    assert best["unlearning"]["lambda"] == -0.5  # tie with -1: the smaller |λ|
+    assert parse_lambdas("-1:1.5:0.5") == [-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]
+    assert parse_lambdas("1,0,1") == [0.0, 1.0]
+    with pytest.raises(MechkitError):
+        parse_lambdas("1:0:0.1")
