@@ -1,8 +1,8 @@
 """Task ids -> task objects, and the one-call prompt builder.
 
 **contract — task ids.** Simple: ``capitalize`` (A), ``swap`` (B), ``two-sum`` (C), ``past-tense`` (D),
-``opposite`` (E), ``plus-one`` (F), ``modular`` (G), ``two-sum-plus-one`` (H), ``country-capital``.
-Composites join two simple ids with ``+`` in either order (``swap+capitalize`` is
+``opposite`` (E), ``plus-one`` (F), ``modular`` (G), ``two-sum-plus-one`` (H), ``country-capital``,
+``lowercase`` (capitalize's contradictory partner for task arithmetic). Composites join two simple ids with ``+`` in either order (``swap+capitalize`` is
 ``capitalize+swap``). Plus ``fuzzy-copy``, ``ioi`` and ``repeat-tokens``.
 """
 
