@@ -30,6 +30,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=None, help="also run budget mode at this latency fraction")
     p.add_argument("--budget-target", default="neurons,heads,layers")
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--timing", default="last", choices=("last", "all"),
+                   help="timed forward: last-position logits (answer / prefill) or all positions")
     args = p.parse_args()
     n = args.n or (3 if args.quick else 30)
     calib = args.calib or (3 if args.quick else 16)
@@ -70,26 +72,27 @@ def main() -> None:
     start = time.perf_counter()
     run = mk.run("prune", model=handle, out=out / "sweep", force=True, guide=args.guides, target=args.target,
                  sparsity=args.sparsity, tasks=args.tasks, n=n, calib=calib, shots=shots,
-                 allocation=args.allocation, repeats=args.repeats)
+                 allocation=args.allocation, repeats=args.repeats, timing=args.timing)
     sweep_s = time.perf_counter() - start
     res = run.results
     dense = res["dense"]
     rows = [("dense", "-", *[f"{dense['accuracy'][t]:.2f}" for t in res["tasks"]], f"{dense['mean_accuracy']:.3f}",
-             "1.000", f"{dense['perplexity']:.1f}", f"{dense['params'] / 1e6:.1f}", "1.00")]
+             "1.000", f"{dense['perplexity']:.1f}", f"{dense['params'] / 1e6:.1f}", "1.00", "1.00")]
     for r in res["rows"]:
         rows.append((r["guide"], ",".join(f"{k}={v:.2f}" for k, v in r["sparsity"].items()),
                      *[f"{r['accuracy'][t]:.2f}" for t in res["tasks"]], f"{r['mean_accuracy']:.3f}",
                      f"{r['mean_accuracy'] / max(dense['mean_accuracy'], 1e-9):.3f}", f"{r['perplexity']:.1f}",
-                     f"{r['params'] / 1e6:.1f}", f"{r['speedup']:.2f}"))
+                     f"{r['params'] / 1e6:.1f}", f"{r['speedup']:.2f}", f"{r['speedup_other_timing']:.2f}"))
+    other = "all" if args.timing == "last" else "last"
     print(common.table(rows, ("guide", "sparsity", *res["tasks"], "mean acc", "acc/dense", "ppl", "params M",
-                              "speedup×")))
+                              f"speedup× ({args.timing})", f"speedup× ({other})")))
     print(f"sweep wall time {sweep_s:.0f} s ({len(res['rows'])} pruned models, scoring + slicing + evaluation)")
     data = {"environment": common.environment(threads), "sweep": res, "sweep_s": sweep_s, "prune_s": prune_s}
     if args.budget:
         start = time.perf_counter()
         b = mk.run("prune", model=handle, out=out / "budget", force=True, guide=args.guides.split(",")[0],
                    target=args.budget_target, budget=args.budget, tasks=args.tasks, n=n, calib=calib, shots=shots,
-                   allocation=args.allocation, repeats=args.repeats).results
+                   allocation=args.allocation, repeats=args.repeats, timing=args.timing).results
         data["budget"], data["budget_s"] = b, time.perf_counter() - start
         print(b["summary"]["budget"])
         for c in b["budget"]["candidates"]:

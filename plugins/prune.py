@@ -70,6 +70,9 @@ class PrunePlugin(Plugin):
                                          "previous-token heads."),
         Option("save_model", bool, False, "Write the pruned model to DIR/model (safetensors).", is_flag=True),
         Option("repeats", int, 7, "Timed forward passes per model (median)."),
+        Option("timing", str, "last", "Timed forward: logits of the last position only (answering a prompt, a "
+                                      "generation's prefill) or of every position; both are reported, this one "
+                                      "is the speedup and the budget.", choices=("last", "all")),
         Option("timing_batch", int, 8, "Prompts in the timed batch."),
         Option("batch_size", int, 16, "Prompts per forward pass when scoring."),
     )
@@ -173,9 +176,12 @@ class _Run:
             plan = self.plan(guide, level)
             pruned = prune_copy(self.m, plan, self.calib.stats)
             out = self.measure(pruned, plan)
-            dense_t, pruned_t = latency([self.m, pruned], self.timing, repeats=p["repeats"])
+            last = p["timing"] == "last"
+            dense_t, pruned_t = latency([self.m, pruned], self.timing, repeats=p["repeats"], last=last)
+            other_d, other_p = latency([self.m, pruned], self.timing, repeats=max(3, p["repeats"] // 2), last=not last)
             out.update(latency_s=pruned_t, dense_latency_s=dense_t, latency_ratio=pruned_t / dense_t,
-                       speedup=dense_t / pruned_t)
+                       speedup=dense_t / pruned_t, timing=p["timing"],
+                       speedup_other_timing=other_d / other_p)
             return out
 
         return {"guide": guide, "sparsity": level, **self.ctx.step(key, compute)}
@@ -198,7 +204,7 @@ class _Run:
                         bar.update(job, description=f"{guide} {level}")
                         rows.append(self.row(guide, level))
                         bar.advance(job)
-        dense_t = latency([self.m], self.timing, repeats=self.p["repeats"])[0]
+        dense_t = latency([self.m], self.timing, repeats=self.p["repeats"], last=self.p["timing"] == "last")[0]
         dense.update(latency_s=dense_t, latency_ratio=1.0, speedup=1.0)
         files = self.save(rows) if self.p["save_model"] else {}
         return Result(results=self.results(dense, rows, budget), figures=self.figures(dense, rows), files=files)
@@ -207,7 +213,8 @@ class _Run:
         from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
 
         p, guide = self.p, self.guides[0]
-        cost = cost_ratio_fn(self.m, p["budget_unit"], self.timing, repeats=max(3, p["repeats"] // 2))
+        cost = cost_ratio_fn(self.m, p["budget_unit"], self.timing, repeats=max(3, p["repeats"] // 2),
+                             last=p["timing"] == "last")
         acc = masked_accuracy(self.m, self.calib, p["batch_size"])
 
         def compute():

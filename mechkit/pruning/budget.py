@@ -41,7 +41,8 @@ class Candidate:
     plan: PrunePlan | None = None
 
 
-def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], repeats: int = 5) -> Callable:
+def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], repeats: int = 5,
+                  last: bool = True) -> Callable:
     """A function plan → cost of the pruned model as a fraction of the dense model's."""
     dense_flops = flops_per_token(handle)
 
@@ -49,7 +50,7 @@ def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], r
         pruned = prune_copy(handle, plan, stats)
         if unit == "flops":
             return flops_per_token(pruned) / dense_flops
-        dense_t, pruned_t = latency([handle, pruned], timing_texts, repeats=repeats)
+        dense_t, pruned_t = latency([handle, pruned], timing_texts, repeats=repeats, last=last)
         return pruned_t / dense_t
 
     return ratio

@@ -38,30 +38,38 @@ def flops_per_token(handle: ModelHandle, context: int = 128) -> float:
     return total
 
 
-def _time(handle: ModelHandle, ids: torch.Tensor, mask: torch.Tensor) -> float:
+def _time(handle: ModelHandle, ids: torch.Tensor, mask: torch.Tensor, last: bool) -> float:
+    from mechkit.scoring import _supports_logits_to_keep
+
+    extra = {"logits_to_keep": 1} if last and _supports_logits_to_keep(handle.model) else {}
     if ids.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.no_grad():
-        handle.model(input_ids=ids, attention_mask=mask, use_cache=False)
+        handle.model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
     if ids.device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def latency(handles: Sequence[ModelHandle], texts: Sequence[str], repeats: int = 7) -> list[float]:
+def latency(handles: Sequence[ModelHandle], texts: Sequence[str], repeats: int = 7, last: bool = False) -> list[float]:
     """Median forward seconds of each handle on the same padded batch, runs interleaved round-robin
-    (after one warm-up each) so machine noise hits every model alike."""
+    (after one warm-up each) so machine noise hits every model alike.
+
+    ``last=True`` unembeds only the last position (``logits_to_keep=1``), the forward that answering a
+    prompt or a generation's prefill needs (HF ``generate`` does the same); ``False`` computes logits
+    at every position, as a plain ``model(ids)`` call does.
+    """
     tok = handles[0].tokenizer
     enc = tok(list(texts), return_tensors="pt", padding=True)
     times: list[list[float]] = [[] for _ in handles]
     device = handles[0].device
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     for h in handles:
-        _time(h, ids, mask)
+        _time(h, ids, mask, last)
     for _ in range(repeats):
         for i, h in enumerate(handles):
-            times[i].append(_time(h, ids, mask))
+            times[i].append(_time(h, ids, mask, last))
     return [statistics.median(t) for t in times]
 
 
