@@ -42,10 +42,12 @@ def timing(task: str) -> dict:
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=TASKS)
+    parser.add_argument("--method", default="both", choices=("task-vector", "function-vector", "both"))
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--fv-scales", default="1,2,4,8")
     parser.add_argument("--n-contexts", type=int, default=24)
     parser.add_argument("--n-cie", type=int, default=10)
+    parser.add_argument("--tag", default="", help="suffix for the result names (several runs side by side)")
     args = parser.parse_args()
     go_offline()
     threads = set_threads(args.threads or 1)
@@ -53,9 +55,10 @@ def main() -> None:
 
     sizes = dict(n=4, n_dev=3, n_contexts=3, n_cie=2, layers="18-22") if args.quick else \
         dict(n=40, n_dev=20, n_contexts=args.n_contexts, n_cie=args.n_cie)
-    out = RESULTS / ("icl_vectors_quick" if args.quick else "icl_vectors")
+    name = ("icl_vectors_quick" if args.quick else "icl_vectors") + (f"_{args.tag}" if args.tag else "")
+    out = RESULTS / name
     t0 = time.perf_counter()
-    run = mk.run("icl-vectors", model="llama", out=out, force=True, tasks=args.tasks, method="both",
+    run = mk.run("icl-vectors", model="llama", out=out, force=True, tasks=args.tasks, method=args.method,
                  shots=10, top_k=args.top_k, fv_scales=args.fv_scales, **sizes)
     wall = time.perf_counter() - t0
     res = run.results
@@ -63,15 +66,16 @@ def main() -> None:
     print(f"{'condition':24s}" + "".join(f"{t:>17s}" for t in tasks))
     for cond, row in table.items():
         print(f"{cond:24s}" + "".join(f"{row[t]:17.2f}" for t in tasks))
-    print("chosen layers:", res["chosen_layer"], "function-vector scales:", res["chosen_scale"]["function-vector"])
-    lift = {tag: {t: table[f"zero-shot + {tag}"][t] - table["zero-shot"][t] for t in tasks} for tag in ("TV", "FV")}
-    best = {t: max(lift["TV"][t], lift["FV"][t]) for t in tasks}
+    print("chosen layers:", res["chosen_layer"], "scales:", res["chosen_scale"])
+    tags = [tag for tag in ("TV", "FV") if f"zero-shot + {tag}" in table]
+    lift = {tag: {t: table[f"zero-shot + {tag}"][t] - table["zero-shot"][t] for t in tasks} for tag in tags}
+    best = {t: max(lift[tag][t] for tag in tags) for t in tasks}
     print("lift over zero-shot:", lift)
     print(f"tasks lifted by >= 0.30: {sum(v >= 0.30 - 1e-9 for v in best.values())} of {len(tasks)}")
     times = timing(tasks[0])
     print("timing:", {k: round(v, 3) for k, v in times.items()})
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / ("icl_vectors_quick.json" if args.quick else "icl_vectors.json")
+    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"threads": threads, "wall_s": wall, "accuracy_table": table,
                                 "chosen_layer": res["chosen_layer"], "chosen_scale": res["chosen_scale"], "lift": lift, "timing": times,
                                 "params": run.report["params"]}, indent=1))

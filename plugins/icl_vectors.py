@@ -85,7 +85,7 @@ class IclVectorsPlugin(Plugin):
         Option("n_cie", int, 10, "Shuffled-label prompts for the heads' indirect effects."),
         Option("shots", int, 10, "Demonstrations per ICL prompt."),
         Option("top_k", int, 10, "Heads summed into the function vector."),
-        Option("fv_scales", str, "1,2,4", "Function-vector scales to try; layer and scale are chosen on dev."),
+        Option("fv_scales", str, "1,2,4,8", "Function-vector scales to try; layer and scale are chosen on dev."),
         Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20."),
         Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting."),
         Option("batch_size", int, 16, "Rows per forward pass."),
