@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=None, help="also run budget mode at this latency fraction")
     p.add_argument("--budget-target", default="neurons,heads,layers")
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--timing-batch", type=int, default=8, help="prompts in the timed batch")
     p.add_argument("--timing", default="last", choices=("last", "all"),
                    help="timed forward: last-position logits (answer / prefill) or all positions")
     args = p.parse_args()
@@ -72,7 +73,8 @@ def main() -> None:
     start = time.perf_counter()
     run = mk.run("prune", model=handle, out=out / "sweep", force=True, guide=args.guides, target=args.target,
                  sparsity=args.sparsity, tasks=args.tasks, n=n, calib=calib, shots=shots,
-                 allocation=args.allocation, repeats=args.repeats, timing=args.timing)
+                 allocation=args.allocation, repeats=args.repeats, timing=args.timing,
+                 timing_batch=args.timing_batch)
     sweep_s = time.perf_counter() - start
     res = run.results
     dense = res["dense"]
@@ -92,7 +94,8 @@ def main() -> None:
         start = time.perf_counter()
         b = mk.run("prune", model=handle, out=out / "budget", force=True, guide=args.guides.split(",")[0],
                    target=args.budget_target, budget=args.budget, tasks=args.tasks, n=n, calib=calib, shots=shots,
-                   allocation=args.allocation, repeats=args.repeats, timing=args.timing).results
+                   allocation=args.allocation, repeats=args.repeats, timing=args.timing,
+                 timing_batch=args.timing_batch).results
         data["budget"], data["budget_s"] = b, time.perf_counter() - start
         print(b["summary"]["budget"])
         for c in b["budget"]["candidates"]:
