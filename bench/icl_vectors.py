@@ -7,6 +7,10 @@ a ratio to loading the model. The report lands in ``bench/results/icl_vectors/``
 ``bench/results/icl_vectors.json``. Finished steps are cached, so an interrupted run resumes.
 
     python bench/icl_vectors.py [--quick] [--threads 1] [--tasks capitalize,past-tense,...]
+        [--method task-vector] [--spans 1,2] [--n 30] [--n-dev 20] [--n-contexts 24] [--tag NAME]
+
+``--spans 1,2`` also tries the vector at two consecutive layers (task vector: θ_L, θ_L+1 replaced;
+function vector: half the scaled FV added at each), chosen on dev with the layer and scale.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def main() -> None:
     parser.add_argument("--fv-scales", default="1,2,4,8")
     parser.add_argument("--n-contexts", type=int, default=24)
     parser.add_argument("--n-cie", type=int, default=10)
+    parser.add_argument("--n", type=int, default=40, help="test prompts per task")
+    parser.add_argument("--n-dev", type=int, default=20, help="dev prompts per task (choose layer, scale, span)")
+    parser.add_argument("--spans", default="1", help="consecutive layers to try, e.g. 1,2")
     parser.add_argument("--tag", default="", help="suffix for the result names (several runs side by side)")
     args = parser.parse_args()
     go_offline()
@@ -54,19 +61,19 @@ def main() -> None:
     import mechkit as mk
 
     sizes = dict(n=4, n_dev=3, n_contexts=3, n_cie=2, layers="18-22") if args.quick else \
-        dict(n=40, n_dev=20, n_contexts=args.n_contexts, n_cie=args.n_cie)
+        dict(n=args.n, n_dev=args.n_dev, n_contexts=args.n_contexts, n_cie=args.n_cie)
     name = ("icl_vectors_quick" if args.quick else "icl_vectors") + (f"_{args.tag}" if args.tag else "")
     out = RESULTS / name
     t0 = time.perf_counter()
     run = mk.run("icl-vectors", model="llama", out=out, force=True, tasks=args.tasks, method=args.method,
-                 shots=10, top_k=args.top_k, fv_scales=args.fv_scales, **sizes)
+                 shots=10, top_k=args.top_k, fv_scales=args.fv_scales, spans=args.spans, **sizes)
     wall = time.perf_counter() - t0
     res = run.results
     table, tasks = res["accuracy_table"], res["tasks"]
     print(f"{'condition':24s}" + "".join(f"{t:>17s}" for t in tasks))
     for cond, row in table.items():
         print(f"{cond:24s}" + "".join(f"{row[t]:17.2f}" for t in tasks))
-    print("chosen layers:", res["chosen_layer"], "scales:", res["chosen_scale"])
+    print("chosen layers:", res["chosen_layer"], "scales:", res["chosen_scale"], "spans:", res["chosen_span"])
     tags = [tag for tag in ("TV", "FV") if f"zero-shot + {tag}" in table]
     lift = {tag: {t: table[f"zero-shot + {tag}"][t] - table["zero-shot"][t] for t in tasks} for tag in tags}
     best = {t: max(lift[tag][t] for tag in tags) for t in tasks}
@@ -77,7 +84,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"threads": threads, "wall_s": wall, "accuracy_table": table,
-                                "chosen_layer": res["chosen_layer"], "chosen_scale": res["chosen_scale"], "lift": lift, "timing": times,
+                                "chosen_layer": res["chosen_layer"], "chosen_scale": res["chosen_scale"],
+                                "chosen_span": res["chosen_span"], "lift": lift, "timing": times,
                                 "params": run.report["params"]}, indent=1))
     print(f"wrote {path}")
 

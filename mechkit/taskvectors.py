@@ -217,6 +217,9 @@ class ActivationVector:
     ``vector`` is ``[d_model]`` (function vectors: one vector, added at ``layer``) or
     ``[n_layers, d_model]`` (task vectors: θ_L for every layer; ``layer`` is the chosen one).
     ``scale`` multiplies it when applied (function vectors: chosen on dev with the layer).
+    ``span`` K > 1 writes it at the K consecutive layers ``layer .. layer+K-1`` (:meth:`edits`):
+    a task vector replaces θ_l at each of them, a function vector adds ``scale × FV / K`` at each,
+    so the total added is that of one layer, spread over K.
     """
 
     vector: torch.Tensor
@@ -228,6 +231,7 @@ class ActivationVector:
     heads: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     scale: float = 1.0
+    span: int = 1
 
     def at(self, layer: int | None = None) -> torch.Tensor:
         layer = self.layer if layer is None else layer
@@ -239,9 +243,22 @@ class ActivationVector:
         layer = self.layer if layer is None else layer
         return ResidEdit(layer, self.at(layer) * (self.scale if scale is None else scale), self.mode)
 
+    def edits(self, layer: int | None = None, scale: float | None = None,
+              span: int | None = None) -> tuple[ResidEdit, ...]:
+        """The edits applying this vector from ``layer`` over ``span`` consecutive layers (default: the
+        chosen layer, scale and span); a function vector's share per layer is ``scale / span``."""
+        layer = self.layer if layer is None else layer
+        span = self.span if span is None else span
+        scale = self.scale if scale is None else scale
+        if span < 1:
+            raise MechkitError(f"span {span} is not a number of layers", "use a span of 1 or more")
+        share = scale / span if self.mode == "add" else scale
+        return tuple(ResidEdit(L, self.at(L) * share, self.mode) for L in range(layer, layer + span))
+
     def metadata(self) -> dict:
         return {"method": self.method, "task": self.task, "layer": self.layer, "mode": self.mode,
-                "scale": self.scale, "model_sha256": self.model_sha256, "heads": self.heads, "info": self.info}
+                "scale": self.scale, "span": self.span, "model_sha256": self.model_sha256, "heads": self.heads,
+                "info": self.info}
 
     def to_bytes(self) -> bytes:
         """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``."""
@@ -273,6 +290,9 @@ class ActivationVector:
         return vec
 
     def check(self, handle: ModelHandle) -> None:
+        if self.layer + self.span > handle.anatomy.n_layers:
+            raise MechkitError(f"layers {self.layer}..{self.layer + self.span - 1} do not all exist "
+                               f"(the model has {handle.anatomy.n_layers})", "use a vector made for this model")
         if self.vector.shape[-1] != handle.anatomy.d_model:
             raise MechkitError(f"vector width {self.vector.shape[-1]} does not match d_model "
                                f"{handle.anatomy.d_model}", "use a vector extracted from this model")
@@ -282,23 +302,28 @@ class ActivationVector:
 
 
 @contextlib.contextmanager
-def apply_vector(handle: ModelHandle, vector: ActivationVector | ResidEdit, layer: int | None = None,
-                 scale: float = 1.0) -> Iterator[None]:
+def apply_vector(handle: ModelHandle, vector: ActivationVector | Edits, layer: int | None = None,
+                 scale: float | None = None) -> Iterator[None]:
     """Apply a vector at the last position of every multi-token forward inside the context.
 
-    That position is the prompt's last token for an unpadded prompt and for the prefill of
-    ``generate`` (later one-token decoding steps are left alone). Padded batches: use
-    :func:`score_edited`, which edits each row at its own position.
+    ``vector`` is a saved :class:`ActivationVector` (at ``layer`` × ``scale``, default its chosen
+    layer, scale and span) or one or more :class:`ResidEdit`. That position is the prompt's last
+    token for an unpadded prompt and for the prefill of ``generate`` (later one-token decoding steps
+    are left alone). Padded batches: use :func:`score_edited`, which edits each row at its own position.
     """
-    edit = vector.edit(layer, scale) if isinstance(vector, ActivationVector) else vector
+    edits = vector.edits(layer, scale) if isinstance(vector, ActivationVector) else _as_tuple(vector)
+    by_layer: dict[int, list[ResidEdit]] = {}
+    for e in edits:
+        by_layer.setdefault(e.layer, []).append(e)
 
-    def fn(x, _point):
+    def fn(x, point):
         if x.shape[1] < 2:
             return None
         x = x.clone()
-        v = edit.vector.to(x)
-        x[:, -1] = v if edit.mode == "replace" else x[:, -1] + v
+        for e in by_layer[point.layer]:
+            v = e.vector.to(x)
+            x[:, -1] = v if e.mode == "replace" else x[:, -1] + v
         return x
 
-    with hooks(handle, {f"blocks.{edit.layer}.hook_resid_post": fn}):
+    with hooks(handle, {f"blocks.{L}.hook_resid_post": fn for L in by_layer}):
         yield

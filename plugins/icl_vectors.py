@@ -7,6 +7,8 @@ summed mean outputs of the heads with the largest causal indirect effect on shuf
 *added* at layer L). Layer L is chosen on dev prompts; the report gives the per-layer curve and the
 conditions zero-shot, zero-shot + vector, shuffled-label ICL ± vector and real ICL on held-out test
 prompts, and saves each vector (``--load-vector FILE`` evaluates a saved one instead).
+``--spans 1,2`` also tries writing the vector at K consecutive layers L..L+K-1 (task vector: θ_l
+replaced at each; function vector: scale × FV / K added at each), K chosen on dev with the layer.
 
 Prompt sets, all seeded from ``--seed s``: extraction contexts s, CIE prompts s+1, dev s+2, test
 s+3 (test queries that also occur in dev are replaced).
@@ -64,12 +66,27 @@ def parse_scales(text: str) -> list[float]:
     return scales
 
 
-def choose(dev: dict, layers: list[int]) -> tuple[int, float]:
-    """The dev sweep's best (layer, scale): highest accuracy, then log-prob, then earliest layer, smallest scale."""
-    best = max(((a, lp, -L, -x), L, x)
-               for x, accs, lps in zip(dev["scales"], dev["accuracy"], dev["logprob"], strict=True)
-               for L, a, lp in zip(layers, accs, lps, strict=True))
-    return best[1], best[2]
+def parse_spans(text: str, n_layers: int) -> list[int]:
+    """``1,2`` -> numbers of consecutive layers to try, each at least 1 and at most ``n_layers``."""
+    from mechkit.errors import MechkitError
+
+    try:
+        spans = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        spans = []
+    if not spans or spans[0] < 1 or spans[-1] > n_layers:
+        raise MechkitError(f"malformed --spans {text!r}", f"use whole numbers from 1 to {n_layers}, like 1,2")
+    return spans
+
+
+def choose(dev: dict, layers: list[int]) -> tuple[int, float, int]:
+    """The dev sweep's best (layer, scale, span): highest accuracy, then log-prob, then earliest layer,
+    smallest scale, shortest span. Layers whose span would run past the model (``None``) are skipped."""
+    spans = dev.get("spans", [1] * len(dev["scales"]))
+    best = max(((a, lp, -L, -x, -k), L, x, k)
+               for x, k, accs, lps in zip(dev["scales"], spans, dev["accuracy"], dev["logprob"], strict=True)
+               for L, a, lp in zip(layers, accs, lps, strict=True) if a is not None)
+    return best[1], best[2], best[3]
 
 
 class IclVectorsPlugin(Plugin):
@@ -87,6 +104,8 @@ class IclVectorsPlugin(Plugin):
         Option("top_k", int, 10, "Heads summed into the function vector."),
         Option("fv_scales", str, "1,2,4,8", "Function-vector scales to try; layer and scale are chosen on dev."),
         Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20."),
+        Option("spans", str, "1", "Numbers of consecutive layers L..L+K-1 to write the vector at (e.g. 1,2; "
+                                  "a function vector adds scale/K at each); chosen on dev with the layer."),
         Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting."),
         Option("batch_size", int, 16, "Rows per forward pass."),
     )
@@ -101,6 +120,7 @@ class IclVectorsPlugin(Plugin):
         tasks = parse_tasks(p["tasks"] or (loaded.task if loaded else DEFAULT_TASKS))
         layers = parse_layers(p["layers"], m.anatomy.n_layers)
         parse_scales(p["fv_scales"])
+        parse_spans(p["spans"], m.anatomy.n_layers)
         methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
         out: dict = {}
         with progress(ctx.console) as bar:
@@ -145,13 +165,18 @@ class _Task:
         dev = None
         if loaded is None:
             scales = parse_scales(self.p["fv_scales"]) if method == "function-vector" else [1.0]
-            dev = self.step(f"{method}|dev|{scales}", lambda: self.sweep(vec, self.dev, scales))
-            vec.layer, vec.scale = choose(dev, self.layers)
-        test = self.step(f"{method}|test|x{vec.scale}", lambda: self.sweep(vec, self.test["zero-shot"], [vec.scale]))
-        cond = self.step(f"{method}|conditions|L={vec.layer}|x{vec.scale}", lambda: self.conditions(vec))
+            spans = parse_spans(self.p["spans"], self.m.anatomy.n_layers)
+            configs = [(x, k) for x in scales for k in spans]
+            key = f"{method}|dev|{scales}" + (f"|spans={spans}" if spans != [1] else "")
+            dev = self.step(key, lambda: self.sweep(vec, self.dev, configs))
+            vec.layer, vec.scale, vec.span = choose(dev, self.layers)
+        at = f"x{vec.scale}" + (f"|span={vec.span}" if vec.span != 1 else "")
+        test = self.step(f"{method}|test|{at}", lambda: self.sweep(vec, self.test["zero-shot"], [(vec.scale, vec.span)]))
+        cond = self.step(f"{method}|conditions|L={vec.layer}|{at}", lambda: self.conditions(vec))
         test = {k: test[k][0] for k in ("accuracy", "logprob")}
-        return {"layer": vec.layer, "scale": vec.scale, "dev": dev, "test": test, "conditions": cond, "heads": vec.heads,
-                "aie": vec.info.get("aie"), "file": f"{self.task}.{method}.safetensors", "bytes": vec.to_bytes()}
+        return {"layer": vec.layer, "scale": vec.scale, "span": vec.span, "dev": dev, "test": test, "conditions": cond,
+                "heads": vec.heads, "aie": vec.info.get("aie"), "file": f"{self.task}.{method}.safetensors",
+                "bytes": vec.to_bytes()}
 
     def extract(self, method: str):
         import torch
@@ -183,23 +208,27 @@ class _Task:
         return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie.tolist(), "n_cie": p["n_cie"],
                 "top_k": p["top_k"], **common}
 
-    def sweep(self, vec, prompts, scales: list[float]) -> dict:
-        """Accuracy and log-prob per scale and layer, all (scale, layer, prompt) rows batched together."""
+    def sweep(self, vec, prompts, configs: list[tuple[float, int]]) -> dict:
+        """Accuracy and log-prob per (scale, span) and layer, all (config, layer, prompt) rows batched
+        together; ``None`` where the span would run past the last layer."""
         from mechkit.taskvectors import score_edited
 
-        edits = [vec.edit(L, x) for x in scales for L in self.layers]
+        n_layers = self.m.anatomy.n_layers
+        cells = [(i, j) for i, (_, k) in enumerate(configs) for j, L in enumerate(self.layers) if L + k <= n_layers]
+        edits = [vec.edits(self.layers[j], *configs[i]) for i, j in cells]
         scores = score_edited(self.m, prompts, edits, self.p["batch_size"])
-        n = len(self.layers)
-        return {"scales": scales,
-                "accuracy": [[s.accuracy for s in scores[i * n:(i + 1) * n]] for i in range(len(scales))],
-                "logprob": [[s.logprob for s in scores[i * n:(i + 1) * n]] for i in range(len(scales))]}
+        acc = [[None] * len(self.layers) for _ in configs]
+        lps = [[None] * len(self.layers) for _ in configs]
+        for (i, j), s in zip(cells, scores, strict=True):
+            acc[i][j], lps[i][j] = s.accuracy, s.logprob
+        return {"scales": [x for x, _ in configs], "spans": [k for _, k in configs], "accuracy": acc, "logprob": lps}
 
     def conditions(self, vec) -> dict:
         from mechkit.taskvectors import score_edited
 
         bs = self.p["batch_size"]
-        return {"zero-shot": score_edited(self.m, self.test["zero-shot"], [vec.edit()], bs)[0].accuracy,
-                "shuffled ICL": score_edited(self.m, self.test["shuffled"], [vec.edit()], bs)[0].accuracy}
+        return {"zero-shot": score_edited(self.m, self.test["zero-shot"], [vec.edits()], bs)[0].accuracy,
+                "shuffled ICL": score_edited(self.m, self.test["shuffled"], [vec.edits()], bs)[0].accuracy}
 
 
 def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], n_layers: int) -> Result:
@@ -224,10 +253,14 @@ def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], 
             tag = SHORT[method]
             table[f"zero-shot + {tag}"][task] = r["conditions"]["zero-shot"]
             table[f"shuffled ICL + {tag}"][task] = r["conditions"]["shuffled ICL"]
-            series[f"{tag} test"] = r["test"]["accuracy"]
+            series[f"{tag} test"] = _nan(r["test"]["accuracy"])
             if r["dev"] is not None:
-                series[f"{tag} dev"] = r["dev"]["accuracy"][r["dev"]["scales"].index(r["scale"])]
-            at = f"L{r['layer']}" + (f"×{r['scale']:g}" if r["scale"] != 1 else "")
+                dev = r["dev"]
+                spans = dev.get("spans", [1] * len(dev["scales"]))
+                i = list(zip(dev["scales"], spans, strict=True)).index((r["scale"], r["span"]))
+                series[f"{tag} dev"] = _nan(dev["accuracy"][i])
+            at = f"L{r['layer']}" + (f"-{r['layer'] + r['span'] - 1}" if r["span"] != 1 else "") + \
+                (f"×{r['scale']:g}" if r["scale"] != 1 else "")
             line.append(f"+{tag}@{at} {r['conditions']['zero-shot']:.2f}")
             files[r["file"]] = r.pop("bytes")
             vectors.setdefault(task, {})[method] = r["file"]
@@ -243,7 +276,13 @@ def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], 
                                    "Accuracy by condition (test prompts)", "accuracy")
     chosen = {m: {t: out[t]["methods"][m]["layer"] for t in tasks} for m in methods}
     scales = {m: {t: out[t]["methods"][m]["scale"] for t in tasks} for m in methods}
+    spans = {m: {t: out[t]["methods"][m]["span"] for t in tasks} for m in methods}
     results = {"tasks": tasks, "methods": methods, "layers": layers, "n_layers": n_layers,
-               "accuracy_table": table, "chosen_layer": chosen, "chosen_scale": scales, "summary": summary, "vectors": vectors,
-               "per_task": out}
+               "accuracy_table": table, "chosen_layer": chosen, "chosen_scale": scales, "chosen_span": spans,
+               "summary": summary, "vectors": vectors, "per_task": out}
     return Result(results=results, figures=figures, files=files)
+
+
+def _nan(values: list) -> list[float]:
+    """Plot-ready: layers a span could not start at (``None``) become gaps."""
+    return [float("nan") if v is None else v for v in values]

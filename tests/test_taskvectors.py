@@ -110,6 +110,31 @@ def test_edits_and_applied_vectors_detach(tiny_llama, ids):
     assert torch.equal(during[:, :-1], before[:, :-1])  # only the last position (and nothing before it) moves
 
 
+def test_span_spreads_a_function_vector_and_replaces_each_layers_theta(tiny_llama, ids):
+    n, d = tiny_llama.anatomy.n_layers, tiny_llama.anatomy.d_model
+    fv = ActivationVector(torch.randn(d), "function-vector", "swap", 0, "add", scale=4.0, span=2)
+    first, second = fv.edits()
+    assert (first.layer, second.layer) == (0, 1) and first.mode == second.mode == "add"
+    torch.testing.assert_close(first.vector, 2.0 * fv.vector)  # scale 4 spread over 2 layers
+    torch.testing.assert_close(second.vector, first.vector)
+    tv = ActivationVector(torch.randn(n, d), "task-vector", "swap", 0, "replace", span=2)
+    assert [torch.equal(e.vector, tv.vector[e.layer]) for e in tv.edits()] == [True, True]
+    # Applying the span equals the same edits written by score_edited, and detaches afterwards.
+    before = _logits(tiny_llama, ids)
+    with apply_vector(tiny_llama, fv), mk.record(tiny_llama, "blocks.1.hook_resid_post") as spanned, torch.no_grad():
+        tiny_llama(ids)
+    with mk.record(tiny_llama, "blocks.1.hook_resid_post") as clean, torch.no_grad():
+        tiny_llama(ids)
+    got, ref = spanned["blocks.1.hook_resid_post"][0], clean["blocks.1.hook_resid_post"][0]
+    assert torch.equal(got[:-1], ref[:-1]) and not torch.equal(got[-1], ref[-1])
+    assert torch.equal(before, _logits(tiny_llama, ids))
+    prompts = build_prompts("swap", n=2, shots=0, seed=3)
+    manual, spread = score_edited(tiny_llama, prompts, [(first, second), fv.edits()])
+    assert manual.logprobs == spread.logprobs
+    with pytest.raises(MechkitError, match="do not all exist"):
+        ActivationVector(fv.vector, "function-vector", "swap", 1, "add", span=2).check(tiny_llama)
+
+
 def test_choose_layer_breaks_ties_by_logprob_then_earliest():
     assert choose_layer({3: 0.5, 7: 0.5, 9: 0.2}, {3: -2.0, 7: -1.0, 9: 0.0}) == 7
     assert choose_layer({3: 0.5, 7: 0.5}) == 3
@@ -132,7 +157,7 @@ def test_saved_vector_round_trip(tiny_llama, tmp_path):
 
 
 def test_plugin_runs_and_reloads_its_vectors(tmp_path):
-    small = dict(model="tiny:llama", tasks="swap", n=3, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2)
+    small = dict(model="tiny:llama", tasks="swap", n=3, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2, spans="1,2")
     run = mk.run("icl-vectors", out=tmp_path / "a", **small)
     res = run.results
     assert set(res["accuracy_table"]) == {"zero-shot", "zero-shot + TV", "zero-shot + FV", "shuffled ICL",
@@ -141,6 +166,9 @@ def test_plugin_runs_and_reloads_its_vectors(tmp_path):
     assert (tmp_path / "a" / "aie_swap.png").exists()
     fv = ActivationVector.load(tmp_path / "a" / "swap.function-vector.safetensors")
     assert fv.layer == res["chosen_layer"]["function-vector"]["swap"] and len(fv.heads) == 2
+    assert fv.span == res["chosen_span"]["function-vector"]["swap"] and fv.layer + fv.span <= 2
+    dev = res["per_task"]["swap"]["methods"]["task-vector"]["dev"]
+    assert dev["spans"] == [1, 2] and dev["accuracy"][1][1] is None  # a 2-layer span cannot start at the last layer
     again = mk.run("icl-vectors", out=tmp_path / "b", model="tiny:llama", n=3, shots=2,
                    load_vector=str(tmp_path / "a" / "swap.function-vector.safetensors"))
     assert again.results["methods"] == ["function-vector"]
@@ -154,10 +182,15 @@ def test_plugin_rejects_bad_layers_before_work(tmp_path):
 
 
 def test_dev_choice_of_layer_and_scale():
-    from mechkit.plugins.icl_vectors import choose, parse_scales
+    from mechkit.plugins.icl_vectors import choose, parse_scales, parse_spans
 
     dev = {"scales": [1.0, 4.0], "accuracy": [[0.1, 0.5], [0.5, 0.2]], "logprob": [[-3, -1], [-2, -1]]}
-    assert choose(dev, [10, 20]) == (20, 1.0)  # equal accuracy: the better log-prob wins
+    assert choose(dev, [10, 20]) == (20, 1.0, 1)  # equal accuracy: the better log-prob wins
+    spans = {"scales": [1.0, 1.0], "spans": [1, 2], "accuracy": [[0.1, 0.5], [0.6, None]], "logprob": [[0, 0], [0, None]]}
+    assert choose(spans, [10, 20]) == (10, 1.0, 2)
+    assert parse_spans("2,1", 30) == [1, 2]
+    with pytest.raises(MechkitError, match="--spans"):
+        parse_spans("0", 30)
     assert parse_scales("1, 2,4") == [1.0, 2.0, 4.0]
     with pytest.raises(MechkitError, match="fv-scales"):
         parse_scales("0,x")
