@@ -53,7 +53,9 @@ def main() -> None:
     tasks = args.tasks.split(",")
     first = args.guides.split(",")[0]
     name, _, alloc = first.partition("@")
-    level = float(args.sparsity.split(",")[-1])
+    from mechkit.plugins.prune import parse_levels
+
+    level = parse_levels(args.sparsity, args.target.split(","))[-1]
     start = time.perf_counter()  # pruning itself: calibration stats, scores, plan, physical slicing
     calibration = pruning.calibrate(handle, tasks, n=calib, shots=shots)
     t_calib = time.perf_counter() - start
@@ -64,11 +66,10 @@ def main() -> None:
         from mechkit.pruning.sensitivity import layer_sensitivity
 
         sens = layer_sensitivity(handle, scores.mlp, calibration)
-    plan = pruning.make_plan(scores, handle.anatomy, {t: level for t in args.target.split(",")},
-                             alloc or args.allocation, sensitivity=sens)
+    plan = pruning.make_plan(scores, handle.anatomy, level, alloc or args.allocation, sensitivity=sens)
     pruning.prune_copy(handle, plan, calibration.stats)
     prune_s = time.perf_counter() - start
-    print(f"pruning itself ({first}, {args.target}={level}): {prune_s:.1f} s "
+    print(f"pruning itself ({first}, {level}): {prune_s:.1f} s "
           f"(calibration stats {t_calib:.1f} s, scores {t_scores:.1f} s, rest {prune_s - t_calib - t_scores:.1f} s)")
     start = time.perf_counter()
     run = mk.run("prune", model=handle, out=out / "sweep", force=True, guide=args.guides, target=args.target,
