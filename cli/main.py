@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 
 import click
-from mechkit.cli.taskvec import taskvec
 
 from mechkit._version import __version__
+from mechkit.cli.taskvec import taskvec
 from mechkit.errors import MechkitError
 
 COMMON = ("model", "seed", "out", "force", "device", "dtype")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from mechkit.cli.main import cli, main
 
 import mechkit as mk
+from mechkit.cli.main import cli, main
 from mechkit.errors import MechkitError
 from mechkit.importance import attribution_effects
 from mechkit.model.linear import weight_out_in
