@@ -92,7 +92,7 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
     return rows
 
 
-def _supports_logits_to_keep(model) -> bool:
+def supports_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
@@ -134,12 +134,12 @@ def forward_kept(handle: ModelHandle, batch: Batch) -> torch.Tensor:
     the model supports ``logits_to_keep``."""
     ids, mask = batch.ids.to(handle.device), batch.mask.to(handle.device)
     keep = batch.keep.to(handle.device)
-    if _supports_logits_to_keep(handle.model):
+    if supports_logits_to_keep(handle.model):
         return handle(ids, attention_mask=mask, logits_to_keep=keep)
     return handle(ids, attention_mask=mask)[:, keep]
 
 
-def _score_batch(handle: ModelHandle, rows: list[Encoded], pad: int) -> list[tuple]:
+def score_batch(handle: ModelHandle, rows: list[Encoded], pad: int) -> list[tuple]:
     """Per row: teacher-forced match, mean log-prob, first mismatch offset (-1 if none), argmax there,
     and the logit difference answer − distractor at the first answer position (None without one)."""
     batch = pad_batch(rows, pad)
@@ -157,7 +157,7 @@ def _score_batch(handle: ModelHandle, rows: list[Encoded], pad: int) -> list[tup
     return out
 
 
-def _maybe_other_spelling(tokenizer, row: Encoded, first: int, pred: int) -> bool:
+def maybe_other_spelling(tokenizer, row: Encoded, first: int, pred: int) -> bool:
     """Could greedy decoding still write the answer text, with the model's own tokenization?"""
     done = tokenizer.decode(row.ids[row.answer_start:row.answer_start + first])
     rest = row.continuation[len(done):] if row.continuation.startswith(done) else None
@@ -165,7 +165,7 @@ def _maybe_other_spelling(tokenizer, row: Encoded, first: int, pred: int) -> boo
     return bool(rest) and bool(piece) and rest.startswith(piece)
 
 
-def _greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
+def greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
     """Decode greedily after the prompt; stop as soon as the text leaves answer + terminator.
 
     Greedy decoding reproduces the canonical answer tokens up to the first mismatch, so decoding
@@ -207,12 +207,12 @@ def score_prompts(
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             batch_idx = order[start:start + batch_size]
-            for i, res in zip(batch_idx, _score_batch(handle, [rows[i] for i in batch_idx], pad), strict=True):
+            for i, res in zip(batch_idx, score_batch(handle, [rows[i] for i in batch_idx], pad), strict=True):
                 ok, logprob, first, pred, diff = res
                 if diff is not None and rows[i].prompt_index not in diffs:
                     diffs[rows[i].prompt_index] = diff
-                if not ok and _maybe_other_spelling(tok, rows[i], first, pred):
-                    ok, decoded = _greedy_writes(handle, rows[i]), decoded + 1
+                if not ok and maybe_other_spelling(tok, rows[i], first, pred):
+                    ok, decoded = greedy_writes(handle, rows[i]), decoded + 1
                 results[i] = (ok, logprob)
     correct = [False] * len(prompts)
     logprobs = [float("-inf")] * len(prompts)

@@ -27,11 +27,11 @@ from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks
 from mechkit.scoring import (
     TaskScore,
-    _greedy_writes,
-    _maybe_other_spelling,
-    _score_batch,
     encode_rows,
+    greedy_writes,
+    maybe_other_spelling,
     pad_id,
+    score_batch,
 )
 from mechkit.tasks import build_prompts
 
@@ -155,12 +155,12 @@ def score_edited(handle: ModelHandle, prompts: Sequence, edits: Sequence[Edits],
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             plan.set([(rows[i][1].answer_start - 1, edits[rows[i][0]]) for i in idx])
-            scored = _score_batch(handle, [rows[i][1] for i in idx], pad_id(tok))
+            scored = score_batch(handle, [rows[i][1] for i in idx], pad_id(tok))
             for i, (ok, logprob, first, pred, _diff) in zip(idx, scored, strict=True):
                 k, row = rows[i]
-                if not ok and _maybe_other_spelling(tok, row, first, pred):
+                if not ok and maybe_other_spelling(tok, row, first, pred):
                     plan.set([(row.answer_start - 1, edits[k])])
-                    ok = _greedy_writes(handle, row)
+                    ok = greedy_writes(handle, row)
                 results[i] = (ok, logprob)
     return [_aggregate(prompts, [(rows[i][1], results[i]) for i in range(len(rows)) if rows[i][0] == k])
             for k in range(len(edits))]
