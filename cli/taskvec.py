@@ -79,19 +79,31 @@ def _load_named(vectors: tuple[str, ...]) -> dict:
     return named
 
 
+def combine_options(command):
+    """The options ``merge`` and ``apply`` share: which vectors, how to combine and compress them."""
+    options = [
+        click.option("--vector", "-v", "vectors", multiple=True, required=True,
+                     help="NAME=FILE (repeatable); a bare FILE is named after its file name."),
+        click.option("--expr", default=None, help="Arithmetic over the names, e.g. 'cap + 0.5*past - low'."),
+        click.option("--method", type=click.Choice(MERGE_METHODS), default=None,
+                     help="Or merge all vectors with this method."),
+        click.option("--weights", default=None, help="Comma-separated weight per vector (merge methods)."),
+        click.option("--density", type=float, default=1.0, show_default=True, help="TIES: fraction of entries kept."),
+        click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability."),
+        click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed."),
+        click.option("--scale", type=float, default=1.0, show_default=True, help="λ applied to the combined vector."),
+        click.option("--rank", type=int, default=None, help="Low-rank: truncated SVD rank per matrix."),
+        click.option("--energy", type=float, default=None,
+                     help="Low-rank: keep this fraction of squared singular mass."),
+        click.option("--sparsity-density", type=float, default=None, help="Keep the top fraction by magnitude."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @taskvec.command("merge")
-@click.option("--vector", "-v", "vectors", multiple=True, required=True,
-              help="NAME=FILE (repeatable); a bare FILE is named after its file name.")
-@click.option("--expr", default=None, help="Arithmetic over the names, e.g. 'cap + 0.5*past - low'.")
-@click.option("--method", type=click.Choice(MERGE_METHODS), default=None, help="Merge all vectors with this method.")
-@click.option("--weights", default=None, help="Comma-separated weight per vector (merge methods).")
-@click.option("--density", type=float, default=1.0, show_default=True, help="TIES: fraction of entries kept.")
-@click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability.")
-@click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed.")
-@click.option("--scale", type=float, default=1.0, show_default=True, help="λ applied to the merged vector.")
-@click.option("--rank", type=int, default=None, help="Low-rank: truncated SVD rank per matrix.")
-@click.option("--energy", type=float, default=None, help="Low-rank: keep this fraction of squared singular mass.")
-@click.option("--sparsity-density", type=float, default=None, help="Keep the top fraction by magnitude.")
+@combine_options
 @click.option("--out", required=True, type=click.Path(), help="Task-vector file to write.")
 @click.option("--force", is_flag=True, help="Overwrite --out.")
 def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
@@ -123,17 +135,7 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
 
 @taskvec.command("apply")
 @click.option("--base", default="llama", show_default=True, help="Base model spec.")
-@click.option("--vector", "-v", "vectors", multiple=True, required=True, help="NAME=FILE (repeatable).")
-@click.option("--expr", default=None, help="Arithmetic over the names, e.g. 'cap + past'.")
-@click.option("--method", type=click.Choice(MERGE_METHODS), default=None, help="Or merge all vectors.")
-@click.option("--weights", default=None, help="Comma-separated weight per vector (merge methods).")
-@click.option("--density", type=float, default=1.0, show_default=True, help="TIES: fraction of entries kept.")
-@click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability.")
-@click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed.")
-@click.option("--scale", type=float, default=1.0, show_default=True, help="λ of the combined vector.")
-@click.option("--rank", type=int, default=None, help="Low-rank: truncated SVD rank per matrix.")
-@click.option("--energy", type=float, default=None, help="Low-rank: keep this fraction of squared singular mass.")
-@click.option("--sparsity-density", type=float, default=None, help="Keep the top fraction by magnitude.")
+@combine_options
 @click.option("--out", required=True, type=click.Path(), help="Merged model directory to write.")
 @click.option("--force", is_flag=True, help="Overwrite --out.")
 def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
     from mechkit.model.handle import ModelHandle
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_WEIGHTS = "lora_adapter.safetensors"  # not adapter_model.*: transformers would try to load it as a PEFT dir
 ADAPTER_CONFIG = "lora_adapter_config.json"
 
@@ -122,15 +121,20 @@ def _batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor
     return ids, mask, labels
 
 
-def _trainable(model: nn.Module, recipe: Recipe) -> nn.Module:
+def lora_targets(handle: ModelHandle) -> list[str]:
+    """The projection names LoRA adapts, read from the model's anatomy (no per-family list here)."""
+    fam = handle.anatomy.family
+    paths = [fam.q, fam.k, fam.v, fam.qkv, fam.attn_out, *fam.mlp_in, fam.mlp_out]
+    return sorted({p.rsplit(".", 1)[-1] for p in paths if p})
+
+
+def _trainable(model: nn.Module, recipe: Recipe, targets: list[str]) -> nn.Module:
     if recipe.method == "full":
         return model
     if recipe.method != "lora":
         raise MechkitError(f"unknown fine-tuning method {recipe.method!r}", "use --method full or --method lora")
     from peft import LoraConfig, get_peft_model
 
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    targets = [t for t in LORA_TARGETS if t in names] or ["c_attn", "c_proj", "c_fc"]
     config = LoraConfig(r=recipe.rank, lora_alpha=recipe.lora_alpha, target_modules=targets, lora_dropout=0.0)
     return get_peft_model(model, config)
 
@@ -145,7 +149,7 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
     torch.manual_seed(recipe.seed)
-    model = _trainable(copy.deepcopy(handle.model), recipe)
+    model = _trainable(copy.deepcopy(handle.model), recipe, lora_targets(handle))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)

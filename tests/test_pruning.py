@@ -16,7 +16,7 @@ from mechkit.importance import attribution_effects
 from mechkit.model.linear import weight_out_in
 from mechkit.pruning import calibrate, guide_scores, make_plan, parse_sparsity, prune_copy
 from mechkit.pruning.cost import flops_per_token, n_params
-from mechkit.pruning.guides import Scores, gradient_scores, static_scores
+from mechkit.pruning.guides import gradient_scores, static_scores
 from mechkit.pruning.select import select_heads, select_neurons
 from mechkit.tasks import build_prompts
 
@@ -137,10 +137,6 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, word):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and word in err[0]
     assert not out.exists()
-
-
-def test_scores_type_is_public():
-    assert Scores.__name__ == "Scores"
 
 
 def test_allocation_follows_inverse_sensitivity():

@@ -32,11 +32,6 @@ def _plans(a) -> list[PrunePlan]:
             PrunePlan(mlp={1: [1, 2]}, layers=[0])]
 
 
-@pytest.fixture(scope="module")
-def double_models():
-    return {}
-
-
 def _double(family: str):
     m = mk.load_model(f"tiny:{family}", device="cpu")
     m.model.double()

@@ -187,8 +187,8 @@ def slice_heads(anatomy: Anatomy, layer: int, keep: Sequence[int], n_heads: int 
     d = anatomy.d_head
 
     def rows(role: str, indices: Sequence[int]) -> list[torch.Tensor]:
-        return [torch.arange(anatomy.head_rows(layer, role, i)[1].start,
-                             anatomy.head_rows(layer, role, i)[1].stop) for i in indices]
+        spans = [anatomy.head_rows(layer, role, i)[1] for i in indices]
+        return [torch.arange(span.start, span.stop) for span in spans]
 
     fam = anatomy.family
     if fam.qkv is None:
