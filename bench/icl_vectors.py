@@ -2,8 +2,8 @@
 
 Runs the ``icl-vectors`` plugin (task vectors and function vectors; layer chosen on dev prompts,
 accuracy on held-out test prompts) and prints the accuracy table (conditions × tasks), the chosen
-layers, the lift of zero-shot + vector over zero-shot, and the time of extraction + application as
-a ratio to loading the model. The report lands in ``bench/results/icl_vectors/`` and the table in
+layers, the lift of zero-shot + vector over zero-shot, and the median time (3 rounds) of extraction
+and of application as ratios to loading the model. The report lands in ``bench/results/icl_vectors/`` and the table in
 ``bench/results/icl_vectors.json``. Finished steps are cached, so an interrupted run resumes.
 
     python bench/icl_vectors.py [--quick] [--threads 1] [--tasks capitalize,past-tense,...]
@@ -23,24 +23,31 @@ from common import RESULTS, base_parser, go_offline, set_threads
 TASKS = "capitalize,past-tense,country-capital,opposite,plus-one"
 
 
-def timing(task: str) -> dict:
-    """Seconds to load the model, extract a task vector (24 contexts) and apply it to 20 prompts."""
+def timing(task: str, repeats: int = 3) -> dict:
+    """Median seconds (over ``repeats`` interleaved rounds) to load the model, extract a task vector
+    (24 contexts) and apply it to 20 prompts, and the two ratios to loading."""
+    import statistics
+
     import mechkit as mk
     from mechkit.tasks import build_prompts
     from mechkit.taskvectors import ResidEdit, icl_task_vectors, score_edited
 
-    t0 = time.perf_counter()
-    handle = mk.load_model("llama")
-    load = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    theta = icl_task_vectors(handle, task, n_contexts=24, shots=10, seed=0)
-    extract = time.perf_counter() - t0
     prompts = build_prompts(task, n=20, shots=0, seed=2)
-    t0 = time.perf_counter()
-    score_edited(handle, prompts, [ResidEdit(handle.anatomy.n_layers * 2 // 3, theta[20])])
-    apply = time.perf_counter() - t0
-    return {"load_s": load, "extract_s": extract, "apply_20_prompts_s": apply,
-            "extract_over_load": extract / load, "apply_over_load": apply / load}
+    rounds: dict[str, list[float]] = {"load_s": [], "extract_s": [], "apply_20_prompts_s": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        handle = mk.load_model("llama")
+        rounds["load_s"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        theta = icl_task_vectors(handle, task, n_contexts=24, shots=10, seed=0)
+        rounds["extract_s"].append(time.perf_counter() - t0)
+        layer = handle.anatomy.n_layers * 2 // 3
+        t0 = time.perf_counter()
+        score_edited(handle, prompts, [ResidEdit(layer, theta[layer])])
+        rounds["apply_20_prompts_s"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    return {**med, "repeats": repeats, "extract_over_load": med["extract_s"] / med["load_s"],
+            "apply_over_load": med["apply_20_prompts_s"] / med["load_s"]}
 
 
 def main() -> None:
@@ -55,11 +62,15 @@ def main() -> None:
     parser.add_argument("--n-dev", type=int, default=20, help="dev prompts per task (choose layer, scale, span)")
     parser.add_argument("--spans", default="1", help="consecutive layers to try, e.g. 1,2")
     parser.add_argument("--tag", default="", help="suffix for the result names (several runs side by side)")
+    parser.add_argument("--timing-only", action="store_true", help="only the timing rounds (no accuracy table)")
     args = parser.parse_args()
     go_offline()
     threads = set_threads(args.threads or 1)
     import mechkit as mk
 
+    if args.timing_only:
+        print("timing:", {k: round(v, 3) for k, v in timing(args.tasks.split(",")[0]).items()})
+        return
     sizes = dict(n=4, n_dev=3, n_contexts=3, n_cie=2, layers="18-22") if args.quick else \
         dict(n=args.n, n_dev=args.n_dev, n_contexts=args.n_contexts, n_cie=args.n_cie)
     name = ("icl_vectors_quick" if args.quick else "icl_vectors") + (f"_{args.tag}" if args.tag else "")

@@ -17,6 +17,7 @@ so the task vector ``Ψ*_T − Ψ0`` is always a plain weight difference.
 from __future__ import annotations
 
 import copy
+import json
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -140,8 +141,14 @@ def _trainable(model: nn.Module, recipe: Recipe, targets: list[str]) -> nn.Modul
 
 
 def finetune(handle: ModelHandle, recipe: Recipe,
-             on_step: Callable[[int, float], None] | None = None) -> Finetuned:
-    """Train a deep copy of ``handle.model`` for ``recipe.steps`` AdamW steps; the handle is untouched."""
+             on_step: Callable[[int, float], None] | None = None,
+             checkpoint: Path | None = None, checkpoint_every: int = 50) -> Finetuned:
+    """Train a deep copy of ``handle.model`` for ``recipe.steps`` AdamW steps; the handle is untouched.
+
+    With ``checkpoint`` (a directory), the trainable weights, AdamW moments, batch-sampler state and
+    losses are written there every ``checkpoint_every`` steps, and a later call with the same recipe
+    continues from the last one: an interrupted run ends with the same weights as an uninterrupted one.
+    """
     if recipe.steps < 1 or recipe.batch_size < 1 or recipe.lr <= 0:
         raise MechkitError("steps, batch size and learning rate must be positive",
                            "pass e.g. --steps 100 --batch-size 8 --lr 1e-4")
@@ -151,11 +158,13 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     torch.manual_seed(recipe.seed)
     model = _trainable(copy.deepcopy(handle.model), recipe, lora_targets(handle))
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([p for _, p in named], lr=recipe.lr, weight_decay=recipe.weight_decay)
     rng = random.Random(recipe.seed)
-    losses = []
-    for step in range(recipe.steps):
+    losses: list[float] = []
+    if checkpoint is not None:
+        losses = load_checkpoint(checkpoint, recipe, named, opt, rng)
+    for step in range(len(losses), recipe.steps):
         ids, mask, labels = _batch(rng.sample(rows, min(recipe.batch_size, len(rows))), pad_id)
         loss = model(input_ids=ids.to(handle.device), attention_mask=mask.to(handle.device),
                      labels=labels.to(handle.device), use_cache=False).loss
@@ -163,9 +172,73 @@ def finetune(handle: ModelHandle, recipe: Recipe,
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if checkpoint is not None and (step + 1) % max(1, checkpoint_every) == 0 and step + 1 < recipe.steps:
+            save_checkpoint(checkpoint, recipe, named, opt, rng, losses)
         if on_step is not None:
             on_step(step, losses[-1])
     return _finish(model, losses, recipe)
+
+
+CHECKPOINT_TENSORS = "checkpoint.safetensors"
+CHECKPOINT_STATE = "checkpoint.json"
+
+
+def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.optim.Optimizer,
+                    rng: random.Random, losses: list[float]) -> None:
+    """Write weights, AdamW moments (safetensors) and sampler state (JSON), each file atomically.
+
+    The JSON is replaced last and names the step it belongs to, so a run killed between the two
+    writes finds a JSON that does not match the tensors and starts over instead of mixing steps.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for i, (name, p) in enumerate(named):
+        tensors[f"param.{name}"] = p.detach().cpu().contiguous()
+        for key, value in opt.state.get(p, {}).items():
+            tensors[f"adam.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    step = len(losses)
+    tmp = directory / (CHECKPOINT_TENSORS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"step": str(step)})
+    tmp.replace(directory / CHECKPOINT_TENSORS)
+    state = {"recipe": recipe.as_dict(), "step": step, "losses": losses, "rng": _jsonable_rng(rng.getstate())}
+    tmp = directory / (CHECKPOINT_STATE + ".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(directory / CHECKPOINT_STATE)
+
+
+def load_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.optim.Optimizer,
+                    rng: random.Random) -> list[float]:
+    """Restore a matching checkpoint into the model, optimizer and sampler; return its losses (or [])."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    state_path, tensor_path = directory / CHECKPOINT_STATE, directory / CHECKPOINT_TENSORS
+    if not (state_path.exists() and tensor_path.exists()):
+        return []
+    state = json.loads(state_path.read_text())
+    with safe_open(str(tensor_path), framework="pt") as f:
+        if state.get("recipe") != recipe.as_dict() or (f.metadata() or {}).get("step") != str(state["step"]):
+            return []
+        stored = list(f.keys())
+        with torch.no_grad():
+            for i, (name, p) in enumerate(named):
+                p.copy_(f.get_tensor(f"param.{name}"))
+                moments = {k.rsplit(".", 1)[-1]: f.get_tensor(k) for k in stored if k.startswith(f"adam.{i}.")}
+                if moments:
+                    opt.state[p] = {k: v.to(p.device) if v.dim() else v for k, v in moments.items()}
+    rng.setstate(_tuple_rng(state["rng"]))
+    return list(state["losses"])
+
+
+def _jsonable_rng(state: tuple) -> list:
+    return [state[0], list(state[1]), state[2]]
+
+
+def _tuple_rng(state: list) -> tuple:
+    return (state[0], tuple(state[1]), state[2])
 
 
 def _finish(model: nn.Module, losses: list[float], recipe: Recipe) -> Finetuned:
@@ -187,7 +260,6 @@ def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
 
     Returned as bytes so the report writer can place them beside ``report.json`` atomically.
     """
-    import json
     import tempfile
 
     from safetensors.torch import save

@@ -80,6 +80,14 @@ class RunContext:
         tmp.replace(path)
         return value
 
+    def scratch(self, name: str) -> Path | None:
+        """A directory for bulky resumable state (tensor checkpoints) that ``step`` cannot hold as JSON.
+
+        It lives beside the finished steps and goes with them when the run completes; ``None`` when
+        the run is not resumable (a plugin then simply runs without checkpoints).
+        """
+        return None if self.resume_dir is None else self.resume_dir / name
+
 
 class Plugin:
     """Base class for analyses. Subclasses set the class attributes and implement ``run``."""

@@ -5,7 +5,8 @@ format for one task, with the loss on the answer only, and writes a loadable mod
 (``config.json``, ``model.safetensors``, tokenizer files; for LoRA also ``lora_adapter.*``) beside
 ``report.json``, so ``--model DIR`` and ``mechkit taskvec extract --finetuned DIR`` read it back.
 The report records the recipe, the loss curve and zero-shot accuracy before and after on held-out
-prompts (queries never seen in training).
+prompts (queries never seen in training). Training checkpoints every ``--checkpoint-every`` steps;
+an interrupted run started again with the same options continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class FinetunePlugin(Plugin):
         Option("data_seed", int, 1000, "Seed of the training prompts (distinct from evaluation's --seed)."),
         Option("eval_n", int, 20, "Held-out zero-shot prompts for accuracy before/after."),
         Option("weight_decay", float, 0.0, "AdamW weight decay."),
+        Option("checkpoint_every", int, 50, "Steps between resumable checkpoints (weights + AdamW state)."),
     )
 
     def run(self, ctx: RunContext) -> Result:
@@ -45,11 +47,12 @@ class FinetunePlugin(Plugin):
                         seed=ctx.seed, data_seed=p["data_seed"], eval_n=p["eval_n"], eval_seed=ctx.seed,
                         weight_decay=p["weight_decay"])
         held_out = eval_prompts(recipe)
-        before = score_prompts(m, held_out).as_dict()
+        before = ctx.step("accuracy_before", lambda: score_prompts(m, held_out).as_dict())
         with progress(ctx.console) as bar:
             job = bar.add_task(f"finetune {task}", total=recipe.steps)
-            trained = finetune(m, recipe, on_step=lambda i, loss: bar.update(
-                job, advance=1, description=f"finetune {task} loss {loss:.3f}"))
+            trained = finetune(m, recipe, checkpoint=ctx.scratch("finetune"), checkpoint_every=p["checkpoint_every"],
+                               on_step=lambda i, loss: bar.update(
+                                   job, completed=i + 1, description=f"finetune {task} loss {loss:.3f}"))
         after = score_prompts(load_model(trained.model, tokenizer=m.tokenizer), held_out).as_dict()
         files = model_files(trained, m.tokenizer)
         results = {

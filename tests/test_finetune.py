@@ -58,3 +58,58 @@ def test_lowercase_is_capitalize_reversed():
     for p in build_prompts("lowercase", n=10, shots=2, seed=0):
         assert p.target == p.query.lower() and p.query != p.target
         assert p.query in (p.target.upper(), p.target.capitalize())
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_interrupted_finetune_resumes_to_the_same_weights(tiny, tmp_path, method):
+    recipe = Recipe(task="capitalize", steps=6, lr=3e-3, batch_size=4, pool=32, method=method, rank=2)
+    whole = finetune(tiny, recipe)
+
+    def stop_after_four(step, loss):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=2, on_step=stop_after_four)
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 4
+    seen = []
+    resumed = finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=2, on_step=lambda i, _: seen.append(i))
+    assert seen == [4, 5]  # only the unfinished steps ran
+    assert resumed.losses == whole.losses
+    a, b = dict(whole.model.named_parameters()), dict(resumed.model.named_parameters())
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_a_checkpoint_from_another_recipe_is_ignored(tiny, tmp_path):
+    recipe = Recipe(task="capitalize", steps=2, lr=3e-3, batch_size=4, pool=32)
+    finetune(tiny, Recipe(task="capitalize", steps=4, lr=1e-3, batch_size=4, pool=32),
+             checkpoint=tmp_path, checkpoint_every=2)
+    seen = []
+    finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=2, on_step=lambda i, _: seen.append(i))
+    assert seen == [0, 1]
+
+
+def test_interrupted_finetune_command_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    import mechkit.finetune as ft
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    original, calls = ft.save_checkpoint, []
+
+    def save_then_interrupt(*args, **kwargs):
+        original(*args, **kwargs)
+        calls.append(len(args[-1]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ft, "save_checkpoint", save_then_interrupt)
+    opts = dict(model="tiny:llama", task="capitalize", steps=4, batch_size=4, lr=3e-3, checkpoint_every=2)
+    with pytest.raises(KeyboardInterrupt):
+        mk.run("finetune", out=tmp_path / "a", **opts)
+    assert calls == [2] and not (tmp_path / "a").exists()
+    monkeypatch.setattr(ft, "save_checkpoint", original)
+    resumed = mk.run("finetune", out=tmp_path / "a", **opts)
+    assert not list((tmp_path / "cache" / "runs").iterdir())  # finished: its checkpoint is gone
+    whole = mk.run("finetune", out=tmp_path / "b", **opts)
+    assert resumed.results["losses"] == whole.results["losses"]
+    a = mk.load_model(str(tmp_path / "a"), device="cpu").model.state_dict()
+    b = mk.load_model(str(tmp_path / "b"), device="cpu").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
