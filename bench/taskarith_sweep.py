@@ -6,12 +6,16 @@ from different training data, extracts their task vectors, then sweeps Ψ0 + Δ�
 - irrelevant:    capitalize (T1) vs past-tense (T2)
 - aligned:       capitalize (T1) vs capitalize fine-tuned on other data (T2)
 - contradictory: capitalize (T1) vs lowercase (T2)
+- irrelevant-fewshot: capitalize vs past-tense again, both fine-tuned on 1/3/5-shot prompts and
+  evaluated at 1 and 5 shots, where the demonstrations say which task is asked (zero-shot, both
+  tasks claim the same ``input: X / output:`` prompt, and their vectors contend for it)
 
-and prints the accuracy tables (zero-shot and 5-shot, n prompts per task), the best λ for multi-task
+and prints the accuracy tables (zero-shot and 5-shot unless said, n prompts per task), the best λ for multi-task
 learning and unlearning, α̂ for each pair, and the time to extract / apply a task vector as a ratio
 to ``load_model("llama")``. Everything is written under ``bench/results/taskarith/``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/taskarith_sweep.py [--steps 120] [--lambdas -1:1.5:0.25]
+        [--pairs irrelevant-fewshot] [--merges-only]
 """
 
 from __future__ import annotations
@@ -26,14 +30,20 @@ import torch
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).parent / "results" / "taskarith"
-MODELS = {  # name: (task, data seed)
-    "capitalize": ("capitalize", 1000),
-    "past-tense": ("past-tense", 1000),
-    "lowercase": ("lowercase", 1000),
-    "capitalize-b": ("capitalize", 2000),
+MODELS = {  # name: (task, data seed, demonstrations per training prompt)
+    "capitalize": ("capitalize", 1000, "0"),
+    "past-tense": ("past-tense", 1000, "0"),
+    "lowercase": ("lowercase", 1000, "0"),
+    "capitalize-b": ("capitalize", 2000, "0"),
+    "capitalize-fs": ("capitalize", 1000, "1,3,5"),
+    "past-tense-fs": ("past-tense", 1000, "1,3,5"),
 }
-PAIRS = {"irrelevant": ("capitalize", "past-tense"), "aligned": ("capitalize", "capitalize-b"),
-         "contradictory": ("capitalize", "lowercase")}
+PAIRS = {  # label: (T1 model, T2 model, evaluation shots)
+    "irrelevant": ("capitalize", "past-tense", "0,5"),
+    "aligned": ("capitalize", "capitalize-b", "0,5"),
+    "contradictory": ("capitalize", "lowercase", "0,5"),
+    "irrelevant-fewshot": ("capitalize-fs", "past-tense-fs", "1,5"),
+}
 
 
 def ensure_finetuned(name: str, steps: int, lr: float) -> Path:
@@ -41,8 +51,9 @@ def ensure_finetuned(name: str, steps: int, lr: float) -> Path:
 
     out = ROOT / f"ft-{name}"
     if not (out / "report.json").exists():
-        task, data_seed = MODELS[name]
-        mk.run("finetune", model="llama", task=task, steps=steps, lr=lr, data_seed=data_seed, out=out, force=True)
+        task, data_seed, shots = MODELS[name]
+        mk.run("finetune", model="llama", task=task, steps=steps, lr=lr, data_seed=data_seed, shots=shots,
+               out=out, force=True)
     report = json.loads((out / "report.json").read_text())["results"]
     print(f"fine-tuned {name:13s} loss {report['summary']['loss']:>15s}  zero-shot "
           f"{report['accuracy_before']['accuracy']:.2f} -> {report['accuracy_after']['accuracy']:.2f}")
@@ -126,24 +137,29 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--lambdas", default="-1:1.5:0.25")
     parser.add_argument("--n", type=int, default=20)
-    parser.add_argument("--shots", default="0,5")
+    parser.add_argument("--pairs", default="", help="comma list of pair labels to sweep (default: all)")
     parser.add_argument("--merges-only", action="store_true", help="only the multi-task merge table")
     args = parser.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
     dirs = {name: ensure_finetuned(name, args.steps, args.lr) for name in MODELS}
     handle = mk.load_model("llama")
     paths = extract_all(handle, dirs)
-    merges(handle, paths, args.n)
+    if not args.pairs:
+        merges(handle, paths, args.n)
     if args.merges_only:
         return
     summary = {}
-    for label, (a, b) in PAIRS.items():
+    for label, (a, b, shots) in PAIRS.items():
+        if args.pairs and label not in args.pairs.split(","):
+            continue
         run = mk.run("taskvec-sweep", model=handle, vectors=f"{paths[a]},{paths[b]}",
-                     tasks=f"{MODELS[a][0]},{MODELS[b][0]}", lambdas=args.lambdas, n=args.n, shots=args.shots,
+                     tasks=f"{MODELS[a][0]},{MODELS[b][0]}", lambdas=args.lambdas, n=args.n, shots=shots,
                      out=ROOT / f"sweep-{label}", force=True)
         print_pair(label, run.results)
         summary[label] = run.results
-    (ROOT / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    path = ROOT / "summary.json"
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**previous, **summary}, indent=2, default=str))
 
 
 if __name__ == "__main__":
