@@ -179,16 +179,14 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     return _finish(model, losses, recipe)
 
 
-CHECKPOINT_TENSORS = "checkpoint.safetensors"
-CHECKPOINT_STATE = "checkpoint.json"
+CHECKPOINT = "checkpoint.safetensors"
 
 
 def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.optim.Optimizer,
                     rng: random.Random, losses: list[float]) -> None:
-    """Write weights, AdamW moments (safetensors) and sampler state (JSON), each file atomically.
+    """Write weights and AdamW moments as tensors, recipe, losses and sampler state as header metadata.
 
-    The JSON is replaced last and names the step it belongs to, so a run killed between the two
-    writes finds a JSON that does not match the tensors and starts over instead of mixing steps.
+    One file, replaced atomically: a run killed mid-write keeps the previous checkpoint whole.
     """
     from safetensors.torch import save_file
 
@@ -199,14 +197,22 @@ def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.opt
         tensors[f"param.{name}"] = p.detach().cpu().contiguous()
         for key, value in opt.state.get(p, {}).items():
             tensors[f"adam.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    step = len(losses)
-    tmp = directory / (CHECKPOINT_TENSORS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"step": str(step)})
-    tmp.replace(directory / CHECKPOINT_TENSORS)
-    state = {"recipe": recipe.as_dict(), "step": step, "losses": losses, "rng": _jsonable_rng(rng.getstate())}
-    tmp = directory / (CHECKPOINT_STATE + ".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(directory / CHECKPOINT_STATE)
+    state = {"recipe": recipe.as_dict(), "step": len(losses), "losses": losses,
+             "rng": _jsonable_rng(rng.getstate())}
+    tmp = directory / (CHECKPOINT + ".tmp")
+    save_file(tensors, str(tmp), metadata={"mechkit_checkpoint": json.dumps(state)})
+    tmp.replace(directory / CHECKPOINT)
+
+
+def checkpoint_state(directory: Path) -> dict | None:
+    """The recipe, step, losses and sampler state of the checkpoint in ``directory`` (None if absent)."""
+    from safetensors import safe_open
+
+    path = Path(directory) / CHECKPOINT
+    if not path.exists():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("mechkit_checkpoint", "null"))
 
 
 def load_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.optim.Optimizer,
@@ -214,14 +220,10 @@ def load_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.opt
     """Restore a matching checkpoint into the model, optimizer and sampler; return its losses (or [])."""
     from safetensors import safe_open
 
-    directory = Path(directory)
-    state_path, tensor_path = directory / CHECKPOINT_STATE, directory / CHECKPOINT_TENSORS
-    if not (state_path.exists() and tensor_path.exists()):
+    state = checkpoint_state(directory)
+    if not state or state.get("recipe") != recipe.as_dict():
         return []
-    state = json.loads(state_path.read_text())
-    with safe_open(str(tensor_path), framework="pt") as f:
-        if state.get("recipe") != recipe.as_dict() or (f.metadata() or {}).get("step") != str(state["step"]):
-            return []
+    with safe_open(str(Path(directory) / CHECKPOINT), framework="pt") as f:
         stored = list(f.keys())
         with torch.no_grad():
             for i, (name, p) in enumerate(named):

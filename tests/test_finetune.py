@@ -10,7 +10,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.finetune import Recipe, eval_prompts, finetune, parse_shots, training_rows
+from mechkit.finetune import Recipe, checkpoint_state, eval_prompts, finetune, parse_shots, training_rows
 from mechkit.tasks import build_prompts
 
 
@@ -71,7 +71,7 @@ def test_interrupted_finetune_resumes_to_the_same_weights(tiny, tmp_path, method
 
     with pytest.raises(KeyboardInterrupt):
         finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=2, on_step=stop_after_four)
-    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 4
+    assert checkpoint_state(tmp_path)["step"] == 4
     seen = []
     resumed = finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=2, on_step=lambda i, _: seen.append(i))
     assert seen == [4, 5]  # only the unfinished steps ran
