@@ -146,12 +146,15 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     """Train a deep copy of ``handle.model`` for ``recipe.steps`` AdamW steps; the handle is untouched.
 
     With ``checkpoint`` (a directory), the trainable weights, AdamW moments, batch-sampler state and
-    losses are written there every ``checkpoint_every`` steps, and a later call with the same recipe
-    continues from the last one: an interrupted run ends with the same weights as an uninterrupted one.
+    losses are written there every ``checkpoint_every`` steps (0: never), and a later call with the same
+    recipe continues from the last one: an interrupted run ends with the same weights as an uninterrupted one.
     """
     if recipe.steps < 1 or recipe.batch_size < 1 or recipe.lr <= 0:
         raise MechkitError("steps, batch size and learning rate must be positive",
                            "pass e.g. --steps 100 --batch-size 8 --lr 1e-4")
+    if checkpoint_every < 0:
+        raise MechkitError(f"--checkpoint-every must be 0 or more, got {checkpoint_every}",
+                           "pass e.g. --checkpoint-every 50 (0 turns checkpoints off)")
     rows = training_rows(handle, recipe)
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
@@ -172,7 +175,8 @@ def finetune(handle: ModelHandle, recipe: Recipe,
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-        if checkpoint is not None and (step + 1) % max(1, checkpoint_every) == 0 and step + 1 < recipe.steps:
+        if checkpoint is not None and checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 \
+                and step + 1 < recipe.steps:
             save_checkpoint(checkpoint, recipe, named, opt, rng, losses)
         if on_step is not None:
             on_step(step, losses[-1])

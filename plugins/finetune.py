@@ -30,7 +30,7 @@ class FinetunePlugin(Plugin):
         Option("data_seed", int, 1000, "Seed of the training prompts (distinct from evaluation's --seed)."),
         Option("eval_n", int, 20, "Held-out zero-shot prompts for accuracy before/after."),
         Option("weight_decay", float, 0.0, "AdamW weight decay."),
-        Option("checkpoint_every", int, 50, "Steps between resumable checkpoints (weights + AdamW state)."),
+        Option("checkpoint_every", int, 50, "Steps between resumable checkpoints (weights + AdamW state); 0: none."),
     )
 
     def run(self, ctx: RunContext) -> Result:

@@ -113,3 +113,11 @@ def test_interrupted_finetune_command_resumes_from_its_checkpoint(tmp_path, monk
     a = mk.load_model(str(tmp_path / "a"), device="cpu").model.state_dict()
     b = mk.load_model(str(tmp_path / "b"), device="cpu").model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_every_zero_writes_none_and_negative_is_refused(tiny, tmp_path):
+    recipe = Recipe(task="capitalize", steps=2, lr=3e-3, batch_size=4, pool=32)
+    finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=0)
+    assert checkpoint_state(tmp_path) is None
+    with pytest.raises(MechkitError, match="checkpoint-every"):
+        finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=-1)
