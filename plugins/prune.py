@@ -95,6 +95,10 @@ class PrunePlugin(Plugin):
         if p["budget"] is not None and not 0 < p["budget"] < 1:
             raise MechkitError(f"--budget {p['budget']} is outside (0, 1)", "use a fraction of the dense cost, e.g. 0.7")
         tasks = parse_tasks(p["tasks"])
+        for opt, least in (("repeats", 1), ("timing_batch", 1), ("batch_size", 1), ("protect_top_k", 0)):
+            if p[opt] < least:
+                flag = "--" + opt.replace("_", "-")
+                raise MechkitError(f"{flag} {p[opt]} is below {least}", f"pass {flag} {least} or more")
         if not guides:
             raise MechkitError("no guide given", "pass --guide attribution (or a comma list)")
         return _Run(ctx, guides, targets, levels, tasks).result()
@@ -250,6 +254,7 @@ class _Run:
         return flops_per_token(self.m)
 
     def save(self, rows: list[dict]) -> dict:
+        import shutil
         import tempfile
 
         from mechkit.pruning.plan import PrunePlan
@@ -258,8 +263,12 @@ class _Run:
         row = rows[-1] if self.p["budget"] is not None else \
             [r for r in rows if r["guide"] == self.guides[0]][-1]
         pruned = prune_copy(self.m, PrunePlan.from_dict(row["plan"]), self.calib.stats)
-        tmp = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))
-        return {"model": save_pruned(pruned, tmp / "model")}
+        tmp = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))  # the report writer moves it to DIR/model
+        try:
+            return {"model": save_pruned(pruned, tmp)}
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def results(self, dense: dict, rows: list[dict], budget: dict | None) -> dict:
         summary = {"dense": _line(dense)}

@@ -95,7 +95,12 @@ def _report(path):
     return json.loads((path / "report.json").read_text())
 
 
-def test_prune_plugin_rows_and_saved_model(tmp_path):
+def test_prune_plugin_rows_and_saved_model(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "tmp"  # a private temp dir, so runs beside this one cannot confuse the leak check
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "run"
     r = CliRunner().invoke(cli, ["prune", "--model", "tiny:llama", "--out", str(out), "--guide", "attribution,random",
                                  "--target", "neurons,heads", "--sparsity", "0.25", "--tasks", "capitalize",
@@ -103,8 +108,13 @@ def test_prune_plugin_rows_and_saved_model(tmp_path):
     assert r.exit_code == 0, r.output
     rep = _report(out)
     assert [row["guide"] for row in rep["results"]["rows"]] == ["attribution", "random"]
+    dense = rep["results"]["dense"]
     for row in rep["results"]["rows"]:
-        assert row["params"] < rep["results"]["dense"]["params"] and row["latency_ratio"] > 0
+        assert row["params"] < dense["params"] and row["flops_per_token"] < dense["flops_per_token"]
+        assert row["latency_ratio"] == pytest.approx(row["latency_s"] / row["dense_latency_s"])
+        assert row["speedup"] == pytest.approx(1 / row["latency_ratio"])
+    assert not list(scratch.glob("*mechkit-pruned-*")), "--save-model left a temp directory behind"
+    assert tempfile.gettempdir() == str(scratch)
     assert "accuracy_vs_speedup.png" in rep["artifacts"] and "model" in rep["artifacts"]
     saved = mk.load_model(str(out / "model"), device="cpu")
     plan = mk.pruning.PrunePlan.from_dict(rep["results"]["rows"][0]["plan"])
@@ -129,6 +139,8 @@ def test_budget_mode_meets_a_flops_budget(tmp_path):
 @pytest.mark.parametrize("args, word", [
     (["--sparsity", "1.5"], "sparsity"), (["--guide", "bogus"], "guide"), (["--target", "mlp"], "target"),
     (["--budget", "2"], "budget"), (["--tasks", "nope"], "nope"),
+    (["--repeats", "0"], "--repeats"), (["--timing-batch", "0"], "--timing-batch"),
+    (["--batch-size", "0"], "--batch-size"), (["--protect-top-k", "-1"], "--protect-top-k"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, word):
     out = tmp_path / "bad"
@@ -147,6 +159,17 @@ def test_allocation_follows_inverse_sensitivity():
     assert out.max() <= 0.5  # never past the probe level
     capped = allocate(np.array([-1.0, 1.0, 1.0, 1.0]), 0.5, max_fraction=0.9)  # noise floor, then the cap
     assert capped[0] == pytest.approx(0.9) and capped.mean() == pytest.approx(0.5)
+
+
+def test_allocation_stops_when_every_layer_is_capped():
+    import warnings
+
+    from mechkit.pruning.sensitivity import allocate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0/0 once no layer is left to spread over
+        out = allocate(np.array([1.0, 2.0, 3.0]), 0.8, max_fraction=0.5)
+    np.testing.assert_array_equal(out, [0.5, 0.5, 0.5])
 
 
 def test_layer_sensitivity_is_the_exact_masked_drop(tiny_llama, calib):

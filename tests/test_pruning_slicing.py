@@ -60,18 +60,50 @@ def test_sliced_equals_masked(family):
         assert torch.equal(m(ids, attention_mask=mask), dense)
 
 
-@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2", "gemma2"])
+@pytest.mark.parametrize("family", tiny_families())
 def test_saved_pruned_model_reloads_with_the_same_logits(family, tmp_path):
     m = mk.load_model(f"tiny:{family}", device="cpu")  # float32 end to end: the saved dtype
     plan = PrunePlan(mlp={0: [1, 4, 9]}, heads=_heads_plan(m.anatomy), layers=[1], compensate=True)
     pruned = prune_copy(m, plan, collect_stats(m, TEXTS))
     out = save_pruned(pruned, tmp_path / "pruned")
-    assert (out / "model.safetensors").is_file() and not list(tmp_path.glob(".pruned-*"))
+    assert (out / "model.safetensors").is_file() and not list(tmp_path.glob(".pruned.tmp-*"))
     again = mk.load_model(str(out), device="cpu")
     ids = m.to_tokens(TEXTS)
     with torch.no_grad():
         assert torch.equal(again(ids), pruned(ids))
     assert len(again.anatomy.layers) == m.anatomy.n_layers - 1
+
+
+def test_save_pruned_refuses_a_non_empty_directory_unless_forced(tiny_llama, tmp_path):
+    pruned = prune_copy(tiny_llama, PrunePlan(mlp={0: [1, 2]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(MechkitError, match="not an empty directory") as err:
+        save_pruned(pruned, out)
+    assert "\n" not in str(err.value) and "force" in str(err.value)
+    assert (out / "keep.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MechkitError):
+        save_pruned(pruned, tmp_path / "file")
+    save_pruned(pruned, out, force=True)
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (save_pruned(pruned, empty) / "model.safetensors").is_file()  # an empty directory is fine
+
+
+def test_saved_pruned_directory_follows_the_umask(tiny_llama, tmp_path):
+    import os
+    import stat
+
+    pruned = prune_copy(tiny_llama, PrunePlan(mlp={0: [1, 2]}))
+    old = os.umask(0o022)
+    try:
+        out = save_pruned(pruned, tmp_path / "pruned")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755  # not mkdtemp's private 0700
 
 
 def test_pruned_model_generates_with_a_kv_cache(tiny_llama):

@@ -74,6 +74,8 @@ def allocate(sensitivity: np.ndarray, fraction: float, probe: float = 0.5, max_f
     free = np.ones(len(inv), dtype=bool)
     budget = fraction * len(inv)
     for _ in range(len(inv)):  # water-filling: clip the layers that hit the cap, spread the rest
+        if not free.any():  # every layer is at the cap: the mean cannot reach ``fraction``
+            break
         scale = (budget - max_fraction * (~free).sum()) / inv[free].sum()
         out[free] = inv[free] * scale
         over = free & (out > max_fraction)

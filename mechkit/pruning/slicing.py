@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from mechkit.errors import MechkitError
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
 from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure
+from mechkit.report.writer import _make_temp_dir
 
 if TYPE_CHECKING:
     from mechkit.pruning.plan import PrunePlan
@@ -79,16 +81,23 @@ def _untied_state(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_pruned(handle: ModelHandle, out_dir: str | Path) -> Path:
-    """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename)."""
+def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -> Path:
+    """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename).
+
+    An existing non-empty ``out_dir`` (or a file there) is refused unless ``force`` is true; an
+    empty directory is replaced. The directory gets the umask's permissions, not mkdtemp's 0700.
+    """
     from safetensors.torch import save_file
 
     structure = structure_of(handle.model)
     if structure is None:
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
     out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise MechkitError(f"{out} already exists and is not an empty directory",
+                           "choose another directory or pass force=True to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pruned-", dir=out.parent))
+    tmp = _make_temp_dir(out)  # honours the umask (mkdtemp would make the saved model private)
     try:
         config = handle.model.config.to_dict()
         config.update(structure.config_restore)
@@ -97,9 +106,11 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path) -> Path:
         save_file(_untied_state(handle.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)
-        if out.exists():
+        if out.is_dir() and not out.is_symlink():
             shutil.rmtree(out)
-        tmp.rename(out)
+        elif out.exists() or out.is_symlink():
+            out.unlink()
+        os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
