@@ -59,6 +59,8 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
 def _check_out(out: str, force: bool) -> None:
     from pathlib import Path
 
+    if Path(out).is_dir():
+        raise MechkitError(f"{out} is a directory", "pass a file name for the task vector, e.g. cap.safetensors")
     if Path(out).exists() and not force:
         raise MechkitError(f"{out} already exists", "pass --force to overwrite it or choose another --out")
 
@@ -75,6 +77,8 @@ def _load_named(vectors: tuple[str, ...]) -> dict:
             path, name = item, Path(item).name.split(".")[0].replace("-", "_")
         if not name.isidentifier():
             raise MechkitError(f"--vector name {name!r} is not a plain identifier", "use --vector cap=FILE")
+        if name in named:
+            raise MechkitError(f"--vector name {name!r} is given twice", "name each vector once: -v a=FILE1 -v b=FILE2")
         named[name] = TaskVector.load(path)
     return named
 
@@ -124,7 +128,10 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
     if expr is not None:
         tv = evaluate_expression(expr, named) * scale if scale != 1.0 else evaluate_expression(expr, named)
     else:
-        ws = [float(w) for w in weights.split(",")] if weights else None
+        try:
+            ws = [float(w) for w in weights.split(",")] if weights else None
+        except ValueError:
+            raise MechkitError(f"malformed --weights {weights!r}", "pass one number per vector, e.g. 0.7,0.3") from None
         tv = merge(list(named.values()), method, weights=ws, density=density, p=p, seed=seed, scale=scale)
     if rank is not None or energy is not None:
         tv = tv.low_rank(rank=rank, energy=energy)
@@ -141,13 +148,12 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
 def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
               force) -> None:
     """Write Ψ0 + combined vector as a loadable model directory (usable as --model DIR)."""
-    from pathlib import Path
-
-    if Path(out).exists() and any(Path(out).iterdir()) and not force:
-        raise MechkitError(f"{out} already exists", "pass --force to overwrite it or choose another --out")
-    tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
     from mechkit.model import load_model
     from mechkit.taskarith import save_merged
+    from mechkit.taskarith.apply import check_out_dir
+
+    check_out_dir(out, force)  # before the model loads
+    tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
 
     handle = load_model(base, device="cpu", dtype="float32")
     save_merged(handle, tv, out, force=force)

@@ -158,8 +158,12 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     rows = training_rows(handle, recipe)
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
+    if recipe.method == "lora" and recipe.rank < 1:
+        raise MechkitError(f"LoRA rank must be at least 1, got {recipe.rank}", "pass e.g. --rank 8")
     torch.manual_seed(recipe.seed)
-    model = _trainable(copy.deepcopy(handle.model), recipe, lora_targets(handle))
+    # Train (and save) in float32: AdamW steps of lr·1e-3 vanish when rounded into bf16 weights, and a
+    # float32 fine-tune minus the base is exactly the update.
+    model = _trainable(copy.deepcopy(handle.model).float(), recipe, lora_targets(handle))
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([p for _, p in named], lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -201,6 +205,9 @@ def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.opt
         tensors[f"param.{name}"] = p.detach().cpu().contiguous()
         for key, value in opt.state.get(p, {}).items():
             tensors[f"adam.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    tensors["rng.torch"] = torch.get_rng_state()  # dropout masks, so a resumed run draws the same ones
+    if torch.cuda.is_available():
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     state = {"recipe": recipe.as_dict(), "step": len(losses), "losses": losses,
              "rng": _jsonable_rng(rng.getstate())}
     tmp = directory / (CHECKPOINT + ".tmp")
@@ -235,6 +242,9 @@ def load_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.opt
                 moments = {k.rsplit(".", 1)[-1]: f.get_tensor(k) for k in stored if k.startswith(f"adam.{i}.")}
                 if moments:
                     opt.state[p] = {k: v.to(p.device) if v.dim() else v for k, v in moments.items()}
+        torch.set_rng_state(f.get_tensor("rng.torch"))
+        if "rng.cuda" in stored and torch.cuda.is_available():
+            torch.cuda.set_rng_state(f.get_tensor("rng.cuda"))
     rng.setstate(_tuple_rng(state["rng"]))
     return list(state["losses"])
 

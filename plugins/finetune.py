@@ -34,6 +34,7 @@ class FinetunePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
+        from mechkit.errors import MechkitError
         from mechkit.evaluation import progress
         from mechkit.finetune import Recipe, eval_prompts, finetune, model_files, parse_shots
         from mechkit.model import load_model
@@ -41,7 +42,11 @@ class FinetunePlugin(Plugin):
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
-        task = parse_tasks(p["task"])[0]
+        tasks = parse_tasks(p["task"])
+        if len(tasks) != 1:
+            raise MechkitError(f"--task takes one task id, got {len(tasks)}: {', '.join(tasks)}",
+                               "fine-tune one model per task, e.g. --task capitalize")
+        task = tasks[0]
         recipe = Recipe(task=task, steps=p["steps"], lr=p["lr"], method=p["method"], rank=p["rank"],
                         lora_alpha=p["lora_alpha"], batch_size=p["batch_size"], shots=parse_shots(p["shots"]),
                         seed=ctx.seed, data_seed=p["data_seed"], eval_n=p["eval_n"], eval_seed=ctx.seed,

@@ -60,8 +60,9 @@ def test_lowercase_is_capitalize_reversed():
         assert p.query in (p.target.upper(), p.target.capitalize())
 
 
-@pytest.mark.parametrize("method", ["full", "lora"])
-def test_interrupted_finetune_resumes_to_the_same_weights(tiny, tmp_path, method):
+@pytest.mark.parametrize("family, method", [("llama", "full"), ("llama", "lora"), ("gpt2", "full")])
+def test_interrupted_finetune_resumes_to_the_same_weights(tmp_path, family, method):
+    tiny = mk.load_model(f"tiny:{family}", device="cpu")  # gpt2 has dropout: its RNG state must resume too
     recipe = Recipe(task="capitalize", steps=6, lr=3e-3, batch_size=4, pool=32, method=method, rank=2)
     whole = finetune(tiny, recipe)
 
@@ -121,3 +122,25 @@ def test_checkpoint_every_zero_writes_none_and_negative_is_refused(tiny, tmp_pat
     assert checkpoint_state(tmp_path) is None
     with pytest.raises(MechkitError, match="checkpoint-every"):
         finetune(tiny, recipe, checkpoint=tmp_path, checkpoint_every=-1)
+
+
+def test_a_bf16_model_is_trained_in_float32(tiny):
+    bf16 = mk.load_model("tiny:llama", device="cpu", dtype="bfloat16")
+    out = finetune(bf16, Recipe(task="capitalize", steps=2, lr=1e-5, batch_size=4, pool=32))
+    base = dict(bf16.model.named_parameters())
+    changed = [n for n, p in out.model.named_parameters() if not torch.equal(p, base[n].float())]
+    assert next(out.model.parameters()).dtype == torch.float32
+    assert len(changed) == len(base)  # lr 1e-5 updates survive; rounded into bf16 most would vanish
+
+
+@pytest.mark.parametrize("opts, word", [(dict(task="capitalize,lowercase"), "one task"),
+                                        (dict(method="lora", rank=0), "rank")])
+def test_bad_finetune_input_is_one_line(tmp_path, capsys, opts, word):
+    from mechkit.cli.main import main
+
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items()]
+    with pytest.raises(SystemExit) as exit_:
+        main(["finetune", "--model", "tiny:llama", "--steps", "1", "--out", str(tmp_path / "ft"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and word in err[0], err
+    assert not (tmp_path / "ft").exists()

@@ -261,8 +261,61 @@ def test_cli_round_trip(ft_dirs, tmp_path):
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert [r["lambda"] for r in report["results"]["table"]] == [-1.0, 0.0, 1.0]
     assert report["results"]["tasks"] == ["capitalize", "lowercase"] and report["checks"]["logits_unchanged"]
-    res = runner.invoke(cli, ["taskvec", "merge", "-v", str(a), "--out", str(tmp_path / "x.safetensors")])
-    assert res.exit_code != 0  # neither --expr nor --method
+
+
+@pytest.fixture(scope="module")
+def vector_file(vectors, tmp_path_factory):
+    return vectors[0].save(tmp_path_factory.mktemp("tv") / "a.safetensors")
+
+
+@pytest.mark.parametrize("args, word", [
+    (["merge", "-v", "{a}", "--out", "{out}"], "--expr"),  # neither --expr nor --method
+    (["merge", "-v", "x={a}", "-v", "x={a}", "--expr", "x", "--out", "{out}"], "twice"),
+    (["merge", "-v", "x={a}", "--method", "ties", "--weights", "a,b", "--out", "{out}"], "--weights"),
+    (["merge", "-v", "x={weights}", "--expr", "x", "--out", "{out}"], "not a mechkit task vector"),
+    (["merge", "-v", "x={a}", "--expr", "x", "--out", "{tmp}"], "directory"),
+    (["apply", "--base", "tiny:llama", "-v", "x={a}", "--expr", "x", "--out", "{a}"], "is a file"),
+])
+def test_bad_taskvec_input_is_one_line_and_writes_nothing(vector_file, ft_dirs, tmp_path, capsys, args, word):
+    from mechkit.cli.main import main
+
+    names = {"a": vector_file, "out": tmp_path / "out", "tmp": tmp_path,
+             "weights": ft_dirs[0] / "model.safetensors"}
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as exit_:
+        main(["taskvec", *(a.format(**names) for a in args)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and word in err[0], err
+    assert sorted(tmp_path.iterdir()) == before  # nothing written, no temp file left
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt2", "qwen2"])
+def test_extract_and_apply_reproduce_the_finetuned_model_on_other_families(family, tmp_path):
+    ft_dir = _finetuned_dir(tmp_path / "ft", seed=1, family=family)
+    base, ft = mk.load_model(f"tiny:{family}", device="cpu"), mk.load_model(str(ft_dir), device="cpu")
+    tv = extract(base, ft_dir)  # GPT-NeoX saves lm_head as embed_out: renamed as transformers does
+    with apply(base, tv):
+        assert torch.allclose(_logits(base), _logits(ft), atol=1e-5)
+
+
+def test_added_tokens_count_on_both_sides_of_the_vocabulary_check(tmp_path):
+    ft_dir = _finetuned_dir(tmp_path / "ft", seed=1)
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<task>"]})
+    tok.save_pretrained(ft_dir)
+    base = mk.load_model(str(ft_dir), device="cpu")  # the same tokenizer, added token included
+    assert extract(base, ft_dir).norm() == 0  # no false "different vocabularies"
+
+
+def test_several_vectors_on_a_bf16_model_are_rounded_once(tmp_path):
+    base = mk.load_model("tiny:llama", device="cpu", dtype="bfloat16")
+    name = "model.norm.weight"
+    p = dict(base.model.named_parameters())[name]
+    a = TaskVector({name: torch.full(p.shape, 0.003)})
+    b = TaskVector({name: torch.full(p.shape, 0.003)})
+    expected = (p.detach().float() + 0.006).to(torch.bfloat16)
+    with apply(base, [(a, 1.0), (b, 1.0)]):
+        assert torch.equal(p.detach(), expected)
 
 
 def test_example_script_on_tiny_model(tmp_path, capsys):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.vector import TaskVector
 
 if TYPE_CHECKING:
@@ -44,11 +45,21 @@ class TaskArithmetic:
         self.handle = handle
         self._params = dict(handle.model.named_parameters())
         self._saved: dict[str, torch.Tensor] = {}
+        self._rename = checkpoint_renamer(handle.model)
 
-    def _param(self, name: str) -> nn.Parameter:
-        if name not in self._params:
+    def _name(self, name: str) -> str:
+        """The module parameter a vector's tensor name means (checkpoint names such as GPT-NeoX's
+        ``embed_out.weight`` are renamed as transformers renames them when loading)."""
+        if name in self._params:
+            return name
+        renamed = self._rename(name)
+        if renamed not in self._params:
             raise MechkitError(f"the task vector names a parameter the model lacks: {name}",
                                "apply a task vector extracted from this model's architecture")
+        return renamed
+
+    def _param(self, name: str) -> nn.Parameter:
+        name = self._name(name)
         p = self._params[name]
         if name not in self._saved:
             self._saved[name] = p.detach().clone()
@@ -57,20 +68,25 @@ class TaskArithmetic:
     @torch.no_grad()
     def set(self, *terms: Term) -> None:
         """Weights := Ψ0 + Σ λ τ over ``(vector, λ)`` terms; parameters no term touches go back to Ψ0."""
-        for name in {n for tv, _ in terms for n in tv.deltas}:
-            self._param(name)
-        for name, original in self._saved.items():
-            self._params[name].data.copy_(original)
+        for tv, _ in terms:
+            for name, delta in tv.deltas.items():
+                p = self._param(name)
+                if delta.shape[0] > p.shape[0] or delta.shape[1:] != p.shape[1:]:
+                    raise MechkitError(f"task vector tensor {name} has shape {tuple(delta.shape)}, "
+                                       f"the model's {tuple(p.shape)}", "extract the vector from this base model")
+        sums: dict[str, torch.Tensor] = {}  # Ψ0 + Σ λ τ in at least float32, rounded into the weight's dtype once
         for tv, lam in terms:
             if lam == 0:
                 continue
             for name, delta in tv.deltas.items():
-                p = self._params[name]
-                if delta.shape[0] > p.shape[0] or delta.shape[1:] != p.shape[1:]:
-                    raise MechkitError(f"task vector tensor {name} has shape {tuple(delta.shape)}, "
-                                       f"the model's {tuple(p.shape)}", "extract the vector from this base model")
-                target = p.data[:delta.shape[0]]  # fewer rows: a truncated embedding delta
-                target.add_((delta.to(device=p.device, dtype=torch.float32) * lam).to(p.dtype))
+                key = self._name(name)
+                if key not in sums:
+                    base = self._saved[key]
+                    sums[key] = base.to(torch.promote_types(base.dtype, torch.float32), copy=True)
+                acc = sums[key]
+                acc[:delta.shape[0]] += delta.to(device=acc.device, dtype=torch.float32).to(acc.dtype) * lam
+        for name, original in self._saved.items():
+            self._params[name].data.copy_(sums.get(name, original))
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -98,12 +114,20 @@ def apply(handle: ModelHandle, vector: TaskVector | Sequence[Term], scale: float
         yield handle
 
 
+def check_out_dir(out_dir: str | Path, force: bool = False) -> Path:
+    """``out_dir`` as a Path, or a one-line error if it is a file, or a non-empty directory without force."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise MechkitError(f"{out} is a file", "choose a directory name for --out")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise MechkitError(f"{out} already exists and is not empty", "pass --force or choose another --out")
+    return out
+
+
 def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_dir: str | Path,
                 scale: float = 1.0, force: bool = False) -> Path:
     """Write Ψ0 + scale·τ as a loadable model directory (safetensors, config, tokenizer), atomically."""
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise MechkitError(f"{out} already exists and is not empty", "pass --force or choose another --out")
+    out = check_out_dir(out_dir, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a model directory is not
@@ -121,4 +145,4 @@ def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_di
     return out
 
 
-__all__ = ["TaskArithmetic", "apply", "arithmetic", "save_merged"]
+__all__ = ["TaskArithmetic", "apply", "arithmetic", "check_out_dir", "save_merged"]

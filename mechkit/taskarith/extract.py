@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.vector import TaskVector
 
 if TYPE_CHECKING:
@@ -74,9 +75,16 @@ def check_architecture(base_cfg: dict, ft_cfg: dict) -> None:
 
 
 def _vocab(source: Any) -> dict | None:
+    """Token → id, added tokens included on both sides (``get_vocab()`` counts them; tokenizer.json
+    keeps them apart from ``model.vocab``)."""
     if isinstance(source, Path):
         path = source / "tokenizer.json"
-        return json.loads(path.read_text()).get("model", {}).get("vocab") if path.is_file() else None
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        vocab = dict(data.get("model", {}).get("vocab") or {})
+        vocab.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+        return vocab
     tok = source.tokenizer
     return tok.get_vocab() if tok is not None else None
 
@@ -89,10 +97,11 @@ def _base_tensors(base: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     by_ptr = {p.data_ptr(): n for n, p in params.items()}
     aliases = {n: by_ptr[t.data_ptr()] for n, t in base.model.state_dict().items()
                if n not in params and t.data_ptr() in by_ptr}
-    return {n: p.detach() for n, p in params.items()}, aliases
+    return {n: p.detach().cpu() for n, p in params.items()}, aliases
 
 
 def _delta(name: str, ft: torch.Tensor, base: torch.Tensor, embeddings: str) -> torch.Tensor | None:
+    base = base.to(ft.dtype)  # a bf16 fine-tune minus a float32 base would add the base's rounding error
     if ft.shape == base.shape:
         return ft.float() - base.float()
     if not is_embedding(name) or ft.ndim != base.ndim or ft.shape[1:] != base.shape[1:]:
@@ -125,9 +134,12 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
         raise MechkitError("the base and fine-tuned tokenizers have different vocabularies",
                            "pass --embeddings truncate or --embeddings skip if the shared ids mean the same")
     base_tensors, aliases = _base_tensors(base_src)
+    rename = (lambda key: key) if isinstance(base_src, Path) else checkpoint_renamer(base_src.model)
     deltas: dict[str, torch.Tensor] = {}
     for name, ft in stream_tensors(ft_dir):
         target = aliases.get(name, name)
+        if target not in base_tensors:
+            target = aliases.get(rename(name), rename(name))  # a checkpoint name, e.g. GPT-NeoX's embed_out
         if target not in base_tensors:
             raise MechkitError(f"the fine-tuned model has a tensor the base lacks: {name}",
                                "a task vector needs the fine-tuned model of this very base model")

@@ -147,12 +147,17 @@ class TaskVector:
         from safetensors.torch import save_file
 
         path = Path(path)
+        if path.is_dir():
+            raise MechkitError(f"{path} is a directory", "pass a file name for the task vector, e.g. cap.safetensors")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {**self.meta, "schema": SCHEMA, "n_tensors": len(self.deltas), "numel": self.numel()}
         tmp = path.with_name(path.name + ".tmp")
-        save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp),
-                  metadata={"mechkit": json.dumps(meta, default=str)})
-        tmp.replace(path)
+        try:
+            save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp),
+                      metadata={"mechkit": json.dumps(meta, default=str)})
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         path.with_name(path.name + ".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         return path
 
@@ -170,6 +175,9 @@ class TaskVector:
         except Exception as err:
             raise MechkitError(f"cannot read task vector {path}: {str(err).splitlines()[0][:160]}",
                                "the file may be truncated — extract it again") from err
+        if meta.get("schema") != SCHEMA:
+            raise MechkitError(f"{path} is not a mechkit task vector (no {SCHEMA} header)",
+                               "pass a file written by `mechkit taskvec extract` or `merge`, not model weights")
         return cls(deltas, meta)
 
     def summary(self) -> dict:
