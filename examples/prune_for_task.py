@@ -8,7 +8,7 @@ The workflow a user follows, through the Python API:
 3. slice a physical copy (the dense model is untouched), save it in safetensors;
 4. reload it with ``mk.load_model(DIR)`` and measure held-out accuracy and forward latency.
 
-Run:  python examples/prune_for_task.py [--model llama] [--tasks capitalize,past-tense] [--out pruned]
+Run:  python examples/prune_for_task.py [--model llama] [--tasks capitalize,past-tense] [--out pruned] [--force]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--calib", type=int, default=16, help="calibration prompts per task")
     parser.add_argument("--shots", type=int, default=10)
     parser.add_argument("--out", default="mechkit-runs/pruned-model")
+    parser.add_argument("--force", action="store_true", help="replace --out if it holds an earlier model")
     args = parser.parse_args()
     tasks = args.tasks.split(",")
 
@@ -41,7 +42,7 @@ def main() -> None:
     sparsity = pruning.parse_sparsity(args.sparsity, ["neurons"])
     plan = pruning.make_plan(scores, dense.anatomy, sparsity, allocation="global")
     small = pruning.prune_copy(dense, plan, calib.stats)
-    saved = pruning.save_pruned(small, Path(args.out))
+    saved = pruning.save_pruned(small, Path(args.out), force=args.force)
     print(f"removed {plan.counts()} -> {saved}")
 
     reloaded = mk.load_model(str(saved), device=str(dense.device))
