@@ -26,7 +26,7 @@ from einops import rearrange
 from mechkit.hooking.core import hooks
 from mechkit.model.linear import weight_out_in
 from mechkit.scoring import encode, pad_id
-from mechkit.taskvectors import pad_right, prompt_ids
+from mechkit.taskvectors import last_logits_only, pad_right, prompt_ids
 
 if TYPE_CHECKING:
     from mechkit.heads import Head
@@ -38,6 +38,7 @@ def mean_head_outputs(handle: ModelHandle, prompts: Sequence, batch_size: int = 
     a = handle.anatomy
     total = torch.zeros(a.n_layers, a.n_heads, a.d_head, dtype=torch.float64)
     encoded = prompt_ids(handle, prompts)
+    keep = last_logits_only(handle)
     for start in range(0, len(encoded), batch_size):
         ids, mask, last = pad_right(encoded[start:start + batch_size], pad_id(handle.tokenizer))
         rows = torch.arange(len(ids))
@@ -46,7 +47,7 @@ def mean_head_outputs(handle: ModelHandle, prompts: Sequence, batch_size: int = 
             total[point.layer] += z[rows, last.to(z.device)].detach().double().sum(0).cpu()
 
         with torch.no_grad(), hooks(handle, {"blocks.*.attn.hook_z": take}):
-            handle(ids.to(handle.device), attention_mask=mask.to(handle.device))
+            handle(ids.to(handle.device), attention_mask=mask.to(handle.device), **keep)
     return (total / len(encoded)).float()
 
 

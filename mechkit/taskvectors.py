@@ -15,7 +15,9 @@ last prompt position, so a 30-layer sweep is one batched pass over (layer, promp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from mechkit.scoring import (
     maybe_other_spelling,
     pad_id,
     score_batch,
+    supports_logits_to_keep,
 )
 from mechkit.tasks import build_prompts
 
@@ -56,6 +59,12 @@ def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
     return [handle.tokenizer(p.text)["input_ids"] for p in prompts]
 
 
+def last_logits_only(handle: ModelHandle) -> dict:
+    """Forward kwargs that unembed one position only (the extraction hooks read activations, the
+    logits are thrown away), where the model supports ``logits_to_keep``."""
+    return {"logits_to_keep": 1} if supports_logits_to_keep(handle.model) else {}
+
+
 def icl_task_vectors(handle: ModelHandle, task: str, n_contexts: int = 16, shots: int = 10, seed: int = 0,
                      batch_size: int = 8, prompts: Sequence | None = None) -> torch.Tensor:
     """``[n_layers, d_model]``: mean residual stream after each block at the last token of
@@ -68,6 +77,7 @@ def icl_task_vectors(handle: ModelHandle, task: str, n_contexts: int = 16, shots
     a = handle.anatomy
     total = torch.zeros(a.n_layers, a.d_model, dtype=torch.float64)
     encoded = prompt_ids(handle, prompts)
+    keep = last_logits_only(handle)
     for start in range(0, len(encoded), batch_size):
         ids, mask, last = pad_right(encoded[start:start + batch_size], pad_id(handle.tokenizer))
         rows = torch.arange(len(ids))
@@ -77,7 +87,7 @@ def icl_task_vectors(handle: ModelHandle, task: str, n_contexts: int = 16, shots
             taken[point.layer] = x[rows, last.to(x.device)].detach().double().cpu()
 
         with torch.no_grad(), hooks(handle, {"blocks.*.hook_resid_post": take}):
-            handle(ids.to(handle.device), attention_mask=mask.to(handle.device))
+            handle(ids.to(handle.device), attention_mask=mask.to(handle.device), **keep)
         for layer, values in taken.items():
             total[layer] += values.sum(0)
     return (total / len(encoded)).float()
@@ -268,8 +278,17 @@ class ActivationVector:
                     metadata={"mechkit": json.dumps(self.metadata(), sort_keys=True)})
 
     def save(self, path: str | Path) -> Path:
+        """Write ``path`` atomically: a temporary file in the same directory, then renamed over it
+        (an interrupted save leaves the previous file, and no temporary file, behind)."""
         path = Path(path)
-        path.write_bytes(self.to_bytes())
+        data = self.to_bytes()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod
@@ -279,20 +298,43 @@ class ActivationVector:
 
         if not Path(path).is_file():
             raise MechkitError(f"no vector file at {path}", "pass a .safetensors file written by icl-vectors")
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("mechkit", "null") or "null")
-            names = f.keys()
-            if meta is None or "vector" not in names:
-                raise MechkitError(f"{path} is not a mechkit activation vector", "pass a file saved by icl-vectors")
-            vec = cls(vector=f.get_tensor("vector"), **meta)
+        not_ours = MechkitError(f"{path} is not a mechkit activation vector", "pass a file saved by icl-vectors")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {}).get("mechkit", "null") or "null")
+                if not isinstance(meta, dict) or "vector" not in f.keys():  # noqa: SIM118 - no __iter__
+                    raise not_ours
+                vector = f.get_tensor("vector")
+        except MechkitError:
+            raise
+        except Exception as err:
+            raise MechkitError(f"cannot read activation vector {path}: {str(err).splitlines()[0][:160]}",
+                               "the file may be truncated or not safetensors — save it again with icl-vectors") from err
+        known = {f.name for f in dataclasses.fields(cls)} - {"vector"}
+        odd = sorted(set(meta) - known) + sorted({"method", "task", "layer", "mode"} - set(meta))
+        if odd:
+            raise MechkitError(f"{path} is not a mechkit activation vector (metadata keys {', '.join(odd)} "
+                               "unexpected or missing)", "pass a file saved by icl-vectors")
+        vec = cls(vector=vector, **meta)
         if handle is not None:
             vec.check(handle)
         return vec
 
     def check(self, handle: ModelHandle) -> None:
-        if self.layer + self.span > handle.anatomy.n_layers:
+        """Raise :class:`MechkitError` unless this vector can be applied to ``handle``'s model."""
+        n_layers = handle.anatomy.n_layers
+        if self.method not in METHODS or self.mode not in ("replace", "add"):
+            raise MechkitError(f"unknown vector method {self.method!r} (mode {self.mode!r})",
+                               f"use a vector saved by icl-vectors (method one of {', '.join(METHODS)})")
+        if not isinstance(self.layer, int) or not isinstance(self.span, int) or self.layer < 0 or self.span < 1:
+            raise MechkitError(f"layer {self.layer!r} / span {self.span!r} is not a layer choice",
+                               "use a vector with layer >= 0 and span >= 1, as icl-vectors saves them")
+        if self.layer + self.span > n_layers:
             raise MechkitError(f"layers {self.layer}..{self.layer + self.span - 1} do not all exist "
-                               f"(the model has {handle.anatomy.n_layers})", "use a vector made for this model")
+                               f"(the model has {n_layers})", "use a vector made for this model")
+        if self.vector.dim() not in (1, 2) or (self.vector.dim() == 2 and self.vector.shape[0] != n_layers):
+            raise MechkitError(f"vector shape {list(self.vector.shape)} is neither [d_model] nor "
+                               f"[{n_layers} layers, d_model]", "use a vector extracted from this model")
         if self.vector.shape[-1] != handle.anatomy.d_model:
             raise MechkitError(f"vector width {self.vector.shape[-1]} does not match d_model "
                                f"{handle.anatomy.d_model}", "use a vector extracted from this model")

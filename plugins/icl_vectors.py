@@ -89,6 +89,18 @@ def choose(dev: dict, layers: list[int]) -> tuple[int, float, int]:
     return best[1], best[2], best[3]
 
 
+def check_before_work(tasks: list[str], methods: list[str], loaded, p: dict, seed: int, n_heads: int) -> None:
+    """Refuse, before anything is computed, options that would fail (or silently mislead) later:
+    a ``--top-k`` outside 1..all heads, and tasks whose prompts have too few demonstrations to shuffle."""
+    from mechkit.errors import MechkitError
+    from mechkit.tasks.shuffled import shuffled_label_prompts
+
+    if loaded is None and "function-vector" in methods and not 1 <= p["top_k"] <= n_heads:
+        raise MechkitError(f"--top-k {p['top_k']} is out of range", f"use a number of heads from 1 to {n_heads}")
+    for task in tasks:
+        shuffled_label_prompts(task, n=1, shots=p["shots"], seed=seed)
+
+
 class IclVectorsPlugin(Plugin):
     name = "icl-vectors"
     version = "0.1.0"
@@ -122,6 +134,7 @@ class IclVectorsPlugin(Plugin):
         parse_scales(p["fv_scales"])
         parse_spans(p["spans"], m.anatomy.n_layers)
         methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
+        check_before_work(tasks, methods, loaded, p, ctx.seed, m.anatomy.n_layers * m.anatomy.n_heads)
         out: dict = {}
         with progress(ctx.console) as bar:
             job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))

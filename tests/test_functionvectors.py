@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import mechkit as mk
+from mechkit.errors import MechkitError
 from mechkit.functionvectors import (
     function_vector,
     head_contributions,
@@ -15,7 +17,7 @@ from mechkit.functionvectors import (
 from mechkit.heads import Head
 from mechkit.scoring import encode
 from mechkit.tasks import build_prompts
-from mechkit.tasks.shuffled import _demos, shuffled_label_prompts
+from mechkit.tasks.shuffled import _demos, shuffle_labels, shuffled_label_prompts
 
 
 def test_shuffled_labels_keep_query_and_permute_outputs():
@@ -29,6 +31,17 @@ def test_shuffled_labels_keep_query_and_permute_outputs():
         assert sorted(y for _, y in s_pairs) == sorted(y for _, y in c_pairs)
         assert all(sy != cy for (_, sy), (_, cy) in zip(s_pairs, c_pairs, strict=True))
     assert shuffled == shuffled_label_prompts("capitalize", n=4, shots=5, seed=3)  # seeded
+
+
+@pytest.mark.parametrize(("task", "shots"), [("capitalize", 1), ("capitalize", 0), ("ioi", 5)])
+def test_too_few_demonstrations_cannot_be_shuffled(task, shots):
+    # Nothing to permute: a "shuffled" prompt would silently be the clean one.
+    with pytest.raises(MechkitError, match="too few to shuffle"):
+        shuffled_label_prompts(task, n=2, shots=shots, seed=0)
+    import random
+
+    two = build_prompts("capitalize", n=1, shots=2, seed=0)[0]
+    assert _demos(shuffle_labels(two, random.Random(0)).text)[0] != _demos(two.text)[0]
 
 
 def test_mean_head_outputs_read_each_rows_last_token(tiny_llama):

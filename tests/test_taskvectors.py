@@ -3,6 +3,9 @@ edits detach, saved vectors round-trip, and the icl-vectors plugin runs end to e
 
 from __future__ import annotations
 
+import functools
+import json
+
 import pytest
 import torch
 
@@ -53,31 +56,37 @@ def test_patch_replaces_one_position_only(tiny_llama):
 
 
 def test_patching_with_the_clean_value_changes_nothing(tiny_llama):
-    prompts = build_prompts("swap", n=3, shots=0, seed=1)
-    baseline = mk.score_prompts(tiny_llama, prompts).correct
-    p = prompts[0]
+    p = build_prompts("swap", n=3, shots=0, seed=1)[0]
+    baseline = mk.score_prompts(tiny_llama, [p])
     ids = tiny_llama.to_tokens(p.text)
     with mk.record(tiny_llama, "blocks.0.hook_resid_post") as cache, torch.no_grad():
         tiny_llama(ids)
     own = torch.zeros(tiny_llama.anatomy.n_layers, tiny_llama.anatomy.d_model)
     own[0] = cache["blocks.0.hook_resid_post"][0, -1]
-    assert patched_accuracy(tiny_llama, [p], own, layers=[0]) == {0: float(baseline[0])}
+    own[1] = torch.randn(tiny_llama.anatomy.d_model)  # layer 1 is not patched here; layer 0 gets its own value
+    same, other = score_edited(tiny_llama, [p], [ResidEdit(0, own[0]), ResidEdit(0, own[1])])
+    torch.testing.assert_close(torch.tensor(same.logprobs), torch.tensor(baseline.logprobs), rtol=1e-5, atol=1e-5)
+    assert abs(other.logprobs[0] - baseline.logprobs[0]) > 1e-3  # the comparison can tell a real patch apart
+    assert patched_accuracy(tiny_llama, [p], own, layers=[0]) == {0: baseline.accuracy}
 
 
-def _one_by_one(handle, prompt, edit: ResidEdit | None) -> float:
-    """Reference: one prompt, one edit, plain hooks at its own last position."""
-    if edit is None:
-        return mk.score_prompts(handle, [prompt], batch_size=1).logprob
+def _one_by_one(handle, prompt, edit: ResidEdit | tuple[ResidEdit, ...] | None) -> float:
+    """Reference: one prompt, its edits applied one after the other (layer order) by plain hooks at
+    its own last position."""
+    edits = () if edit is None else (edit,) if isinstance(edit, ResidEdit) else edit
     position = len(handle.tokenizer(prompt.text)["input_ids"]) - 1
 
-    def fn(x, _point):
-        if x.shape[1] <= position:
-            return None
-        x = x.clone()
-        x[:, position] = edit.vector if edit.mode == "replace" else x[:, position] + edit.vector
-        return x
+    def hook(e: ResidEdit):
+        def fn(x, _point):
+            if x.shape[1] <= position:
+                return None
+            x = x.clone()
+            x[:, position] = e.vector if e.mode == "replace" else x[:, position] + e.vector
+            return x
 
-    with mk.hooks(handle, {f"blocks.{edit.layer}.hook_resid_post": fn}):
+        return fn
+
+    with mk.hooks(handle, {f"blocks.{e.layer}.hook_resid_post": hook(e) for e in edits}):
         return mk.score_prompts(handle, [prompt], batch_size=1).logprob
 
 
@@ -95,6 +104,8 @@ def test_batched_edits_equal_one_by_one(tiny_llama):
         torch.testing.assert_close(torch.tensor(score.logprobs), torch.tensor(ref), rtol=1e-4, atol=1e-4)
     # Two edits in one condition compose like one edit after the other.
     both = score_edited(tiny_llama, prompts, [edits[3]], batch_size=5)[0]
+    ref = [_one_by_one(tiny_llama, p, edits[3]) for p in prompts]
+    torch.testing.assert_close(torch.tensor(both.logprobs), torch.tensor(ref), rtol=1e-4, atol=1e-4)
     assert both.logprobs != scores[0].logprobs
 
 
@@ -156,6 +167,81 @@ def test_saved_vector_round_trip(tiny_llama, tmp_path):
         ActivationVector.load(tmp_path / "missing.safetensors")
 
 
+def _saved(tmp_path, name, vector, **meta):
+    from safetensors.torch import save_file
+
+    path = tmp_path / name
+    save_file({"vector": vector}, str(path), metadata={"mechkit": json.dumps(meta)})
+    return path
+
+
+def test_loading_a_bad_vector_file_is_one_clear_error(tiny_llama, tmp_path):
+    n, d = tiny_llama.anatomy.n_layers, tiny_llama.anatomy.d_model
+    good = ActivationVector(torch.randn(n, d), "task-vector", "swap", 1, "replace")
+    data = good.to_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:len(data) // 2])  # truncated mid-tensor
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
+    for name in ("cut.safetensors", "junk.safetensors"):
+        with pytest.raises(MechkitError, match="cannot read activation vector"):
+            ActivationVector.load(tmp_path / name, tiny_llama)
+    meta = good.metadata()
+    extra = _saved(tmp_path, "extra.safetensors", good.vector, **meta, colour="red")
+    with pytest.raises(MechkitError, match="colour"):
+        ActivationVector.load(extra)
+    cases = {  # metadata or shapes that load but do not fit the model
+        "method": (good.vector, {**meta, "method": "steering"}, "unknown vector method"),
+        "negative": (good.vector, {**meta, "layer": -1}, "not a layer choice"),
+        "span0": (good.vector, {**meta, "span": 0}, "not a layer choice"),
+        "layers": (torch.randn(n + 3, d), meta, "neither"),  # a task vector from a deeper model
+        "width": (torch.randn(n, d + 1), meta, "d_model"),
+    }
+    for name, (vector, m, match) in cases.items():
+        path = _saved(tmp_path, f"{name}.safetensors", vector, **m)
+        ActivationVector.load(path)  # readable; only the model check refuses it
+        with pytest.raises(MechkitError, match=match):
+            ActivationVector.load(path, tiny_llama)
+
+
+def test_save_replaces_atomically_and_cleans_up_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "v.safetensors"
+    first = ActivationVector(torch.ones(4), "function-vector", "swap", 0, "add")
+    first.save(path)
+    second = ActivationVector(torch.zeros(4), "function-vector", "swap", 1, "add")
+    second.save(path)
+    assert ActivationVector.load(path).layer == 1 and [p.name for p in tmp_path.iterdir()] == ["v.safetensors"]
+
+    def fail(*_args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("mechkit.taskvectors.os.replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        first.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["v.safetensors"]  # no temporary file left behind
+    assert ActivationVector.load(path).layer == 1  # the previous file is intact
+
+
+def test_extraction_unembeds_only_the_last_position_without_changing_results(tiny_llama, monkeypatch):
+    from mechkit.functionvectors import mean_head_outputs
+
+    prompts = build_prompts("swap", n=3, shots=1, seed=2) + build_prompts("swap", n=2, shots=0, seed=2)
+    calls = []
+    forward = tiny_llama.model.forward
+
+    @functools.wraps(forward)  # keeps forward's signature, which supports_logits_to_keep reads
+    def spy(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        calls.append(out.logits.shape[1])
+        return out
+
+    monkeypatch.setattr(tiny_llama.model, "forward", spy)
+    kept = icl_task_vectors(tiny_llama, "swap", prompts=prompts, batch_size=5), mean_head_outputs(tiny_llama, prompts)
+    assert calls == [1, 1]
+    monkeypatch.setattr("mechkit.taskvectors.supports_logits_to_keep", lambda _model: False)
+    full = icl_task_vectors(tiny_llama, "swap", prompts=prompts, batch_size=5), mean_head_outputs(tiny_llama, prompts)
+    assert calls[2:] != [1, 1]
+    assert all(torch.equal(k, f) for k, f in zip(kept, full, strict=True))
+
+
 def test_plugin_runs_and_reloads_its_vectors(tmp_path):
     small = dict(model="tiny:llama", tasks="swap", n=3, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2, spans="1,2")
     run = mk.run("icl-vectors", out=tmp_path / "a", **small)
@@ -178,6 +264,26 @@ def test_plugin_runs_and_reloads_its_vectors(tmp_path):
 def test_plugin_rejects_bad_layers_before_work(tmp_path):
     with pytest.raises(MechkitError, match="--layers"):
         mk.run("icl-vectors", model="tiny:llama", out=tmp_path / "x", tasks="swap", layers="0-9")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"tasks": "swap", "top_k": 0}, "--top-k"),
+    ({"tasks": "swap", "top_k": 9999}, "--top-k"),
+    ({"tasks": "swap", "shots": 1}, "too few to shuffle"),  # one demonstration: nothing to permute
+    ({"tasks": "swap,ioi", "shots": 2}, "too few to shuffle"),  # ioi has no input:/output: demonstrations
+])
+def test_plugin_rejects_bad_options_before_work(tmp_path, monkeypatch, options, match):
+    import mechkit.functionvectors as fvs
+    import mechkit.taskvectors as tvs
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("extraction started before the options were checked")
+
+    for module, name in ((tvs, "score_edited"), (tvs, "icl_task_vectors"), (fvs, "mean_head_outputs")):
+        monkeypatch.setattr(module, name, no_work)
+    with pytest.raises(MechkitError, match=match):
+        mk.run("icl-vectors", model="tiny:llama", out=tmp_path / "x", n=2, n_dev=2, **{"top_k": 2, **options})
     assert not (tmp_path / "x").exists()
 
 

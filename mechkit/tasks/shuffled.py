@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+from mechkit.errors import MechkitError
 from mechkit.tasks.prompt import Prompt, stream_rng
 from mechkit.tasks.registry import build_prompts
 
@@ -41,8 +42,19 @@ def _derangement(n: int, rng: random.Random) -> list[int]:
 
 
 def shuffle_labels(prompt: Prompt, rng: random.Random) -> Prompt:
-    """The same prompt with its demonstrations' outputs permuted (a derangement); query unchanged."""
-    pairs, query = _demos(prompt.text)
+    """The same prompt with its demonstrations' outputs permuted (a derangement); query unchanged.
+
+    Raises :class:`MechkitError` when the prompt has fewer than 2 ``input:/output:`` demonstrations
+    (there is nothing to permute, so a "shuffled" prompt would be the clean one).
+    """
+    try:
+        pairs, query = _demos(prompt.text)
+    except ValueError:
+        pairs, query = [], ""
+    if len(pairs) < 2:
+        raise MechkitError(f"task {prompt.task!r} prompts have {len(pairs)} input:/output: demonstrations, "
+                           "too few to shuffle labels",
+                           "use 2 or more shots (--shots 2) and a task with input:/output: demonstrations (not ioi)")
     order = _derangement(len(pairs), rng)
     demos = "".join(f"{_INPUT}{x}\n{_OUTPUT}{pairs[j][1]}\n" for (x, _), j in zip(pairs, order, strict=True))
     return Prompt(text=demos + query, answer=prompt.answer, task=prompt.task, setting="shuffled-labels",
