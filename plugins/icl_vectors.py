@@ -91,12 +91,12 @@ def choose(dev: dict, layers: list[int]) -> tuple[int, float, int]:
 
 def check_before_work(tasks: list[str], methods: list[str], loaded, p: dict, seed: int, n_heads: int) -> None:
     """Refuse, before anything is computed, options that would fail (or silently mislead) later:
-    a ``--top-k`` outside 1..all heads, and tasks whose prompts have too few demonstrations to shuffle."""
+    a ``--top-k`` below 1 (above the head count it means all heads), and tasks whose prompts have too few demonstrations to shuffle."""
     from mechkit.errors import MechkitError
     from mechkit.tasks.shuffled import shuffled_label_prompts
 
-    if loaded is None and "function-vector" in methods and not 1 <= p["top_k"] <= n_heads:
-        raise MechkitError(f"--top-k {p['top_k']} is out of range", f"use a number of heads from 1 to {n_heads}")
+    if loaded is None and "function-vector" in methods and p["top_k"] < 1:  # more than n_heads: all heads
+        raise MechkitError(f"--top-k {p['top_k']} is below 1", f"use a number of heads from 1 to {n_heads}")
     for task in tasks:
         shuffled_label_prompts(task, n=1, shots=p["shots"], seed=seed)
 
@@ -113,7 +113,7 @@ class IclVectorsPlugin(Plugin):
         Option("n_contexts", int, 24, "ICL contexts averaged for the task vector and the mean head outputs."),
         Option("n_cie", int, 10, "Shuffled-label prompts for the heads' indirect effects."),
         Option("shots", int, 10, "Demonstrations per ICL prompt."),
-        Option("top_k", int, 10, "Heads summed into the function vector."),
+        Option("top_k", int, 10, "Heads summed into the function vector (capped at the model's head count)."),
         Option("fv_scales", str, "1,2,4,8", "Function-vector scales to try; layer and scale are chosen on dev."),
         Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20."),
         Option("spans", str, "1", "Numbers of consecutive layers L..L+K-1 to write the vector at (e.g. 1,2; "

@@ -269,7 +269,7 @@ def test_plugin_rejects_bad_layers_before_work(tmp_path):
 
 @pytest.mark.parametrize(("options", "match"), [
     ({"tasks": "swap", "top_k": 0}, "--top-k"),
-    ({"tasks": "swap", "top_k": 9999}, "--top-k"),
+    ({"tasks": "swap", "top_k": -1}, "--top-k"),
     ({"tasks": "swap", "shots": 1}, "too few to shuffle"),  # one demonstration: nothing to permute
     ({"tasks": "swap,ioi", "shots": 2}, "too few to shuffle"),  # ioi has no input:/output: demonstrations
 ])
