@@ -50,7 +50,7 @@ KINDS = ("induction", "previous-token", "duplicate-token")
 
 
 def _stripes(total: int, seg_len: int):
-    """Query/key indices of the scores (the definition in mechkit.headscores' docstring)."""
+    """Query/key indices of the scores (the definition in mechkit.heads.scores' docstring)."""
     import torch
 
     offset = total - 2 * seg_len
@@ -89,7 +89,7 @@ def _method(name: str, handle, tokens, seg_len: int, bs: int):
         return run
 
     if name == "mechkit":
-        from mechkit.headscores import head_scores
+        from mechkit.heads.scores import head_scores
 
         def run():
             return head_scores(handle, tokens, seg_len, batch_size=bs).scores, {}
@@ -179,7 +179,7 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     threads = common.set_threads(args.threads)
     import mechkit as mk
-    from mechkit.headscores import repeated_tokens
+    from mechkit.heads.scores import repeated_tokens
 
     handle = mk.load_model("llama")
     tokens = repeated_tokens(handle, n_seqs=args.n_seqs, seg_len=args.seg_len, seed=0)
@@ -259,7 +259,7 @@ def main() -> None:
 
     import numpy as np
 
-    from mechkit.importance import spearman
+    from mechkit.heads.effects import spearman
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     res = {m: _run_worker(m, args) for m in methods}
@@ -334,7 +334,7 @@ def main() -> None:
     path = common.write_json("detect", {
         "quick": quick,
         "config": {"n_seqs": n, "seg_len": args.seg_len, "batch_size": args.batch_size, "repeats": args.repeats,
-                   "tokens": "mechkit.headscores.repeated_tokens(seed=0)"},
+                   "tokens": "mechkit.heads.scores.repeated_tokens(seed=0)"},
         "environment": common.environment(threads),
         "methods": res,
         "ratios": {k: {"value": v, "aim": aim, "higher_is_better": hi} for k, (v, aim, hi) in ratios.items()},

@@ -29,8 +29,8 @@ def timing(task: str, repeats: int = 3) -> dict:
     import statistics
 
     import mechkit as mk
+    from mechkit.actvec import ResidEdit, icl_task_vectors, score_edited
     from mechkit.tasks import build_prompts
-    from mechkit.taskvectors import ResidEdit, icl_task_vectors, score_edited
 
     prompts = build_prompts(task, n=20, shots=0, seed=2)
     rounds: dict[str, list[float]] = {"load_s": [], "extract_s": [], "apply_20_prompts_s": []}

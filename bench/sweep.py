@@ -49,14 +49,16 @@ def main() -> None:
     import torch
 
     import mechkit as mk
-    from mechkit.importance import _batches, _metrics, attribution_effects, exact_effects, spearman
+    from mechkit.eval.scoring import batches as make_batches
+    from mechkit.eval.scoring import row_metrics
+    from mechkit.heads import attribution_effects, exact_effects, spearman
 
     handle = mk.load_model("llama")
     common.prefault(handle)
     a = handle.anatomy
     n_heads_total = a.n_layers * a.n_heads
     prompts = mk.build_prompts(args.task, n=n, shots=shots, seed=0)
-    batches = _batches(handle, prompts, args.batch_size)  # exactly the batches exact_effects builds
+    batches = make_batches(handle, prompts, args.batch_size)  # exactly the batches exact_effects builds
     shape = [list(b.ids.shape) for b in batches]
     print(f"[sweep] {len(prompts)} prompts -> batches {shape}, threads {threads}", flush=True)
 
@@ -96,7 +98,7 @@ def main() -> None:
 
     tl = None
     if tl_heads:
-        tl = _tl_sweep(handle, batches, exact.logprob, tl_heads, repeats, _metrics, torch)
+        tl = _tl_sweep(handle, batches, exact.logprob, tl_heads, repeats, row_metrics, torch)
         print(f"[sweep] TL: {tl['per_head_median_s']:.3g}s per head, clean forward {tl['clean_forward_s']:.3g}s",
               flush=True)
 

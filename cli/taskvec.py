@@ -21,9 +21,9 @@ class TaskvecGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "sweep":
-            from mechkit.cli.main import _plugin_command
+            from mechkit.cli.plugin_command import plugin_command
 
-            command = _plugin_command("taskvec-sweep")
+            command = plugin_command("taskvec-sweep")
             command.name = "sweep"
             return command
         return super().get_command(ctx, cmd_name)

@@ -15,9 +15,17 @@ from __future__ import annotations
 import argparse
 
 import mechkit as mk
-from mechkit.functionvectors import function_vector, indirect_effects, mean_head_outputs, top_heads
+from mechkit.actvec import (
+    ActivationVector,
+    apply_vector,
+    choose_layer,
+    function_vector,
+    indirect_effects,
+    mean_head_outputs,
+    score_edited,
+)
+from mechkit.model.heads import top_heads
 from mechkit.tasks.shuffled import shuffled_label_prompts
-from mechkit.taskvectors import ActivationVector, apply_vector, choose_layer, score_edited
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mechkit as mk
 from mechkit import pruning
-from mechkit.evaluation import evaluate, task_prompts
+from mechkit.eval.evaluation import evaluate, task_prompts
 from mechkit.pruning.cost import latency, n_params
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from mechkit._version import __version__
 from mechkit.errors import MechkitError
+
+__version__ = "0.1.0"
 
 _LAZY = {
     "load_model": "mechkit.model.loading",
@@ -26,9 +27,9 @@ _LAZY = {
     "pattern_hooks": "mechkit.hooking.attention",
     "ablate": "mechkit.interventions.ablation",
     "edit_weights": "mechkit.interventions.weights",
-    "Head": "mechkit.heads",
-    "parse_heads": "mechkit.heads",
-    "score_prompts": "mechkit.scoring",
+    "Head": "mechkit.model.heads",
+    "parse_heads": "mechkit.model.heads",
+    "score_prompts": "mechkit.eval.scoring",
     "build_prompts": "mechkit.tasks",
     "list_tasks": "mechkit.tasks",
     "Plugin": "mechkit.plugin",
@@ -39,17 +40,17 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from mechkit.heads import Head, parse_heads
+    from mechkit.eval.scoring import score_prompts
     from mechkit.hooking.attention import pattern_hooks
     from mechkit.hooking.core import hooks, record, run_with_cache
     from mechkit.interventions.ablation import ablate
     from mechkit.interventions.weights import edit_weights
     from mechkit.model.anatomy import Anatomy
     from mechkit.model.handle import ModelHandle
+    from mechkit.model.heads import Head, parse_heads
     from mechkit.model.loading import load_model
     from mechkit.plugin import Option, Plugin, Result, RunContext
     from mechkit.runner import run_plugin
-    from mechkit.scoring import score_prompts
     from mechkit.tasks import build_prompts, list_tasks
 
 

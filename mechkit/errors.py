@@ -40,3 +40,10 @@ class PluginError(MechkitError):
 
 class ReportExistsError(MechkitError):
     """The output directory already holds a report and ``--force`` was not given."""
+
+
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (or its type's name), cut to ``limit`` characters:
+    what a one-line error may quote of a library's multi-line message."""
+    text = str(err).strip().splitlines()
+    return text[0][:limit] if text else type(err).__name__

@@ -71,14 +71,26 @@ class RunContext:
         path = self.resume_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
         if path.exists():
             return json.loads(path.read_text())["value"]
+        from mechkit.io import write_atomic
         from mechkit.report import to_jsonable
 
         value = to_jsonable(compute())
         self.resume_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "value": value}))
-        tmp.replace(path)
+        write_atomic(path, json.dumps({"key": key, "value": value}))
         return value
+
+    def progress(self):
+        """A rich progress bar on the run's console (stderr), transient so reports stay clean.
+
+        >>> ctx = RunContext(model=None, params={}, seed=0, console=None)
+        >>> with ctx.progress() as bar:
+        ...     job = bar.add_task("work", total=2)
+        ...     bar.advance(job)
+        """
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=self.console, transient=True)
 
     def scratch(self, name: str) -> Path | None:
         """A directory for bulky resumable state (tensor checkpoints) that ``step`` cannot hold as JSON.

@@ -68,7 +68,7 @@ def _probe_logits(handle):
 
 def _resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Path:
     """Where finished steps of this exact run (plugin, options, seed, model weights) are kept."""
-    from mechkit.model.embedded import cache_root
+    from mechkit.model.cache import cache_root
 
     key = json.dumps([cls.name, cls.version, model_key, params, seed], sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -50,10 +50,11 @@ class AblatePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.evaluation import evaluate, progress, reference_tokens, task_prompts
-        from mechkit.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
-        from mechkit.headscores import load_scores
+        from mechkit.eval.evaluation import evaluate, reference_tokens, task_prompts
+        from mechkit.heads.scores import load_scores
         from mechkit.interventions import ablate
+        from mechkit.model.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
+        from mechkit.report import load_report
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
@@ -63,7 +64,8 @@ class AblatePlugin(Plugin):
         ranked_spec = any(item.strip() in (*SCORE_KINDS, "random") for item in p["heads"].split(","))
         ks = parse_ks(p["sweep"], p["top_k"]) if ranked_spec else [p["top_k"]]
         by_score = needs_scores(p["heads"])
-        scores = load_scores(ctx, p["from_report"], p["n_seqs"], p["seg_len"]) if by_score else None
+        scores = load_scores(m, load_report(p["from_report"]) if p["from_report"] else None, p["n_seqs"], p["seg_len"],
+                             ctx.seed, ctx.step, p["from_report"]) if by_score else None
         for k in ks:  # validate every spec before any long work
             parse_heads(p["heads"], a.n_layers, a.n_heads, scores=scores, top_k=k, seed=ctx.seed)
         reference = None
@@ -91,7 +93,7 @@ class AblatePlugin(Plugin):
                     plan.append(("random", random_heads(a.n_layers, a.n_heads, len(target), seed, exclude=target),
                                  seed, k))
         conditions = []
-        with progress(ctx.console) as bar:
+        with ctx.progress() as bar:
             job = bar.add_task("ablate", total=len(plan))
             for name, heads, seed, k in plan:
                 bar.update(job, description=f"{name} k={k}" if k else name)
@@ -100,7 +102,7 @@ class AblatePlugin(Plugin):
         return self._result(conditions, tasks, ks, p)
 
     def _result(self, conditions: list[dict], tasks: list[str], ks: list[int], p: dict) -> Result:
-        from mechkit.evaluation import mean_std
+        from mechkit.eval.evaluation import mean_std
         from mechkit.report import bar_plot, line_plot
 
         table = {}

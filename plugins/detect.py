@@ -1,6 +1,6 @@
 """``mechkit detect``: score every head as induction / previous-token / duplicate-token head.
 
-Scores come from attention on repeated random tokens (see :mod:`mechkit.headscores`); the report
+Scores come from attention on repeated random tokens (see :mod:`mechkit.heads.scores`); the report
 also carries each head's OV copying score and the per-position loss, whose sharp fall on the
 second copy is the in-context-learning signature induction heads produce.
 """
@@ -14,14 +14,14 @@ KIND_CHOICES = ("all", "induction", "previous-token", "duplicate-token")
 
 def detect_heads(ctx: RunContext, n_seqs: int, seg_len: int, batch_size: int):
     """Head scores on seeded repeated random tokens (shared by the plugins that rank heads)."""
-    from mechkit.headscores import head_scores, repeated_tokens
+    from mechkit.heads.scores import head_scores, repeated_tokens
 
     tokens = repeated_tokens(ctx.model, n_seqs=n_seqs, seg_len=seg_len, seed=ctx.seed)
     return head_scores(ctx.model, tokens, seg_len, batch_size=batch_size)
 
 
 def ranked(scores, k: int) -> list[dict]:
-    from mechkit.heads import top_heads
+    from mechkit.model.heads import top_heads
 
     return [{**h.to_dict(), "score": float(scores[h.layer][h.head])} for h in top_heads(scores, k)]
 
@@ -39,8 +39,8 @@ class DetectPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.heads import top_heads
-        from mechkit.headscores import KINDS, ov_copying_scores
+        from mechkit.heads.scores import KINDS, ov_copying_scores
+        from mechkit.model.heads import top_heads
         from mechkit.report import head_heatmap, line_plot
 
         p = ctx.params

@@ -35,10 +35,9 @@ class FinetunePlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.errors import MechkitError
-        from mechkit.evaluation import progress
-        from mechkit.finetune import Recipe, eval_prompts, finetune, model_files, parse_shots
+        from mechkit.eval.scoring import score_prompts
         from mechkit.model import load_model
-        from mechkit.scoring import score_prompts
+        from mechkit.taskarith.finetune import Recipe, eval_prompts, finetune, model_files, parse_shots
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
@@ -53,7 +52,7 @@ class FinetunePlugin(Plugin):
                         weight_decay=p["weight_decay"])
         held_out = eval_prompts(recipe)
         before = ctx.step("accuracy_before", lambda: score_prompts(m, held_out).as_dict())
-        with progress(ctx.console) as bar:
+        with ctx.progress() as bar:
             job = bar.add_task(f"finetune {task}", total=recipe.steps)
             trained = finetune(m, recipe, checkpoint=ctx.scratch("finetune"), checkpoint_every=p["checkpoint_every"],
                                on_step=lambda i, loss: bar.update(

@@ -123,9 +123,8 @@ class IclVectorsPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.evaluation import progress
+        from mechkit.actvec.vector import ActivationVector
         from mechkit.tasks import parse_tasks
-        from mechkit.taskvectors import ActivationVector
 
         p, m = ctx.params, ctx.model
         loaded = ActivationVector.load(p["load_vector"], m) if p["load_vector"] else None
@@ -136,7 +135,7 @@ class IclVectorsPlugin(Plugin):
         methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
         check_before_work(tasks, methods, loaded, p, ctx.seed, m.anatomy.n_layers * m.anatomy.n_heads)
         out: dict = {}
-        with progress(ctx.console) as bar:
+        with ctx.progress() as bar:
             job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))
             for task in tasks:
                 bar.update(job, description=f"{task}: baselines")
@@ -159,7 +158,7 @@ class _Task:
         return self.ctx.step(f"{self.task}|{name}", compute)
 
     def run(self, methods: list[str], loaded, bar, job) -> dict:
-        from mechkit.taskvectors import score_edited
+        from mechkit.actvec.edits import score_edited
 
         bs = self.p["batch_size"]
         base = self.step("baselines", lambda: {
@@ -194,7 +193,7 @@ class _Task:
     def extract(self, method: str):
         import torch
 
-        from mechkit.taskvectors import ActivationVector
+        from mechkit.actvec.vector import ActivationVector
 
         stored = self.step(f"{method}|extract", lambda: self._extract(method))
         return ActivationVector(vector=torch.tensor(stored["vector"]), method=method, task=self.task, layer=-1,
@@ -203,10 +202,11 @@ class _Task:
                                 info={k: v for k, v in stored.items() if k not in ("vector", "heads")})
 
     def _extract(self, method: str) -> dict:
-        from mechkit.functionvectors import function_vector, indirect_effects, mean_head_outputs, top_heads
+        from mechkit.actvec.function_vectors import function_vector, indirect_effects, mean_head_outputs
+        from mechkit.actvec.task_vectors import icl_task_vectors
+        from mechkit.model.heads import top_heads
         from mechkit.tasks import build_prompts
         from mechkit.tasks.shuffled import shuffled_label_prompts
-        from mechkit.taskvectors import icl_task_vectors
 
         p, s = self.p, self.ctx.seed
         contexts = build_prompts(self.task, n=p["n_contexts"], shots=p["shots"], seed=s)
@@ -224,7 +224,7 @@ class _Task:
     def sweep(self, vec, prompts, configs: list[tuple[float, int]]) -> dict:
         """Accuracy and log-prob per (scale, span) and layer, all (config, layer, prompt) rows batched
         together; ``None`` where the span would run past the last layer."""
-        from mechkit.taskvectors import score_edited
+        from mechkit.actvec.edits import score_edited
 
         n_layers = self.m.anatomy.n_layers
         cells = [(i, j) for i, (_, k) in enumerate(configs) for j, L in enumerate(self.layers) if L + k <= n_layers]
@@ -237,7 +237,7 @@ class _Task:
         return {"scales": [x for x, _ in configs], "spans": [k for _, k in configs], "accuracy": acc, "logprob": lps}
 
     def conditions(self, vec) -> dict:
-        from mechkit.taskvectors import score_edited
+        from mechkit.actvec.edits import score_edited
 
         bs = self.p["batch_size"]
         return {"zero-shot": score_edited(self.m, self.test["zero-shot"], [vec.edits()], bs)[0].accuracy,

@@ -108,9 +108,9 @@ class _Run:
     """One prune run: calibration, scores, then one row per (guide, level) or the budget search."""
 
     def __init__(self, ctx: RunContext, guides: list[str], targets: list[str], levels: list[dict], tasks: list[str]):
-        from mechkit.evaluation import task_prompts
+        from mechkit.eval.evaluation import task_prompts
         from mechkit.pruning.cost import heldout_text
-        from mechkit.pruning.pipeline import calibrate
+        from mechkit.pruning.calibration import calibrate
 
         self.ctx, self.p, self.m = ctx, ctx.params, ctx.model
         self.guides, self.targets, self.levels, self.tasks = guides, targets, levels, tasks
@@ -144,7 +144,7 @@ class _Run:
 
     def measure(self, handle, plan=None) -> dict:
         """Held-out accuracy per task, perplexity, size and cost of a (pruned) handle."""
-        from mechkit.evaluation import evaluate
+        from mechkit.eval.evaluation import evaluate
         from mechkit.pruning.cost import flops_per_token, n_params, perplexity
 
         metrics = evaluate(handle, self.test, self.p["batch_size"])
@@ -191,12 +191,11 @@ class _Run:
         return {"guide": guide, "sparsity": level, **self.ctx.step(key, compute)}
 
     def result(self) -> Result:
-        from mechkit.evaluation import progress
         from mechkit.pruning.cost import latency
 
         dense = self.ctx.step("dense", lambda: self.measure(self.m))
         rows, budget = [], None
-        with progress(self.ctx.console) as bar:
+        with self.ctx.progress() as bar:
             if self.p["budget"] is not None:
                 job = bar.add_task("budget search", total=None)
                 budget = self.budget(bar, job)

@@ -42,10 +42,11 @@ class ShufflePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.evaluation import evaluate, progress, task_prompts
-        from mechkit.heads import needs_scores, parse_heads, random_heads
-        from mechkit.headscores import copy_loss, load_scores, repeated_tokens, token_loss
+        from mechkit.eval.evaluation import evaluate, task_prompts
+        from mechkit.heads.scores import copy_loss, load_scores, repeated_tokens, token_loss
         from mechkit.interventions import permutation, shuffle_heads
+        from mechkit.model.heads import needs_scores, parse_heads, random_heads
+        from mechkit.report import load_report
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
@@ -53,7 +54,8 @@ class ShufflePlugin(Plugin):
         tasks = parse_tasks(p["tasks"]) if p["tasks"] else []
         prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"]) if tasks else {}
         needs = needs_scores(p["heads"])
-        scores = load_scores(ctx, p["from_report"], p["n_seqs"], p["seg_len"]) if needs else None
+        scores = load_scores(m, load_report(p["from_report"]) if p["from_report"] else None, p["n_seqs"], p["seg_len"],
+                             ctx.seed, ctx.step, p["from_report"]) if needs else None
         target = parse_heads(p["heads"], a.n_layers, a.n_heads, scores=scores, top_k=p["top_k"], seed=ctx.seed)
         # Held-out sequences: never the ones the heads were selected on.
         tokens = repeated_tokens(m, n_seqs=p["n_seqs"], seg_len=p["seg_len"], seed=ctx.seed + 1)
@@ -74,7 +76,7 @@ class ShufflePlugin(Plugin):
             plan.append(("outside", dict(zip(target, others, strict=True)), seed))
             plan.append(("random", permutation(others, seed), seed))
         conditions = []
-        with progress(ctx.console) as bar:
+        with ctx.progress() as bar:
             job = bar.add_task("shuffle", total=len(plan))
             for name, mapping, seed in plan:
 
@@ -92,7 +94,7 @@ class ShufflePlugin(Plugin):
         return self._result(conditions, tasks, p)
 
     def _result(self, conditions: list[dict], tasks: list[str], p: dict) -> Result:
-        from mechkit.evaluation import mean_std
+        from mechkit.eval.evaluation import mean_std
         from mechkit.report import bar_plot, line_plot
 
         def agg(name: str, key) -> tuple[float, float]:

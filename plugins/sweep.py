@@ -36,8 +36,8 @@ class SweepPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.evaluation import progress, task_prompts
-        from mechkit.importance import attribution_effects, exact_effects, spearman
+        from mechkit.eval.evaluation import task_prompts
+        from mechkit.heads.effects import attribution_effects, exact_effects, spearman
         from mechkit.report import head_heatmap
         from mechkit.tasks import parse_tasks
 
@@ -48,7 +48,7 @@ class SweepPlugin(Plugin):
         figures = {}
         if p["method"] in ("exact", "both"):
             n_batches = -(-len(prompts) // p["batch_size"])
-            with progress(ctx.console) as bar:
+            with ctx.progress() as bar:
                 job = bar.add_task("exact sweep (layers)", total=m.anatomy.n_layers * n_batches)
                 exact = exact_effects(m, prompts, p["batch_size"], on_layer=lambda: bar.advance(job))
             results["exact"] = {"logprob_effect": exact.logprob.tolist(), "accuracy_effect": exact.accuracy.tolist(),

@@ -72,9 +72,9 @@ class TaskvecSweepPlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.errors import MechkitError
-        from mechkit.evaluation import evaluate, progress
-        from mechkit.finetune import parse_shots
+        from mechkit.eval.evaluation import evaluate
         from mechkit.taskarith import TaskVector, arithmetic, task_correlation
+        from mechkit.taskarith.finetune import parse_shots
         from mechkit.tasks import build_prompts, parse_tasks
 
         p, m = ctx.params, ctx.model
@@ -96,7 +96,7 @@ class TaskvecSweepPlugin(Plugin):
         plan = [("base", []), ("A only", [(a, p["scale_a"])]), ("B only", [(b, 1.0)])]
         plan += [(f"λ={lam:g}", [(a, p["scale_a"]), (b, lam)]) for lam in lambdas]
         rows = []
-        with arithmetic(m) as ta, progress(ctx.console) as bar:
+        with arithmetic(m) as ta, ctx.progress() as bar:
             job = bar.add_task("taskvec sweep", total=len(plan))
             for name, terms in plan:
                 def compute(terms=terms):

@@ -10,7 +10,14 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.finetune import Recipe, checkpoint_state, eval_prompts, finetune, parse_shots, training_rows
+from mechkit.taskarith.finetune import (
+    Recipe,
+    checkpoint_state,
+    eval_prompts,
+    finetune,
+    parse_shots,
+    training_rows,
+)
 from mechkit.tasks import build_prompts
 
 
@@ -91,7 +98,7 @@ def test_a_checkpoint_from_another_recipe_is_ignored(tiny, tmp_path):
 
 
 def test_interrupted_finetune_command_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    import mechkit.finetune as ft
+    import mechkit.taskarith.finetune as ft
 
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
     original, calls = ft.save_checkpoint, []

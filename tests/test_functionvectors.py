@@ -6,18 +6,12 @@ import pytest
 import torch
 
 import mechkit as mk
+from mechkit.actvec import function_vector, head_contributions, indirect_effects, mean_head_outputs
 from mechkit.errors import MechkitError
-from mechkit.functionvectors import (
-    function_vector,
-    head_contributions,
-    indirect_effects,
-    mean_head_outputs,
-    top_heads,
-)
-from mechkit.heads import Head
-from mechkit.scoring import encode
+from mechkit.eval.scoring import encode
+from mechkit.model.heads import Head, top_heads
 from mechkit.tasks import build_prompts
-from mechkit.tasks.shuffled import _demos, shuffle_labels, shuffled_label_prompts
+from mechkit.tasks.shuffled import shuffle_labels, shuffled_label_prompts, split_demos
 
 
 def test_shuffled_labels_keep_query_and_permute_outputs():
@@ -26,7 +20,7 @@ def test_shuffled_labels_keep_query_and_permute_outputs():
     for c, s in zip(clean, shuffled, strict=True):
         assert (s.query, s.answer, s.accepted) == (c.query, c.answer, c.accepted)
         assert s.text.endswith(f"input: {c.query}\noutput:")
-        (c_pairs, _), (s_pairs, _) = _demos(c.text), _demos(s.text)
+        (c_pairs, _), (s_pairs, _) = split_demos(c.text), split_demos(s.text)
         assert [x for x, _ in s_pairs] == [x for x, _ in c_pairs]
         assert sorted(y for _, y in s_pairs) == sorted(y for _, y in c_pairs)
         assert all(sy != cy for (_, sy), (_, cy) in zip(s_pairs, c_pairs, strict=True))
@@ -41,7 +35,7 @@ def test_too_few_demonstrations_cannot_be_shuffled(task, shots):
     import random
 
     two = build_prompts("capitalize", n=1, shots=2, seed=0)[0]
-    assert _demos(shuffle_labels(two, random.Random(0)).text)[0] != _demos(two.text)[0]
+    assert split_demos(shuffle_labels(two, random.Random(0)).text)[0] != split_demos(two.text)[0]
 
 
 def test_mean_head_outputs_read_each_rows_last_token(tiny_llama):

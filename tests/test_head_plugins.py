@@ -109,7 +109,7 @@ def test_composite_settings_reach_the_prompts():
     for setting, run in runs.items():
         assert run.report["params"]["setting"] == setting
         assert set(run.results["conditions"][0]["metrics"]) == {"capitalize+swap", "swap"}
-    from mechkit.evaluation import task_prompts
+    from mechkit.eval.evaluation import task_prompts
 
     prompts = task_prompts(["capitalize+swap", "swap"], 2, 2, 0, "composite-in-context")
     assert all(p.setting == "composite-in-context" for p in prompts["capitalize+swap"])

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import mechkit as mk
-from mechkit.headscores import copy_loss, head_scores, ov_copying_scores, repeated_tokens
+from mechkit.heads.scores import copy_loss, head_scores, ov_copying_scores, repeated_tokens
 from mechkit.model.linear import weight_out_in
 
 

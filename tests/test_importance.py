@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 import mechkit as mk
-from mechkit.heads import Head
-from mechkit.importance import attribution_effects, exact_effects, spearman
-from mechkit.scoring import score_prompts
+from mechkit.eval.scoring import score_prompts
+from mechkit.heads.effects import attribution_effects, exact_effects, spearman
+from mechkit.model.heads import Head
 from mechkit.tasks import build_prompts
 
 

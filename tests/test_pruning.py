@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import mechkit as mk
 from mechkit.cli.main import cli, main
 from mechkit.errors import MechkitError
-from mechkit.importance import attribution_effects
+from mechkit.heads.effects import attribution_effects
 from mechkit.model.linear import weight_out_in
 from mechkit.pruning import calibrate, guide_scores, make_plan, parse_sparsity, prune_copy
 from mechkit.pruning.cost import flops_per_token, n_params
@@ -173,11 +173,10 @@ def test_allocation_stops_when_every_layer_is_capped():
 
 
 def test_layer_sensitivity_is_the_exact_masked_drop(tiny_llama, calib):
-    from mechkit.pruning.guides import _answer_logprob
+    from mechkit.eval.scoring import encode_rows, forward_kept, pad_batch, pad_id, row_metrics
     from mechkit.pruning.masking import masked
     from mechkit.pruning.plan import PrunePlan
     from mechkit.pruning.sensitivity import layer_sensitivity
-    from mechkit.scoring import encode_rows, forward_kept, pad_batch, pad_id
 
     scores = static_scores("wanda", tiny_llama, calib.stats)
     sens = layer_sensitivity(tiny_llama, scores.mlp, calib, probe=0.5, batch_size=64)
@@ -186,9 +185,9 @@ def test_layer_sensitivity_is_the_exact_masked_drop(tiny_llama, calib):
     k = tiny_llama.anatomy.d_mlp // 2
     plan = PrunePlan(mlp={1: np.argsort(scores.mlp[1], kind="stable")[:k].tolist()}, compensate=True)
     with torch.no_grad():
-        base = _answer_logprob(forward_kept(tiny_llama, batch), batch)
+        base = row_metrics(forward_kept(tiny_llama, batch), batch)[0]
         with masked(tiny_llama, plan, calib.stats):
-            out = _answer_logprob(forward_kept(tiny_llama, batch), batch)
+            out = row_metrics(forward_kept(tiny_llama, batch), batch)[0]
     assert sens[1] == pytest.approx(float((base - out).mean()), abs=1e-5)
     plan = make_plan(scores, tiny_llama.anatomy, {"neurons": 0.3}, "sensitivity", sensitivity=sens)
     assert sum(len(v) for v in plan.mlp.values()) == pytest.approx(0.3 * 2 * tiny_llama.anatomy.d_mlp, abs=2)

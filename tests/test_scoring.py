@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mechkit.scoring import encode, greedy_exact_match, score_prompts
+from mechkit.eval.scoring import encode, greedy_exact_match, score_prompts
 from mechkit.tasks import build_prompts
 
 
@@ -58,7 +58,7 @@ def test_multiple_accepted_answers(tiny_llama):
 def test_ioi_reports_logit_difference(tiny_llama):
     import torch
 
-    from mechkit.scoring import encode
+    from mechkit.eval.scoring import encode
 
     prompts = build_prompts("ioi", n=3, seed=0)
     scored = score_prompts(tiny_llama, prompts)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import mechkit as mk
-from mechkit.heads import Head
 from mechkit.interventions import permutation, shuffle_heads
+from mechkit.model.heads import Head
 
 
 def record(handle, ids, name):

@@ -10,9 +10,7 @@ import pytest
 import torch
 
 import mechkit as mk
-from mechkit.errors import MechkitError
-from mechkit.tasks import build_prompts
-from mechkit.taskvectors import (
+from mechkit.actvec import (
     ActivationVector,
     ResidEdit,
     apply_vector,
@@ -22,6 +20,8 @@ from mechkit.taskvectors import (
     patched_accuracy,
     score_edited,
 )
+from mechkit.errors import MechkitError
+from mechkit.tasks import build_prompts
 
 
 def _logits(handle, ids):
@@ -213,7 +213,7 @@ def test_save_replaces_atomically_and_cleans_up_on_failure(tmp_path, monkeypatch
     def fail(*_args):
         raise OSError("disk full")
 
-    monkeypatch.setattr("mechkit.taskvectors.os.replace", fail)
+    monkeypatch.setattr("mechkit.io.atomic.os.replace", fail)
     with pytest.raises(OSError, match="disk full"):
         first.save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["v.safetensors"]  # no temporary file left behind
@@ -221,7 +221,7 @@ def test_save_replaces_atomically_and_cleans_up_on_failure(tmp_path, monkeypatch
 
 
 def test_extraction_unembeds_only_the_last_position_without_changing_results(tiny_llama, monkeypatch):
-    from mechkit.functionvectors import mean_head_outputs
+    from mechkit.actvec.function_vectors import mean_head_outputs
 
     prompts = build_prompts("swap", n=3, shots=1, seed=2) + build_prompts("swap", n=2, shots=0, seed=2)
     calls = []
@@ -236,7 +236,7 @@ def test_extraction_unembeds_only_the_last_position_without_changing_results(tin
     monkeypatch.setattr(tiny_llama.model, "forward", spy)
     kept = icl_task_vectors(tiny_llama, "swap", prompts=prompts, batch_size=5), mean_head_outputs(tiny_llama, prompts)
     assert calls == [1, 1]
-    monkeypatch.setattr("mechkit.taskvectors.supports_logits_to_keep", lambda _model: False)
+    monkeypatch.setattr("mechkit.eval.scoring.supports_logits_to_keep", lambda _model: False)
     full = icl_task_vectors(tiny_llama, "swap", prompts=prompts, batch_size=5), mean_head_outputs(tiny_llama, prompts)
     assert calls[2:] != [1, 1]
     assert all(torch.equal(k, f) for k, f in zip(kept, full, strict=True))
@@ -274,13 +274,14 @@ def test_plugin_rejects_bad_layers_before_work(tmp_path):
     ({"tasks": "swap,ioi", "shots": 2}, "too few to shuffle"),  # ioi has no input:/output: demonstrations
 ])
 def test_plugin_rejects_bad_options_before_work(tmp_path, monkeypatch, options, match):
-    import mechkit.functionvectors as fvs
-    import mechkit.taskvectors as tvs
+    import mechkit.actvec.edits as edits
+    import mechkit.actvec.function_vectors as fvs
+    import mechkit.actvec.task_vectors as tvs
 
     def no_work(*_args, **_kwargs):
         raise AssertionError("extraction started before the options were checked")
 
-    for module, name in ((tvs, "score_edited"), (tvs, "icl_task_vectors"), (fvs, "mean_head_outputs")):
+    for module, name in ((edits, "score_edited"), (tvs, "icl_task_vectors"), (fvs, "mean_head_outputs")):
         monkeypatch.setattr(module, name, no_work)
     with pytest.raises(MechkitError, match=match):
         mk.run("icl-vectors", model="tiny:llama", out=tmp_path / "x", n=2, n_dev=2, **{"top_k": 2, **options})

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.heads import Head, heads_by_layer, parse_heads
 from mechkit.hooking.core import hooks, record
+from mechkit.model.heads import Head, heads_by_layer, parse_heads
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.heads import Head
 from mechkit.interventions.weights import WeightEdits, edit_weights
+from mechkit.model.heads import Head
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

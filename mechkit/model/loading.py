@@ -11,8 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mechkit.errors import MechkitError, ModelLoadError
+from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.model.anatomy import discover_anatomy
+from mechkit.model.gguf import load_gguf
 from mechkit.model.handle import ModelHandle
 
 EMBEDDED_ALIASES = ("llama", "smollm2")
@@ -123,22 +124,9 @@ def load_directory(path: Path, torch_dtype=None):
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line
-        raise ModelLoadError(f"could not load the model in {path}: {_first_line(err)}",
+        raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)
-
-
-def load_gguf(path: Path, torch_dtype=None):
-    """A GGUF file, dequantized by transformers' GGUF reader."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
-    except Exception as err:
-        raise ModelLoadError(f"could not read GGUF file {path}: {_first_line(err)}",
-                             "the file may be corrupt or truncated — download it again") from err
-    return model, tok
 
 
 def _tokenizer(path: Path):
@@ -157,11 +145,6 @@ def _load_hub(repo_id: str, torch_dtype):
         model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, trust_remote_code=False)
         tok = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=False)
     except Exception as err:
-        raise ModelLoadError(f"could not load {repo_id!r} from the hub: {_first_line(err)}",
+        raise ModelLoadError(f"could not load {repo_id!r} from the hub: {first_line(err)}",
                              "check the id and your network, or pass a local directory or .gguf file") from err
     return model, tok
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__

@@ -13,14 +13,14 @@ from mechkit.errors import ModelLoadError
 
 VOCAB = 259  # 256 bytes + <bos> <eos> <pad>
 
-_COMMON = dict(vocab_size=VOCAB, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+SPECIAL_TOKENS = dict(vocab_size=VOCAB, bos_token_id=256, eos_token_id=257, pad_token_id=258)
 
 
 def _configs() -> dict[str, Callable]:
     import transformers as T
 
     gqa = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512, **_COMMON)
+               num_key_value_heads=2, max_position_embeddings=512, **SPECIAL_TOKENS)
     return {
         "llama": lambda: T.LlamaConfig(**gqa),
         "mistral": lambda: T.MistralConfig(**gqa, sliding_window=None),
@@ -28,10 +28,10 @@ def _configs() -> dict[str, Callable]:
         "gemma": lambda: T.GemmaConfig(**gqa, head_dim=16),
         "gemma2": lambda: T.Gemma2Config(**gqa, head_dim=16),
         "phi3": lambda: T.Phi3Config(**gqa),
-        "gpt2": lambda: T.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **_COMMON),
+        "gpt2": lambda: T.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **SPECIAL_TOKENS),
         "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                             num_attention_heads=4, max_position_embeddings=512,
-                                            **_COMMON),
+                                            **SPECIAL_TOKENS),
     }
 
 

@@ -33,14 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mechkit.model.tiny import _COMMON, VOCAB, byte_tokenizer
+from mechkit.model.tiny import SPECIAL_TOKENS, VOCAB, byte_tokenizer
 
 FORMAT = 1  # bump when the cache layout or the training code changes meaning
 N_BYTES = 256  # data ids are bytes 0..255; BOS/EOS/PAD (256..258) never appear inside a sequence
-BOS_ID = _COMMON["bos_token_id"]
+BOS_ID = SPECIAL_TOKENS["bos_token_id"]
 
 CONFIG: dict[str, Any] = dict(
-    **_COMMON, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    **SPECIAL_TOKENS, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
 )
 # Everything that shapes the weights besides the config, steps and seed (it enters the cache key).
@@ -65,7 +65,7 @@ def recipe_hash(seed: int = 0, steps: int = DEFAULT_STEPS) -> str:
 
 def cache_dir(seed: int = 0, steps: int | None = None) -> Path:
     """Where :func:`toy_model` keeps the weights for this recipe."""
-    from mechkit.model.embedded import cache_root
+    from mechkit.model.cache import cache_root
 
     return cache_root() / "toy" / f"induction-{recipe_hash(seed, DEFAULT_STEPS if steps is None else steps)}"
 

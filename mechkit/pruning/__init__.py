@@ -1,8 +1,9 @@
 """Training-free structured pruning guided by what the analyses found (see :mod:`.pipeline`)."""
 
+from mechkit.pruning.calibration import Calibration, calibrate
 from mechkit.pruning.guides import GUIDES, Scores
 from mechkit.pruning.masking import masked
-from mechkit.pruning.pipeline import Calibration, calibrate, circuit_scores, guide_scores
+from mechkit.pruning.pipeline import circuit_scores, guide_scores
 from mechkit.pruning.plan import PrunePlan
 from mechkit.pruning.select import make_plan, parse_sparsity
 from mechkit.pruning.slicing import prune_copy, save_pruned

@@ -21,7 +21,7 @@ from mechkit.pruning.slicing import prune_copy
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-    from mechkit.pruning.pipeline import Calibration
+    from mechkit.pruning.calibration import Calibration
 
 MIXES: dict[str, dict[str, float]] = {
     "neurons": {"neurons": 1.0},
@@ -91,7 +91,7 @@ def search(plan_for: Callable[[dict], PrunePlan], stats, budget: float, targets:
 
 def masked_accuracy(handle: ModelHandle, calib: Calibration, batch_size: int = 16) -> Callable:
     """plan → mean exact-match accuracy over the calibration prompts' tasks, on the masked model."""
-    from mechkit.scoring import score_prompts
+    from mechkit.eval.scoring import score_prompts
 
     def acc(plan: PrunePlan) -> float:
         with masked(handle, plan, calib.stats):

@@ -39,7 +39,7 @@ def flops_per_token(handle: ModelHandle, context: int = 128) -> float:
 
 
 def _time(handle: ModelHandle, ids: torch.Tensor, mask: torch.Tensor, last: bool) -> float:
-    from mechkit.scoring import supports_logits_to_keep
+    from mechkit.eval.scoring import supports_logits_to_keep
 
     extra = {"logits_to_keep": 1} if last and supports_logits_to_keep(handle.model) else {}
     if ids.device.type == "cuda":

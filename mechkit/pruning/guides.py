@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.hooking.core import hooks
 from mechkit.model.linear import weight_out_in
-from mechkit.scoring import encode_rows, forward_kept, pad_batch, pad_id
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -97,14 +97,6 @@ def static_scores(guide: str, handle: ModelHandle, stats: UnitStats, seed: int =
 
 # --- task gradients -------------------------------------------------------------------------------
 
-def _answer_logprob(logits: torch.Tensor, batch) -> torch.Tensor:
-    rows = []
-    for i, (cols, target) in enumerate(zip(batch.cols, batch.targets, strict=True)):
-        row = logits[i, cols.to(logits.device)].float().log_softmax(-1)
-        rows.append(row.gather(-1, target.to(logits.device)[:, None]).mean())
-    return torch.stack(rows)
-
-
 def gradient_scores(handle: ModelHandle, prompts: Sequence, stats: UnitStats, baseline: str = "mean",
                     batch_size: int = 8) -> Scores:
     """Per unit, mean over calibration prompts of |Σ_positions ∂logp(answer)/∂a · (a − base)|.
@@ -118,11 +110,8 @@ def gradient_scores(handle: ModelHandle, prompts: Sequence, stats: UnitStats, ba
     mlp = torch.zeros(L, a.d_mlp, dtype=torch.float64)
     heads = torch.zeros(L, a.n_heads, dtype=torch.float64)
     layers = torch.zeros(L, dtype=torch.float64)
-    rows = sorted(encode_rows(handle.tokenizer, prompts, None), key=lambda r: len(r.ids))
-    pad = pad_id(handle.tokenizer)
     n = 0
-    for start in range(0, len(rows), batch_size):
-        batch = pad_batch(rows[start:start + batch_size], pad)
+    for batch in batches(handle, prompts, batch_size):
         acts: dict[str, torch.Tensor] = {}
 
         def keep(x, point, acts=acts):
@@ -132,7 +121,7 @@ def gradient_scores(handle: ModelHandle, prompts: Sequence, stats: UnitStats, ba
         names = ["blocks.*.mlp.hook_post", "blocks.*.attn.hook_z", "blocks.*.hook_resid_pre",
                  "blocks.*.hook_resid_post"]
         with torch.enable_grad(), hooks(handle, dict.fromkeys(names, keep)):
-            logp = _answer_logprob(forward_kept(handle, batch), batch)
+            logp = row_metrics(forward_kept(handle, batch), batch)[0]
             order = sorted(acts)
             grads = dict(zip(order, torch.autograd.grad(logp.sum(), [acts[k] for k in order], allow_unused=True),
                              strict=True))

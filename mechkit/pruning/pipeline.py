@@ -13,10 +13,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mechkit.pruning.calibration import Calibration
 from mechkit.pruning.guides import (
     Scores,
     check_guide,
@@ -25,36 +24,9 @@ from mechkit.pruning.guides import (
     protect_heads,
     static_scores,
 )
-from mechkit.pruning.stats import UnitStats, collect_stats
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-
-CALIB_SEED_OFFSET = 1000  # calibration prompts never share a seed with held-out ones
-
-
-@dataclass
-class Calibration:
-    """Calibration prompts of the chosen tasks and the unit statistics measured on them."""
-
-    tasks: list[str]
-    prompts: list
-    stats: UnitStats
-
-    @property
-    def texts(self) -> list[str]:
-        return [p.text + p.answer for p in self.prompts]
-
-
-def calibrate(handle: ModelHandle, tasks: Sequence[str], n: int = 16, shots: int | None = 10, seed: int = 0,
-              setting: str | None = None) -> Calibration:
-    """Build ``n`` calibration prompts per task (seed offset from the held-out ones) and their stats."""
-    from mechkit.evaluation import task_prompts
-
-    by_task = task_prompts(list(tasks), n, shots, seed + CALIB_SEED_OFFSET, setting)
-    prompts = [p for ps in by_task.values() for p in ps]
-    return Calibration(list(tasks), prompts, collect_stats(handle, [p.text + p.answer for p in prompts]))
-
 
 def ablation_scores(handle: ModelHandle, calib: Calibration, attribution: Scores) -> Scores:
     """Exact ablation effects where they are affordable: every head zero-ablated for real on the
@@ -62,7 +34,7 @@ def ablation_scores(handle: ModelHandle, calib: Calibration, attribution: Scores
     real; MLP channels (tens of thousands) keep their attribution estimate."""
     import numpy as np
 
-    from mechkit.importance import exact_effects
+    from mechkit.heads.effects import exact_effects
     from mechkit.pruning.plan import PrunePlan
     from mechkit.pruning.sensitivity import plan_drops
 
@@ -74,7 +46,7 @@ def ablation_scores(handle: ModelHandle, calib: Calibration, attribution: Scores
 
 def circuit_scores(handle: ModelHandle, n_seqs: int = 20, seg_len: int = 25, seed: int = 0) -> dict:
     """Induction and previous-token scores of every head on repeated random tokens."""
-    from mechkit.headscores import head_scores, repeated_tokens
+    from mechkit.heads.scores import head_scores, repeated_tokens
 
     tokens = repeated_tokens(handle, n_seqs=n_seqs, seg_len=seg_len, seed=seed)
     return head_scores(handle, tokens, seg_len).scores

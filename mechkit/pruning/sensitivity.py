@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.model.partial import capture_block_inputs, run_from
-from mechkit.pruning.guides import _answer_logprob
 from mechkit.pruning.masking import masked
 from mechkit.pruning.plan import PrunePlan
-from mechkit.scoring import encode_rows, forward_kept, pad_batch, pad_id
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-    from mechkit.pruning.pipeline import Calibration
+    from mechkit.pruning.calibration import Calibration
 
 
 def layer_sensitivity(handle: ModelHandle, mlp_scores: np.ndarray, calib: Calibration, probe: float = 0.5,
@@ -39,19 +38,16 @@ def layer_sensitivity(handle: ModelHandle, mlp_scores: np.ndarray, calib: Calibr
 def plan_drops(handle: ModelHandle, plans: list[PrunePlan], calib: Calibration, batch_size: int = 8) -> np.ndarray:
     """Exact mean drop of answer log-prob on the calibration prompts for each single-layer plan
     (``plans[l]`` touches layer ``l`` only, so blocks below ``l`` are reused from the clean run)."""
-    rows = sorted(encode_rows(handle.tokenizer, calib.prompts, None), key=lambda r: len(r.ids))
-    pad = pad_id(handle.tokenizer)
     drop = np.zeros(len(plans))
     n = 0
     with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            batch = pad_batch(rows[start:start + batch_size], pad)
+        for batch in batches(handle, calib.prompts, batch_size):
             with capture_block_inputs(handle) as inputs:
-                base = _answer_logprob(forward_kept(handle, batch), batch)
+                base = row_metrics(forward_kept(handle, batch), batch)[0]
             keep = batch.keep.to(handle.device)
             for layer, plan in enumerate(plans):
                 with masked(handle, plan, calib.stats):
-                    out = _answer_logprob(run_from(handle, layer, inputs, positions=keep), batch)
+                    out = row_metrics(run_from(handle, layer, inputs, positions=keep), batch)[0]
                 drop[layer] += float((base - out).sum())
             n += len(batch.cols)
     return drop / max(n, 1)

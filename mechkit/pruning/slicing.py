@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.io import temp_dir_beside
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
 from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure
-from mechkit.report.writer import _make_temp_dir
 
 if TYPE_CHECKING:
     from mechkit.pruning.plan import PrunePlan
@@ -97,7 +97,7 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
         raise MechkitError(f"{out} already exists and is not an empty directory",
                            "choose another directory or pass force=True to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _make_temp_dir(out)  # honours the umask (mkdtemp would make the saved model private)
+    tmp = temp_dir_beside(out)  # honours the umask (mkdtemp would make the saved model private)
     try:
         config = handle.model.config.to_dict()
         config.update(structure.config_restore)

@@ -13,7 +13,7 @@ import json
 from html import escape
 from typing import Any
 
-from mechkit.report import _values as V
+from mechkit.report import values as V
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;max-width:1100px;margin:0 auto;padding:1.5em}

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import PurePath
 from typing import Any
 
-from mechkit._version import __version__
+from mechkit import __version__
 from mechkit.errors import MechkitError
 
 SCHEMA = "mechkit.report/v1"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import MechkitError
-from mechkit.report import _values as V
+from mechkit.report import values as V
 from mechkit.report.schema import validate_report
 
 if TYPE_CHECKING:

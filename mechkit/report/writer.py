@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError, ReportExistsError
+from mechkit.io import temp_dir_beside
 from mechkit.report.html import render_html
 from mechkit.report.schema import to_jsonable, validate_report
 
@@ -73,7 +73,7 @@ def write_report(
 
     created_parents = _missing_ancestors(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _make_temp_dir(out)
+    tmp = temp_dir_beside(out)
     try:
         images: dict[str, bytes] = {}
         for name, fig in figures.items():
@@ -143,18 +143,6 @@ def _missing_ancestors(path: Path) -> list[Path]:
             break
         missing.append(p)
     return missing
-
-
-def _make_temp_dir(out: Path) -> Path:
-    # os.mkdir honours the umask (tempfile.mkdtemp would make it 0700, and a renamed-in run
-    # directory would then be private); the leading dot keeps it out of ordinary listings.
-    while True:
-        tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
-        try:
-            tmp.mkdir()
-            return tmp
-        except FileExistsError:
-            continue
 
 
 def _move_into(tmp: Path, out: Path, names: list[str]) -> None:

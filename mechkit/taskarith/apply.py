@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.interventions.weights import WeightEdits
 from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.vector import TaskVector
 
@@ -44,7 +45,8 @@ class TaskArithmetic:
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self._params = dict(handle.model.named_parameters())
-        self._saved: dict[str, torch.Tensor] = {}
+        self._edits = WeightEdits(handle)  # the snapshots Ψ0, restored bit-exactly
+        self._touched: set[str] = set()
         self._rename = checkpoint_renamer(handle.model)
 
     def _name(self, name: str) -> str:
@@ -60,10 +62,9 @@ class TaskArithmetic:
 
     def _param(self, name: str) -> nn.Parameter:
         name = self._name(name)
-        p = self._params[name]
-        if name not in self._saved:
-            self._saved[name] = p.detach().clone()
-        return p
+        self._touched.add(name)
+        self._edits.original(self._params[name])
+        return self._params[name]
 
     @torch.no_grad()
     def set(self, *terms: Term) -> None:
@@ -81,18 +82,17 @@ class TaskArithmetic:
             for name, delta in tv.deltas.items():
                 key = self._name(name)
                 if key not in sums:
-                    base = self._saved[key]
+                    base = self._edits.original(self._params[key])
                     sums[key] = base.to(torch.promote_types(base.dtype, torch.float32), copy=True)
                 acc = sums[key]
                 acc[:delta.shape[0]] += delta.to(device=acc.device, dtype=torch.float32).to(acc.dtype) * lam
-        for name, original in self._saved.items():
-            self._params[name].data.copy_(sums.get(name, original))
+        for name in self._touched:
+            p = self._params[name]
+            p.data.copy_(sums.get(name, self._edits.original(p)))
 
-    @torch.no_grad()
     def restore(self) -> None:
-        for name, original in self._saved.items():
-            self._params[name].data.copy_(original)
-        self._saved.clear()
+        self._edits.restore()
+        self._touched.clear()
 
 
 @contextlib.contextmanager

@@ -9,10 +9,14 @@ each tensor (``scope="tensor"``), and zeroes the rest (no rescaling: that is DAR
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.taskarith.vector import TaskVector
+
+if TYPE_CHECKING:  # the vector calls these functions; they only use its methods
+    from mechkit.taskarith.vector import TaskVector
 
 
 def rank_for_energy(singular: torch.Tensor, energy: float) -> int:
@@ -80,7 +84,7 @@ def sparsify(tv: TaskVector, density: float, scope: str = "global") -> TaskVecto
         size = tv.deltas[n].numel()
         out[n] = kept[start:start + size].view_as(tv.deltas[n])
         start += size
-    return tv._derive(out, f"sparsify {density:g} global")
+    return tv.derive(out, f"sparsify {density:g} global")
 
 
 __all__ = ["low_rank", "rank_for_energy", "sparsify", "truncated_svd"]

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.taskarith.compress import low_rank, sparsify
 
 SCHEMA = "mechkit.taskvector/v1"
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
@@ -58,14 +59,15 @@ class TaskVector:
     meta: dict = field(default_factory=dict)
 
     # ---- algebra ------------------------------------------------------------------------------
-    def _derive(self, deltas: dict[str, torch.Tensor], op: str, *others: TaskVector) -> TaskVector:
+    def derive(self, deltas: dict[str, torch.Tensor], op: str, *others: TaskVector) -> TaskVector:
+        """A new vector of ``deltas`` whose metadata records ``op`` after this one's (and ``others``' tasks)."""
         tasks = list(dict.fromkeys([*self.meta.get("tasks", []), *(t for o in others for t in o.meta.get("tasks", []))]))
         meta = {**self.meta, "tasks": tasks, "ops": [*self.meta.get("ops", []), op]}
         return TaskVector(deltas, meta)
 
     def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor], op: str) -> TaskVector:
         """A new vector with ``fn(name, delta)`` applied to every tensor."""
-        return self._derive({k: fn(k, v) for k, v in self.deltas.items()}, op)
+        return self.derive({k: fn(k, v) for k, v in self.deltas.items()}, op)
 
     def __add__(self, other: TaskVector) -> TaskVector:
         if not isinstance(other, TaskVector):
@@ -79,7 +81,7 @@ class TaskVector:
             else:
                 raise MechkitError(f"task vectors disagree on the shape of {k}: {tuple(out[k].shape)} vs {tuple(v.shape)}",
                                    "extract both from the same base model with the same --embeddings choice")
-        return self._derive(out, "add", other)
+        return self.derive(out, "add", other)
 
     def __neg__(self) -> TaskVector:
         return self.map(lambda _, v: -v, "negate")
@@ -108,18 +110,14 @@ class TaskVector:
     def filter(self, rules: list[str]) -> TaskVector:
         """Only the tensors whose names match one of the globs / layer ranges."""
         kept = {k: v.clone() for k, v in self.deltas.items() if any(_rule_matches(r, k) for r in rules)}
-        return self._derive(kept, f"filter {rules}")
+        return self.derive(kept, f"filter {rules}")
 
     def low_rank(self, rank: int | None = None, energy: float | None = None) -> TaskVector:
         """Truncated SVD of every 2-D delta; see :func:`mechkit.taskarith.compress.low_rank`."""
-        from mechkit.taskarith.compress import low_rank
-
         return low_rank(self, rank=rank, energy=energy)
 
     def sparsify(self, density: float, scope: str = "global") -> TaskVector:
         """Top ``density`` fraction by magnitude; see :func:`mechkit.taskarith.compress.sparsify`."""
-        from mechkit.taskarith.compress import sparsify
-
         return sparsify(self, density, scope)
 
     # ---- measures -----------------------------------------------------------------------------

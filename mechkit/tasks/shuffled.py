@@ -18,7 +18,7 @@ from mechkit.tasks.registry import build_prompts
 _INPUT, _OUTPUT = "input: ", "output: "
 
 
-def _demos(text: str) -> tuple[list[tuple[str, str]], str]:
+def split_demos(text: str) -> tuple[list[tuple[str, str]], str]:
     """Split ``input: X\\noutput: Y\\n``… ``input: Q\\noutput:`` into demo pairs and the query block."""
     lines = text.split("\n")
     query = "\n".join(lines[-2:])
@@ -48,7 +48,7 @@ def shuffle_labels(prompt: Prompt, rng: random.Random) -> Prompt:
     (there is nothing to permute, so a "shuffled" prompt would be the clean one).
     """
     try:
-        pairs, query = _demos(prompt.text)
+        pairs, query = split_demos(prompt.text)
     except ValueError:
         pairs, query = [], ""
     if len(pairs) < 2:

@@ -8,7 +8,7 @@ training runs on a deep copy. LoRA (through peft) is merged into the copy's weig
 so the task vector ``Ψ*_T − Ψ0`` is always a plain weight difference.
 
 >>> import mechkit as mk
->>> from mechkit.finetune import Recipe, finetune
+>>> from mechkit.taskarith.finetune import Recipe, finetune
 >>> out = finetune(mk.load_model("tiny:llama"), Recipe(task="capitalize", steps=2, batch_size=4))
 >>> len(out.losses)
 2
@@ -93,7 +93,7 @@ def eval_prompts(recipe: Recipe, shots: int = 0) -> list:
 
 def training_rows(handle: ModelHandle, recipe: Recipe) -> list[tuple[list[int], int]]:
     """Token ids and answer start of ``pool`` training prompts; evaluation queries are excluded."""
-    from mechkit.scoring import encode
+    from mechkit.eval.scoring import encode
     from mechkit.tasks import build_prompts
 
     held_out = {p.query for p in eval_prompts(recipe)}

@@ -7,7 +7,8 @@
    Its mean over prompts is the head's average indirect effect (AIE; Todd's CIE averaged).
 3. :func:`function_vector` — the sum over the top-k heads of ``ā[L, h]`` projected through that
    head's slice of the attention output projection: the head's contribution to the residual
-   stream. It is *added* at one layer's last token (:class:`mechkit.taskvectors.ResidEdit`).
+   stream. It is *added* at one layer's last token (:class:`mechkit.actvec.ResidEdit`); the top-k
+   heads are :func:`mechkit.model.heads.top_heads` of the indirect effects.
 
 Only the last token is patched, and a causal model's earlier positions do not see it, so the
 indirect effects reuse one cached prefix per prompt and batch every head as a one-token forward:
@@ -23,14 +24,13 @@ from typing import TYPE_CHECKING
 import torch
 from einops import rearrange
 
+from mechkit.eval.scoring import encode, last_logits_only, pad_id, pad_right, prompt_ids
 from mechkit.hooking.core import hooks
 from mechkit.model.linear import weight_out_in
-from mechkit.scoring import encode, pad_id
-from mechkit.taskvectors import last_logits_only, pad_right, prompt_ids
 
 if TYPE_CHECKING:
-    from mechkit.heads import Head
     from mechkit.model.handle import ModelHandle
+    from mechkit.model.heads import Head
 
 
 def mean_head_outputs(handle: ModelHandle, prompts: Sequence, batch_size: int = 8) -> torch.Tensor:
@@ -105,15 +105,6 @@ def _last_token_probs(handle: ModelHandle, cache, last: int, rows: int) -> torch
     ids = torch.full((rows, 1), last, device=handle.device)
     logits = handle.model(input_ids=ids, past_key_values=batch_cache, use_cache=True).logits[:, -1]
     return logits.float().softmax(-1).cpu()
-
-
-def top_heads(effects: torch.Tensor, k: int) -> list[Head]:
-    """The ``k`` heads with the largest average indirect effect (``effects``: ``[n_layers, n_heads]``)."""
-    from mechkit.heads import Head
-
-    flat = effects.flatten().argsort(descending=True)[:k]
-    n_heads = effects.shape[1]
-    return [Head(int(i) // n_heads, int(i) % n_heads) for i in flat]
 
 
 def head_contributions(handle: ModelHandle, means: torch.Tensor) -> torch.Tensor:

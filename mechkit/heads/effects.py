@@ -20,29 +20,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.hooking.core import hooks
 from mechkit.model.partial import capture_block_inputs, run_from
-from mechkit.scoring import Batch, encode_rows, forward_kept, pad_batch, pad_id
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-
-
-def _batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Batch]:
-    rows = sorted(encode_rows(handle.tokenizer, prompts, None), key=lambda r: len(r.ids))
-    pad = pad_id(handle.tokenizer)
-    return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
-
-
-def _metrics(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: mean answer log-prob and teacher-forced exact match, from logits at ``keep``."""
-    logprobs, correct = [], []
-    for i, (cols, target) in enumerate(zip(batch.cols, batch.targets, strict=True)):
-        row = logits[i, cols.to(logits.device)].float()
-        target = target.to(logits.device)
-        logprobs.append(row.log_softmax(-1).gather(-1, target[:, None]).mean())
-        correct.append((row.argmax(-1) == target).all().float())
-    return torch.stack(logprobs), torch.stack(correct)
 
 
 def _zero_head(h: int) -> Callable:
@@ -71,10 +54,10 @@ def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, 
     clean_lp = clean_acc = 0.0
     n = 0
     with torch.no_grad():
-        for batch in _batches(handle, prompts, batch_size):
+        for batch in batches(handle, prompts, batch_size):
             with capture_block_inputs(handle) as inputs:
                 logits = forward_kept(handle, batch)
-            base_lp, base_acc = _metrics(logits, batch)
+            base_lp, base_acc = row_metrics(logits, batch)
             clean_lp += float(base_lp.sum())
             clean_acc += float(base_acc.sum())
             n += len(batch.cols)
@@ -83,7 +66,7 @@ def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, 
                 for h in range(a.n_heads):
                     with hooks(handle, {f"blocks.{layer}.attn.hook_z": _zero_head(h)}):
                         out = run_from(handle, layer, inputs, positions=keep)
-                    abl_lp, abl_acc = _metrics(out, batch)
+                    abl_lp, abl_acc = row_metrics(out, batch)
                     lp[layer, h] += float((abl_lp - base_lp).sum())
                     acc[layer, h] += float((abl_acc - base_acc).sum())
                 if on_layer:
@@ -96,7 +79,7 @@ def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int 
     a = handle.anatomy
     est = torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64)
     clean_lp, n = 0.0, 0
-    for batch in _batches(handle, prompts, batch_size):
+    for batch in batches(handle, prompts, batch_size):
         zs: dict[int, torch.Tensor] = {}
 
         def keep_z(z, point, zs=zs):
@@ -105,7 +88,7 @@ def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int 
 
         with torch.enable_grad(), hooks(handle, {"blocks.*.attn.hook_z": keep_z}):
             logits = forward_kept(handle, batch)
-            row_lp, _ = _metrics(logits, batch)
+            row_lp, _ = row_metrics(logits, batch)
             layers = sorted(zs)
             grads = torch.autograd.grad(row_lp.sum(), [zs[i] for i in layers])
         with torch.no_grad():

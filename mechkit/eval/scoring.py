@@ -13,7 +13,7 @@ model) at one forward pass per batch plus a few short decodes.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +129,46 @@ def pad_batch(rows: Sequence[Encoded], pad: int) -> Batch:
     return Batch(ids, mask, torch.tensor(keep), cols, targets)
 
 
+def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Batch]:
+    """Every prompt's (first accepted) answer row, length-sorted and padded into batches."""
+    rows = sorted(encode_rows(handle.tokenizer, prompts, None), key=lambda r: len(r.ids))
+    pad = pad_id(handle.tokenizer)
+    return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
+
+
+def row_metrics(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: mean answer log-prob and teacher-forced exact match, from logits at ``batch.keep``."""
+    logprobs, correct = [], []
+    for i, (cols, target) in enumerate(zip(batch.cols, batch.targets, strict=True)):
+        row = logits[i, cols.to(logits.device)].float()
+        target = target.to(logits.device)
+        logprobs.append(row.log_softmax(-1).gather(-1, target[:, None]).mean())
+        correct.append((row.argmax(-1) == target).all().float())
+    return torch.stack(logprobs), torch.stack(correct)
+
+
+def pad_right(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and each row's last real position."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(list(r))
+        mask[i, :len(r)] = 1
+    return ids, mask, mask.sum(dim=1) - 1
+
+
+def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
+    """Token ids of each prompt's text (no answer)."""
+    return [handle.tokenizer(p.text)["input_ids"] for p in prompts]
+
+
+def last_logits_only(handle: ModelHandle) -> dict:
+    """Forward kwargs that unembed one position only (for passes whose hooks read activations and
+    whose logits are thrown away), where the model supports ``logits_to_keep``."""
+    return {"logits_to_keep": 1} if supports_logits_to_keep(handle.model) else {}
+
+
 def forward_kept(handle: ModelHandle, batch: Batch) -> torch.Tensor:
     """Logits at ``batch.keep`` only (``[rows, len(keep), vocab]``), unembedding nothing else where
     the model supports ``logits_to_keep``."""
@@ -189,6 +229,50 @@ def greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
     return False
 
 
+def score_rows(handle: ModelHandle, rows: Sequence[Encoded], batch_size: int = 16,
+               prepare: Callable[[list[int]], None] | None = None) -> tuple[list[tuple], int]:
+    """Score encoded rows in length-sorted batches: per row ``(correct, logprob, logit_diff)``, and
+    how many rows needed a greedy decode.
+
+    ``prepare(indices)`` runs before every forward over ``rows[indices]`` (a batch, or one row for
+    its greedy check): the hook for callers that edit each row differently (activation vectors).
+    """
+    tok = handle.tokenizer
+    pad = pad_id(tok)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+    out: list[tuple] = [()] * len(rows)
+    decoded = 0
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            if prepare is not None:
+                prepare(idx)
+            for i, (ok, logprob, first, pred, diff) in zip(idx, score_batch(handle, [rows[i] for i in idx], pad),
+                                                           strict=True):
+                if not ok and maybe_other_spelling(tok, rows[i], first, pred):
+                    if prepare is not None:
+                        prepare([i])
+                    ok, decoded = greedy_writes(handle, rows[i]), decoded + 1
+                out[i] = (ok, logprob, diff)
+    return out, decoded
+
+
+def aggregate(n_prompts: int, rows: Sequence[Encoded], scored: Sequence[tuple], decoded: int = 0) -> TaskScore:
+    """One :class:`TaskScore` from scored rows: a prompt is correct when any of its accepted answers
+    is, its log-prob is the best one, its logit difference that of its first row."""
+    correct = [False] * n_prompts
+    logprobs = [float("-inf")] * n_prompts
+    diffs: dict[int, float] = {}
+    for row, (ok, lp, diff) in zip(rows, scored, strict=True):
+        correct[row.prompt_index] |= ok
+        logprobs[row.prompt_index] = max(logprobs[row.prompt_index], lp)
+        if diff is not None:
+            diffs.setdefault(row.prompt_index, diff)
+    n = max(n_prompts, 1)
+    logit_diff = sum(diffs.values()) / len(diffs) if diffs else None
+    return TaskScore(sum(correct) / n, sum(logprobs) / n, correct, logprobs, decoded, logit_diff)
+
+
 def score_prompts(
     handle: ModelHandle, prompts: Sequence, batch_size: int = 16, terminator: str | None = None
 ) -> TaskScore:
@@ -197,32 +281,9 @@ def score_prompts(
     Prompts with several accepted answers count as correct when any of them matches; their
     log-probability is the best one.
     """
-    tok = handle.tokenizer
-    pad = pad_id(tok)
-    rows = encode_rows(tok, prompts, terminator)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
-    results: dict[int, tuple[bool, float]] = {}
-    diffs: dict[int, float] = {}
-    decoded = 0
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            batch_idx = order[start:start + batch_size]
-            for i, res in zip(batch_idx, score_batch(handle, [rows[i] for i in batch_idx], pad), strict=True):
-                ok, logprob, first, pred, diff = res
-                if diff is not None and rows[i].prompt_index not in diffs:
-                    diffs[rows[i].prompt_index] = diff
-                if not ok and maybe_other_spelling(tok, rows[i], first, pred):
-                    ok, decoded = greedy_writes(handle, rows[i]), decoded + 1
-                results[i] = (ok, logprob)
-    correct = [False] * len(prompts)
-    logprobs = [float("-inf")] * len(prompts)
-    for i, row in enumerate(rows):
-        ok, lp = results[i]
-        correct[row.prompt_index] |= ok
-        logprobs[row.prompt_index] = max(logprobs[row.prompt_index], lp)
-    n = max(len(prompts), 1)
-    logit_diff = sum(diffs.values()) / len(diffs) if diffs else None
-    return TaskScore(sum(correct) / n, sum(logprobs) / n, correct, logprobs, decoded, logit_diff)
+    rows = encode_rows(handle.tokenizer, prompts, terminator)
+    scored, decoded = score_rows(handle, rows, batch_size)
+    return aggregate(len(prompts), rows, scored, decoded)
 
 
 def greedy_exact_match(handle: ModelHandle, prompts: Sequence, terminator: str | None = None) -> list[bool]:

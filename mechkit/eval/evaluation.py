@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from mechkit.scoring import score_prompts
+from mechkit.eval.scoring import score_prompts
 from mechkit.tasks import build_prompts
 
 if TYPE_CHECKING:
@@ -43,11 +43,3 @@ def reference_tokens(handle: ModelHandle, prompts: dict[str, list], per_task: in
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     t = torch.tensor(list(values), dtype=torch.float64)
     return float(t.mean()), float(t.std(unbiased=False)) if len(t) > 1 else 0.0
-
-
-def progress(console) -> Callable:
-    """A rich progress bar on the run's console (stderr), transient so reports stay clean."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)

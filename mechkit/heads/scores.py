@@ -139,26 +139,36 @@ def ov_copying_scores(handle: ModelHandle) -> np.ndarray:
     return out
 
 
-def load_scores(ctx, from_report: str | None, n_seqs: int, seg_len: int) -> dict:
-    """Head scores from a previous ``detect`` report, or computed now on repeated random tokens."""
+def scores_from_report(report: dict, anatomy, source: str = "the report") -> dict:
+    """The head-score grids of a ``detect`` report (already read), checked against ``anatomy``."""
     from mechkit.errors import MechkitError
 
-    if from_report:
-        from mechkit.report import load_report
+    scores = report.get("results", {}).get("scores") if isinstance(report, dict) else None
+    if not scores or not isinstance(scores, dict):
+        raise MechkitError(f"{source} holds no head scores", "pass a report written by `mechkit detect`")
+    shape = np.asarray(next(iter(scores.values()))).shape
+    if shape != (anatomy.n_layers, anatomy.n_heads):
+        raise MechkitError(f"scores in {source} are for a {'×'.join(map(str, shape))} model, "
+                           f"not {anatomy.n_layers}×{anatomy.n_heads}", "run `mechkit detect` on this model")
+    return scores
 
-        report = load_report(from_report)
-        scores = report.get("results", {}).get("scores")
-        if not scores:
-            raise MechkitError(f"{from_report} holds no head scores", "pass a report written by `mechkit detect`")
-        shape = np.asarray(next(iter(scores.values()))).shape
-        a = ctx.model.anatomy
-        if shape != (a.n_layers, a.n_heads):
-            raise MechkitError(f"scores in {from_report} are for a {shape[0]}×{shape[1]} model, "
-                               f"not {a.n_layers}×{a.n_heads}", "run `mechkit detect` on this model")
-        return scores
+
+def compute_scores(handle: ModelHandle, n_seqs: int, seg_len: int, seed: int) -> dict[str, list]:
+    """Every score kind as a ``[layer][head]`` list on fresh repeated random tokens."""
+    tokens = repeated_tokens(handle, n_seqs=n_seqs, seg_len=seg_len, seed=seed)
+    return {k: v.tolist() for k, v in head_scores(handle, tokens, seg_len).scores.items()}
+
+
+def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: int, seed: int,
+                step=None, source: str = "the report") -> dict:
+    """Head scores from a ``detect`` report already read (``--from``), else computed now.
+
+    ``step(key, compute)`` (a plugin's ``ctx.step``) makes the computation resumable.
+    """
+    if report is not None:
+        return scores_from_report(report, handle.anatomy, source)
 
     def compute():
-        tokens = repeated_tokens(ctx.model, n_seqs=n_seqs, seg_len=seg_len, seed=ctx.seed)
-        return {k: v.tolist() for k, v in head_scores(ctx.model, tokens, seg_len).scores.items()}
+        return compute_scores(handle, n_seqs, seg_len, seed)
 
-    return ctx.step("head-scores", compute)
+    return step("head-scores", compute) if step is not None else compute()

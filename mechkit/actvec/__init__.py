@@ -1,0 +1,54 @@
+"""Activation-space task vectors: one vector that stands in for the demonstrations.
+
+Two kinds, both written at the last token of a zero-shot prompt ``input: Q\\noutput:``:
+
+- ICL task vectors (Hendel et al. 2023; :mod:`mechkit.actvec.task_vectors`) *replace* the residual
+  stream after block L with its mean over demonstrations + a dummy query;
+- function vectors (Todd et al. 2024; :mod:`mechkit.actvec.function_vectors`) *add* the summed mean
+  outputs of the heads with the largest indirect effect.
+
+:mod:`~mechkit.actvec.edits` writes and scores them, :mod:`~mechkit.actvec.vector` is the saved
+file, :mod:`~mechkit.actvec.select` picks the layer on dev prompts.
+
+>>> import mechkit as mk
+>>> from mechkit import actvec
+>>> m = mk.load_model("tiny:llama")
+>>> theta = actvec.icl_task_vectors(m, "capitalize", n_contexts=2, shots=2)
+>>> tuple(theta.shape) == (m.anatomy.n_layers, m.anatomy.d_model)
+True
+"""
+
+from mechkit.actvec.edits import (
+    Edits,
+    ResidEdit,
+    apply_vector,
+    patch_last_token,
+    patched_accuracy,
+    score_edited,
+)
+from mechkit.actvec.function_vectors import (
+    function_vector,
+    head_contributions,
+    indirect_effects,
+    mean_head_outputs,
+)
+from mechkit.actvec.select import choose_layer
+from mechkit.actvec.task_vectors import icl_task_vectors
+from mechkit.actvec.vector import METHODS, ActivationVector
+
+__all__ = [
+    "METHODS",
+    "ActivationVector",
+    "Edits",
+    "ResidEdit",
+    "apply_vector",
+    "choose_layer",
+    "function_vector",
+    "head_contributions",
+    "icl_task_vectors",
+    "indirect_effects",
+    "mean_head_outputs",
+    "patch_last_token",
+    "patched_accuracy",
+    "score_edited",
+]
