@@ -109,8 +109,8 @@ class _Run:
 
     def __init__(self, ctx: RunContext, guides: list[str], targets: list[str], levels: list[dict], tasks: list[str]):
         from mechkit.eval.evaluation import task_prompts
-        from mechkit.pruning.cost import heldout_text
         from mechkit.pruning.calibration import calibrate
+        from mechkit.pruning.cost import heldout_text
 
         self.ctx, self.p, self.m = ctx, ctx.params, ctx.model
         self.guides, self.targets, self.levels, self.tasks = guides, targets, levels, tasks
