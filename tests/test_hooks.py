@@ -94,6 +94,23 @@ def test_pattern_read_keeps_fast_kernel_on_other_layers(tiny_llama, ids):
     assert tiny_llama.model.config._attn_implementation == "sdpa"
 
 
+def test_pattern_contexts_are_independent_of_closing_order(tiny_llama, ids):
+    outer_seen, inner_seen = [], []
+    outer = mk.record(tiny_llama, "blocks.0.attn.hook_pattern")
+    inner = mk.hooks(tiny_llama, {"blocks.1.attn.hook_pattern": lambda p, point: inner_seen.append(p.shape)})
+    cache = outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the outer one closes first
+    outer_seen.append("blocks.0.attn.hook_pattern" in cache)
+    logits_of(tiny_llama, ids)  # the inner one still records
+    assert inner_seen == [torch.Size([2, 4, 12, 12])]
+    assert tiny_llama.model.config._attn_implementation == "mechkit_sdpa"
+    inner.__exit__(None, None, None)
+    assert tiny_llama.model.config._attn_implementation == "sdpa"  # back once the last one closes
+    logits_of(tiny_llama, ids)
+    assert inner_seen == [torch.Size([2, 4, 12, 12])]  # detached
+
+
 def test_pattern_replacement_changes_output_and_identity_does_not(tiny, ids):
     clean = logits_of(tiny, ids)
     with mk.hooks(tiny, {"blocks.0.attn.hook_pattern": lambda p, point: p.clone()}):

@@ -264,3 +264,34 @@ def test_import_is_light():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def _shown(report: dict) -> str:
+    import io
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    print_summary(report, console=console)
+    return console.file.getvalue()
+
+
+def test_report_show_prints_strings_as_text_and_escapes_control_characters(tmp_path):
+    hostile = build_report(plugin="x[/]", plugin_version="1", model={"spec": "\x1b[2J[bold]m"}, params={},
+                           seed=0, results={"summary": {"[/]": "[red]text[/red]\x07", "a": "\x1b]0;title\x07"}},
+                           artifacts=[], timings={})
+    write_report(tmp_path / "run", hostile)
+    out = _shown(load_report(tmp_path / "run"))
+    assert "[red]text[/red]" in out and "x[/]" in out  # markup printed as text, never interpreted
+    assert "\x1b[2J" not in out and "\x07" not in out and "\x1b]0;" not in out  # no raw control sequences
+    assert "\\x1b[2J" in out and "\\x07" in out  # shown escaped
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"schema": ' + "9" * 5000 + "}"])
+def test_report_show_refuses_pathological_json_with_one_line(tmp_path, capsys, text):
+    from mechkit.cli.main import main
+
+    (tmp_path / "report.json").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "show", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("mechkit: error:") and "not a mechkit report" in err

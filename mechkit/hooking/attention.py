@@ -25,6 +25,9 @@ PatternFn = Callable[[torch.Tensor], "torch.Tensor | None"]
 # id(attention module) -> hook functions; read by the registered attention function.
 _ACTIVE: dict[int, list[PatternFn]] = {}
 _REGISTERED: set[str] = set()
+# id(config) -> [the implementation it had before any pattern context, open contexts]: contexts
+# nest and may close in any order; the config goes back only when the last one closes.
+_SWITCHED: dict[int, list] = {}
 _BASES = ("sdpa", "eager")
 
 
@@ -103,30 +106,52 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]]) -> Itera
     """Attach pattern functions ``{layer: [fn, ...]}``; each gets ``[batch, n_heads, q, k]``.
 
     A function returning a tensor replaces the pattern (the layer's output is recomputed from
-    it); returning None only reads. Detached on exit, also on error.
+    it); returning None only reads. Detached on exit, also on error. Contexts are independent:
+    they may nest and close in any order, and the model's attention setting returns to what it
+    was when the last one closes.
+
+    >>> import mechkit as mk
+    >>> m = mk.load_model("tiny:llama")
+    >>> seen = []
+    >>> with pattern_hooks(m, {0: [lambda p: seen.append(tuple(p.shape))]}):
+    ...     _ = m(m.to_tokens("hi"))
+    >>> seen[0][1:]            # [batch, heads, q, k]
+    (4, 2, 2)
     """
     configs = _configs(handle.model)
-    previous = [c._attn_implementation for c in configs]
-    base = previous[0] if previous else "sdpa"
-    if base.startswith("mechkit_"):
-        base = base.removeprefix("mechkit_")
-    base = base if base in _BASES else "sdpa"
+    base = _base(configs)
     name = _register(base)
     keys = []
+    switched = []
     try:
         for layer, layer_fns in fns.items():
             key = id(handle.anatomy.attn(layer))
             _ACTIVE.setdefault(key, []).extend(layer_fns)
             keys.append((key, layer_fns))
         for config in configs:
+            entry = _SWITCHED.setdefault(id(config), [config._attn_implementation, 0])
+            entry[1] += 1
+            switched.append(config)
             config._attn_implementation = name
         yield
     finally:
-        for config, impl in zip(configs, previous, strict=True):
-            config._attn_implementation = impl
+        for config in switched:
+            entry = _SWITCHED[id(config)]
+            entry[1] -= 1
+            if entry[1] == 0:
+                config._attn_implementation = entry[0]
+                del _SWITCHED[id(config)]
         for key, layer_fns in keys:
             remaining = [f for f in _ACTIVE.get(key, []) if all(f is not g for g in layer_fns)]
             if remaining:
                 _ACTIVE[key] = remaining
             else:
                 _ACTIVE.pop(key, None)
+
+
+def _base(configs: list) -> str:
+    """The kernel the unhooked layers keep: the model's own (before any pattern context switched it)."""
+    impl = _SWITCHED[id(configs[0])][0] if configs and id(configs[0]) in _SWITCHED else \
+        (configs[0]._attn_implementation if configs else "sdpa")
+    impl = impl.removeprefix("mechkit_") if isinstance(impl, str) else "sdpa"
+    return impl if impl in _BASES else "sdpa"

@@ -2,10 +2,16 @@
 
 Importing this package stays cheap — no torch, no matplotlib: the plot functions load on first use.
 
->>> from mechkit.report import build_report, write_report, head_heatmap   # doctest: +SKIP
->>> report = build_report(plugin="ablate", plugin_version="0.1", model={...}, params={...}, seed=0,
-...                       results={...}, artifacts=[], timings={"run_s": 1.2})
->>> write_report(default_out_dir("ablate"), report, figures={"heatmap": head_heatmap(scores, "score")})
+>>> import tempfile, pathlib
+>>> from mechkit.report import build_report, head_heatmap, load_report, write_report
+>>> report = build_report(plugin="probe", plugin_version="0.1", model={"spec": "tiny:llama"},
+...                       params={"k": 2}, seed=0, results={"score": 0.5}, artifacts=[], timings={"run_s": 1.2})
+>>> out = pathlib.Path(tempfile.mkdtemp()) / "run"
+>>> _ = write_report(out, report, figures={"heatmap": head_heatmap([[0.1, 0.9], [0.4, 0.2]], "score")})
+>>> sorted(p.name for p in out.iterdir())
+['heatmap.png', 'report.html', 'report.json']
+>>> load_report(out)["results"]
+{'score': 0.5}
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from mechkit.errors import MechkitError
 from mechkit.taskarith.vector import TaskVector, analogy
 
+MAX_LENGTH = 10_000  # characters: far beyond any sum of named vectors a person writes
 _FIX = "write e.g. 'cap + 0.5*past - low' using names given with --vector NAME=FILE"
 
 
@@ -63,11 +64,15 @@ def evaluate_expression(expression: str, vectors: Mapping[str, TaskVector]) -> T
     >>> evaluate_expression("2*a - a/2", {"a": a}).deltas["w"].item()
     1.5
     """
+    if len(expression) > MAX_LENGTH:
+        raise MechkitError(f"the expression is {len(expression)} characters long (at most {MAX_LENGTH})", _FIX)
     try:
         tree = ast.parse(expression, mode="eval")
+        result = _eval(tree, vectors)
     except SyntaxError:
-        raise MechkitError(f"cannot parse the expression {expression!r}", _FIX) from None
-    result = _eval(tree, vectors)
+        raise MechkitError(f"cannot parse the expression {expression[:60]!r}", _FIX) from None
+    except (RecursionError, MemoryError):
+        raise MechkitError("the expression nests too deeply to evaluate", _FIX) from None
     if not isinstance(result, TaskVector):
         raise MechkitError(f"the expression {expression!r} is a number, not a task vector", _FIX)
     return result

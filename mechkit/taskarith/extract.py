@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, first_line
 from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.vector import TaskVector
 
@@ -52,9 +52,13 @@ def stream_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                yield key, f.get_tensor(key)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    yield key, f.get_tensor(key)
+        except Exception as err:  # safetensors raises its own error types for a truncated or foreign file
+            raise MechkitError(f"cannot read weights {path}: {first_line(err, 160)}",
+                               "the file may be truncated or not safetensors — write the model again") from None
 
 
 def _config(source: Any) -> dict:
