@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mechkit.errors import MechkitError
+
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
@@ -92,6 +94,15 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
     return rows
 
 
+def check_context(handle: ModelHandle, longest: int) -> None:
+    """Refuse, with one line, a sequence longer than the model's context: past it positions are
+    meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound."""
+    limit = handle.context_length
+    if limit is not None and longest > limit:
+        raise MechkitError(f"a prompt of {longest} tokens is longer than the model's context ({limit} tokens)",
+                           "use fewer --shots (demonstrations) or shorter prompts")
+
+
 def supports_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
@@ -132,6 +143,8 @@ def pad_batch(rows: Sequence[Encoded], pad: int) -> Batch:
 def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Batch]:
     """Every prompt's (first accepted) answer row, length-sorted and padded into batches."""
     rows = sorted(encode_rows(handle.tokenizer, prompts, None), key=lambda r: len(r.ids))
+    if rows:
+        check_context(handle, len(rows[-1].ids))
     pad = pad_id(handle.tokenizer)
     return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
 
@@ -159,8 +172,11 @@ def pad_right(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
 
 
 def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
-    """Token ids of each prompt's text (no answer)."""
-    return [handle.tokenizer(p.text)["input_ids"] for p in prompts]
+    """Token ids of each prompt's text (no answer), checked against the model's context."""
+    ids = [handle.tokenizer(p.text)["input_ids"] for p in prompts]
+    if ids:
+        check_context(handle, max(len(i) for i in ids))
+    return ids
 
 
 def last_logits_only(handle: ModelHandle) -> dict:
@@ -240,6 +256,8 @@ def score_rows(handle: ModelHandle, rows: Sequence[Encoded], batch_size: int = 1
     tok = handle.tokenizer
     pad = pad_id(tok)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+    if rows:
+        check_context(handle, len(rows[order[-1]].ids))
     out: list[tuple] = [()] * len(rows)
     decoded = 0
     with torch.no_grad():

@@ -146,10 +146,18 @@ def scores_from_report(report: dict, anatomy, source: str = "the report") -> dic
     scores = report.get("results", {}).get("scores") if isinstance(report, dict) else None
     if not scores or not isinstance(scores, dict):
         raise MechkitError(f"{source} holds no head scores", "pass a report written by `mechkit detect`")
-    shape = np.asarray(next(iter(scores.values()))).shape
-    if shape != (anatomy.n_layers, anatomy.n_heads):
-        raise MechkitError(f"scores in {source} are for a {'×'.join(map(str, shape))} model, "
-                           f"not {anatomy.n_layers}×{anatomy.n_heads}", "run `mechkit detect` on this model")
+    for kind, grid in scores.items():
+        try:
+            values = np.asarray(grid, dtype=float)
+        except (TypeError, ValueError):
+            raise MechkitError(f"{kind} scores in {source} are not a grid of numbers",
+                               "pass a report written by `mechkit detect`") from None
+        if values.shape != (anatomy.n_layers, anatomy.n_heads):
+            raise MechkitError(f"{kind} scores in {source} are for a {'×'.join(map(str, values.shape))} model, "
+                               f"not {anatomy.n_layers}×{anatomy.n_heads}", "run `mechkit detect` on this model")
+        if not np.isfinite(values).all():  # NaN would rank heads arbitrarily
+            raise MechkitError(f"{kind} scores in {source} hold NaN or infinite values",
+                               "run `mechkit detect` again on this model")
     return scores
 
 

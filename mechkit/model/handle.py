@@ -52,6 +52,16 @@ class ModelHandle:
         return self.anatomy.n_heads
 
     @property
+    def context_length(self) -> int | None:
+        """The longest sequence the model's position embeddings cover (None where the config says nothing)."""
+        cfg = self.model.config
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
     def bos_id(self) -> int | None:
         """The BOS id where the tokenizer prepends one, else None."""
         tok = self.tokenizer

@@ -112,13 +112,20 @@ def draw(sampler: Sampler, rng: random.Random, avoid_inputs: Iterable[str] = (),
     return fallback if fallback is not None else sampler(rng)
 
 
+MAX_SHOTS = 2048  # many-shot ICL studies go to ~2k demonstrations; beyond that a typo, not a study
+
+
 def check_counts(n: int, shots: int) -> None:
-    """Reject counts a prompt builder cannot honour, with a one-line fix."""
+    """Reject counts a prompt builder cannot honour, with a one-line fix — before any prompt is built
+    (a runaway ``shots`` would take minutes to build and then overflow any context)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TaskOptionError(f"n must be a positive integer, got {n!r}", "pass n=1 or more")
     if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
         raise TaskOptionError(f"shots must be a non-negative integer, got {shots!r}",
                               "pass shots=0 for zero-shot prompts, or more")
+    if shots > MAX_SHOTS:
+        raise TaskOptionError(f"shots={shots} is more demonstrations than any model's context holds",
+                              f"pass at most {MAX_SHOTS}")
 
 
 def resolve_setting(task_id: str, setting: str | None, settings: Sequence[str]) -> str:
