@@ -46,32 +46,70 @@ class HeadEffects:
     method: str
 
 
-def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, on_layer=None) -> HeadEffects:
-    """Ablate every head for real, replaying only the blocks at and above its layer."""
+def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, on_layer=None,
+                  step: Callable[[str, Callable], object] | None = None) -> HeadEffects:
+    """Ablate every head for real, replaying only the blocks at and above its layer.
+
+    ``step(key, compute)`` (a plugin's ``ctx.step``) keeps each (batch, layer) result, so an
+    interrupted sweep resumes at the first unfinished layer with identical sums; the clean forward
+    of a batch runs again only while some of its layers are unfinished.
+    """
     a = handle.anatomy
+    step = step or (lambda _key, compute: compute())
     lp = torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64)
     acc = torch.zeros_like(lp)
     clean_lp = clean_acc = 0.0
     n = 0
     with torch.no_grad():
-        for batch in batches(handle, prompts, batch_size):
-            with capture_block_inputs(handle) as inputs:
-                logits = forward_kept(handle, batch)
-            base_lp, base_acc = row_metrics(logits, batch)
+        for b, batch in enumerate(batches(handle, prompts, batch_size)):
+            clean = _CleanRun(handle, batch)
+            base = step(f"exact|batch{b}|clean", lambda clean=clean: [t.tolist() for t in clean.metrics()])
+            base_lp, base_acc = (torch.tensor(v, dtype=torch.float32) for v in base)
             clean_lp += float(base_lp.sum())
             clean_acc += float(base_acc.sum())
             n += len(batch.cols)
-            keep = batch.keep.to(handle.device)
             for layer in range(a.n_layers):
-                for h in range(a.n_heads):
-                    with hooks(handle, {f"blocks.{layer}.attn.hook_z": _zero_head(h)}):
-                        out = run_from(handle, layer, inputs, positions=keep)
-                    abl_lp, abl_acc = row_metrics(out, batch)
-                    lp[layer, h] += float((abl_lp - base_lp).sum())
-                    acc[layer, h] += float((abl_acc - base_acc).sum())
+                row = step(f"exact|batch{b}|layer{layer}",
+                           lambda clean=clean, layer=layer, base_lp=base_lp, base_acc=base_acc:
+                           _layer_effects(clean, layer, base_lp, base_acc))
+                lp[layer] += torch.tensor(row["logprob"], dtype=torch.float64)
+                acc[layer] += torch.tensor(row["accuracy"], dtype=torch.float64)
                 if on_layer:
                     on_layer()
     return HeadEffects((lp / n).numpy(), (acc / n).numpy(), clean_lp / n, clean_acc / n, "exact")
+
+
+class _CleanRun:
+    """A batch's clean forward — block inputs and per-row metrics — run once, and only if needed."""
+
+    def __init__(self, handle: ModelHandle, batch) -> None:
+        self.handle, self.batch = handle, batch
+        self._done: tuple | None = None
+
+    def run(self) -> tuple:
+        if self._done is None:
+            with capture_block_inputs(self.handle) as inputs:
+                logits = forward_kept(self.handle, self.batch)
+            self._done = (inputs, row_metrics(logits, self.batch))
+        return self._done
+
+    def metrics(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.run()[1]
+
+
+def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc: torch.Tensor) -> dict:
+    """Summed (ablated − clean) log-prob and accuracy over the batch's rows, for each head of ``layer``."""
+    handle, batch = clean.handle, clean.batch
+    inputs, _ = clean.run()
+    keep = batch.keep.to(handle.device)
+    out = {"logprob": [], "accuracy": []}
+    for h in range(handle.anatomy.n_heads):
+        with hooks(handle, {f"blocks.{layer}.attn.hook_z": _zero_head(h)}):
+            logits = run_from(handle, layer, inputs, positions=keep)
+        abl_lp, abl_acc = row_metrics(logits, batch)
+        out["logprob"].append(float((abl_lp - base_lp.to(abl_lp.device)).sum()))
+        out["accuracy"].append(float((abl_acc - base_acc.to(abl_acc.device)).sum()))
+    return out
 
 
 def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16) -> HeadEffects:
