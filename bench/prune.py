@@ -53,9 +53,7 @@ def main() -> None:
     tasks = args.tasks.split(",")
     first = args.guides.split(",")[0]
     name, _, alloc = first.partition("@")
-    from mechkit.plugins.prune import parse_levels
-
-    level = parse_levels(args.sparsity, args.target.split(","))[-1]
+    level = pruning.parse_levels(args.sparsity, args.target.split(","))[-1]
     start = time.perf_counter()  # pruning itself: calibration stats, scores, plan, physical slicing
     calibration = pruning.calibrate(handle, tasks, n=calib, shots=shots)
     t_calib = time.perf_counter() - start

@@ -11,7 +11,9 @@ prompts, and saves each vector (``--load-vector FILE`` evaluates a saved one ins
 replaced at each; function vector: scale × FV / K added at each), K chosen on dev with the layer.
 
 Prompt sets, all seeded from ``--seed s``: extraction contexts s, CIE prompts s+1, dev s+2, test
-s+3 (test queries that also occur in dev are replaced).
+s+3 (test queries that also occur in dev are replaced). The study itself is
+:class:`mechkit.actvec.VectorStudy`'s; this plugin checks the options, runs it per task and method,
+and shapes the accuracy table, the figures, the summary lines and the saved vector files.
 """
 
 from __future__ import annotations
@@ -20,73 +22,6 @@ from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
 SHORT = {"task-vector": "TV", "function-vector": "FV"}
-
-
-def parse_layers(text: str, n_layers: int) -> list[int]:
-    """``all``, ``12-24`` or ``10,20,25`` -> sorted layer indices, validated."""
-    from mechkit.errors import MechkitError
-
-    fix = f"use all, a range like 12-24 or a list like 10,20 (layers 0..{n_layers - 1})"
-    try:
-        if text.strip() == "all":
-            return list(range(n_layers))
-        layers: set[int] = set()
-        for item in (x.strip() for x in text.split(",") if x.strip()):
-            lo, _, hi = item.partition("-")
-            layers.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise MechkitError(f"malformed --layers {text!r}", fix) from None
-    if not layers or min(layers) < 0 or max(layers) >= n_layers:
-        raise MechkitError(f"--layers {text!r} is out of range", fix)
-    return sorted(layers)
-
-
-def held_out_prompts(task: str, n: int, shots: int, seed: int, avoid: set[str]) -> dict[str, list]:
-    """Zero-shot, ICL and shuffled-label prompts asking the same ``n`` queries, none of them in ``avoid``."""
-    from mechkit.tasks import build_prompts
-    from mechkit.tasks.shuffled import shuffled_label_prompts
-
-    pool = 3 * n + len(avoid)
-    sets = {"zero-shot": build_prompts(task, n=pool, shots=0, seed=seed),
-            "icl": build_prompts(task, n=pool, shots=shots, seed=seed),
-            "shuffled": shuffled_label_prompts(task, n=pool, shots=shots, seed=seed)}
-    keep = [i for i, p in enumerate(sets["zero-shot"]) if p.query not in avoid][:n]
-    return {name: [ps[i] for i in keep] for name, ps in sets.items()}
-
-
-def parse_scales(text: str) -> list[float]:
-    from mechkit.errors import MechkitError
-
-    try:
-        scales = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        scales = []
-    if not scales or min(scales) <= 0:
-        raise MechkitError(f"malformed --fv-scales {text!r}", "use positive numbers like 1,2,4")
-    return scales
-
-
-def parse_spans(text: str, n_layers: int) -> list[int]:
-    """``1,2`` -> numbers of consecutive layers to try, each at least 1 and at most ``n_layers``."""
-    from mechkit.errors import MechkitError
-
-    try:
-        spans = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        spans = []
-    if not spans or spans[0] < 1 or spans[-1] > n_layers:
-        raise MechkitError(f"malformed --spans {text!r}", f"use whole numbers from 1 to {n_layers}, like 1,2")
-    return spans
-
-
-def choose(dev: dict, layers: list[int]) -> tuple[int, float, int]:
-    """The dev sweep's best (layer, scale, span): highest accuracy, then log-prob, then earliest layer,
-    smallest scale, shortest span. Layers whose span would run past the model (``None``) are skipped."""
-    spans = dev.get("spans", [1] * len(dev["scales"]))
-    best = max(((a, lp, -L, -x, -k), L, x, k)
-               for x, k, accs, lps in zip(dev["scales"], spans, dev["accuracy"], dev["logprob"], strict=True)
-               for L, a, lp in zip(layers, accs, lps, strict=True) if a is not None)
-    return best[1], best[2], best[3]
 
 
 def check_before_work(tasks: list[str], methods: list[str], loaded, p: dict, seed: int, n_heads: int) -> None:
@@ -123,15 +58,15 @@ class IclVectorsPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.actvec.vector import ActivationVector
+        from mechkit.actvec import ActivationVector, VectorStudy, parse_layers, parse_scales, parse_spans
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
         loaded = ActivationVector.load(p["load_vector"], m) if p["load_vector"] else None
         tasks = parse_tasks(p["tasks"] or (loaded.task if loaded else DEFAULT_TASKS))
         layers = parse_layers(p["layers"], m.anatomy.n_layers)
-        parse_scales(p["fv_scales"])
-        parse_spans(p["spans"], m.anatomy.n_layers)
+        scales = parse_scales(p["fv_scales"])
+        spans = parse_spans(p["spans"], m.anatomy.n_layers)
         methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
         check_before_work(tasks, methods, loaded, p, ctx.seed, m.anatomy.n_layers * m.anatomy.n_heads)
         out: dict = {}
@@ -139,109 +74,18 @@ class IclVectorsPlugin(Plugin):
             job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))
             for task in tasks:
                 bar.update(job, description=f"{task}: baselines")
-                out[task] = _Task(ctx, task, layers).run(methods, loaded, bar, job)
+                study = VectorStudy(m, task, layers, n=p["n"], n_dev=p["n_dev"], n_contexts=p["n_contexts"],
+                                    n_cie=p["n_cie"], shots=p["shots"], top_k=p["top_k"], fv_scales=scales,
+                                    spans=spans, batch_size=p["batch_size"], seed=ctx.seed, step=ctx.step)
+                out[task] = {"baselines": study.baselines(), "methods": {}}
+                bar.advance(job)
+                for method in methods:
+                    bar.update(job, description=f"{task}: {method}")
+                    vec, record = study.run(method, loaded)
+                    out[task]["methods"][method] = {**record, "file": f"{task}.{method}.safetensors",
+                                                    "bytes": vec.to_bytes()}
+                    bar.advance(job)
         return _result(out, tasks, methods, layers, m.anatomy.n_layers)
-
-
-class _Task:
-    """One task's prompt sets and resumable steps."""
-
-    def __init__(self, ctx: RunContext, task: str, layers: list[int]) -> None:
-        from mechkit.tasks import build_prompts
-
-        self.ctx, self.task, self.layers, self.p, self.m = ctx, task, layers, ctx.params, ctx.model
-        s = ctx.seed
-        self.dev = build_prompts(task, n=self.p["n_dev"], shots=0, seed=s + 2)
-        self.test = held_out_prompts(task, self.p["n"], self.p["shots"], s + 3, {q.query for q in self.dev})
-
-    def step(self, name: str, compute):
-        return self.ctx.step(f"{self.task}|{name}", compute)
-
-    def run(self, methods: list[str], loaded, bar, job) -> dict:
-        from mechkit.actvec.edits import score_edited
-
-        bs = self.p["batch_size"]
-        base = self.step("baselines", lambda: {
-            name: score_edited(self.m, self.test[key], [None], bs)[0].accuracy
-            for name, key in (("zero-shot", "zero-shot"), ("shuffled ICL", "shuffled"), ("ICL", "icl"))})
-        bar.advance(job)
-        res = {"baselines": base, "methods": {}}
-        for method in methods:
-            bar.update(job, description=f"{self.task}: {method}")
-            res["methods"][method] = self.method(method, loaded)
-            bar.advance(job)
-        return res
-
-    def method(self, method: str, loaded) -> dict:
-        vec = loaded or self.extract(method)
-        dev = None
-        if loaded is None:
-            scales = parse_scales(self.p["fv_scales"]) if method == "function-vector" else [1.0]
-            spans = parse_spans(self.p["spans"], self.m.anatomy.n_layers)
-            configs = [(x, k) for x in scales for k in spans]
-            key = f"{method}|dev|{scales}" + (f"|spans={spans}" if spans != [1] else "")
-            dev = self.step(key, lambda: self.sweep(vec, self.dev, configs))
-            vec.layer, vec.scale, vec.span = choose(dev, self.layers)
-        at = f"x{vec.scale}" + (f"|span={vec.span}" if vec.span != 1 else "")
-        test = self.step(f"{method}|test|{at}", lambda: self.sweep(vec, self.test["zero-shot"], [(vec.scale, vec.span)]))
-        cond = self.step(f"{method}|conditions|L={vec.layer}|{at}", lambda: self.conditions(vec))
-        test = {k: test[k][0] for k in ("accuracy", "logprob")}
-        return {"layer": vec.layer, "scale": vec.scale, "span": vec.span, "dev": dev, "test": test, "conditions": cond,
-                "heads": vec.heads, "aie": vec.info.get("aie"), "file": f"{self.task}.{method}.safetensors",
-                "bytes": vec.to_bytes()}
-
-    def extract(self, method: str):
-        import torch
-
-        from mechkit.actvec.vector import ActivationVector
-
-        stored = self.step(f"{method}|extract", lambda: self._extract(method))
-        return ActivationVector(vector=torch.tensor(stored["vector"]), method=method, task=self.task, layer=-1,
-                                mode="replace" if method == "task-vector" else "add",
-                                model_sha256=self.m.weights_sha256(), heads=stored["heads"],
-                                info={k: v for k, v in stored.items() if k not in ("vector", "heads")})
-
-    def _extract(self, method: str) -> dict:
-        from mechkit.actvec.function_vectors import function_vector, indirect_effects, mean_head_outputs
-        from mechkit.actvec.task_vectors import icl_task_vectors
-        from mechkit.model.heads import top_heads
-        from mechkit.tasks import build_prompts
-        from mechkit.tasks.shuffled import shuffled_label_prompts
-
-        p, s = self.p, self.ctx.seed
-        contexts = build_prompts(self.task, n=p["n_contexts"], shots=p["shots"], seed=s)
-        common = {"n_contexts": p["n_contexts"], "shots": p["shots"], "seed": s}
-        if method == "task-vector":
-            return {"vector": icl_task_vectors(self.m, self.task, prompts=contexts).tolist(), "heads": [], **common}
-        means = mean_head_outputs(self.m, contexts)
-        corrupted = shuffled_label_prompts(self.task, n=p["n_cie"], shots=p["shots"], seed=s + 1)
-        aie = indirect_effects(self.m, corrupted, means).mean(0)
-        heads = top_heads(aie, p["top_k"])
-        fv = function_vector(self.m, means, heads)
-        return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie.tolist(), "n_cie": p["n_cie"],
-                "top_k": p["top_k"], **common}
-
-    def sweep(self, vec, prompts, configs: list[tuple[float, int]]) -> dict:
-        """Accuracy and log-prob per (scale, span) and layer, all (config, layer, prompt) rows batched
-        together; ``None`` where the span would run past the last layer."""
-        from mechkit.actvec.edits import score_edited
-
-        n_layers = self.m.anatomy.n_layers
-        cells = [(i, j) for i, (_, k) in enumerate(configs) for j, L in enumerate(self.layers) if L + k <= n_layers]
-        edits = [vec.edits(self.layers[j], *configs[i]) for i, j in cells]
-        scores = score_edited(self.m, prompts, edits, self.p["batch_size"])
-        acc = [[None] * len(self.layers) for _ in configs]
-        lps = [[None] * len(self.layers) for _ in configs]
-        for (i, j), s in zip(cells, scores, strict=True):
-            acc[i][j], lps[i][j] = s.accuracy, s.logprob
-        return {"scales": [x for x, _ in configs], "spans": [k for _, k in configs], "accuracy": acc, "logprob": lps}
-
-    def conditions(self, vec) -> dict:
-        from mechkit.actvec.edits import score_edited
-
-        bs = self.p["batch_size"]
-        return {"zero-shot": score_edited(self.m, self.test["zero-shot"], [vec.edits()], bs)[0].accuracy,
-                "shuffled ICL": score_edited(self.m, self.test["shuffled"], [vec.edits()], bs)[0].accuracy}
 
 
 def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], n_layers: int) -> Result:

@@ -14,7 +14,17 @@ from mechkit.cli.main import cli, main
 from mechkit.errors import MechkitError
 from mechkit.heads.effects import attribution_effects
 from mechkit.model.linear import weight_out_in
-from mechkit.pruning import calibrate, guide_scores, make_plan, parse_sparsity, prune_copy
+from mechkit.pruning import (
+    PruneStudy,
+    calibrate,
+    guide_scores,
+    make_plan,
+    parse_guides,
+    parse_levels,
+    parse_sparsity,
+    parse_targets,
+    prune_copy,
+)
 from mechkit.pruning.cost import flops_per_token, n_params
 from mechkit.pruning.guides import gradient_scores, static_scores
 from mechkit.pruning.select import select_heads, select_neurons
@@ -32,6 +42,76 @@ def test_parse_sparsity():
     for bad in ("1.5", "neurons=x", "mlp=0.2"):
         with pytest.raises(MechkitError):
             parse_sparsity(bad, ["neurons"])
+
+
+def test_levels_targets_and_guides_grammar():
+    assert parse_levels("0.1, 0.2", ["neurons", "heads"]) == [{"neurons": 0.1, "heads": 0.1},
+                                                             {"neurons": 0.2, "heads": 0.2}]
+    assert parse_levels("neurons=0.3,heads=0.2", ["layers"]) == [{"neurons": 0.3, "heads": 0.2}]  # one level
+    assert parse_levels("0.25", ["neurons"]) == [{"neurons": 0.25}]
+    bad_levels = (("0.1,x", "malformed --sparsity"), ("0.1,1.5", "outside"), ("neurons=0.2,mlp=0.1", "target"))
+    for bad, match in bad_levels:
+        with pytest.raises(MechkitError, match=match):
+            parse_levels(bad, ["neurons"])
+    assert parse_targets(" heads,layers ") == ["heads", "layers"]
+    for bad in ("mlp", "", "neurons,mlp"):
+        with pytest.raises(MechkitError, match="--target"):
+            parse_targets(bad)
+    assert parse_guides("wanda, attribution@sensitivity") == ["wanda", "attribution@sensitivity"]
+    assert parse_guides(" , ") == []
+    with pytest.raises(MechkitError, match="guide"):
+        parse_guides("wanda,bogus")
+    with pytest.raises(MechkitError, match="allocation"):
+        parse_guides("wanda@everywhere")
+
+
+def test_study_steps_resume_and_rows_reload(tiny_llama):
+    stored: dict = {}
+
+    def step(key, compute):
+        if key not in stored:
+            stored[key] = json.loads(json.dumps(compute()))  # what a resumed run reads back
+        return stored[key]
+
+    sizes = dict(n_calib=2, n=2, shots=2, repeats=1, timing_batch=2)
+    study = PruneStudy(tiny_llama, ["capitalize"], step=step, **sizes)
+    assert not {q.text for q in study.test["capitalize"]} & {q.text for q in study.calib.prompts}
+    row = study.row("attribution@sensitivity", {"neurons": 0.25})
+    assert sorted(stored) == ["row|attribution@sensitivity|global|[('neurons', 0.25)]", "scores|attribution",
+                              "sensitivity|attribution"]
+    again = PruneStudy(tiny_llama, ["capitalize"], step=step, **sizes)
+    assert again.row("attribution@sensitivity", {"neurons": 0.25}) == row  # read back, nothing recomputed
+    assert again.pruned(row).anatomy.d_mlp < tiny_llama.anatomy.d_mlp
+    assert row["params"] < study.dense()["params"]
+
+
+def test_budget_row_is_remeasured_until_it_meets_the_budget(tiny_llama):
+    candidates = [{"mix": "neurons", "sparsity": {"neurons": 0.4}, "cost_ratio": 0.7, "calib_accuracy": 0.5},
+                  {"mix": "layers", "sparsity": {"layers": 0.5}, "cost_ratio": 0.9, "calib_accuracy": None}]
+
+    def step(key, compute):
+        assert key == "budget|wanda|0.75|latency"
+        return candidates
+
+    class Timed(PruneStudy):
+        ratios: list[float] = []
+        levels: list[dict] = []
+
+        def row(self, guide, level):
+            self.levels.append(level)
+            return {"guide": guide, "latency_ratio": self.ratios.pop(0)}
+
+    study = Timed(tiny_llama, ["capitalize"], n_calib=2, n=2, shots=2, step=step)
+    study.ratios = [0.8, 0.74, 0.1]
+    out = study.budget("wanda", 0.75)
+    assert out["met"] and out["measured_ratio"] == 0.74 and out["chosen"] == candidates[0]
+    assert [lv["neurons"] for lv in study.levels] == pytest.approx([0.4, 0.4 * 1.05 + 0.01])
+    study.ratios, study.levels = [0.9, 0.9, 0.9, 0.1], []
+    out = study.budget("wanda", 0.75)
+    assert not out["met"] and len(study.levels) == 3 and study.ratios == [0.1]  # three tries, then reported
+    candidates[0]["calib_accuracy"] = None
+    with pytest.raises(MechkitError, match="reaches 0.75"):
+        study.budget("wanda", 0.75)
 
 
 def test_uniform_and_global_neuron_selection():

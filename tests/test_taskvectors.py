@@ -13,9 +13,15 @@ import mechkit as mk
 from mechkit.actvec import (
     ActivationVector,
     ResidEdit,
+    VectorStudy,
     apply_vector,
+    choose,
     choose_layer,
+    held_out_prompts,
     icl_task_vectors,
+    parse_layers,
+    parse_scales,
+    parse_spans,
     patch_last_token,
     patched_accuracy,
     score_edited,
@@ -276,21 +282,23 @@ def test_plugin_rejects_bad_layers_before_work(tmp_path):
 def test_plugin_rejects_bad_options_before_work(tmp_path, monkeypatch, options, match):
     import mechkit.actvec.edits as edits
     import mechkit.actvec.function_vectors as fvs
+    import mechkit.actvec.study as study
     import mechkit.actvec.task_vectors as tvs
 
     def no_work(*_args, **_kwargs):
         raise AssertionError("extraction started before the options were checked")
 
+    # The study binds these names at import: patch them where it looks them up (and at their homes).
     for module, name in ((edits, "score_edited"), (tvs, "icl_task_vectors"), (fvs, "mean_head_outputs")):
+        assert getattr(study, name) is getattr(module, name)
         monkeypatch.setattr(module, name, no_work)
+        monkeypatch.setattr(study, name, no_work)
     with pytest.raises(MechkitError, match=match):
         mk.run("icl-vectors", model="tiny:llama", out=tmp_path / "x", n=2, n_dev=2, **{"top_k": 2, **options})
     assert not (tmp_path / "x").exists()
 
 
 def test_dev_choice_of_layer_and_scale():
-    from mechkit.plugins.icl_vectors import choose, parse_scales, parse_spans
-
     dev = {"scales": [1.0, 4.0], "accuracy": [[0.1, 0.5], [0.5, 0.2]], "logprob": [[-3, -1], [-2, -1]]}
     assert choose(dev, [10, 20]) == (20, 1.0, 1)  # equal accuracy: the better log-prob wins
     spans = {"scales": [1.0, 1.0], "spans": [1, 2], "accuracy": [[0.1, 0.5], [0.6, None]], "logprob": [[0, 0], [0, None]]}
@@ -301,3 +309,64 @@ def test_dev_choice_of_layer_and_scale():
     assert parse_scales("1, 2,4") == [1.0, 2.0, 4.0]
     with pytest.raises(MechkitError, match="fv-scales"):
         parse_scales("0,x")
+
+
+def test_choose_breaks_full_ties_by_earliest_layer_smallest_scale_shortest_span():
+    same = {"scales": [4.0, 1.0, 1.0], "spans": [1, 2, 1], "accuracy": [[0.5, 0.5]] * 3,
+            "logprob": [[-1, -1]] * 3}
+    assert choose(same, [3, 7]) == (3, 1.0, 1)
+    assert choose({**same, "spans": [1, 2, 3]}, [3, 7]) == (3, 1.0, 2)
+
+
+def test_choose_layer_is_choose_at_one_scale_and_span():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        layers = sorted(rng.sample(range(30), rng.randint(1, 8)))
+        curve = {L: rng.choice([0.0, 0.25, 0.5]) for L in layers}  # coarse accuracies: ties are common
+        lps = {L: rng.choice([-2.0, -1.0]) for L in layers if rng.random() < 0.8}  # some layers missing
+        dev = {"scales": [1.0], "spans": [1], "accuracy": [[curve[L] for L in layers]],
+               "logprob": [[lps.get(L, 0.0) for L in layers]]}
+        ref = max(layers, key=lambda L: (curve[L], lps.get(L, 0.0), -L))  # the rule, written out
+        assert choose_layer(curve, lps) == choose(dev, layers)[0] == ref
+        assert choose_layer(curve) == max(layers, key=lambda L: (curve[L], -L))
+
+
+def test_layers_grammar():
+    assert parse_layers("all", 3) == [0, 1, 2]
+    assert parse_layers("4-5, 1", 6) == [1, 4, 5]
+    for bad, match in (("0-9", "out of range"), ("a", "malformed"), ("", "out of range")):
+        with pytest.raises(MechkitError, match=match):
+            parse_layers(bad, 6)
+
+
+def test_held_out_prompts_ask_the_same_queries_avoiding_dev():
+    dev = build_prompts("capitalize", n=5, shots=0, seed=2)
+    sets = held_out_prompts("capitalize", n=6, shots=3, seed=3, avoid={q.query for q in dev})
+    queries = [q.query for q in sets["zero-shot"]]
+    assert len(queries) == 6 and not set(queries) & {q.query for q in dev}
+    assert [q.query for q in sets["icl"]] == [q.query for q in sets["shuffled"]] == queries
+    assert sets["icl"][0].text != sets["shuffled"][0].text  # the same demonstrations, labels shuffled
+
+
+def test_study_steps_carry_the_task_and_resume(tiny_llama):
+    stored: dict = {}
+
+    def step(key, compute):
+        if key not in stored:
+            stored[key] = json.loads(json.dumps(compute()))  # what a resumed run reads back
+        return stored[key]
+
+    sizes = dict(n=2, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2, fv_scales=[1, 2], spans=[1, 2])
+    vec, first = VectorStudy(tiny_llama, "swap", step=step, **sizes).run("function-vector")
+    assert sorted(stored) == ["swap|function-vector|conditions|" + f"L={vec.layer}|x{vec.scale}" +
+                              (f"|span={vec.span}" if vec.span != 1 else ""),
+                              "swap|function-vector|dev|[1.0, 2.0]|spans=[1, 2]",
+                              "swap|function-vector|extract",
+                              "swap|function-vector|test|" + f"x{vec.scale}" +
+                              (f"|span={vec.span}" if vec.span != 1 else "")]
+    assert first["dev"] == stored["swap|function-vector|dev|[1.0, 2.0]|spans=[1, 2]"]
+    assert (first["layer"], first["scale"], first["span"]) == choose(first["dev"], [0, 1])
+    again = VectorStudy(tiny_llama, "swap", step=step, **sizes).run("function-vector")[1]
+    assert again == first

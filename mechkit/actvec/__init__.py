@@ -8,7 +8,9 @@ Two kinds, both written at the last token of a zero-shot prompt ``input: Q\\nout
   outputs of the heads with the largest indirect effect.
 
 :mod:`~mechkit.actvec.edits` writes and scores them, :mod:`~mechkit.actvec.vector` is the saved
-file, :mod:`~mechkit.actvec.select` picks the layer on dev prompts.
+file, :mod:`~mechkit.actvec.select` picks the layer (scale, span) on dev prompts, and
+:mod:`~mechkit.actvec.study` runs a whole task: held-out prompt sets, extraction, the dev choice,
+the test curve and the conditions with and without the vector.
 
 >>> import mechkit as mk
 >>> from mechkit import actvec
@@ -32,7 +34,16 @@ from mechkit.actvec.function_vectors import (
     indirect_effects,
     mean_head_outputs,
 )
-from mechkit.actvec.select import choose_layer
+from mechkit.actvec.select import choose, choose_layer, parse_layers, parse_scales, parse_spans
+from mechkit.actvec.study import (
+    VectorStudy,
+    baselines,
+    conditions,
+    extract,
+    extracted_vector,
+    held_out_prompts,
+    sweep,
+)
 from mechkit.actvec.task_vectors import icl_task_vectors
 from mechkit.actvec.vector import METHODS, ActivationVector
 
@@ -41,14 +52,25 @@ __all__ = [
     "ActivationVector",
     "Edits",
     "ResidEdit",
+    "VectorStudy",
     "apply_vector",
+    "baselines",
+    "choose",
     "choose_layer",
+    "conditions",
+    "extract",
+    "extracted_vector",
     "function_vector",
     "head_contributions",
+    "held_out_prompts",
     "icl_task_vectors",
     "indirect_effects",
     "mean_head_outputs",
+    "parse_layers",
+    "parse_scales",
+    "parse_spans",
     "patch_last_token",
     "patched_accuracy",
     "score_edited",
+    "sweep",
 ]

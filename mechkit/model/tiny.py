@@ -19,8 +19,10 @@ SPECIAL_TOKENS = dict(vocab_size=VOCAB, bos_token_id=256, eos_token_id=257, pad_
 def _configs() -> dict[str, Callable]:
     import transformers as T
 
+    # RoPE families get a long context (it creates no parameters): examples written for real models
+    # run on them; GPT-2's learned positions stay at 512, the smallest context mechkit meets.
     gqa = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512, **SPECIAL_TOKENS)
+               num_key_value_heads=2, max_position_embeddings=4096, **SPECIAL_TOKENS)
     return {
         "llama": lambda: T.LlamaConfig(**gqa),
         "mistral": lambda: T.MistralConfig(**gqa, sliding_window=None),
@@ -30,7 +32,7 @@ def _configs() -> dict[str, Callable]:
         "phi3": lambda: T.Phi3Config(**gqa),
         "gpt2": lambda: T.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **SPECIAL_TOKENS),
         "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                            num_attention_heads=4, max_position_embeddings=512,
+                                            num_attention_heads=4, max_position_embeddings=4096,
                                             **SPECIAL_TOKENS),
     }
 

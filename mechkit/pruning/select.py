@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mechkit.errors import MechkitError
-from mechkit.pruning.guides import Scores, zscore_rows
+from mechkit.pruning.guides import Scores, check_guide, zscore_rows
 from mechkit.pruning.plan import PrunePlan
 
 if TYPE_CHECKING:
@@ -47,6 +47,54 @@ def parse_sparsity(text: str | float, targets: list[str]) -> dict[str, float]:
         if not 0 <= value < 1:
             raise MechkitError(f"sparsity {value} for {key} is outside [0, 1)", "use a fraction like 0.3")
     return out
+
+
+def parse_levels(text: str, targets: list[str]) -> list[dict[str, float]]:
+    """The sparsity levels of a sweep: a comma list of fractions is one level per fraction, each for
+    every target; ``target=fraction`` pairs are one level (see :func:`parse_sparsity`).
+
+    >>> parse_levels("0.1,0.2", ["neurons", "heads"])
+    [{'neurons': 0.1, 'heads': 0.1}, {'neurons': 0.2, 'heads': 0.2}]
+    >>> parse_levels("neurons=0.3,heads=0.2", ["neurons"])
+    [{'neurons': 0.3, 'heads': 0.2}]
+    """
+    if "=" in text:
+        return [parse_sparsity(text, targets)]
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MechkitError(f"malformed --sparsity {text!r}", "use fractions like 0.2,0.3 or neurons=0.3,heads=0.2") from None
+    return [parse_sparsity(v, targets) for v in values]
+
+
+def parse_targets(text: str) -> list[str]:
+    """A comma list of unit types to prune, each one of :data:`TARGETS`.
+
+    >>> parse_targets("neurons, heads")
+    ['neurons', 'heads']
+    """
+    targets = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in targets if t not in TARGETS]
+    if bad or not targets:
+        raise MechkitError(f"unknown --target {text!r}", f"use a comma list of {', '.join(TARGETS)}")
+    return targets
+
+
+def parse_guides(text: str) -> list[str]:
+    """A comma list of guides, each a known guide, optionally ``GUIDE@ALLOCATION``, checked.
+
+    An empty list comes back empty (the caller says what to pass instead).
+
+    >>> parse_guides("attribution@sensitivity,random")
+    ['attribution@sensitivity', 'random']
+    """
+    guides = [g.strip() for g in text.split(",") if g.strip()]
+    for g in guides:
+        name, _, alloc = g.partition("@")
+        check_guide(name)
+        if alloc and alloc not in ALLOCATIONS:
+            raise MechkitError(f"unknown allocation {alloc!r} in --guide {g!r}", f"use {', '.join(ALLOCATIONS)}")
+    return guides
 
 
 def select_neurons(scores: np.ndarray, fraction: float, allocation: str,

@@ -1,0 +1,232 @@
+"""A pruning study: every number the ``prune`` plugin reports, for one model and a set of tasks.
+
+:class:`PruneStudy` holds what all rows share — calibration prompts and their unit statistics,
+held-out prompts of each task (any prompt that also calibrates is dropped, so no row is scored
+on what guided it), held-out text for perplexity, and the timed batch — and measures:
+
+- :meth:`~PruneStudy.row`: one guide at one sparsity level, as a physically sliced copy: held-out
+  accuracy per task, perplexity, parameters, FLOPs per token and forward latency against the
+  dense model, timed both ways (last-position logits and every position);
+- :meth:`~PruneStudy.budget`: the plan within a cost budget (:mod:`mechkit.pruning.budget`), then
+  its row, re-measured with a little more pruning while timing noise puts it over the budget;
+- :meth:`~PruneStudy.save`: the pruned copy of a row, written in safetensors.
+
+Expensive steps go through ``step(key, compute)``, by default just ``compute()``; a plugin passes
+its resumable ``RunContext.step``, so an interrupted run resumes at the last finished step. What a
+step returns may come back through JSON (lists for arrays), so values are normalised after it.
+
+>>> import mechkit as mk
+>>> from mechkit.pruning import PruneStudy
+>>> m = mk.load_model("tiny:llama")
+>>> study = PruneStudy(m, ["capitalize"], n_calib=2, n=2, shots=2, repeats=1, timing_batch=2)
+>>> row = study.row("wanda", {"neurons": 0.25})
+>>> row["params"] < study.dense()["params"] and row["speedup"] > 0
+True
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mechkit.errors import MechkitError
+from mechkit.eval.evaluation import evaluate, task_prompts
+from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
+from mechkit.pruning.calibration import calibrate
+from mechkit.pruning.cost import flops_per_token, heldout_text, latency, n_params, perplexity
+from mechkit.pruning.guides import Scores
+from mechkit.pruning.pipeline import circuit_scores, guide_scores
+from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.select import make_plan
+from mechkit.pruning.sensitivity import layer_sensitivity
+from mechkit.pruning.slicing import prune_copy, save_pruned
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+Step = Callable[[str, Callable[[], Any]], Any]
+"""``step(key, compute)``: run ``compute()`` (or return its stored result under ``key``)."""
+
+BUDGET_RETRIES = 3  # re-measures of the budget row before reporting it as not met
+TASK_SCORED = ("attribution", "ablation", "induction", "combined")  # guides built on attribution scores
+
+
+def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
+    """The default step: compute now, keep nothing."""
+    return compute()
+
+
+class PruneStudy:
+    """Calibration, held-out sets and measured rows of pruned copies of ``handle`` for ``tasks``.
+
+    ``targets`` are the unit types a budget search may prune; ``n_calib`` calibration prompts per
+    task (scores and budget search) and ``n`` held-out prompts per task (evaluation only), both with
+    ``shots`` demonstrations, seeded from ``seed`` (calibration at an offset, see
+    :func:`~mechkit.pruning.calibrate`). ``allocation``, ``gqa`` and ``compensate`` are
+    :func:`~mechkit.pruning.make_plan`'s (a guide written ``GUIDE@ALLOCATION`` overrides the
+    allocation); ``protect_top_k`` is the induction guides'. Latency is the median of ``repeats``
+    interleaved forwards of ``timing_batch`` held-out prompts, ``timing`` ``"last"`` (last-position
+    logits: answering a prompt, a generation's prefill) or ``"all"`` (every position) — the one that
+    gives the speedup and the budget; the other is reported too.
+    """
+
+    def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, targets: Sequence[str] = ("neurons",),
+                 n_calib: int = 16, n: int = 30, shots: int = 10, seed: int = 0, allocation: str = "global",
+                 gqa: str = "slot", compensate: bool = True, protect_top_k: int = 10, repeats: int = 7,
+                 timing: str = "last", timing_batch: int = 8, batch_size: int = 16, step: Step = compute_now):
+        self.handle, self.tasks, self.targets = handle, list(tasks), list(targets)
+        self.seed, self.allocation, self.gqa, self.compensate = seed, allocation, gqa, compensate
+        self.protect_top_k, self.repeats, self.timing = protect_top_k, repeats, timing
+        self.batch_size = batch_size
+        self.step = step
+        self.calib = calibrate(handle, self.tasks, n_calib, shots, seed)
+        test = task_prompts(self.tasks, n, shots, seed, None)
+        calib_texts = {c.text for c in self.calib.prompts}
+        self.test = {t: [q for q in ps if q.text not in calib_texts] for t, ps in test.items()}
+        self.text, self.text_source = heldout_text()
+        self.timing_texts = [q.text for ps in self.test.values() for q in ps][:timing_batch]
+        self._scores: dict[str, Scores] = {}
+        self._attribution: Scores | None = None
+        self._circuit: dict | None = None
+
+    def scores(self, guide: str) -> Scores:
+        """The scores of ``guide`` (a name, no ``@allocation``) on the calibration prompts, computed once.
+
+        The attribution scores and the heads' circuit scores are steps: every task-scored guide
+        reuses one attribution pass, and the induction guides one circuit pass.
+        """
+        if guide not in self._scores:
+            if guide in ("induction", "combined") and self._circuit is None:
+                circuit = self.step("circuit", lambda: circuit_scores(self.handle, seed=self.seed))
+                self._circuit = {k: _array(v) for k, v in circuit.items()}
+            if guide in TASK_SCORED and self._attribution is None:
+                raw = self.step("scores|attribution", lambda: _scores_dict(
+                    guide_scores(self.handle, "attribution", self.calib)))
+                self._attribution = Scores(_array(raw["mlp"]), _array(raw["heads"]), _array(raw["layers"]),
+                                           "attribution")
+            self._scores[guide] = guide_scores(self.handle, guide, self.calib, seed=self.seed,
+                                               protect_top_k=self.protect_top_k, circuit=self._circuit,
+                                               attribution=self._attribution)
+        return self._scores[guide]
+
+    def sensitivity(self, guide: str) -> np.ndarray:
+        """Measured per-layer MLP sensitivity under ``guide``'s channel order (a step)."""
+        values = self.step(f"sensitivity|{guide}", lambda: layer_sensitivity(
+            self.handle, self.scores(guide).mlp, self.calib).tolist())
+        return _array(values)
+
+    def plan(self, guide: str, level: dict[str, float]) -> PrunePlan:
+        """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``."""
+        name, _, alloc = guide.partition("@")
+        alloc = alloc or self.allocation
+        sens = self.sensitivity(name) if alloc == "sensitivity" and level.get("neurons") else None
+        return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, self.compensate,
+                         sens)
+
+    def measure(self, handle: ModelHandle, plan: PrunePlan | None = None) -> dict:
+        """Held-out accuracy per task and their mean, perplexity, parameters and FLOPs per token of a
+        (pruned) ``handle``; ``plan`` is recorded beside them."""
+        metrics = evaluate(handle, self.test, self.batch_size)
+        acc = {t: metrics[t]["accuracy"] for t in self.tasks}
+        return {"accuracy": acc, "mean_accuracy": sum(acc.values()) / len(acc),
+                "perplexity": perplexity(handle, self.text), "params": n_params(handle),
+                "flops_per_token": flops_per_token(handle), "plan": plan.as_dict() if plan else None}
+
+    def dense(self) -> dict:
+        """The dense model's :meth:`measure` (a step); its latency is :meth:`dense_latency`."""
+        return self.step("dense", lambda: self.measure(self.handle))
+
+    def dense_latency(self) -> float:
+        """The dense model's median forward seconds on the timed batch, at the study's timing."""
+        return latency([self.handle], self.timing_texts, repeats=self.repeats, last=self.timing == "last")[0]
+
+    def row(self, guide: str, level: dict[str, float]) -> dict:
+        """One measured pruned copy (a step): :meth:`measure` plus latency against the dense model,
+        interleaved on the same batch — ``latency_ratio`` and ``speedup`` at the study's timing,
+        ``speedup_other_timing`` at the other."""
+        key = f"row|{guide}|{self.allocation}|{sorted(level.items())}"
+
+        def compute() -> dict:
+            plan = self.plan(guide, level)
+            pruned = prune_copy(self.handle, plan, self.calib.stats)
+            out = self.measure(pruned, plan)
+            last = self.timing == "last"
+            dense_t, pruned_t = latency([self.handle, pruned], self.timing_texts, repeats=self.repeats,
+                                        last=last)
+            other_d, other_p = latency([self.handle, pruned], self.timing_texts,
+                                       repeats=max(3, self.repeats // 2), last=not last)
+            out.update(latency_s=pruned_t, dense_latency_s=dense_t, latency_ratio=pruned_t / dense_t,
+                       speedup=dense_t / pruned_t, timing=self.timing, speedup_other_timing=other_d / other_p)
+            return out
+
+        return {"guide": guide, "sparsity": level, **self.step(key, compute)}
+
+    def budget(self, guide: str, budget: float, unit: str = "latency",
+               on_step: Callable[[str, dict, float], None] | None = None) -> dict:
+        """The plan of ``guide`` that keeps the most calibration accuracy within ``budget`` × the dense
+        cost (``unit`` ``"latency"`` or ``"flops"``), and its measured row.
+
+        The search (:func:`mechkit.pruning.budget.search`, a step; ``on_step(mix, sparsity, ratio)``
+        sees each bisection) aims at 95% of a latency budget, since measured latency is noisy. The
+        reported row must meet the budget itself: while it does not, the sparsity grows by 5% (+0.01)
+        and the row is measured again, at most :data:`BUDGET_RETRIES` times; ``met`` says whether it
+        did. Returns the search's ``candidates``, the ``chosen`` one, ``measured_ratio``, ``met`` and
+        ``chosen_row``; raises :class:`MechkitError` when no mix reaches the budget.
+        """
+        cost = cost_ratio_fn(self.handle, unit, self.timing_texts, repeats=max(3, self.repeats // 2),
+                             last=self.timing == "last")
+        acc = masked_accuracy(self.handle, self.calib, self.batch_size)
+
+        def compute() -> list[dict]:
+            margin = 0.95 if unit == "latency" else 1.0  # measured latency is noisy
+            found = search(lambda sparsity: self.plan(guide, sparsity), self.calib.stats, budget * margin,
+                           self.targets, cost, acc, on_step=on_step)
+            return [{"mix": c.mix, "sparsity": c.sparsity, "cost_ratio": c.cost_ratio,
+                     "calib_accuracy": c.calib_accuracy} for c in found]
+
+        candidates = self.step(f"budget|{guide}|{budget}|{unit}", compute)
+        within = [c for c in candidates if c["calib_accuracy"] is not None]
+        if not within:
+            raise MechkitError(f"no plan of {', '.join(self.targets)} reaches {budget} of the dense {unit}",
+                               "raise --budget or add targets (--target neurons,heads,layers)")
+        chosen = max(within, key=lambda c: c["calib_accuracy"])
+        sparsity = dict(chosen["sparsity"])
+        for _ in range(BUDGET_RETRIES):  # the reported row must meet the budget; noise can put it just over
+            row = self.row(guide, sparsity)
+            measured = row["latency_ratio"] if unit == "latency" else \
+                row["flops_per_token"] / flops_per_token(self.handle)
+            if measured <= budget:
+                break
+            sparsity = {k: min(v * 1.05 + 0.01, 0.95) for k, v in sparsity.items()}
+        return {"budget": budget, "unit": unit, "guide": guide, "candidates": candidates, "chosen": chosen,
+                "measured_ratio": measured, "met": measured <= budget, "chosen_row": row}
+
+    def pruned(self, row: dict) -> ModelHandle:
+        """The pruned copy a row measured, rebuilt from its recorded plan."""
+        return prune_copy(self.handle, PrunePlan.from_dict(row["plan"]), self.calib.stats)
+
+    def save(self, row: dict, out_dir: str | Path | None = None) -> Path:
+        """Write :meth:`pruned` of ``row`` with :func:`~mechkit.pruning.save_pruned` to ``out_dir``, or to a
+        fresh temporary directory (removed again if the save fails) for a caller to move."""
+        pruned = self.pruned(row)
+        if out_dir is not None:
+            return save_pruned(pruned, out_dir)
+        tmp = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))
+        try:
+            return save_pruned(pruned, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _array(value) -> np.ndarray:
+    return np.asarray(value, dtype=float)
+
+
+def _scores_dict(s: Scores) -> dict:
+    return {"mlp": s.mlp.tolist(), "heads": s.heads.tolist(), "layers": s.layers.tolist()}
