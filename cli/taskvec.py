@@ -46,7 +46,9 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     """ΔΨ = Ψ_ft − Ψ0, streamed tensor by tensor from the fine-tuned safetensors."""
     from pathlib import Path
 
-    _check_out(out, force)
+    from mechkit.io import check_out
+
+    check_out(out, force, kind="file")
     from mechkit.model import load_model
     from mechkit.taskarith import extract
 
@@ -54,15 +56,6 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     tv = extract(handle, Path(finetuned), embeddings=embeddings, tasks=tasks.split(",") if tasks else None)
     tv.save(out)
     _print_summary(tv, out)
-
-
-def _check_out(out: str, force: bool) -> None:
-    from pathlib import Path
-
-    if Path(out).is_dir():
-        raise MechkitError(f"{out} is a directory", "pass a file name for the task vector, e.g. cap.safetensors")
-    if Path(out).exists() and not force:
-        raise MechkitError(f"{out} already exists", "pass --force to overwrite it or choose another --out")
 
 
 def _load_named(vectors: tuple[str, ...]) -> dict:
@@ -113,7 +106,9 @@ def combine_options(command):
 def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
               force) -> None:
     """Combine task vectors (expression or merge method), optionally compress, write a new vector."""
-    _check_out(out, force)
+    from mechkit.io import check_out
+
+    check_out(out, force, kind="file")
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
     tv.save(out)
     _print_summary(tv, out)
@@ -148,11 +143,11 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
 def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
               force) -> None:
     """Write Ψ0 + combined vector as a loadable model directory (usable as --model DIR)."""
+    from mechkit.io import check_out
     from mechkit.model import load_model
     from mechkit.taskarith import save_merged
-    from mechkit.taskarith.apply import check_out_dir
 
-    check_out_dir(out, force)  # before the model loads
+    check_out(out, force, kind="dir")  # before the model loads
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
 
     handle = load_model(base, device="cpu", dtype="float32")

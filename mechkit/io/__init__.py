@@ -1,5 +1,15 @@
-"""Every file mechkit writes goes through here: atomic files, atomic directories, the ``--out`` check."""
+"""Every file mechkit writes goes through here: atomic files, atomic directories, the ``--out`` check.
 
-from mechkit.io.atomic import atomic_dir, temp_dir_beside, write_atomic
+>>> import tempfile, pathlib
+>>> from mechkit.io import atomic_dir, check_out, write_atomic
+>>> out = check_out(pathlib.Path(tempfile.mkdtemp()) / "run")
+>>> with atomic_dir(out) as tmp:
+...     _ = write_atomic(tmp / "report.json", "{}")
+>>> [p.name for p in out.iterdir()]
+['report.json']
+"""
 
-__all__ = ["atomic_dir", "temp_dir_beside", "write_atomic"]
+from mechkit.io.atomic import atomic_dir, atomic_file, temp_dir_beside, write_atomic
+from mechkit.io.out import check_out
+
+__all__ = ["atomic_dir", "atomic_file", "check_out", "temp_dir_beside", "write_atomic"]

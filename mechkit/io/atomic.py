@@ -1,20 +1,80 @@
 """Atomic files and directories: a reader never sees a half-written one.
 
 Everything is written under a unique temporary name in the target's own directory (same
-filesystem, so ``os.replace`` is atomic), then renamed over the target in one step. Unique names
-mean two writers never share a temporary file; whoever renames last wins, whole.
+filesystem, so a rename is atomic), flushed to disk, then renamed over the target in one step.
+Unique names mean two writers never share a temporary file; whoever renames last wins, whole.
+Files and directories get the umask's permissions (``tempfile`` would make them 0600 / 0700).
+
+On Linux a directory goes into place with ``renameat2``: ``RENAME_NOREPLACE`` (a directory another
+writer made meanwhile, even an empty one, is never taken over) and ``RENAME_EXCHANGE`` (the old
+directory is swapped out in one step, so no crash leaves the target missing). Elsewhere two renames
+are used; a crash between them leaves the old directory whole as ``.<name>.old-*`` beside the target.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
-import secrets
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
+
+
+def _token() -> str:
+    return os.urandom(4).hex()  # not secrets, which pulls in hashlib and hmac at import time
+
+
+@functools.cache
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a libc without it (old glibc, some musl)
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a fresh temporary path beside ``path`` for a writer that wants a file name (e.g.
+    ``safetensors.torch.save_file``); on success it is flushed and renamed over ``path``, on any
+    error it is removed and ``path`` is left as it was.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "w.bin"
+    >>> with atomic_file(p) as tmp:
+    ...     _ = tmp.write_bytes(b"weights")
+    >>> p.read_bytes(), sorted(q.name for q in p.parent.iterdir())
+    (b'weights', ['w.bin'])
+    """
+    path = Path(path)
+    while True:
+        tmp = path.with_name(f".{path.name}.{_token()}.tmp")
+        try:
+            with open(tmp, "xb"):  # reserves the name; honours the umask, unlike tempfile.mkstemp (0600)
+                break
+        except FileExistsError:
+            continue
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync(path.parent, directory=True)
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
@@ -27,14 +87,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:  # honours the umask, unlike tempfile.mkstemp (0600)
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(payload)
     return path
 
 
@@ -42,11 +96,18 @@ def temp_dir_beside(target: str | os.PathLike[str]) -> Path:
     """A new, empty hidden directory next to ``target`` (same filesystem), for building ``target``.
 
     ``os.mkdir`` honours the umask: ``tempfile.mkdtemp`` would make it 0700, and a directory renamed
-    into place would then be private.
+    into place would then be private. The caller removes it.
+
+    >>> import tempfile, pathlib, shutil
+    >>> target = pathlib.Path(tempfile.mkdtemp()) / "model"
+    >>> tmp = temp_dir_beside(target)
+    >>> tmp.parent == target.parent, tmp.name.startswith(".model.tmp-"), list(tmp.iterdir())
+    (True, True, [])
+    >>> shutil.rmtree(tmp)
     """
     target = Path(target)
     while True:
-        tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
+        tmp = target.parent / f".{target.name}.tmp-{_token()}"
         try:
             tmp.mkdir()
             return tmp
@@ -56,12 +117,12 @@ def temp_dir_beside(target: str | os.PathLike[str]) -> Path:
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterator[Path]:
-    """Build a directory in a hidden temporary directory beside ``target``; on success it becomes
-    ``target`` in one rename, on any error (Ctrl-C included) it is removed.
+    """Build a directory in a hidden temporary directory beside ``target``; on success it is flushed
+    and becomes ``target`` in one rename, on any error (Ctrl-C included) it is removed.
 
-    An existing ``target`` is swapped out and deleted only when ``replace`` is true; otherwise the
-    rename fails with :class:`~mechkit.errors.MechkitError` — also when another writer created
-    ``target`` while this one was building (one wins, the other is told).
+    An existing ``target`` is swapped out and deleted only when ``replace`` is true; otherwise
+    :class:`~mechkit.errors.MechkitError` is raised before the build when it already exists, and at
+    the rename when another writer created it meanwhile (one wins whole, the other is told).
 
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "model"
@@ -71,36 +132,93 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
     ['config.json']
     """
     target = Path(target)
+    if not replace and _exists(target):
+        raise MechkitError(f"{target} already exists", "pass --force to replace it or choose another --out")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_beside(target)
     try:
         yield tmp
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                if not os.path.islink(os.path.join(root, name)):
+                    _fsync(Path(root, name))
+            _fsync(Path(root), directory=True)
         _rename_dir(tmp, target, replace)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _fsync(target.parent, directory=True)
 
 
 def _rename_dir(tmp: Path, target: Path, replace: bool) -> None:
-    if target.exists() or target.is_symlink():
-        if not replace:
-            raise MechkitError(f"{target} already exists", "pass --force to replace it or choose another --out")
-        old = target.with_name(f".{target.name}.old-{secrets.token_hex(4)}")
+    if replace and _exists(target):
+        _swap_in(tmp, target)
+        return
+    try:
+        if not _renameat2(tmp, target, _RENAME_NOREPLACE):
+            if _exists(target):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+            os.replace(tmp, target)  # onto a non-empty directory another writer just made: fails, never merged
+    except OSError as err:
+        if not _exists(target):
+            raise
+        if replace:
+            _swap_in(tmp, target)
+            return
+        raise MechkitError(f"{target} was created by another writer meanwhile",
+                           "choose another --out, or pass --force to replace it") from err
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Put ``tmp`` at ``target`` and delete what was there."""
+    if _renameat2(tmp, target, _RENAME_EXCHANGE):
+        old = tmp  # the exchange left the previous target at the temporary name
+    else:
+        old = target.with_name(f".{target.name}.old-{_token()}")
         os.replace(target, old)
         try:
             os.replace(tmp, target)
         except BaseException:
             os.replace(old, target)
             raise
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-        return
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Rename with Linux ``renameat2`` flags; False where the libc, kernel or filesystem lacks them."""
+    fn = _load_renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    import ctypes
+
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    """Flush a file's data (or a directory's entries) to disk, so a power cut after the rename
+    cannot leave an empty file under the final name. Directories cannot be opened everywhere."""
     try:
-        os.replace(tmp, target)  # renaming onto a directory another writer just made fails: never merged
-    except OSError as err:
-        if target.exists():
-            raise MechkitError(f"{target} was created by another writer meanwhile",
-                               "choose another --out, or pass --force to replace it") from err
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if directory:
+            return
         raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)

@@ -25,14 +25,13 @@ import contextlib
 import hashlib
 import json
 import math
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from mechkit.errors import MechkitError
+from mechkit.io import atomic_dir
 from mechkit.model.tiny import SPECIAL_TOKENS, VOCAB, byte_tokenizer
 
 FORMAT = 1  # bump when the cache layout or the training code changes meaning
@@ -177,24 +176,20 @@ def toy_model(seed: int = 0, steps: int | None = None):
 
 
 def _save(model, target: Path, seed: int, steps: int, train_s: float) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    meta = {"recipe": recipe_hash(seed, steps), "seed": seed, "steps": steps, "format": FORMAT,
+            "config": CONFIG, "train": TRAIN, "train_s": round(train_s, 2)}
+
+    def write(replace: bool) -> None:
+        with atomic_dir(target, replace=replace) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)  # safetensors only, never pickle
+            (tmp / "mechkit-toy.json").write_text(json.dumps(meta, indent=2))  # marks a whole entry
+
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would otherwise become the cache directory's mode
-        model.save_pretrained(tmp, safe_serialization=True)  # safetensors only, never pickle
-        meta = {"recipe": recipe_hash(seed, steps), "seed": seed, "steps": steps, "format": FORMAT,
-                "config": CONFIG, "train": TRAIN, "train_s": round(train_s, 2)}
-        (tmp / "mechkit-toy.json").write_text(json.dumps(meta, indent=2))
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # another process finished the same recipe first (or a stale partial dir): keep a complete one
-            if (target / "mechkit-toy.json").is_file():
-                return
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        write(replace=target.exists() or target.is_symlink())  # a stale partial entry is replaced
+    except MechkitError:
+        # another process finished the same recipe first: keep theirs when it is whole, else replace it
+        if not (target / "mechkit-toy.json").is_file():
+            write(replace=True)
 
 
 def _load(target: Path):

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from mechkit.errors import MechkitError
-from mechkit.io import temp_dir_beside
+from mechkit.io import atomic_dir, check_out
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
 from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure
@@ -84,7 +81,7 @@ def _untied_state(model) -> dict[str, torch.Tensor]:
 def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -> Path:
     """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename).
 
-    An existing non-empty ``out_dir`` (or a file there) is refused unless ``force`` is true; an
+    An existing non-empty ``out_dir`` is refused unless ``force`` is true, a file there always; an
     empty directory is replaced. The directory gets the umask's permissions, not mkdtemp's 0700.
     """
     from safetensors.torch import save_file
@@ -92,13 +89,8 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
     structure = structure_of(handle.model)
     if structure is None:
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise MechkitError(f"{out} already exists and is not an empty directory",
-                           "choose another directory or pass force=True to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_beside(out)  # honours the umask (mkdtemp would make the saved model private)
-    try:
+    out = check_out(out_dir, force, kind="dir")
+    with atomic_dir(out, replace=force or out.is_dir()) as tmp:
         config = handle.model.config.to_dict()
         config.update(structure.config_restore)
         config[CONFIG_KEY] = structure.as_dict()
@@ -106,12 +98,4 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
         save_file(_untied_state(handle.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)
-        if out.is_dir() and not out.is_symlink():
-            shutil.rmtree(out)
-        elif out.exists() or out.is_symlink():
-            out.unlink()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -2,9 +2,9 @@
 
 A reader (a script polling ``mechkit-runs/``, or a person after Ctrl-C) must never find a
 half-written report. Everything is rendered into a hidden temporary directory beside ``out_dir``
-(same filesystem, so ``os.replace`` is atomic). A new ``out_dir`` is then created by renaming that
-directory in one step; an existing one gets its files moved in with ``report.json`` last, and the
-files it held before are put back if a move fails.
+(same filesystem, so a rename is atomic). A new ``out_dir`` is then created by renaming that
+directory in one step (:func:`mechkit.io.atomic_dir`); an existing one gets its files moved in with
+``report.json`` last, and the files it held before are put back if a move fails.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError, ReportExistsError
-from mechkit.io import temp_dir_beside
+from mechkit.io import atomic_dir, check_out, temp_dir_beside
 from mechkit.report.html import render_html
 from mechkit.report.schema import to_jsonable, validate_report
 
@@ -71,37 +71,21 @@ def write_report(
     names = list(figures) + list(files)
     _check_names(names)
 
+    check_out(out, force=True, kind="dir")  # a file there, or a read-only place: one line, before rendering
+
     created_parents = _missing_ancestors(out.parent)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_beside(out)
     try:
-        images: dict[str, bytes] = {}
-        for name, fig in figures.items():
-            fig.savefig(tmp / name, dpi=PNG_DPI, format="png", bbox_inches="tight")
-            images[name] = (tmp / name).read_bytes()
-        for name, content in files.items():
-            if isinstance(content, Path):  # a directory the plugin prepared (e.g. a saved model)
-                shutil.move(str(content), tmp / name)
-                continue
-            data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
-            (tmp / name).write_bytes(data)
-            if name.lower().endswith(".png"):
-                images[name] = data
-
-        final = dict(to_jsonable(report))
-        final["artifacts"] = list(dict.fromkeys([*final.get("artifacts", []), *names]))
-        validate_report(final)
-        text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
-        (tmp / REPORT_HTML).write_text(render_html(final, images), encoding="utf-8")
-        (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
-
         if out.exists():
-            _move_into(tmp, out, [*names, REPORT_HTML, REPORT_JSON])
-            shutil.rmtree(tmp)
+            tmp = temp_dir_beside(out)
+            try:
+                _render(tmp, report, figures, files, names)
+                _move_into(tmp, out, [*names, REPORT_HTML, REPORT_JSON])
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         else:
-            os.replace(tmp, out)  # the whole run appears in one step
+            with atomic_dir(out) as tmp:  # the whole run appears in one step
+                _render(tmp, report, figures, files, names)
     except BaseException:  # Ctrl-C included: never leave a half-written run behind
-        shutil.rmtree(tmp, ignore_errors=True)
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
                 parent.rmdir()
@@ -109,6 +93,30 @@ def write_report(
                 break
         raise
     return out
+
+
+def _render(tmp: Path, report: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
+            names: list[str]) -> None:
+    """Write the figures, the files, ``report.html`` and ``report.json`` (last) into ``tmp``."""
+    images: dict[str, bytes] = {}
+    for name, fig in figures.items():
+        fig.savefig(tmp / name, dpi=PNG_DPI, format="png", bbox_inches="tight")
+        images[name] = (tmp / name).read_bytes()
+    for name, content in files.items():
+        if isinstance(content, Path):  # a directory the plugin prepared (e.g. a saved model)
+            shutil.move(str(content), tmp / name)
+            continue
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        (tmp / name).write_bytes(data)
+        if name.lower().endswith(".png"):
+            images[name] = data
+
+    final = dict(to_jsonable(report))
+    final["artifacts"] = list(dict.fromkeys([*final.get("artifacts", []), *names]))
+    validate_report(final)
+    text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
+    (tmp / REPORT_HTML).write_text(render_html(final, images), encoding="utf-8")
+    (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
 
 
 def _png_name(name: str) -> str:

@@ -17,9 +17,6 @@ bit-exactly, also on error (the same pattern as :mod:`mechkit.interventions.weig
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +25,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
+from mechkit.io import atomic_dir, check_out
 from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.vector import TaskVector
 
@@ -114,35 +112,19 @@ def apply(handle: ModelHandle, vector: TaskVector | Sequence[Term], scale: float
         yield handle
 
 
-def check_out_dir(out_dir: str | Path, force: bool = False) -> Path:
-    """``out_dir`` as a Path, or a one-line error if it is a file, or a non-empty directory without force."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise MechkitError(f"{out} is a file", "choose a directory name for --out")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise MechkitError(f"{out} already exists and is not empty", "pass --force or choose another --out")
-    return out
-
-
 def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_dir: str | Path,
                 scale: float = 1.0, force: bool = False) -> Path:
-    """Write Ψ0 + scale·τ as a loadable model directory (safetensors, config, tokenizer), atomically."""
-    out = check_out_dir(out_dir, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a model directory is not
-    try:
+    """Write Ψ0 + scale·τ as a loadable model directory (safetensors, config, tokenizer), atomically.
+
+    ``out_dir`` may be new or an empty directory; a non-empty one is replaced only with ``force``.
+    """
+    out = check_out(out_dir, force, kind="dir")
+    with atomic_dir(out, replace=force or out.is_dir()) as tmp:
         with apply(handle, vector, scale):
             handle.model.save_pretrained(tmp, safe_serialization=True)
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
-__all__ = ["TaskArithmetic", "apply", "arithmetic", "check_out_dir", "save_merged"]
+__all__ = ["TaskArithmetic", "apply", "arithmetic", "save_merged"]

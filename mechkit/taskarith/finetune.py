@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.io import atomic_file
 
 if TYPE_CHECKING:
     from torch import nn
@@ -210,9 +211,8 @@ def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.opt
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
     state = {"recipe": recipe.as_dict(), "step": len(losses), "losses": losses,
              "rng": _jsonable_rng(rng.getstate())}
-    tmp = directory / (CHECKPOINT + ".tmp")
-    save_file(tensors, str(tmp), metadata={"mechkit_checkpoint": json.dumps(state)})
-    tmp.replace(directory / CHECKPOINT)
+    with atomic_file(directory / CHECKPOINT) as tmp:  # a unique temporary name: two runs never share one
+        save_file(tensors, str(tmp), metadata={"mechkit_checkpoint": json.dumps(state)})
 
 
 def checkpoint_state(directory: Path) -> dict | None:

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.io import atomic_file, check_out, write_atomic
 from mechkit.taskarith.compress import low_rank, sparsify
 
 SCHEMA = "mechkit.taskvector/v1"
@@ -141,22 +142,17 @@ class TaskVector:
 
     # ---- storage ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write ``path`` (safetensors, metadata JSON in its header) and ``path.json`` for people."""
+        """Write ``path`` (safetensors, metadata JSON in its header) and ``path.json`` for people, each
+        atomically: a reader sees the old file or the new one, never a mix."""
         from safetensors.torch import save_file
 
-        path = Path(path)
-        if path.is_dir():
-            raise MechkitError(f"{path} is a directory", "pass a file name for the task vector, e.g. cap.safetensors")
+        path = check_out(path, force=True, kind="file")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {**self.meta, "schema": SCHEMA, "n_tensors": len(self.deltas), "numel": self.numel()}
-        tmp = path.with_name(path.name + ".tmp")
-        try:
+        with atomic_file(path) as tmp:
             save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp),
                       metadata={"mechkit": json.dumps(meta, default=str)})
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        path.with_name(path.name + ".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")
         return path
 
     @classmethod
