@@ -1,13 +1,14 @@
 """The ``mechkit`` command line: a thin layer over plugins, the registry and reports.
 
 Plugin commands are built lazily from entry points, and nothing here imports torch, so
-``mechkit --help`` stays fast. Every :class:`~mechkit.errors.MechkitError` becomes one line on
-stderr and exit code 2.
+``mechkit --help`` stays fast. Every :class:`~mechkit.errors.MechkitError` and every click usage
+error (an unknown option, a value click cannot convert) becomes one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -21,8 +22,50 @@ def _echo_err(message: str) -> None:
     click.echo(f"mechkit: error: {message}", err=True)
 
 
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def run_one_line(call) -> Any:
+    """``call()``, with every user error (click's usage and type errors included) as one line on stderr.
+
+    Exits 2 for a :class:`MechkitError` or a click usage error, 130 when interrupted.
+    """
+    try:
+        return call()
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except click.UsageError as err:
+        where = f" — see `{err.ctx.command_path} --help`" if err.ctx is not None else ""
+        _echo_err(_one_line(err.format_message()) + where)
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        _echo_err(_one_line(err.format_message()))
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort as err:  # click turns Ctrl-C into Abort
+        if isinstance(err.__cause__, KeyboardInterrupt):
+            _echo_err("interrupted — finished steps are kept; rerun the same command to resume")
+        else:
+            _echo_err("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        _echo_err("interrupted — finished steps are kept; rerun the same command to resume")
+        sys.exit(130)
+    except MechkitError as err:
+        _echo_err(_one_line(str(err)))
+        sys.exit(err.exit_code)
+
+
 class MechkitGroup(click.Group):
     """Built-in commands plus one subcommand per installed plugin."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """In standalone mode (the console script, ``CliRunner``) every user error is one line, exit 2."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        code = run_one_line(lambda: super(MechkitGroup, self).main(args, prog_name, complete_var,
+                                                                    standalone_mode=False, **extra))
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         from mechkit import registry
@@ -86,6 +129,54 @@ def report_show(path: str) -> None:
     print_summary(load_report(path))
 
 
+@cli.group()
+def cache() -> None:
+    """Models and run steps mechkit keeps under $MECHKIT_CACHE (default ~/.cache/mechkit)."""
+
+
+def _human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"  # unreachable: GB is the last unit
+
+
+@cache.command("list")
+def cache_list() -> None:
+    """Every cached model (converted GGUF files, the toy model) and the run-step cache."""
+    from mechkit.model.cache import cache_root, list_cache
+
+    root = cache_root()
+    entries = list_cache(root)
+    click.echo(f"cache: {root}")
+    if not entries:
+        click.echo("(empty)")
+        return
+    rows = [(e.name, e.kind, _human_size(e.size),
+             e.made.astimezone().strftime("%Y-%m-%d %H:%M") if e.made else "?", e.source) for e in entries]
+    header = ("name", "kind", "size", "made", "source")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+    click.echo(f"total: {_human_size(sum(e.size for e in entries))}")
+
+
+@cache.command("clear")
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_entries", is_flag=True, help="Remove every model and run step mechkit cached.")
+def cache_clear(names: tuple[str, ...], all_entries: bool) -> None:
+    """Remove cached entries by NAME (as `mechkit cache list` shows them: gguf/…, toy/…, runs), or --all."""
+    from mechkit.model.cache import clear_cache
+
+    removed = clear_cache(names, all_entries=all_entries)
+    for name, size in removed:
+        click.echo(f"removed {name} ({_human_size(size)})")
+    if not removed:
+        click.echo("nothing to remove: the cache is empty")
+
+
 @cli.command("tasks")
 def tasks_cmd() -> None:
     """List the task ids every plugin accepts."""
@@ -97,22 +188,9 @@ def tasks_cmd() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one clear line and exit code 2 for any user error."""
-    try:
-        cli.main(args=argv, prog_name="mechkit", standalone_mode=False)
-    except click.exceptions.Exit as err:
-        sys.exit(err.exit_code)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        _echo_err("aborted")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        _echo_err("interrupted — finished steps are kept; rerun the same command to resume")
-        sys.exit(130)
-    except MechkitError as err:
-        _echo_err(str(err))
-        sys.exit(err.exit_code)
+    code = run_one_line(lambda: cli.main(args=argv, prog_name="mechkit", standalone_mode=False))
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

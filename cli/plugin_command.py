@@ -1,12 +1,50 @@
-"""One click command per plugin, built from its declared options (nothing imports torch here)."""
+"""One click command per plugin, built from its declared options (nothing imports torch here).
+
+Each plugin option's value goes through its declaration (:meth:`mechkit.options.Option.check`)
+while click parses the command line, so a bad value is the same one line as from Python
+(``--batch-size 0 is below 1 — pass --batch-size 1 or more``, exit code 2) before anything loads;
+``--help`` shows each option's default, bounds and choices.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
 from mechkit.errors import MechkitError
+from mechkit.options import Option
 
 COMMON = ("model", "seed", "out", "force", "device", "dtype")
+
+
+class DeclaredType(click.ParamType):
+    """A click type that checks values with an :class:`Option` declaration (raising its one-line error)."""
+
+    def __init__(self, option: Option) -> None:
+        self.option = option
+        self.name = option.type.__name__ if option.type in (int, float, bool) else "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return self.option.check(value)[0]  # the typed value; the runner parses it again into ctx.parsed
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return self.option.display_metavar()
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(c) for c in self.option.choices or () if c.startswith(incomplete)]
+
+
+def declared_option(opt: Option) -> click.Option:
+    """The click option of a plugin option: its flag, type check, default and help with bounds."""
+    if opt.is_flag:
+        return click.Option([f"{opt.flag}/--no-{opt.flag[2:]}", opt.name], default=bool(opt.default), help=opt.help)
+    extra = opt.help_extra()
+    text = f"{opt.help}  [{'; '.join(extra)}]" if extra else opt.help
+    return click.Option([opt.flag, opt.name], type=DeclaredType(opt), default=opt.default, show_default=False,
+                        help=text)
 
 
 def plugin_command(name: str) -> click.Command:
@@ -36,14 +74,7 @@ def plugin_command(name: str) -> click.Command:
         click.Option(["--device"], default=None, help="cpu or cuda (default: cuda when available)."),
         click.Option(["--dtype"], default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)."),
     ]
-    for opt in cls.options:
-        kind = click.Choice(opt.choices) if opt.choices else opt.type
-        if opt.is_flag:
-            params.append(click.Option([f"{opt.flag}/--no-{opt.flag[2:]}", opt.name], default=bool(opt.default),
-                                       help=opt.help))
-        else:
-            params.append(click.Option([opt.flag, opt.name], type=kind, default=opt.default,
-                                       show_default=opt.default is not None, help=opt.help))
+    params += [declared_option(opt) for opt in cls.options]
 
     def callback(**kwargs) -> None:
         from rich.console import Console

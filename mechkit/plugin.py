@@ -2,8 +2,9 @@
 
 A plugin is a short script over the public API. It receives a :class:`RunContext` (the loaded
 model, resolved options, seed, a console and resumable steps) and returns a :class:`Result`;
-mechkit turns that into ``report.json`` + ``report.html`` and a CLI subcommand. Register it
-under the ``mechkit.plugins`` entry-point group, exactly as the built-ins are::
+mechkit turns that into ``report.json`` + ``report.html`` and a CLI subcommand. Options are
+:class:`~mechkit.options.Option` declarations (re-exported here), each checked before the model
+loads. Register it under the ``mechkit.plugins`` entry-point group, exactly as the built-ins are::
 
     [project.entry-points."mechkit.plugins"]
     my-probe = "my_package.probe:MyProbe"
@@ -18,27 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from mechkit.options import Option
+
 if TYPE_CHECKING:
     from rich.console import Console
 
     from mechkit.model.handle import ModelHandle
-
-
-@dataclass(frozen=True)
-class Option:
-    """One plugin option; ``top_k`` becomes ``--top-k`` on the command line."""
-
-    name: str
-    type: type = str
-    default: Any = None
-    help: str = ""
-    choices: tuple[str, ...] | None = None
-    is_flag: bool = False
-    cli_name: str | None = None  # e.g. "from" for an option named from_report
-
-    @property
-    def flag(self) -> str:
-        return "--" + (self.cli_name or self.name.replace("_", "-"))
 
 
 @dataclass
@@ -52,13 +38,20 @@ class Result:
 
 @dataclass
 class RunContext:
-    """Everything a plugin run needs, handed to ``Plugin.run``."""
+    """Everything a plugin run needs, handed to ``Plugin.run``.
+
+    ``params`` holds every option as given (checked and of its declared type): what the report
+    records and what reruns it. ``parsed`` holds the same options after their declared parser
+    (``Option(parse=...)``), e.g. ``params["sweep"] == "5,10"`` and ``parsed["sweep"] == (5, 10)``;
+    for options without a parser the two agree.
+    """
 
     model: ModelHandle | None
     params: dict
     seed: int
     console: Console
     resume_dir: Path | None = None
+    parsed: dict = field(default_factory=dict)
 
     def step(self, key: str, compute: Callable[[], Any]) -> Any:
         """Run ``compute()`` once and keep its JSON-able result, so an interrupted run resumes here.
@@ -82,7 +75,9 @@ class RunContext:
     def progress(self):
         """A rich progress bar on the run's console (stderr), transient so reports stay clean.
 
-        >>> ctx = RunContext(model=None, params={}, seed=0, console=None)
+        >>> import io
+        >>> from rich.console import Console
+        >>> ctx = RunContext(model=None, params={}, seed=0, console=Console(file=io.StringIO()))
         >>> with ctx.progress() as bar:
         ...     job = bar.add_task("work", total=2)
         ...     bar.advance(job)
@@ -112,3 +107,6 @@ class Plugin:
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+__all__ = ["Option", "Plugin", "Result", "RunContext"]

@@ -31,21 +31,29 @@ class Run:
         return self.report["results"]
 
 
-def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]:
-    """Every option of the plugin with its value: given, else the default; unknown ones rejected."""
+def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(params, parsed)`` for every option of the plugin, checked before any model loads.
+
+    Each value (given, else the default) is coerced to the option's declared type (text from the
+    command line and numbers from Python alike), checked against its bounds and choices, and run
+    through its parser. ``params`` keeps the values as given (typed): what the report records and
+    what reruns it; ``parsed`` holds the parsers' results (``ctx.parsed``). Unknown options and bad
+    values raise :class:`~mechkit.options.OptionError` (a ``PluginError``) with one line.
+    """
     known = {o.name: o for o in cls.options}
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise PluginError(f"plugin {cls.name!r} has no option {', '.join(unknown)}",
                           f"its options are: {', '.join(known) or 'none'}")
-    params = {}
+    params, parsed = {}, {}
     for name, opt in known.items():
-        value = options.get(name, opt.default)
-        if opt.choices and value is not None and value not in opt.choices:
-            raise PluginError(f"{opt.flag} must be one of {', '.join(opt.choices)}, got {value!r}",
-                              f"pass {opt.flag} {opt.choices[0]}")
-        params[name] = value
-    return params
+        params[name], parsed[name] = opt.check(options.get(name, opt.default))
+    return params, parsed
+
+
+def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of the plugin with its checked value: given, else the default; unknown ones rejected."""
+    return resolve_options(cls, options)[0]
 
 
 def _seed_everything(seed: int) -> None:
@@ -101,22 +109,22 @@ def run_plugin(
 
     console = console or Console(stderr=True)
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
-    params = resolve_params(cls, options)
+    params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     out_dir = Path(out) if out is not None else (default_out_dir(cls.name) if write else None)
     if write and (out_dir / "report.json").exists() and not force:
         raise ReportExistsError(f"{out_dir} already holds a report", "pass --force to overwrite or choose another --out")
     t0 = time.perf_counter()
     handle = None
     if cls.needs_model:
-        from mechkit.model import load_model
+        from mechkit.model import loading
 
-        handle = load_model(model, device=device, dtype=dtype)
+        handle = loading.load_model(model, device=device, dtype=dtype)
     load_s = time.perf_counter() - t0
     _seed_everything(seed)
     before = _probe_logits(handle) if handle is not None else None
     model_key = handle.weights_sha256() if handle is not None else str(model)
     resume = _resume_dir(cls, model_key, params, seed)
-    ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume)
+    ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
     t1 = time.perf_counter()
     result = cls().run(ctx)
     run_s = time.perf_counter() - t1

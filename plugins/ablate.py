@@ -8,23 +8,10 @@ selected heads); ``--sweep 5,10,20`` repeats over k and plots accuracy against k
 
 from __future__ import annotations
 
+from mechkit.options import ExistingPath, NumberList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
-
-
-def parse_ks(text: str | None, default: int) -> list[int]:
-    from mechkit.errors import MechkitError
-
-    if not text:
-        return [default]
-    try:
-        ks = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise MechkitError(f"malformed --sweep {text!r}", "use comma-separated sizes like 5,10,20") from None
-    if not ks or ks[0] < 1:
-        raise MechkitError(f"--sweep sizes must be positive, got {text!r}", "use sizes like 5,10,20")
-    return ks
 
 
 class AblatePlugin(Plugin):
@@ -33,20 +20,22 @@ class AblatePlugin(Plugin):
     summary = "Ablate heads (e.g. the top induction heads) vs random heads and measure ICL accuracy."
     options = (
         Option("heads", str, "induction", "Head spec: induction, previous-token, random, layer:L or 17.3,18.6."),
-        Option("top_k", int, 10, "k for score-ranked and random head specs."),
+        Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),
         Option("mode", str, "zero", "Ablation: zero, mean or resample.", choices=("zero", "mean", "resample")),
-        Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`)."),
-        Option("n", int, 30, "Prompts per task."),
-        Option("shots", int, 10, "Demonstrations per prompt."),
+        Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
+        Option("n", int, 30, "Prompts per task.", min=1),
+        Option("shots", int, 10, "Demonstrations per prompt.", min=0),
         Option("setting", str, None, "For composite tasks (a+b): simple, composite or composite-in-context.",
                choices=("simple", "composite", "composite-in-context")),
         Option("baseline", str, "random", "Baseline condition.", choices=("random", "none")),
-        Option("baseline_seeds", int, 5, "Random-head draws for the baseline."),
-        Option("sweep", str, None, "Comma-separated k values, e.g. 5,10,20 (score-ranked or random specs)."),
-        Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from"),
-        Option("n_seqs", int, 50, "Random sequences for head detection (when scores are computed)."),
-        Option("seg_len", int, 25, "Segment length for head detection."),
-        Option("batch_size", int, 16, "Prompts per forward pass."),
+        Option("baseline_seeds", int, 5, "Random-head draws for the baseline.", min=0),
+        Option("sweep", str, None, "Comma-separated k values, e.g. 5,10,20 (score-ranked or random specs).",
+               parse=NumberList(int, min=1, sort=True, allow_empty=True, example="5,10,20")),
+        Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from",
+               parse=ExistingPath("detect report (a run directory or its report.json)")),
+        Option("n_seqs", int, 50, "Random sequences for head detection (when scores are computed).", min=1),
+        Option("seg_len", int, 25, "Segment length for head detection.", min=1),
+        Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:
@@ -55,14 +44,16 @@ class AblatePlugin(Plugin):
         from mechkit.interventions import ablate
         from mechkit.model.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
         from mechkit.report import load_report
-        from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
         a = m.anatomy
-        tasks = parse_tasks(p["tasks"])
-        prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"])
+        tasks = ctx.parsed["tasks"]
         ranked_spec = any(item.strip() in (*SCORE_KINDS, "random") for item in p["heads"].split(","))
-        ks = parse_ks(p["sweep"], p["top_k"]) if ranked_spec else [p["top_k"]]
+        ks = (list(ctx.parsed["sweep"] or ()) or [p["top_k"]]) if ranked_spec else [p["top_k"]]
+        placeholder = {kind: [[0.0] * a.n_heads for _ in range(a.n_layers)] for kind in SCORE_KINDS}
+        for k in ks:  # the spec's syntax and ranges, before head scores are computed
+            parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, top_k=k, seed=ctx.seed)
+        prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"])
         by_score = needs_scores(p["heads"])
         scores = load_scores(m, load_report(p["from_report"]) if p["from_report"] else None, p["n_seqs"], p["seg_len"],
                              ctx.seed, ctx.step, p["from_report"]) if by_score else None

@@ -32,10 +32,10 @@ class DetectPlugin(Plugin):
     summary = "Score every head as an induction, previous-token or duplicate-token head on repeated random tokens."
     options = (
         Option("kind", str, "all", "Which scores to rank and plot.", choices=KIND_CHOICES),
-        Option("n_seqs", int, 50, "Number of random sequences."),
-        Option("seg_len", int, 25, "Length of the repeated segment."),
-        Option("top_k", int, 10, "How many top heads to list per kind."),
-        Option("batch_size", int, 16, "Sequences per forward pass."),
+        Option("n_seqs", int, 50, "Number of random sequences.", min=1),
+        Option("seg_len", int, 25, "Length of the repeated segment.", min=1),
+        Option("top_k", int, 10, "How many top heads to list per kind.", min=1),
+        Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:

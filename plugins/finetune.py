@@ -11,7 +11,10 @@ an interrupted run started again with the same options continues from the last c
 
 from __future__ import annotations
 
+from mechkit.options import NumberList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
+
+SHOTS = NumberList(int, min=0, example="0,3")  # what mechkit.taskarith.finetune.parse_shots accepts, declared
 
 
 class FinetunePlugin(Plugin):
@@ -19,35 +22,30 @@ class FinetunePlugin(Plugin):
     version = "0.1.0"
     summary = "Fine-tune a copy of the model on a task (full or LoRA) and save it as a model directory."
     options = (
-        Option("task", str, "capitalize", "Task id to train on (see `mechkit tasks`)."),
-        Option("steps", int, 100, "Optimizer steps."),
-        Option("lr", float, 1e-4, "AdamW learning rate."),
+        Option("task", str, "capitalize", "Task id to train on (see `mechkit tasks`).", parse=TaskList(count=1)),
+        Option("steps", int, 100, "Optimizer steps.", min=1),
+        Option("lr", float, 1e-4, "AdamW learning rate.", min=0, min_exclusive=True),
         Option("method", str, "full", "Full fine-tuning or LoRA (merged into the weights).", choices=("full", "lora")),
-        Option("rank", int, 8, "LoRA rank."),
-        Option("lora_alpha", float, 16.0, "LoRA alpha (scale alpha/rank)."),
-        Option("batch_size", int, 8, "Prompts per step."),
-        Option("shots", str, "0", "Demonstrations per training prompt, comma-separated mix (e.g. 0,3)."),
+        Option("rank", int, 8, "LoRA rank.", min=1),
+        Option("lora_alpha", float, 16.0, "LoRA alpha (scale alpha/rank).", min=0, min_exclusive=True),
+        Option("batch_size", int, 8, "Prompts per step.", min=1),
+        Option("shots", str, "0", "Demonstrations per training prompt, comma-separated mix (e.g. 0,3).", parse=SHOTS),
         Option("data_seed", int, 1000, "Seed of the training prompts (distinct from evaluation's --seed)."),
-        Option("eval_n", int, 20, "Held-out zero-shot prompts for accuracy before/after."),
-        Option("weight_decay", float, 0.0, "AdamW weight decay."),
-        Option("checkpoint_every", int, 50, "Steps between resumable checkpoints (weights + AdamW state); 0: none."),
+        Option("eval_n", int, 20, "Held-out zero-shot prompts for accuracy before/after.", min=1),
+        Option("weight_decay", float, 0.0, "AdamW weight decay.", min=0),
+        Option("checkpoint_every", int, 50, "Steps between resumable checkpoints (weights + AdamW state); 0: none.",
+               min=0),
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.errors import MechkitError
         from mechkit.eval.scoring import score_prompts
         from mechkit.model import load_model
-        from mechkit.taskarith.finetune import Recipe, eval_prompts, finetune, model_files, parse_shots
-        from mechkit.tasks import parse_tasks
+        from mechkit.taskarith.finetune import Recipe, eval_prompts, finetune, model_files
 
         p, m = ctx.params, ctx.model
-        tasks = parse_tasks(p["task"])
-        if len(tasks) != 1:
-            raise MechkitError(f"--task takes one task id, got {len(tasks)}: {', '.join(tasks)}",
-                               "fine-tune one model per task, e.g. --task capitalize")
-        task = tasks[0]
+        task = ctx.parsed["task"][0]
         recipe = Recipe(task=task, steps=p["steps"], lr=p["lr"], method=p["method"], rank=p["rank"],
-                        lora_alpha=p["lora_alpha"], batch_size=p["batch_size"], shots=parse_shots(p["shots"]),
+                        lora_alpha=p["lora_alpha"], batch_size=p["batch_size"], shots=ctx.parsed["shots"],
                         seed=ctx.seed, data_seed=p["data_seed"], eval_n=p["eval_n"], eval_seed=ctx.seed,
                         weight_decay=p["weight_decay"])
         held_out = eval_prompts(recipe)

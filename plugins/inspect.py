@@ -58,9 +58,9 @@ class InspectPlugin(Plugin):
     version = "0.1.0"
     summary = "Report the model's anatomy, parameter counts and a plain forward-pass timing."
     options = (
-        Option("batch", int, 4, "Batch size of the timed forward pass."),
-        Option("seq_len", int, 128, "Sequence length of the timed forward pass."),
-        Option("repeats", int, 5, "Timed repeats (the median is reported)."),
+        Option("batch", int, 4, "Batch size of the timed forward pass.", min=1),
+        Option("seq_len", int, 128, "Sequence length of the timed forward pass.", min=1),
+        Option("repeats", int, 5, "Timed repeats (the median is reported).", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:

@@ -11,6 +11,7 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 
 from __future__ import annotations
 
+from mechkit.options import ExistingPath, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 NAMES = ("clean", "target", "outside", "random")
@@ -24,34 +25,38 @@ class ShufflePlugin(Plugin):
     summary = "Permute QK or QKOV weights among selected heads (e.g. induction) vs among random heads."
     options = (
         Option("heads", str, "induction", "Head spec (see `mechkit ablate --help`)."),
-        Option("top_k", int, 10, "k for score-ranked and random head specs."),
+        Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),
         Option("component", str, "qk", "What moves: qk (attention pattern) or qkov (whole head).",
                choices=("qk", "qkov")),
         Option("gqa", str, "query", "Under grouped-query attention: move query rows only, or also the KV group.",
                choices=("query", "group")),
-        Option("seeds", int, 3, "Permutations of the selected heads (and random-head draws)."),
-        Option("tasks", str, "capitalize,past-tense,country-capital", "Tasks to score ('' for none)."),
-        Option("n", int, 20, "Prompts per task."),
-        Option("shots", int, 10, "Demonstrations per prompt."),
+        Option("seeds", int, 3, "Permutations of the selected heads (and random-head draws).", min=1),
+        Option("tasks", str, "capitalize,past-tense,country-capital", "Tasks to score ('' for none).",
+               parse=TaskList(allow_empty=True)),
+        Option("n", int, 20, "Prompts per task.", min=1),
+        Option("shots", int, 10, "Demonstrations per prompt.", min=0),
         Option("setting", str, None, "For composite tasks (a+b): simple, composite or composite-in-context.",
                choices=("simple", "composite", "composite-in-context")),
-        Option("n_seqs", int, 50, "Repeated random sequences for detection and for the loss."),
-        Option("seg_len", int, 25, "Length of the repeated segment."),
-        Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from"),
-        Option("batch_size", int, 16, "Sequences per forward pass."),
+        Option("n_seqs", int, 50, "Repeated random sequences for detection and for the loss.", min=1),
+        Option("seg_len", int, 25, "Length of the repeated segment.", min=1),
+        Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from",
+               parse=ExistingPath("detect report (a run directory or its report.json)")),
+        Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.evaluation import evaluate, task_prompts
         from mechkit.heads.scores import copy_loss, load_scores, repeated_tokens, token_loss
         from mechkit.interventions import permutation, shuffle_heads
-        from mechkit.model.heads import needs_scores, parse_heads, random_heads
+        from mechkit.model.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
         from mechkit.report import load_report
-        from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
         a = m.anatomy
-        tasks = parse_tasks(p["tasks"]) if p["tasks"] else []
+        tasks = ctx.parsed["tasks"]
+        placeholder = {kind: [[0.0] * a.n_heads for _ in range(a.n_layers)] for kind in SCORE_KINDS}
+        # the spec's syntax and ranges, before head scores are computed
+        parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, top_k=p["top_k"], seed=ctx.seed)
         prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"]) if tasks else {}
         needs = needs_scores(p["heads"])
         scores = load_scores(m, load_report(p["from_report"]) if p["from_report"] else None, p["n_seqs"], p["seg_len"],

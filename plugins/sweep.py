@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from mechkit.options import TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -24,25 +25,25 @@ class SweepPlugin(Plugin):
     version = "0.1.0"
     summary = "Importance of every head for a task: the effect of ablating each one (exact or attribution)."
     options = (
-        Option("tasks", str, "capitalize", "Comma-separated task ids; prompts of all tasks are pooled."),
-        Option("n", int, 16, "Prompts per task."),
-        Option("shots", int, 10, "Demonstrations per prompt."),
+        Option("tasks", str, "capitalize", "Comma-separated task ids; prompts of all tasks are pooled.",
+               parse=TaskList()),
+        Option("n", int, 16, "Prompts per task.", min=1),
+        Option("shots", int, 10, "Demonstrations per prompt.", min=0),
         Option("setting", str, None, "For composite tasks (a+b): simple, composite or composite-in-context.",
                choices=("simple", "composite", "composite-in-context")),
         Option("method", str, "exact", "exact, attribution, or both (adds their rank agreement).",
                choices=("exact", "attribution", "both")),
-        Option("top_k", int, 10, "How many most important heads to list."),
-        Option("batch_size", int, 16, "Prompts per forward pass."),
+        Option("top_k", int, 10, "How many most important heads to list.", min=1),
+        Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.evaluation import task_prompts
         from mechkit.heads.effects import attribution_effects, exact_effects, spearman
         from mechkit.report import head_heatmap
-        from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
-        tasks = parse_tasks(p["tasks"])
+        tasks = ctx.parsed["tasks"]
         prompts = [q for ps in task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"]).values() for q in ps]
         results: dict = {"tasks": tasks, "n_prompts": len(prompts), "metric": "mean answer log-prob"}
         figures = {}

@@ -14,46 +14,8 @@ the cosine of the two vectors' shifts of next-token log-probabilities — over b
 
 from __future__ import annotations
 
+from mechkit.options import NumberList, Paths, TaskList, parse_lambdas
 from mechkit.plugin import Option, Plugin, Result, RunContext
-
-
-def parse_lambdas(text: str) -> list[float]:
-    """``"-1:1.5:0.1"`` (start:stop:step, stop included) or ``"-1,0,0.5,1"``."""
-    from mechkit.errors import MechkitError
-
-    fix = "use start:stop:step like -1:1.5:0.1 or a list like -1,0,1"
-    try:
-        if ":" in text:
-            start, stop, step = (float(x) for x in text.split(":"))
-            if step <= 0 or stop < start:
-                raise ValueError
-            n = int(round((stop - start) / step)) + 1
-            values = [round(start + i * step, 10) for i in range(n) if start + i * step <= stop + 1e-9]
-        else:
-            values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise MechkitError(f"malformed --lambdas {text!r}", fix) from None
-    if not values:
-        raise MechkitError(f"no λ values in {text!r}", fix)
-    return sorted(dict.fromkeys(values))
-
-
-def best_lambdas(rows: list[dict], t1: str, t2: str, own: tuple[float, float] = (1.0, 1.0)) -> dict:
-    """Best λ for multi-task learning and for unlearning; ties go to the smaller |λ|.
-
-    Multi-task (λ > 0): the largest worse-of-two retention, min(acc1 / own1, acc2 / own2), where
-    ``own`` holds each task's accuracy under its own vector alone (so "keeps both" is what counts,
-    not one task's gain bought with the other), then the larger mean. Unlearning (λ < 0): the
-    largest acc1 − acc2.
-    """
-    def pick(cands, score):
-        return max(cands, key=lambda r: (*(round(x, 9) for x in score(r)), -abs(r["lambda"])), default=None)
-
-    o1, o2 = (max(o, 1e-9) for o in own)
-    multi = pick([r for r in rows if r["lambda"] > 0],
-                 lambda r: (min(r[t1] / o1, r[t2] / o2), (r[t1] + r[t2]) / 2))
-    unlearn = pick([r for r in rows if r["lambda"] < 0], lambda r: (r[t1] - r[t2],))
-    return {"multi_task": multi, "unlearning": unlearn}
 
 
 class TaskvecSweepPlugin(Plugin):
@@ -61,35 +23,30 @@ class TaskvecSweepPlugin(Plugin):
     version = "0.1.0"
     summary = "Accuracy of Ψ0 + ΔΨ_A + λ·ΔΨ_B over a λ grid on both tasks, best λ and task correlation α̂."
     options = (
-        Option("vectors", str, None, "Two task-vector files A,B (from `mechkit taskvec extract`)."),
-        Option("tasks", str, None, "Task ids T1,T2 (default: the tasks recorded in the vectors)."),
-        Option("lambdas", str, "-1:1.5:0.1", "λ grid for B: start:stop:step or a comma list."),
+        Option("vectors", str, None, "Two task-vector files A,B (from `mechkit taskvec extract`).", required=True,
+               parse=Paths(count=2, what="task-vector files", example="cap.safetensors,low.safetensors")),
+        Option("tasks", str, None, "Task ids T1,T2 (default: the tasks recorded in the vectors).",
+               parse=TaskList(count=2, unique=False, allow_empty=True)),
+        Option("lambdas", str, "-1:1.5:0.1", "λ grid for B: start:stop:step or a comma list.", parse=parse_lambdas),
         Option("scale_a", float, 1.0, "Coefficient of vector A."),
-        Option("n", int, 20, "Prompts per task."),
-        Option("shots", str, "0", "Demonstrations per prompt, comma-separated settings (e.g. 0,5)."),
-        Option("batch_size", int, 16, "Prompts per forward pass."),
+        Option("n", int, 20, "Prompts per task.", min=1),
+        Option("shots", str, "0", "Demonstrations per prompt, comma-separated settings (e.g. 0,5).",
+               parse=NumberList(int, min=0, example="0,5")),
+        Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.errors import MechkitError
         from mechkit.eval.evaluation import evaluate
         from mechkit.taskarith import TaskVector, arithmetic, task_correlation
-        from mechkit.taskarith.finetune import parse_shots
-        from mechkit.tasks import build_prompts, parse_tasks
+        from mechkit.tasks import build_prompts
 
         p, m = ctx.params, ctx.model
-        paths = [x.strip() for x in (p["vectors"] or "").split(",") if x.strip()]
-        if len(paths) != 2:
-            raise MechkitError("--vectors needs two task-vector files A,B", "pass --vectors cap.safetensors,low.safetensors")
+        paths = ctx.parsed["vectors"]
         a, b = (TaskVector.load(x) for x in paths)
-        if p["tasks"]:  # one id per vector; the same task twice is allowed (aligned vectors of one task)
-            tasks = [parse_tasks(t)[0] for t in p["tasks"].split(",") if t.strip()]
-        else:
-            tasks = [_task_of(v, x) for v, x in ((a, paths[0]), (b, paths[1]))]
-        if len(tasks) != 2:
-            raise MechkitError(f"--tasks needs two task ids, got {tasks}", "pass --tasks capitalize,past-tense")
-        lambdas = parse_lambdas(p["lambdas"])
-        shots = parse_shots(p["shots"])
+        # one id per vector; the same task twice is allowed (aligned vectors of one task)
+        tasks = ctx.parsed["tasks"] or [_task_of(v, x) for v, x in ((a, paths[0]), (b, paths[1]))]
+        lambdas = ctx.parsed["lambdas"]
+        shots = ctx.parsed["shots"]
         prompts = {_col(t, i, tasks, s, shots): build_prompts(t, n=p["n"], shots=s, seed=ctx.seed)
                    for s in shots for i, t in enumerate(tasks)}
         cols = list(prompts)
@@ -111,6 +68,7 @@ class TaskvecSweepPlugin(Plugin):
 
     def _result(self, rows, lambdas, tasks, cols, shots, alpha, paths) -> Result:
         from mechkit.report import line_plot
+        from mechkit.taskarith.lambdas import best_lambdas
 
         refs = {r["name"]: r for r in rows[:3]}
         grid = [{"lambda": lam, **{c: r[c] for c in cols}} for lam, r in zip(lambdas, rows[3:], strict=True)]

@@ -78,7 +78,7 @@ def cli(*args):
     (["ablate", "--heads", "17-3"], "malformed head spec"),
     (["ablate", "--heads", "5.0"], "out of range"),
     (["ablate", "--tasks", "capitalise"], "unknown task"),
-    (["ablate", "--sweep", "five"], "malformed --sweep"),
+    (["ablate", "--sweep", "five"], "--sweep 'five'"),
     (["shuffle", "--heads", "layer:9"], "out of range"),
     (["sweep", "--tasks", "nope"], "unknown task"),
     (["ablate", "--from", "/nonexistent/report.json"], "report"),
@@ -89,6 +89,19 @@ def test_bad_input_fails_cleanly(tmp_path, args, needle):
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr.lower() and len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("plugin, heads", [("ablate", "induction,17-3"), ("ablate", "induction,5.0"),
+                                           ("shuffle", "previous-token,layer:9")])
+def test_head_spec_is_checked_before_head_scores_are_computed(monkeypatch, plugin, heads):
+    import mechkit.heads.scores as scores
+
+    def never(*args, **kwargs):
+        raise AssertionError("head scores were computed before the spec was checked")
+
+    monkeypatch.setattr(scores, "compute_scores", never)
+    with pytest.raises(mk.MechkitError, match="malformed head spec|out of range"):
+        mk.run(plugin, **TINY, heads=heads, tasks="swap", n=2, shots=2)
 
 
 @pytest.mark.slow

@@ -332,7 +332,8 @@ def test_example_script_on_tiny_model(tmp_path, capsys):
 
 
 def test_best_lambdas_keep_both_tasks_and_prefer_small_lambda():
-    from mechkit.plugins.taskvec_sweep import best_lambdas, parse_lambdas
+    from mechkit.options import parse_lambdas
+    from mechkit.taskarith.lambdas import best_lambdas
 
     rows = [{"lambda": lam, "a": a, "b": b} for lam, a, b in
             [(-1.0, 0.8, 0.0), (-0.5, 0.8, 0.0), (0.5, 0.8, 0.4), (1.0, 0.6, 0.8), (1.5, 0.0, 1.0)]]

@@ -1,1 +1,28 @@
-"""Plugin options declared with their types, bounds and parsers, checked before any work."""
+"""Plugin options declared with their types, bounds and parsers, checked before any work.
+
+A plugin declares each option once; the runner checks every value (type, bounds, choices, parser)
+before the model loads, the CLI builds its ``--help`` from the same declaration, and a bad value
+is one line naming the flag, the value and the fix:
+
+>>> from mechkit.options import NumberList, Option
+>>> opt = Option("sweep", str, None, "Comma-separated k values.", parse=NumberList(int, min=1, sort=True))
+>>> opt.check("20,5")
+('20,5', (5, 20))
+>>> opt.flag, opt.help_extra()
+('--sweep', ['each x>=1'])
+"""
+
+from mechkit.options.option import Bounds, Option, OptionError
+from mechkit.options.parsers import (
+           ExistingPath,
+           Grid,
+           IntRanges,
+           NumberList,
+           Paths,
+           Ranges,
+           TaskList,
+           parse_lambdas,
+)
+
+__all__ = ["Bounds", "ExistingPath", "Grid", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
+           "TaskList", "parse_lambdas"]

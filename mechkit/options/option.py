@@ -1,0 +1,274 @@
+"""``Option``: one plugin option declared with its type, bounds, choices and parser.
+
+Everything a value can be checked against without a model is declared here, so the runner and
+the CLI refuse bad input before the model loads, each time with one line that names the flag,
+the bad value and the fix:
+
+>>> try:
+...     Option("batch_size", int, 16, min=1).check("0")
+... except OptionError as err:
+...     print(err)
+--batch-size 0 is below 1 — pass --batch-size 1 or more
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from mechkit.errors import MechkitError, PluginError
+
+TYPE_WORDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "y": True, "on": True, "t": True,
+              "false": False, "0": False, "no": False, "n": False, "off": False, "f": False}
+
+
+class OptionError(PluginError, ValueError):
+    """A value an option refuses; ``str(err)`` is the one line the CLI prints (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Inclusive (by default) or exclusive limits on a number.
+
+    >>> Bounds(min=0, min_exclusive=True).problem(0)
+    'is not above 0'
+    >>> Bounds(min=1, max=10).requirement(), Bounds(min=1, max=10).describe()
+    ('from 1 to 10', '1<=x<=10')
+    """
+
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+
+    def __bool__(self) -> bool:
+        return self.min is not None or self.max is not None
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with ``value`` (``"is below 1"``), or ``None`` when it is inside the bounds."""
+        if self.min is not None:
+            if self.min_exclusive and not value > self.min:
+                return f"is not above {self.min}"
+            if not self.min_exclusive and value < self.min:
+                return f"is below {self.min}"
+        if self.max is not None:
+            if self.max_exclusive and not value < self.max:
+                return f"is not below {self.max}"
+            if not self.max_exclusive and value > self.max:
+                return f"is above {self.max}"
+        return None
+
+    def requirement(self) -> str:
+        """The allowed values in words: ``1 or more``, ``above 0``, ``from 0 to 1``."""
+        low = None if self.min is None else (f"above {self.min}" if self.min_exclusive else f"{self.min} or more")
+        high = None if self.max is None else (f"below {self.max}" if self.max_exclusive else f"{self.max} or less")
+        if low and high and not (self.min_exclusive or self.max_exclusive):
+            return f"from {self.min} to {self.max}"
+        return " and ".join(x for x in (low, high) if x)
+
+    def describe(self) -> str:
+        """The bounds as ``--help`` shows them (click's notation): ``x>=1``, ``0<x<=1``."""
+        if not self:
+            return ""
+        low = "" if self.min is None else f"{self.min}{'<' if self.min_exclusive else '<='}"
+        high = "" if self.max is None else f"{'<' if self.max_exclusive else '<='}{self.max}"
+        if self.min is not None and self.max is None:
+            return f"x{'>' if self.min_exclusive else '>='}{self.min}"
+        return f"{low}x{high}"
+
+
+def show(value: Any) -> str:
+    """A value as an error message quotes it: numbers plainly, text in quotes (so ``''`` shows)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return repr(value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def to_number(value: Any, kind: type) -> int | float:
+    """``value`` (text or a number) as an ``int`` or ``float``; ``ValueError`` when it is not one.
+
+    Whole floats count as ints (``5.0`` -> ``5``); ``True``/``False`` are never numbers.
+
+    >>> to_number(" 12 ", int), to_number(5.0, int), to_number("1e-4", float)
+    (12, 5, 0.0001)
+    """
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if kind is int:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            return int(value.strip())
+        raise ValueError(value)
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise ValueError(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One plugin option; ``top_k`` becomes ``--top-k`` on the command line.
+
+    The first seven fields keep their positions (``Option("n", int, 30, "Prompts per task.")``);
+    the checks are keyword-only:
+
+    - ``min``/``max``: bounds of an ``int``/``float`` value, inclusive unless ``min_exclusive``/
+      ``max_exclusive``;
+    - ``finite``: a ``float`` must be finite (``nan`` is always refused; set ``False`` where
+      ``inf`` means something);
+    - ``parse``: a callable ``str -> value`` (see :mod:`mechkit.options.parsers`) raising
+      ``ValueError`` or :class:`~mechkit.errors.MechkitError`; the plugin reads its result from
+      ``ctx.parsed[name]`` while ``ctx.params[name]`` (and the report) keep the text as given;
+    - ``required``: ``None`` is refused (for options with no sensible default);
+    - ``metavar``: what ``--help`` shows for the value (default: the parser's, else the type's).
+
+    >>> Option("lr", float, 1e-4, min=0, min_exclusive=True).check("0.001")
+    (0.001, 0.001)
+    >>> from mechkit.options.parsers import NumberList
+    >>> Option("sweep", str, None, parse=NumberList(int, min=1, sort=True)).check("10,5")
+    ('10,5', (5, 10))
+    """
+
+    name: str
+    type: type = str
+    default: Any = None
+    help: str = ""
+    choices: tuple[str, ...] | None = None
+    is_flag: bool = False
+    cli_name: str | None = None  # e.g. "from" for an option named from_report
+    _: KW_ONLY
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    finite: bool = True
+    parse: Callable[[str], Any] | None = None
+    required: bool = False
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + (self.cli_name or self.name.replace("_", "-"))
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.min, self.max, self.min_exclusive, self.max_exclusive)
+
+    def coerce(self, value: Any) -> Any:
+        """The value as the report records it: of the declared type, inside the bounds, one of the choices.
+
+        Text from the command line and numbers from Python are both accepted (``"5"`` -> ``5`` for an
+        ``int`` option, ``0`` -> ``"0"`` for a ``str`` one). Raises :class:`OptionError`.
+        """
+        if value is None:
+            if self.required:
+                raise OptionError(f"{self.flag} is required", f"pass {self.flag} {self.value_hint()}")
+            return None
+        value = self._typed(value)
+        if self.type in (int, float):
+            self._check_number(value)
+        if self.choices and value not in self.choices:
+            raise OptionError(f"{self.flag} must be one of {', '.join(self.choices)}, got {show(value)}",
+                              f"pass {self.flag} {self.choices[0]}")
+        return value
+
+    def check(self, value: Any) -> tuple[Any, Any]:
+        """``(coerced, parsed)``: :meth:`coerce`, then the declared parser (parsed is coerced without one)."""
+        value = self.coerce(value)
+        if self.parse is None or value is None:
+            return value, value
+        try:
+            return value, self.parse(value)
+        except MechkitError as err:
+            raise OptionError(f"{self.flag} {show(value)}: {err.problem}", err.fix) from None
+        except ValueError as err:
+            fix = getattr(self.parse, "fix", None) or f"pass {self.flag} {self.value_hint()}"
+            raise OptionError(f"{self.flag} {show(value)}: {err}", fix) from None
+
+    def value_hint(self) -> str:
+        """What to type after the flag, for a fix: the metavar, then an example or the help text."""
+        metavar = self.display_metavar()
+        example = getattr(self.parse, "example", None)
+        if example:
+            return f"{metavar}, e.g. {self.flag} {example}"
+        return f"{metavar}: {self.help.rstrip('.')}" if self.help else metavar
+
+    def display_metavar(self) -> str:
+        if self.metavar:
+            return self.metavar
+        if self.choices:
+            return "[" + "|".join(self.choices) + "]"
+        parser_metavar = getattr(self.parse, "metavar", None)
+        if parser_metavar:
+            return parser_metavar
+        return {int: "INTEGER", float: "FLOAT", bool: "BOOLEAN"}.get(self.type, "TEXT")
+
+    def help_extra(self) -> list[str]:
+        """What ``--help`` adds in brackets: the default and the bounds (``default: 16``, ``x>=1``)."""
+        extra = []
+        if self.default is not None and not self.is_flag:
+            extra.append(f"default: {self.default!s}" if self.default != "" else 'default: ""')
+        if self.bounds:
+            extra.append(self.bounds.describe())
+        describe = getattr(self.parse, "describe", None)
+        if callable(describe) and describe():
+            extra.append(describe())
+        if self.required:
+            extra.append("required")
+        return extra
+
+    def _typed(self, value: Any) -> Any:
+        kind = self.type
+        if kind in (int, float):
+            try:
+                return to_number(value, kind)
+            except (TypeError, ValueError, OverflowError):
+                raise OptionError(f"{self.flag} {show(value)} is not {TYPE_WORDS[kind]}",
+                                  f"pass {TYPE_WORDS[kind]}, e.g. {self.flag} {self._example()}") from None
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:
+                return BOOL_WORDS[value.strip().lower()]
+            raise OptionError(f"{self.flag} {show(value)} is not true or false", f"pass {self.flag} true or false")
+        if kind is str:
+            if isinstance(value, str):
+                return value
+            if isinstance(value, os.PathLike):
+                return os.fspath(value)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return str(value)
+            if isinstance(value, list | tuple) and all(isinstance(x, str | int | float | os.PathLike) and
+                                                       not isinstance(x, bool) for x in value):
+                return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else str(x) for x in value)
+            raise OptionError(f"{self.flag} {show(value)} is not text", f"pass {self.flag} {self.value_hint()}")
+        try:
+            return value if isinstance(value, kind) else kind(value)
+        except (TypeError, ValueError) as err:
+            raise OptionError(f"{self.flag} {show(value)} is not a valid {kind.__name__}: {err}",
+                              f"pass {self.flag} {self.value_hint()}") from None
+
+    def _check_number(self, value: int | float) -> None:
+        if isinstance(value, float) and not math.isfinite(value) and (math.isnan(value) or self.finite):
+            raise OptionError(f"{self.flag} {value} is not a finite number",
+                              f"pass a finite number, e.g. {self.flag} {self._example()}")
+        problem = self.bounds.problem(value)
+        if problem:
+            raise OptionError(f"{self.flag} {show(value)} {problem}", f"pass {self.flag} {self.bounds.requirement()}")
+
+    def _example(self) -> str:
+        if self.default is not None:
+            return str(self.default)
+        if self.min is not None and not self.min_exclusive:
+            return str(self.min)
+        if self.max is not None and not self.max_exclusive:
+            return str(self.max)
+        return "1"

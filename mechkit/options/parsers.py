@@ -1,0 +1,291 @@
+"""Reusable parsers for ``Option(parse=...)``: text in, a checked value out, ``OptionError`` otherwise.
+
+Each parser is a small frozen dataclass called with the option's text. Its errors name what is
+wrong with the text and how to fix it; :meth:`Option.check <mechkit.options.Option.check>` adds
+the flag and the value. ``metavar`` and ``describe()`` feed ``--help``.
+
+>>> NumberList(int, min=1, sort=True)("20,5,10,5")
+(5, 10, 20)
+>>> parse_lambdas("-1:1:0.5")
+[-1.0, -0.5, 0.0, 0.5, 1.0]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from mechkit.options.option import TYPE_WORDS, Bounds, OptionError, show, to_number
+
+
+def _items(text: str) -> list[str]:
+    """The comma-separated items of ``text``, stripped, empty ones dropped."""
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+def _number(item: str, kind: type, fix: str, bounds: Bounds | None = None, finite: bool = True) -> int | float:
+    try:
+        value = to_number(item, kind)
+    except (TypeError, ValueError, OverflowError):
+        raise OptionError(f"{item!r} is not {TYPE_WORDS[kind]}", fix) from None
+    if finite and not math.isfinite(value):
+        raise OptionError(f"{item} is not a finite number", fix)
+    problem = bounds.problem(value) if bounds else None
+    if problem:
+        raise OptionError(f"{show(value)} {problem}", fix)
+    return value
+
+
+@dataclass(frozen=True)
+class NumberList:
+    """Comma-separated numbers, each of ``kind`` (``int`` or ``float``) and inside the bounds.
+
+    Returns a tuple in the order given (duplicates kept), or sorted without duplicates with
+    ``sort=True``. ``allow_empty`` accepts blank text as ``()`` (e.g. "no sweep").
+
+    >>> NumberList(int, min=0)("0, 3")
+    (0, 3)
+    >>> try:
+    ...     NumberList(float, min=0, min_exclusive=True)("1,0")
+    ... except OptionError as err:
+    ...     print(err)
+    0.0 is not above 0 — use comma-separated numbers, each above 0
+    """
+
+    kind: type = int
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    sort: bool = False
+    allow_empty: bool = False
+    example: str | None = None
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.min, self.max, self.min_exclusive, self.max_exclusive)
+
+    @property
+    def metavar(self) -> str:
+        word = "K" if self.kind is int else "X"
+        return f"{word}[,{word}...]"
+
+    @property
+    def fix(self) -> str:
+        noun = "whole numbers" if self.kind is int else "numbers"
+        each = f", each {self.bounds.requirement()}" if self.bounds else ""
+        like = f", like {self.example}" if self.example else ""
+        return f"use comma-separated {noun}{each}{like}"
+
+    def describe(self) -> str:
+        return f"each {self.bounds.describe()}" if self.bounds else ""
+
+    def __call__(self, text: str) -> tuple:
+        items = _items(text)
+        if not items:
+            if self.allow_empty and not str(text).strip():
+                return ()
+            raise OptionError("no numbers given", self.fix)
+        values = [_number(x, self.kind, self.fix, self.bounds) for x in items]
+        return tuple(sorted(set(values))) if self.sort else tuple(values)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A grid of finite numbers: ``start:stop:step`` (stop included) or a comma list; sorted, unique.
+
+    The grammar of ``mechkit taskvec sweep --lambdas``. At most ``max_points`` values.
+
+    >>> Grid()("0:1:0.25")
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+    >>> Grid()("1,0,1")
+    [0.0, 1.0]
+    """
+
+    max_points: int = 10_000
+    metavar: str = "START:STOP:STEP|X,X..."
+    fix: str = "use start:stop:step like -1:1.5:0.1 or a list like -1,0,1"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> list[float]:
+        text = str(text)
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) != 3:
+                raise OptionError(f"start:stop:step has 3 parts, got {len(parts)}", self.fix)
+            start, stop, step = (_number(x.strip(), float, self.fix) for x in parts)
+            if step <= 0:
+                raise OptionError(f"step {show(step)} is not above 0", self.fix)
+            if stop < start:
+                raise OptionError(f"stop {show(stop)} is below start {show(start)}", self.fix)
+            span = (stop - start) / step
+            if not span + 1 <= self.max_points:  # also refuses an overflowing span (inf)
+                raise OptionError(f"the grid has more than {self.max_points} points", "use a larger step")
+            n = int(round(span)) + 1
+            values = [round(start + i * step, 10) for i in range(n) if start + i * step <= stop + 1e-9]
+        else:
+            values = [_number(x, float, self.fix) for x in _items(text)]
+            if len(values) > self.max_points:
+                raise OptionError(f"{len(values)} points is more than {self.max_points}", "give fewer values")
+        if not values:
+            raise OptionError("no values given", self.fix)
+        return sorted(dict.fromkeys(values))
+
+
+parse_lambdas = Grid()
+"""The λ grid of ``taskvec sweep``: ``"-1:1.5:0.1"`` (start:stop:step, stop included) or ``"-1,0,0.5,1"``."""
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """Parsed ``all``, ``12-24`` or ``10,20,25``: indices checked against the model by :meth:`resolve`."""
+
+    text: str
+    values: tuple[int, ...] | None  # None: all
+
+    def resolve(self, n: int, flag: str = "--layers", what: str = "layers") -> list[int]:
+        """The sorted indices, refusing any at or above ``n`` (the model's count of ``what``).
+
+        >>> IntRanges()("1-2,0").resolve(4)
+        [0, 1, 2]
+        """
+        if self.values is None:
+            return list(range(n))
+        if self.values[-1] >= n:
+            raise OptionError(f"{flag} {self.text!r} is out of range: the model has {n} {what} (0–{n - 1})",
+                              f"use all, a range like 0-{n - 1} or a list of indices below {n}")
+        return list(self.values)
+
+
+@dataclass(frozen=True)
+class IntRanges:
+    """``all``, ranges ``12-24`` and indices ``10,20`` (combinable: ``0-3,8``) -> :class:`Ranges`.
+
+    Indices are 0-based and never negative; the upper limit depends on the model, so it is
+    checked by ``Ranges.resolve(n)`` once the model is loaded (before any work).
+
+    >>> IntRanges()("12-14,3").values
+    (3, 12, 13, 14)
+    >>> IntRanges()("all").resolve(3)
+    [0, 1, 2]
+    """
+
+    metavar: str = "all|A-B|I,J..."
+    fix: str = "use all, a range like 12-24 or a list like 10,20"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> Ranges:
+        text = str(text)
+        if text.strip() == "all":
+            return Ranges(text, None)
+        found: set[int] = set()
+        for item in _items(text):
+            lo, dash, hi = item.partition("-")
+            if not lo.strip() or (dash and not hi.strip()):
+                raise OptionError(f"{item!r} is not an index or a range A-B", self.fix)
+            a = _number(lo, int, self.fix, Bounds(min=0))
+            b = _number(hi, int, self.fix, Bounds(min=0)) if dash else a
+            if b < a:
+                raise OptionError(f"range {item!r} ends before it starts", self.fix)
+            found.update(range(a, b + 1))
+        if not found:
+            raise OptionError("no indices given", self.fix)
+        return Ranges(text, tuple(sorted(found)))
+
+
+@dataclass(frozen=True)
+class TaskList:
+    """Comma-separated task ids (``mechkit tasks`` lists them), validated without loading a model.
+
+    ``unique`` (the default) drops repeats as :func:`mechkit.tasks.parse_tasks` does; ``count``
+    demands exactly that many ids; ``allow_empty`` accepts blank text as ``[]``.
+
+    >>> TaskList()("swap+capitalize, swap")
+    ['capitalize+swap', 'swap']
+    """
+
+    count: int | None = None
+    unique: bool = True
+    allow_empty: bool = False
+    metavar: str = "TASK[,TASK...]"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> list[str]:
+        from mechkit.tasks import get_task, parse_tasks
+
+        if self.allow_empty and not str(text).strip():
+            return []
+        ids = parse_tasks(text) if self.unique else [get_task(x).id for x in _items(text)]
+        if not ids:
+            raise OptionError("no task ids given", "pass ids separated by commas; `mechkit tasks` lists them")
+        if self.count is not None and len(ids) != self.count:
+            word = {1: "one task id", 2: "two task ids"}.get(self.count, f"{self.count} task ids")
+            raise OptionError(f"takes {word}, got {len(ids)} ({', '.join(ids)})",
+                              f"pass {word}, e.g. {','.join(['capitalize', 'past-tense'][:self.count])}"
+                              if self.count <= 2 else f"pass {word}")
+        return ids
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Comma-separated paths that must exist, ``count`` of them when given -> their list.
+
+    >>> Paths(count=2)(".,..")
+    ['.', '..']
+    """
+
+    count: int | None = None
+    what: str = "files"
+    example: str | None = None
+    metavar: str = "PATH[,PATH...]"
+
+    @property
+    def fix(self) -> str:
+        like = f", e.g. {self.example}" if self.example else ""
+        return f"pass {self.count or 'one or more'} existing {self.what} separated by commas{like}"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> list[str]:
+        paths = _items(text)
+        if not paths or (self.count is not None and len(paths) != self.count):
+            raise OptionError(f"needs {self.count or 'one or more'} paths, got {len(paths)}", self.fix)
+        for p in paths:
+            if not Path(p).exists():
+                raise OptionError(f"{p} does not exist", self.fix)
+        return paths
+
+
+@dataclass(frozen=True)
+class ExistingPath:
+    """One path that must exist (a file or a directory) -> the path as given.
+
+    >>> ExistingPath("detect report")(".")
+    '.'
+    """
+
+    what: str = "file"
+    metavar: str = "PATH"
+
+    @property
+    def fix(self) -> str:
+        return f"pass an existing {self.what}"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> str:
+        text = str(text)
+        if not text.strip():
+            raise OptionError("no path given", self.fix)
+        if not Path(text).exists():
+            raise OptionError(f"{text} does not exist", self.fix)
+        return text
