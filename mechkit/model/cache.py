@@ -1,9 +1,30 @@
-"""Where mechkit keeps what it builds once and reuses: converted models, the toy model, run steps."""
+"""Where mechkit keeps what it builds once and reuses: converted models, the toy model, run steps.
+
+Layout under :func:`cache_root`::
+
+    gguf/<stem>-<sha256[:16]>/   a GGUF file dequantized to safetensors (mechkit.model.gguf), one per content
+    gguf/.hashes/                memoised sha256 of GGUF files, keyed by path, size, mtime, ctime, inode
+    toy/induction-<recipe>/      the self-trained toy induction model (mechkit.model.toy)
+    runs/<key>/                  finished steps of plugin runs, for resuming (mechkit.runner)
+    embedded/                    the embedded model's older, format-1 cache (unused; listed so it can be cleared)
+
+Nothing here imports torch: ``mechkit cache list`` and ``mechkit cache clear`` stay fast.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+
+from mechkit.errors import MechkitError
+
+GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
 
 def cache_root() -> Path:
@@ -12,3 +33,138 @@ def cache_root() -> Path:
         return Path(os.environ["MECHKIT_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "mechkit"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One row of ``mechkit cache list``: ``name`` is what ``mechkit cache clear`` takes."""
+
+    name: str
+    kind: str
+    source: str
+    size: int
+    made: datetime | None
+    path: Path
+
+
+def dir_size(path: Path) -> int:
+    """Total size in bytes of the files under ``path`` (0 when it is gone)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _mtime(path: Path) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    except OSError:
+        return None
+
+
+def _parse_time(text: object) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+
+
+def _children(group: Path) -> list[Path]:
+    """Visible subdirectories (temporary and half-deleted ones start with a dot)."""
+    try:
+        return sorted(p for p in group.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def _model_entry(group: str, path: Path, meta_name: str, fallback_kind: str) -> CacheEntry:
+    meta = _read_json(path / meta_name)
+    if group == "toy":
+        kind = "toy model"
+        source = (f"trained by mechkit (seed {meta['seed']}, {meta['steps']} steps)"
+                  if {"seed", "steps"} <= meta.keys() else "incomplete (retrained on next use)")
+        made = _mtime(path / meta_name)
+    else:
+        kind = fallback_kind if meta else f"{fallback_kind}, incomplete"
+        source = str(meta.get("source", "?"))
+        made = _parse_time(meta["converted_at"]) if "converted_at" in meta else _mtime(path)
+    return CacheEntry(f"{group}/{path.name}", kind, source, dir_size(path), made, path)
+
+
+def list_cache(root: Path | None = None) -> list[CacheEntry]:
+    """Every cached model (one row each), the run-step cache (one row), then any old-layout entries."""
+    root = cache_root() if root is None else root
+    entries = [_model_entry("gguf", p, "mechkit-cache.json", "gguf") for p in _children(root / "gguf")]
+    entries += [_model_entry("toy", p, "mechkit-toy.json", "toy") for p in _children(root / "toy")]
+    runs = _children(root / "runs")
+    if runs:
+        newest = max((m for m in map(_mtime, runs) if m is not None), default=None)
+        entries.append(CacheEntry("runs", "run steps", f"{len(runs)} run(s), for resuming",
+                                  dir_size(root / "runs"), newest, root / "runs"))
+    entries += [_model_entry("embedded", p, "mechkit-cache.json", "old layout, unused")
+                for p in _children(root / "embedded")]
+    return entries
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a cache directory: renamed aside first, so no reader ever finds it half-deleted."""
+    aside = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _resolve_name(root: Path, name: str) -> Path:
+    """``gguf/X``, ``toy/X``, ``runs/X`` or a whole group; a bare ``X`` when one group holds it."""
+    clean = name.strip().strip("/")
+    parts = clean.split("/")
+    if clean in GROUPS:
+        return root / clean
+    if len(parts) == 2 and parts[0] in GROUPS and parts[1] and not parts[1].startswith("."):
+        candidate = root / parts[0] / parts[1]
+        if candidate.is_dir():
+            return candidate
+    elif len(parts) == 1 and clean and not clean.startswith("."):
+        found = [root / g / clean for g in GROUPS if (root / g / clean).is_dir()]
+        if len(found) == 1:
+            return found[0]
+    raise MechkitError(f"no cache entry named {name!r} in {root}",
+                       "see `mechkit cache list` for the names, or pass --all")
+
+
+def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = False,
+                root: Path | None = None) -> list[tuple[str, int]]:
+    """Remove the named entries (or every group with ``all_entries``); returns ``(name, bytes freed)``.
+
+    Every name is checked before anything is removed, so a typo removes nothing. Only mechkit's own
+    groups are touched: a ``$MECHKIT_CACHE`` pointing at a directory with other files keeps them.
+    """
+    root = cache_root() if root is None else root
+    if all_entries and names:
+        raise MechkitError("pass either NAME… or --all, not both", "see `mechkit cache list`")
+    if not all_entries and not names:
+        raise MechkitError("nothing to clear", "name entries from `mechkit cache list`, or pass --all")
+    if all_entries:  # the groups, and what an interrupted clear left renamed aside
+        targets = [root / g for g in GROUPS] + sorted(p for g in GROUPS for p in root.glob(f".{g}.old-*"))
+    else:
+        targets = [_resolve_name(root, n) for n in names]
+    removed = []
+    for path in dict.fromkeys(targets):  # a name given twice is removed once
+        if not path.exists():
+            continue
+        size = dir_size(path)
+        remove_dir(path)
+        removed.append((str(path.relative_to(root)), size))
+    return removed

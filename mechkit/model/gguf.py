@@ -1,14 +1,46 @@
-"""Reading GGUF files: dequantized by transformers' GGUF support (the ``gguf`` package)."""
+"""GGUF files: dequantized once by transformers' GGUF support, then cached as safetensors.
+
+Dequantizing a GGUF file and converting its tokenizer takes 20 s for a 135M model and minutes for
+bigger ones, so :func:`cached_gguf` does it once per file *content* and keeps the result under
+``cache_root()/gguf/<stem>-<sha256[:16]>/`` (float32 ``model.safetensors``, ``config.json``, the
+tokenizer files and ``mechkit-cache.json``); later loads are plain local ``from_pretrained`` calls,
+and the dtype a caller asks for is applied then. The directory is written atomically; an entry whose
+metadata is unreadable, of another format, or whose files are missing or of the wrong size is rebuilt.
+
+Hashing a multi-GB file on every load would cost seconds, so the sha256 is memoised in
+``cache_root()/gguf/.hashes/`` keyed by the resolved path, size, mtime_ns, ctime_ns and inode: the
+ctime cannot be set from user space, so a rewrite that restores the old mtime (``cp -p``,
+``touch -d``) still changes the key, and a file replaced by rename changes the inode. A file changed
+in the last 2 s is not memoised (timestamps are coarse), so a download still being written is hashed
+again next time.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from mechkit.errors import ModelLoadError, first_line
+from mechkit.errors import MechkitError, ModelLoadError, first_line
+from mechkit.io import atomic_dir, write_atomic
+from mechkit.model.cache import cache_root
+
+CACHE_FORMAT = 2  # bump when the entry layout or the conversion changes meaning
+META = "mechkit-cache.json"
+REQUIRED = ("model.safetensors", "config.json")
+KEY_HEX = 16  # hex digits of the sha256 in an entry's name (64 bits)
+# A file changed less than this long ago is hashed but not memoised: file timestamps come from a coarse
+# clock, so a same-size rewrite within one tick could leave the stat key unchanged ("racy git").
+RACY_NS = 2_000_000_000
 
 
 def load_gguf(path: Path, torch_dtype=None):
-    """A GGUF file, dequantized by transformers' GGUF reader."""
+    """A GGUF file, dequantized by transformers' GGUF reader (no cache: see :func:`cached_gguf`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -18,3 +50,140 @@ def load_gguf(path: Path, torch_dtype=None):
         raise ModelLoadError(f"could not read GGUF file {path}: {first_line(err)}",
                              "the file may be corrupt or truncated — download it again") from err
     return model, tok
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stat_key(path: Path) -> dict:
+    st = path.stat()
+    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino}
+
+
+def gguf_sha256(path: Path) -> str:
+    """The content hash of a GGUF file, memoised by (resolved path, size, mtime_ns, ctime_ns, inode)."""
+    path = Path(path).resolve()
+    key = _stat_key(path)
+    memo = cache_root() / "gguf" / ".hashes" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        if isinstance(known, dict) and {k: known.get(k) for k in key} == key \
+                and re.fullmatch(r"[0-9a-f]{64}", str(known.get("sha256"))):
+            return known["sha256"]
+    except (OSError, ValueError):
+        pass  # no memo yet, or an unreadable one: hash again
+    sha = file_sha256(path)
+    settled = time.time_ns() - max(key["mtime_ns"], key["ctime_ns"]) > RACY_NS
+    if settled and _stat_key(path) == key:  # unchanged while read, and not rewritable within one tick
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(memo, json.dumps({**key, "sha256": sha}))
+        except OSError:
+            pass  # a read-only cache still works, it just hashes every time
+    return sha
+
+
+def _slug(stem: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:64] or "model"
+
+
+def entry_dir(path: Path, sha: str) -> Path:
+    """Where the conversion of this content lives: an existing entry with the same hash, whoever named
+    it, else ``gguf/<stem>-<sha256[:16]>``."""
+    group = cache_root() / "gguf"
+    same = sorted(group.glob(f"*-{sha[:KEY_HEX]}")) if group.is_dir() else []
+    same = [p for p in same if not p.name.startswith(".")]
+    return same[0] if same else group / f"{_slug(Path(path).stem)}-{sha[:KEY_HEX]}"
+
+
+def read_entry(target: Path, sha: str) -> dict | None:
+    """The entry's metadata when it is complete and for this content, else None (to be rebuilt)."""
+    try:
+        meta = json.loads((target / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT or meta.get("sha256") != sha:
+        return None
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(name in files for name in REQUIRED):
+        return None
+    for name, size in files.items():
+        try:
+            if (target / name).stat().st_size != size:
+                return None
+        except OSError:
+            return None
+    return meta
+
+
+def cached_gguf(path: Path, *, label: str | None = None, rebuild: bool = False) -> tuple[Path, bool]:
+    """The cache directory holding ``path`` dequantized, and whether this call built it.
+
+    Built on first use of this content (and again when the entry is damaged, or ``rebuild``);
+    ``label`` names the model in the one stderr line the first use prints.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
+    sha = gguf_sha256(path)
+    target = entry_dir(path, sha)
+    if not rebuild and read_entry(target, sha) is not None:
+        return target, False
+    what = label or path.name
+    size_mb = path.stat().st_size / 1e6
+    if target.exists():
+        print(f"mechkit: the cache entry {target} is incomplete or damaged: dequantizing {what} again",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"mechkit: dequantizing {what} ({size_mb:.0f} MB; first use only, later loads read the cache) "
+              f"into {target}", file=sys.stderr, flush=True)
+    _build(path, sha, target)
+    return target, True
+
+
+def _build(path: Path, sha: str, target: Path) -> None:
+    import torch
+    from safetensors.torch import save_model
+
+    start = time.perf_counter()
+    model, tok = load_gguf(path, torch.float32)  # dequantized values are float32: stored losslessly
+
+    def write(tmp: Path) -> None:
+        # save_pretrained refuses GGUF-quantized models, but the weights are already dense:
+        # write them directly (shared tensors deduplicated) with the config beside them.
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        model.config.quantization_config = None
+        model.config.save_pretrained(tmp)
+        # safetensors writes 0600; give the weights the umask-honouring mode config.json got
+        os.chmod(tmp / "model.safetensors", (tmp / "config.json").stat().st_mode & 0o777)
+        tok.save_pretrained(tmp)
+        _strip_quantization(tmp / "config.json")
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta = {"format": CACHE_FORMAT, "name": path.stem, "source": str(path.resolve()),
+                "size": path.stat().st_size, "sha256": sha, "dtype": "float32",
+                "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "convert_s": round(time.perf_counter() - start, 2), "files": files}
+        write_atomic(tmp / META, json.dumps(meta, indent=2))  # last: only a whole entry has it
+
+    try:
+        with atomic_dir(target, replace=target.exists()) as tmp:
+            write(tmp)
+    except MechkitError:
+        # another process created the entry meanwhile: keep theirs when it is whole, else replace it
+        if read_entry(target, sha) is not None:
+            return
+        with atomic_dir(target, replace=True) as tmp:
+            write(tmp)
+
+
+def _strip_quantization(config_path: Path) -> None:
+    cfg = json.loads(config_path.read_text())
+    cfg.pop("quantization_config", None)
+    config_path.write_text(json.dumps(cfg, indent=2))

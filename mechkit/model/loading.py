@@ -13,7 +13,7 @@ from typing import Any
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.model.anatomy import discover_anatomy
-from mechkit.model.gguf import load_gguf
+from mechkit.model.gguf import cached_gguf
 from mechkit.model.handle import ModelHandle
 
 EMBEDDED_ALIASES = ("llama", "smollm2")
@@ -69,11 +69,11 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any):
                              "pass a spec string, a path or a transformers model object")
     text = str(spec)
     if text in EMBEDDED_ALIASES:
-        from mechkit.model.embedded import embedded_dir
+        from mechkit.model.embedded import NAME, gguf_path
 
-        path = embedded_dir()
-        model, tok = load_directory(path, torch_dtype)
-        return model, tok, "SmolLM2-135M-Instruct", path, text
+        gguf = gguf_path()
+        cached, model, tok = load_gguf_cached(gguf, torch_dtype, label=f"the embedded {NAME} from {gguf.name}")
+        return model, tok, NAME, cached, text
     if text == "toy:induction":
         from mechkit.model.toy import toy_model
 
@@ -88,8 +88,8 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any):
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
-        model, tok = load_gguf(path, torch_dtype)
-        return model, tok, path.stem, path, text
+        cached, model, tok = load_gguf_cached(path, torch_dtype)
+        return model, tok, path.stem, cached, text
     if path.is_dir():
         model, tok = load_directory(path, torch_dtype)
         return model, tok, path.name, path, text
@@ -104,6 +104,23 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any):
         f"use an alias ({', '.join(EMBEDDED_ALIASES)}), tiny:FAMILY, toy:induction, a local model directory, "
         "a .gguf file or a hub id like org/name",
     )
+
+
+def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None):
+    """``(cache directory, model, tokenizer)`` for a GGUF file: dequantized on first use of its content,
+    read back from the safetensors cache (converted to ``torch_dtype``) ever after.
+
+    The first load also reads the freshly written cache, so every load of a file gives the same model.
+    An entry that passes the cheap checks but still fails to load is rebuilt once.
+    """
+    cached, built = cached_gguf(gguf, label=label)
+    try:
+        return cached, *load_directory(cached, torch_dtype)
+    except ModelLoadError:
+        if built:
+            raise
+    cached, _ = cached_gguf(gguf, label=label, rebuild=True)
+    return cached, *load_directory(cached, torch_dtype)
 
 
 def load_directory(path: Path, torch_dtype=None):
