@@ -2,6 +2,11 @@
 
 Nothing here imports torch at import time (``mechkit --help`` stays fast); ``sweep`` is the
 ``taskvec-sweep`` plugin's command, built lazily like every plugin command.
+
+Bad input is one line and exit 2 before anything is written: non-finite numbers (``--scale nan``,
+``--weights inf,1``), unknown ``--task`` ids, vector files that do not read back as task vectors,
+vectors of different base models combined, and (``apply``) vectors of another base than ``--base``
+unless ``--allow-other-base`` is given.
 """
 
 from __future__ import annotations
@@ -11,6 +16,26 @@ import click
 from mechkit.errors import MechkitError
 
 MERGE_METHODS = ("task_arithmetic", "ties", "dare", "dare_ties")
+
+
+class FiniteFloat(click.ParamType):
+    """A float that must be finite: ``nan`` and ``inf`` are refused with the option's name."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+FINITE = FiniteFloat()
 
 
 class TaskvecGroup(click.Group):
@@ -47,13 +72,15 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     from pathlib import Path
 
     from mechkit.io import check_out
+    from mechkit.tasks import parse_tasks
 
     check_out(out, force, kind="file")
+    task_ids = parse_tasks(tasks) if tasks is not None else None  # before the model loads
     from mechkit.model import load_model
     from mechkit.taskarith import extract
 
     handle = load_model(base, device="cpu", dtype="float32")
-    tv = extract(handle, Path(finetuned), embeddings=embeddings, tasks=tasks.split(",") if tasks else None)
+    tv = extract(handle, Path(finetuned), embeddings=embeddings, tasks=task_ids)
     tv.save(out)
     _print_summary(tv, out)
 
@@ -85,14 +112,14 @@ def combine_options(command):
         click.option("--method", type=click.Choice(MERGE_METHODS), default=None,
                      help="Or merge all vectors with this method."),
         click.option("--weights", default=None, help="Comma-separated weight per vector (merge methods)."),
-        click.option("--density", type=float, default=1.0, show_default=True, help="TIES: fraction of entries kept."),
-        click.option("--p", "p", type=float, default=0.0, show_default=True, help="DARE: drop probability."),
+        click.option("--density", type=FINITE, default=1.0, show_default=True, help="TIES: fraction of entries kept."),
+        click.option("--p", "p", type=FINITE, default=0.0, show_default=True, help="DARE: drop probability."),
         click.option("--seed", type=int, default=0, show_default=True, help="DARE mask seed."),
-        click.option("--scale", type=float, default=1.0, show_default=True, help="λ applied to the combined vector."),
+        click.option("--scale", type=FINITE, default=1.0, show_default=True, help="λ applied to the combined vector."),
         click.option("--rank", type=int, default=None, help="Low-rank: truncated SVD rank per matrix."),
-        click.option("--energy", type=float, default=None,
+        click.option("--energy", type=FINITE, default=None,
                      help="Low-rank: keep this fraction of squared singular mass."),
-        click.option("--sparsity-density", type=float, default=None, help="Keep the top fraction by magnitude."),
+        click.option("--sparsity-density", type=FINITE, default=None, help="Keep the top fraction by magnitude."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -124,9 +151,10 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
         tv = evaluate_expression(expr, named) * scale if scale != 1.0 else evaluate_expression(expr, named)
     else:
         try:
-            ws = [float(w) for w in weights.split(",")] if weights else None
-        except ValueError:
-            raise MechkitError(f"malformed --weights {weights!r}", "pass one number per vector, e.g. 0.7,0.3") from None
+            ws = [FINITE.convert(w, None, None) for w in weights.split(",")] if weights else None
+        except click.BadParameter:
+            raise MechkitError(f"malformed --weights {weights!r}: each must be a finite number",
+                               "pass one number per vector, e.g. 0.7,0.3") from None
         tv = merge(list(named.values()), method, weights=ws, density=density, p=p, seed=seed, scale=scale)
     if rank is not None or energy is not None:
         tv = tv.low_rank(rank=rank, energy=energy)
@@ -140,9 +168,14 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
 @combine_options
 @click.option("--out", required=True, type=click.Path(), help="Merged model directory to write.")
 @click.option("--force", is_flag=True, help="Overwrite --out.")
+@click.option("--allow-other-base", is_flag=True,
+              help="Apply vectors extracted from another base model than --base (refused by default).")
 def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
-              force) -> None:
-    """Write Ψ0 + combined vector as a loadable model directory (usable as --model DIR)."""
+              force, allow_other_base) -> None:
+    """Write Ψ0 + combined vector as a loadable model directory (usable as --model DIR).
+
+    The vectors must have been extracted from --base (same weights, or the same architecture when
+    the weights were hashed in another dtype) unless --allow-other-base is given."""
     from mechkit.io import check_out
     from mechkit.model import load_model
     from mechkit.taskarith import save_merged
@@ -151,7 +184,7 @@ def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, ran
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
 
     handle = load_model(base, device="cpu", dtype="float32")
-    save_merged(handle, tv, out, force=force)
+    save_merged(handle, tv, out, force=force, allow_other_base=allow_other_base)
     click.echo(f"merged model: {out}  (tasks: {', '.join(tv.meta.get('tasks', [])) or '-'})")
 
 

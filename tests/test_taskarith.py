@@ -51,7 +51,7 @@ def ft_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vectors(base, ft_dirs):
-    return [extract(base, d, tasks=[f"t{i}"]) for i, d in enumerate(ft_dirs)]
+    return [extract(base, d, tasks=[t]) for t, d in zip(("capitalize", "lowercase"), ft_dirs, strict=True)]
 
 
 def _ids(handle):
@@ -128,7 +128,7 @@ def test_exact_round_trips(vectors):
     assert all(torch.equal((2 * a).deltas[n], (a + a).deltas[n]) for n in a.deltas)
     d = analogy(a, b, a)  # a + b - a
     assert all(torch.allclose(d.deltas[n], b.deltas[n], atol=1e-7) for n in a.deltas)
-    assert (a + b).meta["tasks"] == ["t0", "t1"]
+    assert (a + b).meta["tasks"] == ["capitalize", "lowercase"]
     assert a.cosine(a) == pytest.approx(1.0) and (-a).cosine(a) == pytest.approx(-1.0)
 
 
@@ -152,7 +152,7 @@ def test_expression_and_its_safety(vectors):
 def test_save_load_round_trip(vectors, tmp_path):
     path = vectors[0].save(tmp_path / "a.safetensors")
     back = TaskVector.load(path)
-    assert back.meta["tasks"] == ["t0"] and back.meta["base"]["spec"] == "tiny:llama"
+    assert back.meta["tasks"] == ["capitalize"] and back.meta["base"]["spec"] == "tiny:llama"
     assert all(torch.equal(back.deltas[n], vectors[0].deltas[n]) for n in back.deltas)
     assert json.loads((tmp_path / "a.safetensors.json").read_text())["schema"] == "mechkit.taskvector/v1"
 

@@ -1,9 +1,14 @@
-"""The saved activation vector: one safetensors file, its metadata JSON in the header."""
+"""The saved activation vector: one safetensors file, its metadata JSON in the header.
+
+Writing refuses a vector or scale holding NaN or inf (one line naming the file); reading checks the
+file's metadata is a JSON object of the right types and its vector finite floating point.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,13 +16,24 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.actvec.edits import ResidEdit
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, first_line
 from mechkit.io import write_atomic
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 METHODS = ("task-vector", "function-vector")
+# metadata key -> the JSON types it may hold (bool is refused where a number is meant, below)
+_META_TYPES: dict[str, tuple[type, ...]] = {"method": (str,), "task": (str,), "layer": (int,), "mode": (str,),
+                                            "model_sha256": (str,), "heads": (list,), "info": (dict,),
+                                            "scale": (int, float), "span": (int,)}
+
+
+def _non_finite(vector: torch.Tensor) -> str | None:
+    """"NaN" or "inf" when the tensor holds one (floating point only), else None."""
+    if not vector.is_floating_point() or bool(torch.isfinite(vector).all()):
+        return None
+    return "NaN" if bool(torch.isnan(vector).any()) else "inf"
 
 
 @dataclass
@@ -70,17 +86,30 @@ class ActivationVector:
                 "scale": self.scale, "span": self.span, "model_sha256": self.model_sha256, "heads": self.heads,
                 "info": self.info}
 
-    def to_bytes(self) -> bytes:
-        """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``."""
+    def to_bytes(self, name: str | Path | None = None) -> bytes:
+        """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``.
+
+        A vector, scale or metadata number that is NaN or inf is refused (``name``: the file it is for,
+        named in the message)."""
         from safetensors.torch import save
 
-        return save({"vector": self.vector.detach().float().cpu().contiguous()},
-                    metadata={"mechkit": json.dumps(self.metadata(), sort_keys=True)})
+        where = name if name is not None else f"the {self.method} of {self.task}"
+        vector = self.vector.detach().float().cpu().contiguous()
+        bad = _non_finite(vector)
+        if bad is not None:
+            raise MechkitError(f"refusing to write {where}: tensor vector holds {bad} values",
+                               "the extraction produced NaN/inf activations — check the model's weights")
+        try:
+            header = json.dumps(self.metadata(), sort_keys=True, allow_nan=False)
+        except ValueError:
+            raise MechkitError(f"refusing to write {where}: its scale or metadata holds NaN or inf",
+                               "use a finite scale") from None
+        return save({"vector": vector}, metadata={"mechkit": header})
 
     def save(self, path: str | Path) -> Path:
         """Write ``path`` atomically: a temporary file in the same directory, then renamed over it
         (an interrupted save leaves the previous file, and no temporary file, behind)."""
-        return write_atomic(path, self.to_bytes())
+        return write_atomic(path, self.to_bytes(path))
 
     @classmethod
     def load(cls, path: str | Path, handle: ModelHandle | None = None) -> ActivationVector:
@@ -89,23 +118,43 @@ class ActivationVector:
 
         if not Path(path).is_file():
             raise MechkitError(f"no vector file at {path}", "pass a .safetensors file written by icl-vectors")
-        not_ours = MechkitError(f"{path} is not a mechkit activation vector", "pass a file saved by icl-vectors")
+        fix = "pass a file saved by icl-vectors"
+        not_ours = MechkitError(f"{path} is not a mechkit activation vector", fix)
         try:
             with safe_open(str(path), framework="pt") as f:
-                meta = json.loads((f.metadata() or {}).get("mechkit", "null") or "null")
-                if not isinstance(meta, dict) or "vector" not in f.keys():  # noqa: SIM118 - no __iter__
+                raw = (f.metadata() or {}).get("mechkit")
+                if raw is None or "vector" not in f.keys():  # noqa: SIM118 - no __iter__
                     raise not_ours
                 vector = f.get_tensor("vector")
         except MechkitError:
             raise
         except Exception as err:
-            raise MechkitError(f"cannot read activation vector {path}: {str(err).splitlines()[0][:160]}",
+            raise MechkitError(f"cannot read activation vector {path}: {first_line(err, 160)}",
                                "the file may be truncated or not safetensors — save it again with icl-vectors") from err
+        try:
+            meta = json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            raise MechkitError(f"{path}: its mechkit metadata is not valid JSON ({first_line(err, 80)})", fix) from None
+        if not isinstance(meta, dict):
+            raise MechkitError(f"{path}: its mechkit metadata is a JSON {type(meta).__name__}, not an object", fix)
         known = {f.name for f in dataclasses.fields(cls)} - {"vector"}
         odd = sorted(set(meta) - known) + sorted({"method", "task", "layer", "mode"} - set(meta))
         if odd:
             raise MechkitError(f"{path} is not a mechkit activation vector (metadata keys {', '.join(odd)} "
-                               "unexpected or missing)", "pass a file saved by icl-vectors")
+                               "unexpected or missing)", fix)
+        for key, value in meta.items():
+            types = _META_TYPES[key]
+            if not isinstance(value, types) or isinstance(value, bool) or \
+                    (isinstance(value, float) and not math.isfinite(value)):
+                want = "a finite number" if float in types else {int: "an integer", str: "a string", list: "a list",
+                                                                   dict: "an object"}[types[0]]
+                raise MechkitError(f"{path}: metadata {key!r} must be {want}, not {value!r}"[:300], fix)
+        if not vector.is_floating_point():
+            raise MechkitError(f"{path}: its vector is {str(vector.dtype).removeprefix('torch.')}, not floating point",
+                               fix)
+        bad = _non_finite(vector)
+        if bad is not None:
+            raise MechkitError(f"{path}: its vector holds {bad} values", "extract it again with icl-vectors")
         vec = cls(vector=vector, **meta)
         if handle is not None:
             vec.check(handle)

@@ -5,6 +5,8 @@ files) whose config is the *dense* config plus a ``mechkit_pruning`` entry holdi
 structure. The installed transformers builds every layer with one width, so
 :func:`mechkit.load_model` rebuilds the dense modules from that config, slices them to the recorded
 structure and then loads the weights strictly (:func:`mechkit.model.surgery.build_pruned`).
+A model holding NaN or inf weights (say, from a compensation over degenerate statistics) is refused
+before anything is written.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mechkit.errors import MechkitError
 from mechkit.io import atomic_dir, check_out
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
@@ -78,6 +81,14 @@ def _untied_state(model) -> dict[str, torch.Tensor]:
     return state
 
 
+def _refuse_non_finite(state: dict[str, torch.Tensor], path: Path) -> None:
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+            raise MechkitError(f"refusing to write {path}: tensor {name} holds {kind} values",
+                               "check the dense model's weights and the pruning statistics, then prune again")
+
+
 def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -> Path:
     """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename).
 
@@ -90,12 +101,14 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
     if structure is None:
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
     out = check_out(out_dir, force, kind="dir")
+    state = _untied_state(handle.model)
+    _refuse_non_finite(state, out / "model.safetensors")
     with atomic_dir(out, replace=force or out.is_dir()) as tmp:
         config = handle.model.config.to_dict()
         config.update(structure.config_restore)
         config[CONFIG_KEY] = structure.as_dict()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        save_file(_untied_state(handle.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)
     return out

@@ -57,7 +57,8 @@ def write_report(
     ``figures`` maps names (``"heatmap"`` or ``"heatmap.png"``) to matplotlib figures, ``files``
     maps file names to contents (or to a directory ``Path``, moved in whole). Every name written is added to ``report["artifacts"]``; the
     caller's dict is not modified. Raises :class:`ReportExistsError` when ``out_dir`` already
-    holds a report and ``force`` is false.
+    holds a report and ``force`` is false, and :class:`MechkitError` naming the key path when a
+    value is NaN or infinite (:func:`~mechkit.report.schema.validate_report`); nothing is written then.
     """
     out = Path(out_dir)
     target = out / REPORT_JSON
@@ -70,6 +71,9 @@ def write_report(
     files = dict(files or {})
     names = list(figures) + list(files)
     _check_names(names)
+    final = dict(to_jsonable(report, "keep"))  # NaN kept, so validate_report names where it is
+    final["artifacts"] = list(dict.fromkeys([*final.get("artifacts", []), *names]))
+    validate_report(final)  # before anything is rendered or written
 
     check_out(out, force=True, kind="dir")  # a file there, or a read-only place: one line, before rendering
 
@@ -78,13 +82,13 @@ def write_report(
         if out.exists():
             tmp = temp_dir_beside(out)
             try:
-                _render(tmp, report, figures, files, names)
+                _render(tmp, final, figures, files)
                 _move_into(tmp, out, [*names, REPORT_HTML, REPORT_JSON])
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
             with atomic_dir(out) as tmp:  # the whole run appears in one step
-                _render(tmp, report, figures, files, names)
+                _render(tmp, final, figures, files)
     except BaseException:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
@@ -95,9 +99,9 @@ def write_report(
     return out
 
 
-def _render(tmp: Path, report: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
-            names: list[str]) -> None:
-    """Write the figures, the files, ``report.html`` and ``report.json`` (last) into ``tmp``."""
+def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path]) -> None:
+    """Write the figures, the files, ``report.html`` and ``report.json`` (last) of the checked report
+    ``final`` into ``tmp``."""
     images: dict[str, bytes] = {}
     for name, fig in figures.items():
         fig.savefig(tmp / name, dpi=PNG_DPI, format="png", bbox_inches="tight")
@@ -111,9 +115,6 @@ def _render(tmp: Path, report: dict, figures: Mapping[str, Figure], files: Mappi
         if name.lower().endswith(".png"):
             images[name] = data
 
-    final = dict(to_jsonable(report))
-    final["artifacts"] = list(dict.fromkeys([*final.get("artifacts", []), *names]))
-    validate_report(final)
     text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
     (tmp / REPORT_HTML).write_text(render_html(final, images), encoding="utf-8")
     (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")

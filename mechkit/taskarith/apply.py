@@ -5,6 +5,16 @@ sets weights to ``Ψ0 + Σ λ_i τ_i`` *from the snapshot* each time :meth:`~Tas
 called, so a λ sweep never accumulates rounding error; leaving the context copies the snapshot back,
 bit-exactly, also on error (the same pattern as :mod:`mechkit.interventions.weights`).
 
+**Which base.** A vector extracted from base A and applied to a model B is a user error unless they
+ask for it: every path here (:func:`apply`, :func:`save_merged`, :func:`arithmetic`, so also
+``mechkit taskvec apply`` and ``taskvec sweep``) refuses a vector whose recorded base differs from
+the model (architecture fields, then the weights' sha256 when the model is in the dtype the base was
+hashed in; see :mod:`mechkit.taskarith.checks`), and vectors of different bases in one call, with
+one line naming both. ``allow_other_base=True`` (``--allow-other-base``) applies it anyway; the
+tensor names and shapes must still fit. λ must be finite, and weights that would come out NaN or
+inf (a λ too large for the dtype) are refused before any is set; :func:`save_merged` also refuses a
+model holding NaN or inf before it writes anything.
+
 >>> import mechkit as mk, torch
 >>> from mechkit.taskarith import TaskVector, apply
 >>> m = mk.load_model("tiny:llama")
@@ -27,7 +37,15 @@ from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
 from mechkit.io import atomic_dir, check_out
 from mechkit.model.names import checkpoint_renamer
-from mechkit.taskarith.vector import TaskVector
+from mechkit.taskarith.checks import (
+    architecture,
+    base_label,
+    base_mismatch,
+    finite_number,
+    non_finite,
+    refuse_non_finite,
+)
+from mechkit.taskarith.vector import TaskVector, check_compatible
 
 if TYPE_CHECKING:
     from torch import nn
@@ -37,15 +55,50 @@ if TYPE_CHECKING:
 Term = tuple[TaskVector, float]
 
 
-class TaskArithmetic:
-    """Sets a handle's weights to Ψ0 + Σ λ_i τ_i; :meth:`restore` puts Ψ0 back bit-exactly."""
+def model_base(handle: ModelHandle, sha256: bool = True) -> dict:
+    """The model's identity in the form a task vector records its base (``meta["base"]``)."""
+    base = {"spec": handle.spec, "name": handle.name, "dtype": str(handle.dtype).removeprefix("torch."),
+            "architecture": architecture(handle.model.config.to_dict())}
+    if sha256:
+        base["sha256"] = handle.weights_sha256()
+    return base
 
-    def __init__(self, handle: ModelHandle) -> None:
+
+class TaskArithmetic:
+    """Sets a handle's weights to Ψ0 + Σ λ_i τ_i; :meth:`restore` puts Ψ0 back bit-exactly.
+
+    Vectors whose recorded base is not this model are refused unless ``allow_other_base``.
+    """
+
+    def __init__(self, handle: ModelHandle, allow_other_base: bool = False) -> None:
         self.handle = handle
+        self.allow_other_base = allow_other_base
         self._params = dict(handle.model.named_parameters())
         self._edits = WeightEdits(handle)  # the snapshots Ψ0, restored bit-exactly
         self._touched: set[str] = set()
         self._rename = checkpoint_renamer(handle.model)
+        self._base: dict | None = None  # model_base(handle), once a vector needs it
+
+    def _model_base(self) -> dict:
+        """This model's identity; its sha256 is taken of Ψ0, so edited weights are put back first."""
+        if self._base is None:
+            with torch.no_grad():
+                for name in self._touched:
+                    self._params[name].data.copy_(self._edits.original(self._params[name]))
+            self._base = model_base(self.handle)
+        return self._base
+
+    def check_base(self, tv: TaskVector) -> None:
+        """Raise unless ``tv`` was extracted from this model (or ``allow_other_base`` is set)."""
+        base = tv.meta.get("base")
+        if self.allow_other_base or not base:
+            return
+        reason = base_mismatch(base, self._model_base())
+        if reason is not None:
+            raise MechkitError(f"{tv.describe()} was extracted from {base_label(base)}, not from this model "
+                               f"{base_label(self._model_base())} ({reason})",
+                               "apply it to the base it was extracted from, or pass --allow-other-base "
+                               "(allow_other_base=True) to apply it anyway")
 
     def _name(self, name: str) -> str:
         """The module parameter a vector's tensor name means (checkpoint names such as GPT-NeoX's
@@ -66,7 +119,16 @@ class TaskArithmetic:
 
     @torch.no_grad()
     def set(self, *terms: Term) -> None:
-        """Weights := Ψ0 + Σ λ τ over ``(vector, λ)`` terms; parameters no term touches go back to Ψ0."""
+        """Weights := Ψ0 + Σ λ τ over ``(vector, λ)`` terms; parameters no term touches go back to Ψ0.
+
+        Everything is checked before any weight changes: finite λ, the vectors' bases (see the module
+        docstring), tensor names and shapes, and that no resulting weight is NaN or inf.
+        """
+        terms = tuple((tv, finite_number(lam, f"λ for {tv.describe()}", "λ = 0.5")) for tv, lam in terms)
+        if not self.allow_other_base:
+            check_compatible([tv for tv, _ in terms], shapes=False)  # each is fitted to the model below
+            for tv, _ in terms:
+                self.check_base(tv)
         for tv, _ in terms:
             for name, delta in tv.deltas.items():
                 p = self._param(name)
@@ -84,9 +146,15 @@ class TaskArithmetic:
                     sums[key] = base.to(torch.promote_types(base.dtype, torch.float32), copy=True)
                 acc = sums[key]
                 acc[:delta.shape[0]] += delta.to(device=acc.device, dtype=torch.float32).to(acc.dtype) * lam
+        rounded = {key: acc.to(self._params[key].dtype) for key, acc in sums.items()}
+        bad = non_finite(rounded)
+        if bad is not None:
+            raise MechkitError(f"Ψ0 + Σ λ·τ has {bad[1]} values in {bad[0]} "
+                               f"(λ {', '.join(f'{lam:g}' for _, lam in terms)})",
+                               "lower λ or the vector's scale, or check the vectors for a diverged fine-tune")
         for name in self._touched:
             p = self._params[name]
-            p.data.copy_(sums.get(name, self._edits.original(p)))
+            p.data.copy_(rounded.get(name, self._edits.original(p)))
 
     def restore(self) -> None:
         self._edits.restore()
@@ -94,9 +162,9 @@ class TaskArithmetic:
 
 
 @contextlib.contextmanager
-def arithmetic(handle: ModelHandle) -> Iterator[TaskArithmetic]:
+def arithmetic(handle: ModelHandle, allow_other_base: bool = False) -> Iterator[TaskArithmetic]:
     """A :class:`TaskArithmetic` for the duration of the context (restored on exit, also on error)."""
-    ta = TaskArithmetic(handle)
+    ta = TaskArithmetic(handle, allow_other_base=allow_other_base)
     try:
         yield ta
     finally:
@@ -104,27 +172,32 @@ def arithmetic(handle: ModelHandle) -> Iterator[TaskArithmetic]:
 
 
 @contextlib.contextmanager
-def apply(handle: ModelHandle, vector: TaskVector | Sequence[Term], scale: float = 1.0) -> Iterator[ModelHandle]:
+def apply(handle: ModelHandle, vector: TaskVector | Sequence[Term], scale: float = 1.0,
+          allow_other_base: bool = False) -> Iterator[ModelHandle]:
     """Ψ0 + scale·τ (or Ψ0 + Σ λ_i τ_i for a list of terms) inside the context; Ψ0 after it."""
     terms = [(vector, scale)] if isinstance(vector, TaskVector) else list(vector)
-    with arithmetic(handle) as ta:
+    with arithmetic(handle, allow_other_base=allow_other_base) as ta:
         ta.set(*terms)
         yield handle
 
 
 def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_dir: str | Path,
-                scale: float = 1.0, force: bool = False) -> Path:
+                scale: float = 1.0, force: bool = False, allow_other_base: bool = False) -> Path:
     """Write Ψ0 + scale·τ as a loadable model directory (safetensors, config, tokenizer), atomically.
 
     ``out_dir`` may be new or an empty directory; a non-empty one is replaced only with ``force``.
+    Nothing is written when the vector's base is not this model (unless ``allow_other_base``) or
+    when a merged weight is NaN or inf.
     """
     out = check_out(out_dir, force, kind="dir")
-    with atomic_dir(out, replace=force or out.is_dir()) as tmp:
-        with apply(handle, vector, scale):
+    with apply(handle, vector, scale, allow_other_base=allow_other_base):
+        refuse_non_finite(handle.model.state_dict(), out / "model.safetensors",
+                          "lower λ or the vector's scale, or check the base model's weights")
+        with atomic_dir(out, replace=force or out.is_dir()) as tmp:
             handle.model.save_pretrained(tmp, safe_serialization=True)
-        if handle.tokenizer is not None:
-            handle.tokenizer.save_pretrained(tmp)
+            if handle.tokenizer is not None:
+                handle.tokenizer.save_pretrained(tmp)
     return out
 
 
-__all__ = ["TaskArithmetic", "apply", "arithmetic", "save_merged"]
+__all__ = ["TaskArithmetic", "apply", "arithmetic", "model_base", "save_merged"]

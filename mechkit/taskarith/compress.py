@@ -5,6 +5,7 @@ smallest rank whose singular values hold an ``energy`` fraction of the squared F
 1-D deltas (norm weights, biases) are kept whole. ``sparsify`` keeps the ``density`` fraction of
 entries with the largest magnitude, either over the whole vector (``scope="global"``) or within
 each tensor (``scope="tensor"``), and zeroes the rest (no rescaling: that is DARE's business).
+A vector holding NaN or inf (a scale that overflowed) is refused: its SVD or ranking would be noise.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.taskarith.checks import non_finite
 
 if TYPE_CHECKING:  # the vector calls these functions; they only use its methods
     from mechkit.taskarith.vector import TaskVector
@@ -36,12 +38,20 @@ def truncated_svd(delta: torch.Tensor, rank: int | None = None, energy: float | 
     return (u[:, :r] * s[:r]) @ vh[:r], r
 
 
+def _refuse_non_finite(tv: TaskVector, what: str) -> None:
+    bad = non_finite(tv.deltas)
+    if bad is not None:
+        raise MechkitError(f"cannot {what} a task vector whose tensor {bad[0]} holds {bad[1]} values",
+                           "lower the scales or λ that overflowed, or recompute the vector")
+
+
 def low_rank(tv: TaskVector, rank: int | None = None, energy: float | None = None) -> TaskVector:
     """Each 2-D delta by its truncated SVD (pass exactly one of ``rank`` ≥ 1, ``energy`` in (0, 1])."""
     if (rank is None) == (energy is None):
         raise MechkitError("low-rank needs exactly one of rank or energy", "pass --rank 8 or --energy 0.9")
     if rank is not None and rank < 1 or energy is not None and not 0 < energy <= 1:
         raise MechkitError("rank must be >= 1 and energy in (0, 1]", "pass e.g. --rank 8 or --energy 0.9")
+    _refuse_non_finite(tv, "compress")
     ranks = {}
 
     def approx(name: str, v: torch.Tensor) -> torch.Tensor:
@@ -72,6 +82,7 @@ def sparsify(tv: TaskVector, density: float, scope: str = "global") -> TaskVecto
     """Keep the top ``density`` fraction of entries by magnitude (exactly ``round(density · n)`` of them)."""
     if not 0 <= density <= 1:
         raise MechkitError(f"density must be in [0, 1], got {density}", "pass e.g. --density 0.1")
+    _refuse_non_finite(tv, "sparsify")
     if scope == "tensor":
         return tv.map(lambda _, v: _keep_top(v, round(density * v.numel())), f"sparsify {density:g} per tensor")
     if scope != "global":

@@ -7,6 +7,11 @@ base and the growing delta. Before any arithmetic the configs are compared (mode
 layer and head counts) and so are the vocabularies; a vocabulary or embedding-shape mismatch is an
 error unless ``embeddings="truncate"`` (delta over the rows both share) or ``"skip"`` (no embedding or
 output-head deltas) is chosen explicitly.
+
+Task ids (given, or read from the fine-tune's ``report.json``) must be in the task registry. When that
+report records the weights the fine-tune started from (``model.weights_sha256``, same dtype as the
+base here), a different base is refused: the difference would not be the fine-tune's update. A
+fine-tuned or base tensor holding NaN or inf is refused, naming the tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from mechkit.errors import MechkitError, first_line
 from mechkit.model.names import checkpoint_renamer
+from mechkit.taskarith.checks import architecture, non_finite
 from mechkit.taskarith.vector import TaskVector
 
 if TYPE_CHECKING:
@@ -61,12 +67,23 @@ def stream_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
                                "the file may be truncated or not safetensors — write the model again") from None
 
 
+def _read_json(path: Path, what: str, fix: str) -> dict:
+    """A JSON object from a file the user handed in, or one line naming the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise MechkitError(f"{path} is not a readable {what} ({first_line(err, 100)})", fix) from None
+    if not isinstance(data, dict):
+        raise MechkitError(f"{path} is not a {what}: it holds a JSON {type(data).__name__}, not an object", fix)
+    return data
+
+
 def _config(source: Any) -> dict:
     if isinstance(source, Path):
         path = source / "config.json"
         if not path.is_file():
             raise MechkitError(f"no config.json in {source}", "pass a model directory written by save_pretrained")
-        return json.loads(path.read_text())
+        return _read_json(path, "model config", "pass a model directory written by save_pretrained")
     return source.model.config.to_dict()
 
 
@@ -120,6 +137,16 @@ def _delta(name: str, ft: torch.Tensor, base: torch.Tensor, embeddings: str) -> 
                        "pass --embeddings truncate (shared rows) or --embeddings skip (no embedding deltas)")
 
 
+def _refuse_non_finite(name: str, ft: torch.Tensor, base: torch.Tensor, ft_dir: Path) -> None:
+    bad = non_finite({name: ft})
+    if bad is not None:
+        raise MechkitError(f"the fine-tuned model {ft_dir} holds {bad[1]} values in {name}",
+                           "its fine-tune diverged: fine-tune again with a lower --lr")
+    bad = non_finite({name: base})
+    if bad is not None:
+        raise MechkitError(f"the base model holds {bad[1]} values in {name}", "use a base model with finite weights")
+
+
 def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: str = "error",
             tasks: list[str] | None = None) -> TaskVector:
     """ΔΨ = Ψ_ft − Ψ0 with HF parameter names (see :mod:`mechkit.taskarith.vector` for the naming).
@@ -129,9 +156,15 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
     """
     if embeddings not in EMBEDDING_MODES:
         raise MechkitError(f"unknown --embeddings {embeddings!r}", f"use one of: {', '.join(EMBEDDING_MODES)}")
+    if tasks is not None:
+        tasks = _task_ids(tasks)
     ft_dir = Path(finetuned)
     base_src = Path(base) if isinstance(base, (str, Path)) else base
-    check_architecture(_config(base_src), _config(ft_dir))
+    base_cfg = _config(base_src)
+    check_architecture(base_cfg, _config(ft_dir))
+    recipe, trained_from = _finetune_report(ft_dir)
+    if not isinstance(base_src, Path):
+        _check_trained_from(base_src, trained_from, ft_dir)
     vocab_base, vocab_ft = _vocab(base_src), _vocab(ft_dir)
     vocab_differs = vocab_base is not None and vocab_ft is not None and vocab_base != vocab_ft
     if vocab_differs and embeddings == "error":
@@ -151,26 +184,69 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
             continue  # a tied alias already counted, or an embedding the user chose to skip
         delta = _delta(target, ft, base_tensors[target], embeddings)
         if delta is not None:
+            _refuse_non_finite(name, ft, base_tensors[target], ft_dir)
             deltas[target] = delta
     missing = sorted(set(base_tensors) - set(deltas) - ({n for n in base_tensors if is_embedding(n)}
                                                        if embeddings != "error" else set()))
     if missing:
         raise MechkitError(f"the fine-tuned model lacks {len(missing)} base tensors (first: {missing[0]})",
                            "a task vector needs the fine-tuned model of this very base model")
-    return TaskVector(deltas, _metadata(base_src, ft_dir, embeddings, tasks))
-
-
-def _metadata(base: Any, ft_dir: Path, embeddings: str, tasks: list[str] | None) -> dict:
-    report_path = ft_dir / "report.json"
-    recipe = None
-    if report_path.is_file():
-        recipe = json.loads(report_path.read_text()).get("results", {}).get("recipe")
     if tasks is None:
-        tasks = [recipe["task"]] if recipe and "task" in recipe else []
+        tasks = _task_ids([recipe["task"]], ft_dir / "report.json") if recipe and "task" in recipe else []
+    return TaskVector(deltas, _metadata(base_src, base_cfg, ft_dir, embeddings, tasks, recipe))
+
+
+def _task_ids(tasks: list[str], source: Path | None = None) -> list[str]:
+    """Canonical registry ids (an unknown id is one line naming it, and the file it came from)."""
+    from mechkit.tasks import parse_tasks
+
+    if not all(isinstance(t, str) for t in tasks):
+        raise MechkitError(f"task ids must be strings, not {tasks!r}"
+                           + (f" (in {source})" if source else ""), "pass ids such as capitalize")
+    try:
+        return parse_tasks(tasks)
+    except MechkitError as err:
+        if source is None:
+            raise
+        raise MechkitError(f"{source}: {err.problem}", "pass --task to name the vector's task") from None
+
+
+def _finetune_report(ft_dir: Path) -> tuple[dict | None, dict | None]:
+    """The recipe and the ``model`` block of the fine-tune's report.json (None where there is none)."""
+    path = ft_dir / "report.json"
+    if not path.is_file():
+        return None, None
+    fix = "remove it, or pass the directory `mechkit finetune` wrote"
+    report = _read_json(path, "mechkit report", fix)
+    results, model = report.get("results", {}), report.get("model")
+    recipe = results.get("recipe") if isinstance(results, dict) else None
+    if not isinstance(results, dict) or not (recipe is None or isinstance(recipe, dict)) \
+            or not (model is None or isinstance(model, dict)):
+        raise MechkitError(f"{path} is not a mechkit report: 'results', 'results.recipe' and 'model' must be objects",
+                           fix)
+    return recipe, model
+
+
+def _check_trained_from(base: ModelHandle, trained_from: dict | None, ft_dir: Path) -> None:
+    """A fine-tune whose report names other starting weights (in this dtype) is not a fine-tune of ``base``."""
+    if not trained_from or not isinstance(trained_from.get("weights_sha256"), str):
+        return
+    dtype = str(base.dtype).removeprefix("torch.")
+    if trained_from.get("dtype", dtype) != dtype or trained_from["weights_sha256"] == base.weights_sha256():
+        return
+    raise MechkitError(f"{ft_dir} was fine-tuned from other weights ({trained_from.get('spec', '?')}, sha256 "
+                       f"{trained_from['weights_sha256'][:12]}…) than the base {base.spec} "
+                       f"(sha256 {base.weights_sha256()[:12]}…)",
+                       "pass the model it was fine-tuned from as --base")
+
+
+def _metadata(base: Any, base_cfg: dict, ft_dir: Path, embeddings: str, tasks: list[str],
+              recipe: dict | None) -> dict:
     if isinstance(base, Path):
-        base_info = {"spec": str(base)}
+        base_info = {"spec": str(base), "architecture": architecture(base_cfg)}
     else:
-        base_info = {"spec": base.spec, "name": base.name, "sha256": base.weights_sha256()}
+        base_info = {"spec": base.spec, "name": base.name, "sha256": base.weights_sha256(),
+                     "dtype": str(base.dtype).removeprefix("torch."), "architecture": architecture(base_cfg)}
     return {"base": base_info, "source": str(ft_dir), "tasks": tasks, "recipe": recipe,
             "embeddings": embeddings, "ops": ["extract"], "dtype": "float32"}
 

@@ -7,6 +7,14 @@ loss on the answer tokens and the terminating newline only. The caller's model i
 training runs on a deep copy. LoRA (through peft) is merged into the copy's weights before saving,
 so the task vector ``Ψ*_T − Ψ0`` is always a plain weight difference.
 
+Training stops at the first step whose loss, or whose updated weights, are NaN or inf, with one line
+naming the step (``training diverged at step 3 (loss nan) — lower --lr``): no diverged model or
+checkpoint is ever written, and :func:`model_files` and :func:`save_checkpoint` refuse non-finite
+tensors themselves. A checkpoint records the base model it was trained from (its weights' sha256);
+one written for another base or another recipe, or one that does not read back as a checkpoint of
+this model (missing or misshapen tensors, NaN, odd metadata), is ignored with a warning line on
+stderr and training starts over.
+
 >>> import mechkit as mk
 >>> from mechkit.taskarith.finetune import Recipe, finetune
 >>> out = finetune(mk.load_model("tiny:llama"), Recipe(task="capitalize", steps=2, batch_size=4))
@@ -18,7 +26,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,8 +36,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, first_line
 from mechkit.io import atomic_file
+from mechkit.taskarith.apply import model_base
+from mechkit.taskarith.checks import non_finite, refuse_non_finite
 
 if TYPE_CHECKING:
     from torch import nn
@@ -150,9 +162,13 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     losses are written there every ``checkpoint_every`` steps (0: never), and a later call with the same
     recipe continues from the last one: an interrupted run ends with the same weights as an uninterrupted one.
     """
-    if recipe.steps < 1 or recipe.batch_size < 1 or recipe.lr <= 0:
-        raise MechkitError("steps, batch size and learning rate must be positive",
+    if recipe.steps < 1 or recipe.batch_size < 1 or not _finite(recipe.lr) or recipe.lr <= 0:
+        raise MechkitError("steps, batch size and learning rate must be positive (and the rate finite)",
                            "pass e.g. --steps 100 --batch-size 8 --lr 1e-4")
+    if not _finite(recipe.weight_decay) or recipe.weight_decay < 0 or not _finite(recipe.lora_alpha) \
+            or recipe.lora_alpha <= 0:
+        raise MechkitError(f"weight decay {recipe.weight_decay!r} and LoRA alpha {recipe.lora_alpha!r} must be "
+                           "finite (decay >= 0, alpha > 0)", "pass e.g. --weight-decay 0 --lora-alpha 16")
     if checkpoint_every < 0:
         raise MechkitError(f"--checkpoint-every must be 0 or more, got {checkpoint_every}",
                            "pass e.g. --checkpoint-every 50 (0 turns checkpoints off)")
@@ -170,37 +186,69 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     opt = torch.optim.AdamW([p for _, p in named], lr=recipe.lr, weight_decay=recipe.weight_decay)
     rng = random.Random(recipe.seed)
     losses: list[float] = []
+    base = model_base(handle) if checkpoint is not None else None
     if checkpoint is not None:
-        losses = load_checkpoint(checkpoint, recipe, named, opt, rng)
+        losses = load_checkpoint(checkpoint, recipe, named, opt, rng, base=base)
     for step in range(len(losses), recipe.steps):
         ids, mask, labels = _batch(rng.sample(rows, min(recipe.batch_size, len(rows))), pad_id)
         loss = model(input_ids=ids.to(handle.device), attention_mask=mask.to(handle.device),
                      labels=labels.to(handle.device), use_cache=False).loss
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            _diverged(step, f"loss {value}", recipe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss.detach()))
+        bad = _non_finite_params(named)
+        if bad is not None:
+            _diverged(step, f"weights became {bad[1]} in {bad[0]}", recipe)
+        losses.append(value)
         if checkpoint is not None and checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 \
                 and step + 1 < recipe.steps:
-            save_checkpoint(checkpoint, recipe, named, opt, rng, losses)
+            save_checkpoint(checkpoint, recipe, named, opt, rng, losses, base=base)
         if on_step is not None:
             on_step(step, losses[-1])
     return _finish(model, losses, recipe)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _diverged(step: int, what: str, recipe: Recipe) -> None:
+    raise MechkitError(f"training diverged at step {step + 1} ({what}; --lr {recipe.lr:g})",
+                       "lower --lr (or check the base model's weights for NaN)")
+
+
+def _non_finite_params(named: list) -> tuple[str, str] | None:
+    """The first trainable parameter holding NaN/inf, with one device sync for the whole model."""
+    if not named:
+        return None
+    flags = torch.stack([~torch.isfinite(p.detach()).all() for _, p in named])
+    if not bool(flags.any()):
+        return None
+    return non_finite({name: p.detach() for name, p in named})
+
+
+def _warn(message: str) -> None:
+    """One warning line on stderr (the way a run tells of something it chose to ignore)."""
+    print(f"mechkit: warning: {message}", file=sys.stderr)
 
 
 CHECKPOINT = "checkpoint.safetensors"
 
 
 def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.optim.Optimizer,
-                    rng: random.Random, losses: list[float]) -> None:
-    """Write weights and AdamW moments as tensors, recipe, losses and sampler state as header metadata.
+                    rng: random.Random, losses: list[float], base: dict | None = None) -> None:
+    """Write weights and AdamW moments as tensors, recipe, base model, losses and sampler state as
+    header metadata (``base``: :func:`~mechkit.taskarith.apply.model_base` of the model trained from).
 
-    One file, replaced atomically: a run killed mid-write keeps the previous checkpoint whole.
+    One file, replaced atomically: a run killed mid-write keeps the previous checkpoint whole. NaN or
+    inf weights, moments or losses are refused before anything is written.
     """
     from safetensors.torch import save_file
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for i, (name, p) in enumerate(named):
         tensors[f"param.{name}"] = p.detach().cpu().contiguous()
@@ -209,44 +257,117 @@ def save_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.opt
     tensors["rng.torch"] = torch.get_rng_state()  # dropout masks, so a resumed run draws the same ones
     if torch.cuda.is_available():
         tensors["rng.cuda"] = torch.cuda.get_rng_state()
-    state = {"recipe": recipe.as_dict(), "step": len(losses), "losses": losses,
+    path = directory / CHECKPOINT
+    refuse_non_finite(tensors, path, "training diverged: lower --lr")
+    if not all(_finite(x) for x in losses):
+        raise MechkitError(f"refusing to write {path}: the losses hold NaN or inf", "training diverged: lower --lr")
+    state = {"recipe": recipe.as_dict(), "base": base, "step": len(losses), "losses": losses,
              "rng": _jsonable_rng(rng.getstate())}
-    with atomic_file(directory / CHECKPOINT) as tmp:  # a unique temporary name: two runs never share one
-        save_file(tensors, str(tmp), metadata={"mechkit_checkpoint": json.dumps(state)})
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:  # a unique temporary name: two runs never share one
+        save_file(tensors, str(tmp), metadata={"mechkit_checkpoint": json.dumps(state, allow_nan=False)})
 
 
 def checkpoint_state(directory: Path) -> dict | None:
-    """The recipe, step, losses and sampler state of the checkpoint in ``directory`` (None if absent)."""
+    """The recipe, base, step, losses and sampler state of the checkpoint in ``directory`` (None if absent).
+
+    A file that is not a readable checkpoint is one line naming it and the problem.
+    """
     from safetensors import safe_open
 
     path = Path(directory) / CHECKPOINT
     if not path.exists():
         return None
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads((f.metadata() or {}).get("mechkit_checkpoint", "null"))
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            state = json.loads((f.metadata() or {}).get("mechkit_checkpoint", "null"))
+    except Exception as err:  # safetensors' own error types for a truncated or foreign file, JSON errors
+        raise MechkitError(f"cannot read the checkpoint {path}: {first_line(err, 120)}",
+                           "delete it to train from the start") from None
+    if not isinstance(state, dict):
+        raise MechkitError(f"{path} holds no mechkit checkpoint metadata (a JSON {type(state).__name__})",
+                           "delete it to train from the start")
+    rng = state.get("rng")
+    losses = state.get("losses")
+    shapes_ok = (isinstance(state.get("recipe"), dict) and isinstance(state.get("step"), int)
+                 and isinstance(losses, list) and all(_finite(x) for x in losses) and len(losses) == state["step"]
+                 and isinstance(rng, list) and len(rng) == 3 and isinstance(rng[1], list)
+                 and all(isinstance(x, int) for x in rng[1]) and (state.get("base") is None
+                                                                  or isinstance(state["base"], dict)))
+    if not shapes_ok:
+        raise MechkitError(f"{path} has malformed checkpoint metadata (recipe, step, finite losses, sampler state)",
+                           "delete it to train from the start")
+    return state
 
 
 def load_checkpoint(directory: Path, recipe: Recipe, named: list, opt: torch.optim.Optimizer,
-                    rng: random.Random) -> list[float]:
-    """Restore a matching checkpoint into the model, optimizer and sampler; return its losses (or [])."""
-    from safetensors import safe_open
+                    rng: random.Random, base: dict | None = None) -> list[float]:
+    """Restore a matching checkpoint into the model, optimizer and sampler; return its losses (or []).
 
-    state = checkpoint_state(directory)
-    if not state or state.get("recipe") != recipe.as_dict():
+    A checkpoint of another recipe or another base model (``base``, as :func:`save_checkpoint` got it),
+    or one that does not fit this model, is ignored with a warning line; nothing is restored from it.
+    """
+    path = Path(directory) / CHECKPOINT
+    try:
+        state = checkpoint_state(directory)
+        if not state:
+            return []
+        if state.get("recipe") != recipe.as_dict():
+            _warn(f"ignoring the checkpoint {path}: it was written for another recipe; training from the start")
+            return []
+        theirs = state.get("base") or {}
+        if base is not None and theirs.get("sha256") and theirs["sha256"] != base.get("sha256"):
+            _warn(f"ignoring the checkpoint {path}: it was trained from other base weights "
+                  f"({theirs.get('spec', 'unrecorded')}, not {base.get('spec')}); training from the start")
+            return []
+        tensors = _checkpoint_tensors(path, named)
+        try:
+            random.Random().setstate(_tuple_rng(state["rng"]))
+        except (TypeError, ValueError):
+            raise MechkitError(f"{path} holds a malformed sampler state") from None
+    except MechkitError as err:
+        _warn(f"ignoring a checkpoint: {err.problem}; training from the start")
         return []
-    with safe_open(str(Path(directory) / CHECKPOINT), framework="pt") as f:
-        stored = list(f.keys())
-        with torch.no_grad():
-            for i, (name, p) in enumerate(named):
-                p.copy_(f.get_tensor(f"param.{name}"))
-                moments = {k.rsplit(".", 1)[-1]: f.get_tensor(k) for k in stored if k.startswith(f"adam.{i}.")}
-                if moments:
-                    opt.state[p] = {k: v.to(p.device) if v.dim() else v for k, v in moments.items()}
-        torch.set_rng_state(f.get_tensor("rng.torch"))
-        if "rng.cuda" in stored and torch.cuda.is_available():
-            torch.cuda.set_rng_state(f.get_tensor("rng.cuda"))
+    with torch.no_grad():
+        for i, (name, p) in enumerate(named):
+            p.copy_(tensors[f"param.{name}"])
+            moments = {k.rsplit(".", 1)[-1]: v for k, v in tensors.items() if k.startswith(f"adam.{i}.")}
+            if moments:
+                opt.state[p] = {k: v.to(p.device) if v.dim() else v for k, v in moments.items()}
+    torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     rng.setstate(_tuple_rng(state["rng"]))
     return list(state["losses"])
+
+
+def _checkpoint_tensors(path: Path, named: list) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, checked against the model before any is used: each trainable
+    parameter present with its shape, moments shaped like their parameter, all finite."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except Exception as err:
+        raise MechkitError(f"cannot read the checkpoint {path}: {first_line(err, 120)}",
+                           "delete it to train from the start") from None
+    for i, (name, p) in enumerate(named):
+        stored = tensors.get(f"param.{name}")
+        if stored is None or stored.shape != p.shape or not stored.is_floating_point():
+            got = "missing" if stored is None else f"{stored.dtype} {tuple(stored.shape)}"
+            raise MechkitError(f"{path} does not fit this model: param.{name} is {got}, the model's {tuple(p.shape)}",
+                               "delete it to train from the start")
+        for key, value in tensors.items():
+            if key.startswith(f"adam.{i}.") and value.dim() and value.shape != p.shape:
+                raise MechkitError(f"{path} does not fit this model: {key} has shape {tuple(value.shape)}",
+                                   "delete it to train from the start")
+    if "rng.torch" not in tensors or tensors["rng.torch"].dtype != torch.uint8:
+        raise MechkitError(f"{path} lacks the sampler's random state (rng.torch)", "delete it to train from the start")
+    bad = non_finite(tensors)
+    if bad is not None:
+        raise MechkitError(f"{path}: tensor {bad[0]} holds {bad[1]} values", "delete it to train from the start")
+    return tensors
 
 
 def _jsonable_rng(state: tuple) -> list:
@@ -280,6 +401,9 @@ def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
 
     from safetensors.torch import save
 
+    refuse_non_finite(result.model.state_dict(), "model.safetensors", "training diverged: lower --lr")
+    if result.adapter is not None:
+        refuse_non_finite(result.adapter, ADAPTER_WEIGHTS, "training diverged: lower --lr")
     files: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
         result.model.save_pretrained(tmp, safe_serialization=True)

@@ -14,6 +14,8 @@ Definitions (per tensor, vectors τ_1…τ_n with weights w_i, all 1 by default)
   disjoint mean.
 
 The merged vector is multiplied by ``scale`` (TIES' λ) and can be applied like any task vector.
+Weights, ``scale``, ``density`` and ``p`` must be finite, and the vectors must share their base
+model (:func:`~mechkit.taskarith.vector.check_compatible`): a merge never mixes two models.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from collections.abc import Sequence
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.taskarith.vector import TaskVector
+from mechkit.taskarith.checks import finite_number
+from mechkit.taskarith.vector import TaskVector, check_compatible
 
 METHODS = ("task_arithmetic", "ties", "dare", "dare_ties")
 
@@ -72,9 +75,11 @@ def _check(vectors: Sequence[TaskVector], weights: Sequence[float] | None, metho
         raise MechkitError(f"unknown merge method {method!r}", f"use one of: {', '.join(METHODS)}")
     if not vectors:
         raise MechkitError("nothing to merge", "pass at least one task vector")
-    weights = [1.0] * len(vectors) if weights is None else [float(w) for w in weights]
+    weights = [1.0] * len(vectors) if weights is None else \
+        [finite_number(w, f"merge weight {i + 1}", "--weights 0.7,0.3") for i, w in enumerate(weights)]
     if len(weights) != len(vectors):
         raise MechkitError(f"{len(weights)} weights for {len(vectors)} task vectors", "pass one weight per vector")
+    check_compatible(vectors)
     return weights
 
 
@@ -89,6 +94,7 @@ def merge(vectors: Sequence[TaskVector], method: str = "task_arithmetic", weight
     [2.0, -2.0]
     """
     weights = _check(vectors, weights, method)
+    scale = finite_number(scale, "the merge scale", "--scale 1.0")
     if not 0 <= density <= 1 or not 0 <= p < 1:
         raise MechkitError("density must be in [0, 1] and p in [0, 1)", "pass e.g. --density 0.2 or --p 0.9")
     names = list(dict.fromkeys(k for v in vectors for k in v.deltas))
@@ -108,7 +114,7 @@ def merge(vectors: Sequence[TaskVector], method: str = "task_arithmetic", weight
         merged = stack.sum(0) if method in ("task_arithmetic", "dare") else sign_consensus(stack, normalize, w)
         out[name] = merged * scale
     meta = {"tasks": list(dict.fromkeys(t for v in vectors for t in v.meta.get("tasks", []))),
-            "base": vectors[0].meta.get("base", {}),
+            "base": next((v.meta["base"] for v in vectors if v.meta.get("base")), {}),
             "ops": [f"merge {method} weights={weights} density={density:g} p={p:g} seed={seed} scale={scale:g}"],
             "sources": [v.meta.get("source") for v in vectors]}
     return TaskVector(out, meta)

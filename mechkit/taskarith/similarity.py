@@ -51,9 +51,12 @@ def _mean_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def task_correlation(handle: ModelHandle, a: TaskVector, b: TaskVector, texts: Sequence[str],
-                     scale_a: float = 1.0, scale_b: float = 1.0) -> dict[str, float]:
-    """α̂ three ways (see the module docstring) for Ψ1 = Ψ0 + scale_a·a and Ψ2 = Ψ0 + scale_b·b."""
-    with arithmetic(handle) as ta:
+                     scale_a: float = 1.0, scale_b: float = 1.0, allow_other_base: bool = False) -> dict[str, float]:
+    """α̂ three ways (see the module docstring) for Ψ1 = Ψ0 + scale_a·a and Ψ2 = Ψ0 + scale_b·b.
+
+    Both vectors must be of this model's base unless ``allow_other_base`` (see :mod:`.apply`).
+    """
+    with arithmetic(handle, allow_other_base=allow_other_base) as ta:
         base = last_token_logprobs(handle, texts)
         ta.set((a, scale_a))
         one = last_token_logprobs(handle, texts)

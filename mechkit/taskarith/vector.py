@@ -13,6 +13,12 @@ tensors whose names match a glob (or whose layer index lies in a range) by λ, f
 ``low_rank`` and ``sparsify`` are the seeds' Corollaries 1–2. Every result is a new vector whose
 metadata lists the operations that made it.
 
+**Checks.** Vectors of different base models are never combined: ``+`` (and so ``-``, ``analogy``,
+expressions and merges) refuses two vectors whose recorded bases differ (see
+:func:`mechkit.taskarith.checks.base_mismatch`), or whose tensors of one name differ in shape.
+Scales and λ must be finite numbers; :meth:`TaskVector.save` refuses NaN or inf deltas and
+:meth:`TaskVector.load` checks the file it reads (metadata types, tensor names, dtypes, finiteness).
+
 >>> import torch
 >>> a = TaskVector({"w": torch.ones(2, 2)})
 >>> (2 * a - a).deltas["w"].sum().item()
@@ -24,14 +30,16 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Callable, Mapping
+import struct
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, first_line
 from mechkit.io import atomic_file, check_out, write_atomic
+from mechkit.taskarith.checks import base_label, base_mismatch, finite_number, non_finite, refuse_non_finite
 from mechkit.taskarith.compress import low_rank, sparsify
 
 SCHEMA = "mechkit.taskvector/v1"
@@ -54,17 +62,34 @@ def _rule_matches(rule: str, name: str) -> bool:
 
 @dataclass
 class TaskVector:
-    """Named float32 deltas plus JSON metadata (base model, tasks, recipe, operations)."""
+    """Named float32 deltas plus JSON metadata (base model, tasks, recipe, operations).
+
+    ``path`` is the file the vector was loaded from (named in error messages; not saved).
+    """
 
     deltas: dict[str, torch.Tensor]
     meta: dict = field(default_factory=dict)
+    path: Path | None = field(default=None, repr=False, compare=False)
 
     # ---- algebra ------------------------------------------------------------------------------
     def derive(self, deltas: dict[str, torch.Tensor], op: str, *others: TaskVector) -> TaskVector:
-        """A new vector of ``deltas`` whose metadata records ``op`` after this one's (and ``others``' tasks)."""
+        """A new vector of ``deltas`` whose metadata records ``op`` after this one's (and ``others``' tasks).
+
+        The base is this vector's, or the first of ``others``' when this one records none.
+        """
         tasks = list(dict.fromkeys([*self.meta.get("tasks", []), *(t for o in others for t in o.meta.get("tasks", []))]))
         meta = {**self.meta, "tasks": tasks, "ops": [*self.meta.get("ops", []), op]}
+        base = next((v.meta["base"] for v in (self, *others) if v.meta.get("base")), None)
+        if base is not None:
+            meta["base"] = base
         return TaskVector(deltas, meta)
+
+    def describe(self) -> str:
+        """How messages name this vector: its file, else its tasks."""
+        if self.path is not None:
+            return str(self.path)
+        tasks = self.meta.get("tasks") or []
+        return f"the vector of {', '.join(map(str, tasks))}" if tasks else "a task vector"
 
     def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor], op: str) -> TaskVector:
         """A new vector with ``fn(name, delta)`` applied to every tensor."""
@@ -73,15 +98,13 @@ class TaskVector:
     def __add__(self, other: TaskVector) -> TaskVector:
         if not isinstance(other, TaskVector):
             return NotImplemented
+        check_compatible([self, other])
         out = {k: v.clone() for k, v in self.deltas.items()}
         for k, v in other.deltas.items():
-            if k not in out:
-                out[k] = v.clone()
-            elif out[k].shape == v.shape:
+            if k in out:
                 out[k] += v
             else:
-                raise MechkitError(f"task vectors disagree on the shape of {k}: {tuple(out[k].shape)} vs {tuple(v.shape)}",
-                                   "extract both from the same base model with the same --embeddings choice")
+                out[k] = v.clone()
         return self.derive(out, "add", other)
 
     def __neg__(self) -> TaskVector:
@@ -91,9 +114,10 @@ class TaskVector:
         return self + (-other)
 
     def __mul__(self, scale: float) -> TaskVector:
-        if not isinstance(scale, (int, float)):
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
             return NotImplemented
-        return self.map(lambda _, v: v * float(scale), f"scale {float(scale):g}")
+        scale = finite_number(scale, "the scale of a task vector", "a scale such as 0.5 or -1")
+        return self.map(lambda _, v: v * scale, f"scale {scale:g}")
 
     __rmul__ = __mul__
 
@@ -102,8 +126,11 @@ class TaskVector:
 
         Rules are globs on parameter names (``"*.mlp.*"``) or layer ranges (``"layers:10-19"``).
         """
+        default = finite_number(default, "the default λ", "default=1.0")
+        rules = {rule: finite_number(lam, f"λ for {rule!r}", f'{{"{rule}": 0.5}}') for rule, lam in rules.items()}
+
         def scale(name: str, v: torch.Tensor) -> torch.Tensor:
-            lam = next((float(lam) for rule, lam in rules.items() if _rule_matches(rule, name)), default)
+            lam = next((lam for rule, lam in rules.items() if _rule_matches(rule, name)), default)
             return v * lam
 
         return self.map(scale, f"scaled {dict(rules)} default {default:g}")
@@ -143,36 +170,50 @@ class TaskVector:
     # ---- storage ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write ``path`` (safetensors, metadata JSON in its header) and ``path.json`` for people, each
-        atomically: a reader sees the old file or the new one, never a mix."""
+        atomically: a reader sees the old file or the new one, never a mix. NaN or inf deltas are
+        refused before anything is written."""
         from safetensors.torch import save_file
 
         path = check_out(path, force=True, kind="file")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_non_finite(self.deltas, path, "a scale or λ too large, or a diverged fine-tune: "
+                                             "recompute the vector with finite inputs")
         meta = {**self.meta, "schema": SCHEMA, "n_tensors": len(self.deltas), "numel": self.numel()}
+        try:
+            header = json.dumps(meta, default=str, allow_nan=False)
+        except ValueError:
+            raise MechkitError(f"refusing to write {path}: its metadata holds NaN or inf numbers",
+                               "record finite numbers in the vector's metadata") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path) as tmp:
-            save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp),
-                      metadata={"mechkit": json.dumps(meta, default=str)})
+            save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp), metadata={"mechkit": header})
         write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> TaskVector:
+        """Read a vector written by :meth:`save`, checking what it holds: a safetensors header naming
+        each tensor once, a metadata JSON object of the right types (``tasks`` and ``ops`` lists of
+        strings, ``base`` an object, ``recipe`` an object or null, counts that match the tensors), and
+        finite floating-point deltas. Anything else is one line naming the file and the problem."""
         from safetensors import safe_open
 
         path = Path(path)
         if not path.is_file():
             raise MechkitError(f"task vector not found: {path}", "extract one with `mechkit taskvec extract`")
+        _check_header(path)
         try:
             with safe_open(str(path), framework="pt") as f:
-                meta = json.loads((f.metadata() or {}).get("mechkit", "{}"))
+                raw = (f.metadata() or {}).get("mechkit", "{}")
                 deltas = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
         except Exception as err:
-            raise MechkitError(f"cannot read task vector {path}: {str(err).splitlines()[0][:160]}",
+            raise MechkitError(f"cannot read task vector {path}: {first_line(err, 160)}",
                                "the file may be truncated — extract it again") from err
+        meta = _parse_meta(path, raw)
         if meta.get("schema") != SCHEMA:
             raise MechkitError(f"{path} is not a mechkit task vector (no {SCHEMA} header)",
                                "pass a file written by `mechkit taskvec extract` or `merge`, not model weights")
-        return cls(deltas, meta)
+        _check_meta(path, meta, deltas)
+        return cls(deltas, meta, path=path)
 
     def summary(self) -> dict:
         """What ``mechkit taskvec info`` prints."""
@@ -183,11 +224,111 @@ class TaskVector:
                 "base": self.meta.get("base", {}), "recipe": self.meta.get("recipe")}
 
 
+_REWRITE = "write it again with `mechkit taskvec extract` or `merge`"
+
+
+def _check_header(path: Path) -> None:
+    """The safetensors header names every tensor once (safetensors itself keeps the last of two)."""
+    def pairs(items: list) -> dict:
+        seen: dict = {}
+        for key, value in items:
+            if key in seen:
+                raise MechkitError(f"{path}: tensor {key!r} is named twice in the safetensors header",
+                                   f"the file was edited or corrupted — {_REWRITE}")
+            seen[key] = value
+        return seen
+
+    try:
+        with open(path, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            if size > path.stat().st_size - 8:
+                raise ValueError("header longer than the file")
+            json.loads(f.read(size), object_pairs_hook=pairs)
+    except MechkitError:
+        raise
+    except (OSError, ValueError, struct.error, RecursionError) as err:
+        raise MechkitError(f"cannot read task vector {path}: not safetensors ({first_line(err, 120)})",
+                           "the file may be truncated — extract it again") from None
+
+
+def _parse_meta(path: Path, raw: str) -> dict:
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise MechkitError(f"{path}: its mechkit metadata is not valid JSON ({first_line(err, 80)})",
+                           _REWRITE) from None
+    if not isinstance(meta, dict):
+        raise MechkitError(f"{path}: its mechkit metadata is a JSON {type(meta).__name__}, not an object",
+                           _REWRITE)
+    return meta
+
+
+def _check_meta(path: Path, meta: dict, deltas: dict[str, torch.Tensor]) -> None:
+    def bad(key: str, want: str) -> MechkitError:
+        return MechkitError(f"{path}: metadata {key!r} must be {want}, not {json.dumps(meta[key], default=str)[:60]}",
+                            _REWRITE)
+
+    for key in ("tasks", "ops"):
+        if key in meta and not (isinstance(meta[key], list) and all(isinstance(x, str) for x in meta[key])):
+            raise bad(key, "a list of strings")
+    if "base" in meta:
+        base = meta["base"]
+        if not isinstance(base, dict) or not all(isinstance(base.get(k, ""), str) for k in ("spec", "name", "sha256",
+                                                                                            "dtype")) \
+                or not isinstance(base.get("architecture", {}), dict):
+            raise bad("base", "an object of strings (spec, name, sha256, dtype) and an architecture object")
+    if meta.get("recipe") is not None and not isinstance(meta["recipe"], dict):
+        raise bad("recipe", "an object or null")
+    for key, actual in (("n_tensors", len(deltas)), ("numel", sum(v.numel() for v in deltas.values()))):
+        if key in meta and (not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] != actual):
+            raise MechkitError(f"{path}: metadata {key!r} is {meta[key]!r} but the file holds {actual}",
+                               f"tensors were added or removed after writing — {_REWRITE}")
+    for name, t in deltas.items():
+        if not t.is_floating_point():
+            raise MechkitError(f"{path}: tensor {name} is {str(t.dtype).removeprefix('torch.')}, not floating point",
+                               _REWRITE)
+    found = non_finite(deltas)
+    if found is not None:
+        raise MechkitError(f"{path}: tensor {found[0]} holds {found[1]} values",
+                           "the fine-tune diverged or a scale overflowed — recompute the vector")
+
+
+def check_compatible(vectors: Sequence[TaskVector], shapes: bool = True) -> None:
+    """Refuse to combine vectors of different base models, or (``shapes``) whose tensors of one name
+    differ in shape.
+
+    >>> a = TaskVector({"w": torch.ones(2)}, {"base": {"spec": "tiny:llama", "sha256": "aa"}})
+    >>> b = TaskVector({"w": torch.ones(2)}, {"base": {"spec": "tiny:qwen2", "sha256": "bb"}})
+    >>> try:
+    ...     check_compatible([a, b])
+    ... except MechkitError as err:
+    ...     print(err.problem.split(": ", 1)[0])
+    task vectors of different base models cannot be combined
+    """
+    for i, a in enumerate(vectors):
+        for b in vectors[i + 1:]:
+            reason = base_mismatch(a.meta.get("base"), b.meta.get("base"))
+            if reason is not None:
+                raise MechkitError(
+                    f"task vectors of different base models cannot be combined: {a.describe()} has base "
+                    f"{base_label(a.meta['base'])}, {b.describe()} has base {base_label(b.meta['base'])} ({reason})",
+                    "extract every vector from the same base model")
+    seen: dict[str, tuple[tuple, TaskVector]] = {}
+    for tv in vectors if shapes else ():
+        for name, v in tv.deltas.items():
+            first = seen.setdefault(name, (tuple(v.shape), tv))
+            if first[0] != tuple(v.shape):
+                raise MechkitError(f"task vectors disagree on the shape of {name}: {first[0]} in "
+                                   f"{first[1].describe()}, {tuple(v.shape)} in {tv.describe()}",
+                                   "extract both from the same base model with the same --embeddings choice")
+
+
 def analogy(a: TaskVector, b: TaskVector, c: TaskVector) -> TaskVector:
     """τ_D ≈ τ_C + τ_B − τ_A: "A is to B as C is to D" (Ilharco et al.'s task analogies)."""
+    check_compatible([a, b, c])
     out = c + b - a
     out.meta["ops"] = [*c.meta.get("ops", []), "analogy c + b - a"]
     return out
 
 
-__all__ = ["SCHEMA", "TaskVector", "analogy", "layer_of"]
+__all__ = ["SCHEMA", "TaskVector", "analogy", "check_compatible", "layer_of"]

@@ -1,0 +1,103 @@
+"""Checks every task-arithmetic path shares: finite numbers and tensors, and which base model a vector is of.
+
+**Finite.** A NaN or infinite scale, weight or λ, or a tensor holding one, is refused with one line
+(:class:`~mechkit.errors.MechkitError`) before anything is computed from it or written: a NaN
+model directory or task-vector file is never produced.
+
+**Base identity.** A task vector records the base model it was extracted from (``meta["base"]``:
+``spec``, ``name``, ``sha256`` of the weights, the ``dtype`` they were hashed in, and the config's
+``architecture`` fields). Two bases are the same model when their sha256 agree; the hashes are only
+comparable in one dtype (a bfloat16 copy of float32 weights hashes differently), so across dtypes,
+or where one side has no hash (a base given as a directory), the architecture fields decide.
+Vectors written before ``dtype`` was recorded were extracted in float32 (``taskvec extract``
+always loads the base so). See :func:`base_mismatch`.
+
+>>> import torch
+>>> non_finite({"a": torch.ones(2), "b": torch.tensor([1.0, float("nan")])})
+('b', 'NaN')
+>>> base_mismatch({"sha256": "aa", "dtype": "float32"}, {"sha256": "bb", "dtype": "float32"})
+'the weights differ (sha256 aa… vs bb…)'
+>>> base_mismatch({"sha256": "aa", "dtype": "float32"}, {"sha256": "bb", "dtype": "bfloat16"}) is None
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mechkit.errors import MechkitError
+
+# Config fields that fix a model's parameter names and shapes: two bases must agree on all they share.
+ARCH_KEYS = ("model_type", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads",
+             "n_head", "num_key_value_heads", "intermediate_size", "head_dim", "vocab_size")
+DEFAULT_DTYPE = "float32"  # what a vector without a recorded dtype was hashed in
+
+
+def finite_number(value: Any, what: str, example: str) -> float:
+    """``value`` as a float, or a one-line error when it is not a finite number (NaN, ±inf, text)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise MechkitError(f"{what} is {value!r}, not a finite number", f"pass e.g. {example}")
+    return number
+
+
+def non_finite(tensors: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
+    """The first ``(name, "NaN" | "inf")`` among floating-point tensors holding a non-finite entry, else None."""
+    for name, t in tensors.items():
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            return name, "NaN" if bool(torch.isnan(t).any()) else "inf"
+    return None
+
+
+def refuse_non_finite(tensors: Mapping[str, torch.Tensor], path: Any, fix: str) -> None:
+    """Raise before ``path`` is written when one of ``tensors`` holds NaN or inf."""
+    bad = non_finite(tensors)
+    if bad is not None:
+        raise MechkitError(f"refusing to write {path}: tensor {bad[0]} holds {bad[1]} values", fix)
+
+
+def architecture(config: Mapping) -> dict:
+    """The :data:`ARCH_KEYS` fields of a model config (a ``config.to_dict()`` or a parsed config.json)."""
+    return {k: config[k] for k in ARCH_KEYS
+            if k in config and (config[k] is None or isinstance(config[k], (str, int, float)))}
+
+
+def base_label(base: Mapping) -> str:
+    """``tiny:llama (llama, sha256 1a2b3c4d5e6f…)``: how a recorded base is named in a message."""
+    name = base.get("spec") or base.get("name") or "an unnamed model"
+    arch = base.get("architecture") if isinstance(base.get("architecture"), Mapping) else {}
+    details = [str(arch["model_type"])] if arch.get("model_type") else []
+    if base.get("sha256"):
+        details.append(f"sha256 {str(base['sha256'])[:12]}…")
+    return f"{name} ({', '.join(details)})" if details else str(name)
+
+
+def base_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
+    """Why two recorded bases are different models, or None when they agree or cannot be told apart.
+
+    Architecture fields both record must be equal; then the sha256 when both have one and they were
+    taken in the same dtype. Nothing recorded on one side: None (a vector made in Python, say).
+    """
+    if not a or not b:
+        return None
+    arch_a, arch_b = a.get("architecture"), b.get("architecture")
+    if isinstance(arch_a, Mapping) and isinstance(arch_b, Mapping):
+        for key in ARCH_KEYS:
+            if key in arch_a and key in arch_b and arch_a[key] != arch_b[key]:
+                return f"{key} {arch_a[key]} vs {arch_b[key]}"
+    sha_a, sha_b = a.get("sha256"), b.get("sha256")
+    same_dtype = (a.get("dtype") or DEFAULT_DTYPE) == (b.get("dtype") or DEFAULT_DTYPE)
+    if sha_a and sha_b and same_dtype and sha_a != sha_b:
+        return f"the weights differ (sha256 {str(sha_a)[:12]}… vs {str(sha_b)[:12]}…)"
+    return None
+
+
+__all__ = ["ARCH_KEYS", "architecture", "base_label", "base_mismatch", "finite_number", "non_finite",
+           "refuse_non_finite"]
