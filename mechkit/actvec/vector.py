@@ -17,7 +17,7 @@ import torch
 
 from mechkit.actvec.edits import ResidEdit
 from mechkit.errors import MechkitError, first_line
-from mechkit.io import write_atomic
+from mechkit.io import non_finite, write_atomic
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -27,13 +27,6 @@ METHODS = ("task-vector", "function-vector")
 _META_TYPES: dict[str, tuple[type, ...]] = {"method": (str,), "task": (str,), "layer": (int,), "mode": (str,),
                                             "model_sha256": (str,), "heads": (list,), "info": (dict,),
                                             "scale": (int, float), "span": (int,)}
-
-
-def _non_finite(vector: torch.Tensor) -> str | None:
-    """"NaN" or "inf" when the tensor holds one (floating point only), else None."""
-    if not vector.is_floating_point() or bool(torch.isfinite(vector).all()):
-        return None
-    return "NaN" if bool(torch.isnan(vector).any()) else "inf"
 
 
 @dataclass
@@ -95,7 +88,7 @@ class ActivationVector:
 
         where = name if name is not None else f"the {self.method} of {self.task}"
         vector = self.vector.detach().float().cpu().contiguous()
-        bad = _non_finite(vector)
+        bad = (non_finite({"vector": vector}) or (None, None))[1]
         if bad is not None:
             raise MechkitError(f"refusing to write {where}: tensor vector holds {bad} values",
                                "the extraction produced NaN/inf activations — check the model's weights")
@@ -152,7 +145,7 @@ class ActivationVector:
         if not vector.is_floating_point():
             raise MechkitError(f"{path}: its vector is {str(vector.dtype).removeprefix('torch.')}, not floating point",
                                fix)
-        bad = _non_finite(vector)
+        bad = (non_finite({"vector": vector}) or (None, None))[1]
         if bad is not None:
             raise MechkitError(f"{path}: its vector holds {bad} values", "extract it again with icl-vectors")
         vec = cls(vector=vector, **meta)

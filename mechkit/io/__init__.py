@@ -10,6 +10,8 @@
 """
 
 from mechkit.io.atomic import atomic_dir, atomic_file, temp_dir_beside, write_atomic
+from mechkit.io.finite import non_finite, refuse_non_finite
 from mechkit.io.out import check_out
 
-__all__ = ["atomic_dir", "atomic_file", "check_out", "temp_dir_beside", "write_atomic"]
+__all__ = ["atomic_dir", "atomic_file", "check_out", "non_finite", "refuse_non_finite", "temp_dir_beside",
+           "write_atomic"]

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mechkit.errors import MechkitError
-from mechkit.io import atomic_dir, check_out
+from mechkit.io import atomic_dir, check_out, refuse_non_finite
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
 from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure
@@ -81,14 +80,6 @@ def _untied_state(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def _refuse_non_finite(state: dict[str, torch.Tensor], path: Path) -> None:
-    for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
-            raise MechkitError(f"refusing to write {path}: tensor {name} holds {kind} values",
-                               "check the dense model's weights and the pruning statistics, then prune again")
-
-
 def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -> Path:
     """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename).
 
@@ -102,7 +93,8 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
     out = check_out(out_dir, force, kind="dir")
     state = _untied_state(handle.model)
-    _refuse_non_finite(state, out / "model.safetensors")
+    refuse_non_finite(state, out / "model.safetensors",
+                      "check the dense model's weights and the pruning statistics, then prune again")
     with atomic_dir(out, replace=force or out.is_dir()) as tmp:
         config = handle.model.config.to_dict()
         config.update(structure.config_restore)

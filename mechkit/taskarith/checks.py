@@ -27,9 +27,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from mechkit.errors import MechkitError
+from mechkit.io import non_finite, refuse_non_finite
 
 # Config fields that fix a model's parameter names and shapes: two bases must agree on all they share.
 ARCH_KEYS = ("model_type", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads",
@@ -46,21 +45,6 @@ def finite_number(value: Any, what: str, example: str) -> float:
     if isinstance(value, bool) or not math.isfinite(number):
         raise MechkitError(f"{what} is {value!r}, not a finite number", f"pass e.g. {example}")
     return number
-
-
-def non_finite(tensors: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
-    """The first ``(name, "NaN" | "inf")`` among floating-point tensors holding a non-finite entry, else None."""
-    for name, t in tensors.items():
-        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
-            return name, "NaN" if bool(torch.isnan(t).any()) else "inf"
-    return None
-
-
-def refuse_non_finite(tensors: Mapping[str, torch.Tensor], path: Any, fix: str) -> None:
-    """Raise before ``path`` is written when one of ``tensors`` holds NaN or inf."""
-    bad = non_finite(tensors)
-    if bad is not None:
-        raise MechkitError(f"refusing to write {path}: tensor {bad[0]} holds {bad[1]} values", fix)
 
 
 def architecture(config: Mapping) -> dict:
