@@ -52,28 +52,97 @@ class RunContext:
     console: Console
     resume_dir: Path | None = None
     parsed: dict = field(default_factory=dict)
+    _unsaved: bool = field(default=False, init=False, repr=False)
 
     def step(self, key: str, compute: Callable[[], Any]) -> Any:
         """Run ``compute()`` once and keep its JSON-able result, so an interrupted run resumes here.
 
         Finished steps are stored under the cache directory keyed by plugin, options, seed and
-        model weights, and cleared once the whole run has written its report.
+        model weights, and cleared once the whole run has written its report. A stored step that
+        cannot be read back (truncated, corrupted, not a step of this key) is discarded with a
+        one-line warning on the run's console and computed again; a step that cannot be stored
+        (a full disk, a read-only cache) is warned about once and the run goes on without it.
+
+        >>> import io, json, tempfile, pathlib
+        >>> from rich.console import Console
+        >>> log = io.StringIO()
+        >>> ctx = RunContext(model=None, params={}, seed=0, console=Console(file=log, width=60),
+        ...                  resume_dir=pathlib.Path(tempfile.mkdtemp()))
+        >>> ctx.step("sum", lambda: 1 + 2), ctx.step("sum", lambda: 0)  # the second is read back
+        (3, 3)
+        >>> _ = ctx.step_path("sum").write_text('{"key": "sum", "val')  # cut short, e.g. by a full disk
+        >>> ctx.step("sum", lambda: 1 + 2)
+        3
+        >>> print(log.getvalue().replace(str(ctx.resume_dir), "DIR"))  # doctest: +NORMALIZE_WHITESPACE
+        mechkit: warning: discarded the damaged resume step 'sum' (DIR/...json: not valid JSON); computing it again
         """
         if self.resume_dir is None:
             return compute()
-        path = self.resume_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-        if path.exists():
-            return json.loads(path.read_text())["value"]
-        from mechkit.io import write_atomic
+        path = self.step_path(key)
+        if path.exists() or path.is_symlink():
+            found, value = self._read_step(path, key)
+            if found:
+                return value
         from mechkit.report import to_jsonable
 
         value = to_jsonable(compute())
-        self.resume_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"key": key, "value": value}))
+        self._write_step(path, key, value)
         return value
 
+    def step_path(self, key: str) -> Path:
+        """Where the finished step ``key`` is kept (under ``resume_dir``)."""
+        assert self.resume_dir is not None
+        return self.resume_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+    def _read_step(self, path: Path, key: str) -> tuple[bool, Any]:
+        """``(True, value)`` for a sound stored step; else the file is removed, a warning printed, ``(False, None)``."""
+        try:
+            stored = json.loads(path.read_bytes().decode("utf-8"))
+            if not isinstance(stored, dict) or "value" not in stored:
+                problem = "not a stored step"
+            elif stored.get("key") != key:
+                problem = "written for another step"
+            else:
+                return True, stored["value"]
+        except UnicodeDecodeError:
+            problem = "not UTF-8 text"
+        except ValueError:  # json.JSONDecodeError
+            problem = "not valid JSON"
+        except RecursionError:
+            problem = "nested too deeply"
+        except OSError as err:
+            problem = err.strerror or type(err).__name__
+        try:
+            if path.is_dir() and not path.is_symlink():
+                import shutil
+
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass  # the rewrite below replaces it, or warns that it cannot
+        self._warn(f"discarded the damaged resume step {key!r} ({path}: {problem}); computing it again")
+        return False, None
+
+    def _write_step(self, path: Path, key: str, value: Any) -> None:
+        from mechkit.io import write_atomic
+
+        try:
+            self.resume_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps({"key": key, "value": value}))
+        except OSError as err:
+            if not self._unsaved:
+                why = err.strerror or type(err).__name__
+                self._warn(f"cannot keep finished steps in {self.resume_dir} ({why}); this run will not resume "
+                           "from here if it stops")
+            self._unsaved = True
+
+    def _warn(self, message: str) -> None:
+        self.console.print(f"mechkit: warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
     def progress(self):
-        """A rich progress bar on the run's console (stderr), transient so reports stay clean.
+        """A rich progress bar on the run's console (stderr), transient so reports stay clean; off where
+        the console is neither a terminal nor a notebook (a log file, a pipe).
 
         >>> import io
         >>> from rich.console import Console
@@ -84,8 +153,9 @@ class RunContext:
         """
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        live = self.console.is_terminal or self.console.is_jupyter  # elsewhere a bar is only a stray blank line
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=self.console, transient=True)
+                        console=self.console, transient=True, disable=not live)
 
     def scratch(self, name: str) -> Path | None:
         """A directory for bulky resumable state (tensor checkpoints) that ``step`` cannot hold as JSON.

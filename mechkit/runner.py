@@ -1,4 +1,4 @@
-"""Run a plugin end to end: resolve options, load the model, run, check, write the report.
+"""Run a plugin end to end: resolve options, check and lock ``--out``, load the model, run, check, write the report.
 
 The CLI and the Python API share this path, so ``mk.run("inspect", model="llama")`` and
 ``mechkit inspect --model llama`` produce the same report.
@@ -6,16 +6,20 @@ The CLI and the Python API share this path, so ``mk.run("inspect", model="llama"
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
+import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechkit.errors import PluginError, ReportExistsError
+from mechkit.errors import MechkitError, PluginError, ReportExistsError
 from mechkit.plugin import Plugin, RunContext
 
 
@@ -82,6 +86,118 @@ def _resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> P
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def lock_path(out_dir: str | os.PathLike[str]) -> Path:
+    """The lock file of a run writing ``out_dir``: hidden, beside it, never inside the report directory.
+
+    >>> lock_path("runs/a").as_posix()
+    'runs/.a.mechkit-lock'
+    """
+    out = Path(out_dir)
+    return out.parent / f".{out.name}.mechkit-lock"
+
+
+class OutInUseError(MechkitError):
+    """Another mechkit run holds the lock of the same ``--out``."""
+
+
+def _holder(fd: int) -> str:
+    """The pid recorded in a lock file another run holds (it writes it just after locking)."""
+    for _ in range(50):
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            return ""
+        if text:
+            return text
+        time.sleep(0.01)
+    return ""
+
+
+@contextlib.contextmanager
+def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold the lock of ``out_dir`` for a run, or raise :class:`OutInUseError` (one line) at once.
+
+    An ``flock`` on :func:`lock_path`, a hidden file beside ``out_dir`` holding the owner's pid: the
+    kernel releases it when the process ends however it ends (``kill -9`` included), so a lock file a
+    killed run left behind is simply taken over. The file is removed, still locked, when the run ends
+    (success, error or Ctrl-C); a run that locked a file just removed this way sees it is no longer at
+    the path and locks the new one, so two runs never both hold the lock. Missing parents of
+    ``out_dir`` are created for the lock file, and removed again if the run leaves them empty.
+    Where ``fcntl`` is missing (Windows) runs are not locked.
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "run"
+    >>> with out_lock(out):
+    ...     try:
+    ...         with out_lock(out):
+    ...             pass
+    ...     except OutInUseError as err:
+    ...         print(str(err).replace(str(out), "OUT").replace(str(os.getpid()), "N"))
+    --out OUT is in use by another mechkit run (pid N) — wait for it or choose another --out
+    >>> lock_path(out).exists()
+    False
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield lock_path(out_dir)
+        return
+    path = lock_path(out_dir)
+    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    try:
+        for attempt in itertools.count():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # a parent another run had made was removed again as it ended
+                if attempt < 100:
+                    continue
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _holder(fd)
+                os.close(fd)
+                raise OutInUseError(f"--out {out_dir} is in use by another mechkit run"
+                                    + (f" (pid {pid})" if pid else ""),
+                                    "wait for it or choose another --out") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed this file as it finished: lock the one now at the path
+    except OSError as err:
+        _remove_empty(created)
+        raise MechkitError(f"cannot lock --out {out_dir}: {err.strerror or type(err).__name__} ({path})",
+                           "choose an --out in a writable directory") from err
+    except BaseException:
+        _remove_empty(created)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
+        os.close(fd)
+        _remove_empty(created)  # those the run left empty (a written report keeps its parents)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories a failed run created (deepest first) while they are empty."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
 def run_plugin(
     plugin: str | type[Plugin],
     *,
@@ -97,6 +213,11 @@ def run_plugin(
 ) -> Run:
     """Run a plugin and write its report; returns the :class:`Run`.
 
+    Before the model loads: the options are checked, then ``out`` (:func:`mechkit.io.check_out`: not a
+    file, not a read-only place, no report there without ``force``) and it is locked for the run
+    (:func:`out_lock`), so a second run with the same ``out`` fails at once instead of racing this one
+    to the report. Without ``out`` a fresh directory under ``mechkit-runs/`` is taken, also locked.
+
     >>> import mechkit as mk
     >>> run = mk.run("inspect", model="tiny:gpt2", write=False)
     >>> run.results["anatomy"]["n_layers"]
@@ -105,14 +226,63 @@ def run_plugin(
     from rich.console import Console
 
     from mechkit import registry
-    from mechkit.report import build_report, default_out_dir, write_report
 
     console = console or Console(stderr=True)
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
-    out_dir = Path(out) if out is not None else (default_out_dir(cls.name) if write else None)
-    if write and (out_dir / "report.json").exists() and not force:
+    if not write:
+        return _run(cls, params, parsed, None, model=model, seed=seed, force=force, device=device, dtype=dtype,
+                    console=console)
+    with contextlib.ExitStack() as stack:
+        if out is not None:
+            out_dir = Path(out)
+            _check_out(out_dir, force)  # a file, a read-only place, a report without --force: before any work
+            stack.enter_context(out_lock(out_dir))
+            _check_out(out_dir, force)  # again under the lock: a run that finished there meanwhile wrote a report
+        else:
+            out_dir = stack.enter_context(locked_default_out(cls.name))
+        return _run(cls, params, parsed, out_dir, model=model, seed=seed, force=force, device=device, dtype=dtype,
+                    console=console)
+
+
+def _check_out(out_dir: Path, force: bool) -> None:
+    from mechkit.io import check_out
+
+    if (out_dir / "report.json").exists() and not force:
         raise ReportExistsError(f"{out_dir} already holds a report", "pass --force to overwrite or choose another --out")
+    check_out(out_dir, force=force, kind="dir")
+
+
+@contextlib.contextmanager
+def locked_default_out(plugin: str) -> Iterator[Path]:
+    """A fresh default run directory, locked: two runs started in the same second get ``NAME`` and
+    ``NAME-2`` instead of one failing."""
+    from mechkit.report import default_out_dir
+
+    base = default_out_dir(plugin)
+    for n in range(1, 1000):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        if candidate.exists():
+            continue
+        _check_out(candidate, force=False)
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(out_lock(candidate))
+            except OutInUseError:
+                continue
+            if candidate.exists():  # made between the check and the lock
+                continue
+            yield candidate
+            return
+    raise MechkitError(f"no free run directory name beside {base}", "pass --out")
+
+
+def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *, model: Any, seed: int,
+         force: bool, device: str | None, dtype: str | None, console) -> Run:
+    """Load the model, run the plugin, check the logits and write the report (when ``out_dir``)."""
+    from mechkit.report import build_report, write_report
+
+    write = out_dir is not None
     t0 = time.perf_counter()
     handle = None
     if cls.needs_model:

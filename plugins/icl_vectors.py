@@ -18,22 +18,28 @@ and shapes the accuracy table, the figures, the summary lines and the saved vect
 
 from __future__ import annotations
 
+from mechkit.options import ExistingPath, IntRanges, NumberList, OptionError, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
 SHORT = {"task-vector": "TV", "function-vector": "FV"}
 
 
-def check_before_work(tasks: list[str], methods: list[str], loaded, p: dict, seed: int, n_heads: int) -> None:
-    """Refuse, before anything is computed, options that would fail (or silently mislead) later:
-    a ``--top-k`` below 1 (above the head count it means all heads), and tasks whose prompts have too few demonstrations to shuffle."""
-    from mechkit.errors import MechkitError
+def check_before_work(tasks: list[str], shots: int, seed: int) -> None:
+    """Refuse, before anything is computed, tasks whose prompts have too few demonstrations to shuffle
+    (e.g. ioi, which has no input:/output: demonstrations)."""
     from mechkit.tasks.shuffled import shuffled_label_prompts
 
-    if loaded is None and "function-vector" in methods and p["top_k"] < 1:  # more than n_heads: all heads
-        raise MechkitError(f"--top-k {p['top_k']} is below 1", f"use a number of heads from 1 to {n_heads}")
     for task in tasks:
-        shuffled_label_prompts(task, n=1, shots=p["shots"], seed=seed)
+        shuffled_label_prompts(task, n=1, shots=shots, seed=seed)
+
+
+def check_spans(spans: tuple[int, ...], text: str, n_layers: int) -> list[int]:
+    """The declared ``--spans`` (sorted, each at least 1), refusing one longer than the model is deep."""
+    if spans[-1] > n_layers:
+        raise OptionError(f"--spans {text!r} is out of range: the model has {n_layers} layers",
+                          f"use whole numbers from 1 to {n_layers}, like 1,2")
+    return list(spans)
 
 
 class IclVectorsPlugin(Plugin):
@@ -41,34 +47,39 @@ class IclVectorsPlugin(Plugin):
     version = "0.1.0"
     summary = "ICL task vectors and function vectors: extract, pick a layer on dev, evaluate zero-shot + vector."
     options = (
-        Option("tasks", str, None, f"Comma-separated task ids (default {DEFAULT_TASKS}, or the loaded vector's)."),
+        Option("tasks", str, None, f"Comma-separated task ids (default {DEFAULT_TASKS}, or the loaded vector's).",
+               parse=TaskList()),
         Option("method", str, "both", "Which vectors.", choices=("task-vector", "function-vector", "both")),
-        Option("n", int, 40, "Test prompts per task."),
-        Option("n_dev", int, 20, "Dev prompts per task (choose the layer)."),
-        Option("n_contexts", int, 24, "ICL contexts averaged for the task vector and the mean head outputs."),
-        Option("n_cie", int, 10, "Shuffled-label prompts for the heads' indirect effects."),
-        Option("shots", int, 10, "Demonstrations per ICL prompt."),
-        Option("top_k", int, 10, "Heads summed into the function vector (capped at the model's head count)."),
-        Option("fv_scales", str, "1,2,4,8", "Function-vector scales to try; layer and scale are chosen on dev."),
-        Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20."),
+        Option("n", int, 40, "Test prompts per task.", min=1),
+        Option("n_dev", int, 20, "Dev prompts per task (choose the layer).", min=1),
+        Option("n_contexts", int, 24, "ICL contexts averaged for the task vector and the mean head outputs.", min=1),
+        Option("n_cie", int, 10, "Shuffled-label prompts for the heads' indirect effects.", min=1),
+        Option("shots", int, 10, "Demonstrations per ICL prompt (2 or more: shuffled labels need two).", min=2),
+        Option("top_k", int, 10, "Heads summed into the function vector (capped at the model's head count).", min=1),
+        Option("fv_scales", str, "1,2,4,8", "Function-vector scales to try; layer and scale are chosen on dev.",
+               parse=NumberList(float, min=0, min_exclusive=True, example="1,2,4")),
+        Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20.", parse=IntRanges()),
         Option("spans", str, "1", "Numbers of consecutive layers L..L+K-1 to write the vector at (e.g. 1,2; "
-                                  "a function vector adds scale/K at each); chosen on dev with the layer."),
-        Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting."),
-        Option("batch_size", int, 16, "Rows per forward pass."),
+                                  "a function vector adds scale/K at each); chosen on dev with the layer.",
+               parse=NumberList(int, min=1, sort=True, example="1,2")),
+        Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting.",
+               parse=ExistingPath("saved vector (.safetensors)")),
+        Option("batch_size", int, 16, "Rows per forward pass.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.actvec import ActivationVector, VectorStudy, parse_layers, parse_scales, parse_spans
+        from mechkit.actvec import ActivationVector, VectorStudy
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
+        n_layers = m.anatomy.n_layers
         loaded = ActivationVector.load(p["load_vector"], m) if p["load_vector"] else None
-        tasks = parse_tasks(p["tasks"] or (loaded.task if loaded else DEFAULT_TASKS))
-        layers = parse_layers(p["layers"], m.anatomy.n_layers)
-        scales = parse_scales(p["fv_scales"])
-        spans = parse_spans(p["spans"], m.anatomy.n_layers)
+        tasks = ctx.parsed["tasks"] or parse_tasks(loaded.task if loaded else DEFAULT_TASKS)
+        layers = ctx.parsed["layers"].resolve(n_layers)  # the declared ranges, against this model's depth
+        scales = list(ctx.parsed["fv_scales"])
+        spans = check_spans(ctx.parsed["spans"], p["spans"], n_layers)
         methods = [loaded.method] if loaded else (list(SHORT) if p["method"] == "both" else [p["method"]])
-        check_before_work(tasks, methods, loaded, p, ctx.seed, m.anatomy.n_layers * m.anatomy.n_heads)
+        check_before_work(tasks, p["shots"], ctx.seed)
         out: dict = {}
         with ctx.progress() as bar:
             job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))

@@ -14,14 +14,100 @@ rows or the budget search, and shapes the summary lines and the accuracy-vs-spee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mechkit.options import OptionError, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 if TYPE_CHECKING:
     from mechkit.pruning import PruneStudy
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
+
+
+@dataclass(frozen=True)
+class GuideList:
+    """``--guide``: comma-separated guides, each optionally ``GUIDE@ALLOCATION`` (checked by
+    :func:`mechkit.pruning.parse_guides`) -> their list; at least one.
+
+    >>> GuideList()("attribution@sensitivity, random")
+    ['attribution@sensitivity', 'random']
+    """
+
+    metavar: str = "GUIDE[@ALLOCATION][,...]"
+    example: str = "attribution,wanda"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> list[str]:
+        from mechkit.pruning import parse_guides
+
+        guides = parse_guides(str(text))
+        if not guides:
+            raise OptionError("no guide given", "pass --guide attribution (or a comma list)")
+        return guides
+
+
+@dataclass(frozen=True)
+class TargetList:
+    """``--target``: comma-separated unit types (:func:`mechkit.pruning.parse_targets`) -> their list.
+
+    >>> TargetList()("neurons, heads")
+    ['neurons', 'heads']
+    """
+
+    metavar: str = "neurons|heads|layers[,...]"
+    example: str = "neurons,heads"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> list[str]:
+        from mechkit.pruning import parse_targets
+
+        return parse_targets(str(text))
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Checked ``--sparsity`` text; :meth:`resolve` gives its levels for the chosen ``--target`` s."""
+
+    text: str
+
+    def resolve(self, targets: list[str]) -> list[dict[str, float]]:
+        from mechkit.pruning import parse_levels
+
+        return parse_levels(self.text, targets)
+
+
+@dataclass(frozen=True)
+class SparsityLevels:
+    """``--sparsity``: fractions in [0, 1) (``0.1,0.2``: one level each, for every target) or one level of
+    ``target=fraction`` pairs, checked by :func:`mechkit.pruning.parse_levels` -> :class:`Levels`.
+
+    Which targets a bare fraction applies to is ``--target``'s, so the levels themselves are resolved
+    in ``run()`` (before any work).
+
+    >>> SparsityLevels()("0.1,0.2").resolve(["neurons", "heads"])[1]
+    {'neurons': 0.2, 'heads': 0.2}
+    """
+
+    metavar: str = "F[,F...]|TARGET=F[,...]"
+    example: str = "0.1,0.2"
+
+    def describe(self) -> str:
+        return "each 0<=x<1"
+
+    def __call__(self, text: str) -> Levels:
+        from mechkit.pruning import parse_levels
+        from mechkit.pruning.select import TARGETS
+
+        levels = Levels(str(text))
+        if not parse_levels(levels.text, list(TARGETS)):
+            raise OptionError("no sparsity given", "use fractions like 0.2,0.3 or neurons=0.3,heads=0.2")
+        return levels
 
 
 class PrunePlugin(Plugin):
@@ -31,15 +117,19 @@ class PrunePlugin(Plugin):
     options = (
         Option("guide", str, "attribution,wanda,magnitude,random",
                "Comma list of guides: random, magnitude, wanda, flap, gradient, attribution, induction, combined; "
-               "GUIDE@ALLOCATION overrides --allocation for one guide (e.g. attribution@sensitivity)."),
-        Option("target", str, "neurons", "Units to prune: comma list of neurons, heads, layers."),
-        Option("sparsity", str, "0.2", "Fractions (0.1,0.2,0.3: each for every target) or neurons=0.3,heads=0.2."),
-        Option("budget", float, None, "Instead of --sparsity: at most this fraction of the dense cost."),
+               "GUIDE@ALLOCATION overrides --allocation for one guide (e.g. attribution@sensitivity).",
+               parse=GuideList()),
+        Option("target", str, "neurons", "Units to prune: comma list of neurons, heads, layers.",
+               parse=TargetList()),
+        Option("sparsity", str, "0.2", "Fractions (0.1,0.2,0.3: each for every target) or neurons=0.3,heads=0.2.",
+               parse=SparsityLevels()),
+        Option("budget", float, None, "Instead of --sparsity: at most this fraction of the dense cost.",
+               min=0, min_exclusive=True, max=1, max_exclusive=True),
         Option("budget_unit", str, "latency", "What --budget limits.", choices=("latency", "flops")),
-        Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`)."),
-        Option("calib", int, 16, "Calibration prompts per task (scores and budget search only)."),
-        Option("n", int, 30, "Held-out prompts per task (evaluation only)."),
-        Option("shots", int, 10, "Demonstrations per prompt."),
+        Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
+        Option("calib", int, 16, "Calibration prompts per task (scores and budget search only).", min=1),
+        Option("n", int, 30, "Held-out prompts per task (evaluation only).", min=1),
+        Option("shots", int, 10, "Demonstrations per prompt.", min=0),
         Option("allocation", str, "global", "Spread over layers: uniform, global, global-z, or sensitivity "
                                             "(measured per-layer MLP sensitivity on calibration prompts).",
                choices=("uniform", "global", "global-z", "sensitivity")),
@@ -48,34 +138,23 @@ class PrunePlugin(Plugin):
         Option("compensate", bool, True, "Replace removed units by their calibration mean (bias, FLAP).",
                is_flag=True),
         Option("protect_top_k", int, 10, "induction/combined guides: never remove the top-k induction and "
-                                         "previous-token heads."),
+                                         "previous-token heads.", min=0),
         Option("save_model", bool, False, "Write the pruned model to DIR/model (safetensors).", is_flag=True),
-        Option("repeats", int, 7, "Timed forward passes per model (median)."),
+        Option("repeats", int, 7, "Timed forward passes per model (median).", min=1),
         Option("timing", str, "last", "Timed forward: logits of the last position only (answering a prompt, a "
                                       "generation's prefill) or of every position; both are reported, this one "
                                       "is the speedup and the budget.", choices=("last", "all")),
-        Option("timing_batch", int, 8, "Prompts in the timed batch."),
-        Option("batch_size", int, 16, "Prompts per forward pass when scoring."),
+        Option("timing_batch", int, 8, "Prompts in the timed batch.", min=1),
+        Option("batch_size", int, 16, "Prompts per forward pass when scoring.", min=1),
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.errors import MechkitError
-        from mechkit.pruning import PruneStudy, parse_guides, parse_levels, parse_targets
-        from mechkit.tasks import parse_tasks
+        from mechkit.pruning import PruneStudy
 
         p = ctx.params
-        guides = parse_guides(p["guide"])
-        targets = parse_targets(p["target"])
-        levels = [] if p["budget"] is not None else parse_levels(p["sparsity"], targets)
-        if p["budget"] is not None and not 0 < p["budget"] < 1:
-            raise MechkitError(f"--budget {p['budget']} is outside (0, 1)", "use a fraction of the dense cost, e.g. 0.7")
-        tasks = parse_tasks(p["tasks"])
-        for opt, least in (("repeats", 1), ("timing_batch", 1), ("batch_size", 1), ("protect_top_k", 0)):
-            if p[opt] < least:
-                flag = "--" + opt.replace("_", "-")
-                raise MechkitError(f"{flag} {p[opt]} is below {least}", f"pass {flag} {least} or more")
-        if not guides:
-            raise MechkitError("no guide given", "pass --guide attribution (or a comma list)")
+        guides, targets, tasks = ctx.parsed["guide"], ctx.parsed["target"], ctx.parsed["tasks"]
+        # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
+        levels = [] if p["budget"] is not None else ctx.parsed["sparsity"].resolve(targets)
 
         study = PruneStudy(ctx.model, tasks, targets=targets, n_calib=p["calib"], n=p["n"], shots=p["shots"],
                            seed=ctx.seed, allocation=p["allocation"], gqa=p["gqa"],

@@ -31,6 +31,7 @@ from mechkit.options import (
     TaskList,
     parse_lambdas,
 )
+from mechkit.plugins.prune import GuideList, SparsityLevels, TargetList
 from mechkit.runner import resolve_options
 
 BUILTINS = sorted(name for name, entry in registry.entries().items() if entry.dist == "mechkit")
@@ -357,7 +358,18 @@ def bad_values(opt: Option) -> list[str]:
         bad += [GARBAGE, ""] + ([",".join(f"/nonexistent/{i}" for i in range(p.count))] if p.count else [])
     elif isinstance(p, ExistingPath):
         bad += ["", "/nonexistent/report.json"]
+    elif isinstance(p, GuideList):
+        bad += [GARBAGE, "", ",", "random,nope", "wanda@bogus", "nope@global", "@global"]
+    elif isinstance(p, TargetList):
+        bad += [GARBAGE, "", ",", "neurons,mlp"]
+    elif isinstance(p, SparsityLevels):
+        bad += [GARBAGE, "", ",", "1", "1.5", "-0.1", "nan", "inf", "0.2,x", "neurons=", "bogus=0.2",
+                "neurons=1", "neurons=0.2,0.3"]
     return list(dict.fromkeys(bad))
+
+
+PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Paths, ExistingPath, GuideList, TargetList, SparsityLevels)
+"""Every kind of parser :func:`bad_values` derives cases for; a declaration with another kind fails the fuzz."""
 
 
 CASES = [(name, opt, value) for name in BUILTINS for opt in registry.get(name).options for value in bad_values(opt)]
@@ -396,10 +408,20 @@ def no_model(monkeypatch):
 def test_fuzz_covers_every_plugin_and_kind_of_declaration():
     names = {name for name, _, _ in CASES}
     assert names == set(BUILTINS) and {"prune", "icl-vectors"} <= names  # those through types and choices
-    assert len(CASES) >= 300, len(CASES)
-    for name in ("ablate", "detect", "shuffle", "sweep", "finetune", "taskvec-sweep", "inspect"):
+    assert len(CASES) >= 540, len(CASES)
+    for name in BUILTINS:
         declared = [o for o in registry.get(name).options if o.min is not None or o.parse is not None]
         assert declared, f"{name} declares no bounds or parsers"
+        for opt in declared:
+            assert opt.parse is None or isinstance(opt.parse, PARSER_KINDS), \
+                f"{name} {opt.flag}: teach bad_values about {type(opt.parse).__name__}"
+    for name, least in (("prune", 16), ("icl-vectors", 13)):  # every option but the flags is fuzzed
+        fuzzed = {opt.name for plugin, opt, _ in CASES if plugin == name}
+        assert len(fuzzed) == least, (name, sorted(fuzzed))
+    parsed = {type(opt.parse) for name, opt, _ in CASES if name in ("prune", "icl-vectors")}
+    assert {GuideList, TargetList, SparsityLevels, TaskList, IntRanges, NumberList, ExistingPath} <= parsed
+    bounded = {(name, opt.name) for name, opt, _ in CASES if opt.min is not None}
+    assert {("prune", "budget"), ("prune", "calib"), ("icl-vectors", "shots"), ("icl-vectors", "n_cie")} <= bounded
 
 
 @pytest.mark.parametrize("name", BUILTINS)

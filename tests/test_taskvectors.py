@@ -276,7 +276,9 @@ def test_plugin_rejects_bad_layers_before_work(tmp_path):
 @pytest.mark.parametrize(("options", "match"), [
     ({"tasks": "swap", "top_k": 0}, "--top-k"),
     ({"tasks": "swap", "top_k": -1}, "--top-k"),
-    ({"tasks": "swap", "shots": 1}, "too few to shuffle"),  # one demonstration: nothing to permute
+    ({"tasks": "swap", "shots": 1}, "--shots 1 is below 2"),  # one demonstration: nothing to permute
+    ({"tasks": "swap", "spans": "1,3"}, "--spans '1,3' is out of range: the model has 2 layers"),
+    ({"tasks": "swap", "layers": "1-2"}, "--layers '1-2' is out of range"),
     ({"tasks": "swap,ioi", "shots": 2}, "too few to shuffle"),  # ioi has no input:/output: demonstrations
 ])
 def test_plugin_rejects_bad_options_before_work(tmp_path, monkeypatch, options, match):
