@@ -40,3 +40,17 @@ def ids():
 def logits_of(handle, ids):
     with torch.no_grad():
         return handle(ids)
+
+
+def noisy_model_dir(path, family: str = "llama", seed: int = 1, base_seed: int = 0, **overrides):
+    """A "fine-tuned" tiny model: the family's base (``base_seed``) plus seeded noise, as a model directory."""
+    from mechkit.model.tiny import byte_tokenizer, tiny_model
+
+    model, _ = tiny_model(family, seed=base_seed, **overrides)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(path, safe_serialization=True)
+    byte_tokenizer().save_pretrained(path)
+    return path

@@ -7,6 +7,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.model.tiny import byte_tokenizer, tiny_model
+from tests.conftest import noisy_model_dir
 
 
 def _model_dir(path, truncate: bool = False):
@@ -101,18 +102,6 @@ def _one_line_exit_2(argv: list[str], capsys, root) -> str:
     return err[0]
 
 
-def _noisy_dir(path, family: str = "llama", seed: int = 1, base_seed: int = 0):
-    """A "fine-tuned" tiny model: the family's base (``base_seed``) plus seeded noise, as a model directory."""
-    model, _ = tiny_model(family, seed=base_seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.01 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(path, safe_serialization=True)
-    byte_tokenizer().save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def llama():
     import mechkit as mk
@@ -136,15 +125,15 @@ def files(llama, other_llama, tmp_path_factory):
     from mechkit.taskarith import extract
 
     root = tmp_path_factory.mktemp("bad-input")
-    ft = _noisy_dir(root / "ft-llama")
+    ft = noisy_model_dir(root / "ft-llama")
     out = {"ft": ft}
     out["cap"] = extract(llama, ft, tasks=["capitalize"]).save(root / "cap.safetensors")
-    out["low"] = extract(llama, _noisy_dir(root / "ft-llama2", seed=2), tasks=["lowercase"]).save(
+    out["low"] = extract(llama, noisy_model_dir(root / "ft-llama2", seed=2), tasks=["lowercase"]).save(
         root / "low.safetensors")
     qwen = mk.load_model("tiny:qwen2", device="cpu", dtype="float32")
-    out["qwen"] = extract(qwen, _noisy_dir(root / "ft-qwen", family="qwen2"), tasks=["lowercase"]).save(
+    out["qwen"] = extract(qwen, noisy_model_dir(root / "ft-qwen", family="qwen2"), tasks=["lowercase"]).save(
         root / "qwen.safetensors")
-    out["other"] = extract(other_llama, _noisy_dir(root / "ft-other", base_seed=1), tasks=["lowercase"]).save(
+    out["other"] = extract(other_llama, noisy_model_dir(root / "ft-other", base_seed=1), tasks=["lowercase"]).save(
         root / "other.safetensors")
     return out
 
@@ -388,7 +377,7 @@ def test_extract_validates_task_ids_and_the_finetune_report(files, tmp_path, cap
     line = _one_line_exit_2(["taskvec", "extract", "--base", "tiny:llama", "--finetuned", str(files["ft"]),
                              "--task", "bogus", "--out", out], capsys, tmp_path)
     assert "bogus" in line
-    ft = _noisy_dir(tmp_path / "ft")
+    ft = noisy_model_dir(tmp_path / "ft")
     (ft / "report.json").write_text("[1, 2]")
     line = _one_line_exit_2(["taskvec", "extract", "--base", "tiny:llama", "--finetuned", str(ft), "--out", out],
                             capsys, tmp_path)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.model.tiny import byte_tokenizer, tiny_model
+from mechkit.model.tiny import byte_tokenizer
 from mechkit.taskarith import (
     TaskVector,
     analogy,
@@ -24,18 +24,12 @@ from mechkit.taskarith import (
 )
 from mechkit.taskarith.compress import rank_for_energy
 from mechkit.taskarith.merge import dare_drop, trim
+from tests.conftest import noisy_model_dir
 
 
 def _finetuned_dir(path, seed: int, family: str = "llama", **overrides):
     """A "fine-tuned" tiny model: the base (seed 0) plus seeded noise on every parameter."""
-    model, _ = tiny_model(family, **overrides)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.01 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(path, safe_serialization=True)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return noisy_model_dir(path, family=family, seed=seed, **overrides)
 
 
 @pytest.fixture(scope="module")
