@@ -22,6 +22,14 @@ def _echo_err(message: str) -> None:
     click.echo(f"mechkit: error: {message}", err=True)
 
 
+def _echo_interrupted() -> None:
+    """The Ctrl-C line, on a line of its own: a terminal has just echoed ``^C`` (and a progress bar may
+    have been drawn) where the cursor stands."""
+    if sys.stderr.isatty():
+        click.echo("", err=True)
+    _echo_err("interrupted — finished steps are kept; rerun the same command to resume")
+
+
 def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
@@ -44,12 +52,12 @@ def run_one_line(call) -> Any:
         sys.exit(err.exit_code)
     except click.exceptions.Abort as err:  # click turns Ctrl-C into Abort
         if isinstance(err.__cause__, KeyboardInterrupt):
-            _echo_err("interrupted — finished steps are kept; rerun the same command to resume")
+            _echo_interrupted()
         else:
             _echo_err("aborted")
         sys.exit(130)
     except KeyboardInterrupt:
-        _echo_err("interrupted — finished steps are kept; rerun the same command to resume")
+        _echo_interrupted()
         sys.exit(130)
     except MechkitError as err:
         _echo_err(_one_line(str(err)))

@@ -85,7 +85,7 @@ class RunContext:
                 return value
         from mechkit.report import to_jsonable
 
-        value = to_jsonable(compute())
+        value = to_jsonable(compute(), "keep")  # a NaN stays NaN (JSON's NaN extension), so the report refuses it
         self._write_step(path, key, value)
         return value
 

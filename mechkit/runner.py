@@ -277,6 +277,54 @@ def locked_default_out(plugin: str) -> Iterator[Path]:
     raise MechkitError(f"no free run directory name beside {base}", "pass --out")
 
 
+@contextlib.contextmanager
+def _claimed(resume: Path, console) -> Iterator[Path | None]:
+    """The run's resume directory, locked for it; ``None`` (with a warning) where another run of the same
+    plugin, options, seed and model holds it, so two such runs never write or clear each other's steps."""
+    try:
+        lock = out_lock(resume)
+        lock.__enter__()
+    except OutInUseError:
+        console.print(f"mechkit: warning: another run with the same options and model is keeping its steps in "
+                      f"{resume}; this one keeps none (it will not resume if stopped)",
+                      markup=False, highlight=False, soft_wrap=True)
+        yield None
+        return
+    except MechkitError:  # an unwritable cache: RunContext.step warns once and the run goes on
+        yield resume
+        return
+    try:
+        yield resume
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -> list:
+    """The tables of a report as its plugin pivots them (``Plugin.tables`` on the JSON results).
+
+    ``cls`` defaults to the installed plugin named in the report. Where it is not installed, or its
+    hook fails on these results (a report written by another version), the results are shown
+    generically, with a one-line warning on ``console`` when the hook failed.
+    """
+    from mechkit.report import generic_tables
+
+    results = report.get("results") or {}
+    if cls is None:
+        from mechkit import registry
+
+        try:
+            cls = registry.get(str(report.get("plugin", "")))
+        except MechkitError:
+            return generic_tables(results)
+    try:
+        return list(cls.tables(results))
+    except Exception as err:  # a third-party hook's bug must not cost the run its report
+        if console is not None:
+            console.print(f"mechkit: warning: the tables of plugin {cls.name!r} failed ({type(err).__name__}: "
+                          f"{err}); the report shows its results generically", markup=False, highlight=False)
+        return generic_tables(results)
+
+
 def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *, model: Any, seed: int,
          force: bool, device: str | None, dtype: str | None, console) -> Run:
     """Load the model, run the plugin, check the logits and write the report (when ``out_dir``)."""
@@ -293,23 +341,27 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
     _seed_everything(seed)
     before = _probe_logits(handle) if handle is not None else None
     model_key = handle.weights_sha256() if handle is not None else str(model)
-    resume = _resume_dir(cls, model_key, params, seed)
-    ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
-    t1 = time.perf_counter()
-    result = cls().run(ctx)
-    run_s = time.perf_counter() - t1
-    if before is not None and not bool((_probe_logits(handle) == before).all()):
-        raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
-                          "a hook or weight edit was not undone; report this as a bug in the plugin")
-    report = build_report(
-        plugin=cls.name, plugin_version=cls.version,
-        model=handle.info() if handle is not None else {"spec": str(model)},
-        params=params, seed=seed, results=result.results,
-        artifacts=[f"{n}.png" for n in result.figures] + list(result.files),
-        timings={"load_s": round(load_s, 4), "run_s": round(run_s, 4)},
-    )
-    report["checks"] = {"logits_unchanged": before is not None}
-    if write:
-        write_report(out_dir, report, figures=result.figures, files=result.files, force=force)
-    shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
+    with _claimed(_resume_dir(cls, model_key, params, seed), console) as resume:
+        ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
+        t1 = time.perf_counter()
+        result = cls().run(ctx)
+        run_s = time.perf_counter() - t1
+        if before is not None and not bool((_probe_logits(handle) == before).all()):
+            raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
+                              "a hook or weight edit was not undone; report this as a bug in the plugin")
+        report = build_report(
+            plugin=cls.name, plugin_version=cls.version,
+            model=handle.info() if handle is not None else {"spec": str(model)},
+            params=params, seed=seed, results=result.results,
+            artifacts=[f"{n}.png" for n in result.figures] + list(result.files),
+            timings={"load_s": round(load_s, 4), "run_s": round(run_s, 4)},
+            nonfinite="error",  # a NaN metric is refused naming its key, never written as null
+            finding=result.finding,
+        )
+        report["checks"] = {"logits_unchanged": before is not None}
+        if write:
+            write_report(out_dir, report, figures=result.figures, files=result.files, force=force,
+                         tables=report_tables(report, cls, console))
+        if resume is not None:
+            shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir if write else None)

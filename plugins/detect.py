@@ -13,11 +13,12 @@ KIND_CHOICES = ("all", "induction", "previous-token", "duplicate-token")
 
 
 def detect_heads(ctx: RunContext, n_seqs: int, seg_len: int, batch_size: int):
-    """Head scores on seeded repeated random tokens (shared by the plugins that rank heads)."""
+    """Head scores on seeded repeated random tokens (shared by the plugins that rank heads); each batch
+    is a resumable step."""
     from mechkit.heads.scores import head_scores, repeated_tokens
 
     tokens = repeated_tokens(ctx.model, n_seqs=n_seqs, seg_len=seg_len, seed=ctx.seed)
-    return head_scores(ctx.model, tokens, seg_len, batch_size=batch_size)
+    return head_scores(ctx.model, tokens, seg_len, batch_size=batch_size, step=ctx.step)
 
 
 def ranked(scores, k: int) -> list[dict]:

@@ -218,5 +218,9 @@ def _level(sparsity: dict) -> str:
 
 def _line(r: dict) -> str:
     acc = " ".join(f"{t} {a:.2f}" for t, a in r["accuracy"].items())
-    return (f"acc {r['mean_accuracy']:.2f} ({acc}) | ppl {r['perplexity']:.1f} | params {r['params'] / 1e6:.1f}M | "
+    return (f"acc {r['mean_accuracy']:.2f} ({acc}) | ppl {_ppl(r['perplexity'])} | params {r['params'] / 1e6:.1f}M | "
             f"speedup {r.get('speedup', 1.0):.2f}×")
+
+
+def _ppl(value: float | None) -> str:
+    return "overflow" if value is None else f"{value:.1f}"

@@ -23,22 +23,6 @@ def _top(grid, k: int) -> list[dict]:
     return [{"layer": int(i // n_heads), "head": int(i % n_heads), "effect": float(np.ravel(grid)[i])} for i in flat]
 
 
-def _attribution(ctx: RunContext, attribution_effects, prompts: list):
-    """The attribution estimate as one resumable step (one forward and backward per batch, so short
-    beside the exact sweep); the stored floats come back exactly, so a resumed report is identical."""
-    import numpy as np
-
-    from mechkit.heads.effects import HeadEffects
-
-    def compute() -> dict:
-        attr = attribution_effects(ctx.model, prompts, ctx.params["batch_size"])
-        return {"logprob": attr.logprob.tolist(), "clean_logprob": attr.clean_logprob}
-
-    kept = ctx.step("attribution", compute)
-    return HeadEffects(np.asarray(kept["logprob"], dtype=np.float64), None, kept["clean_logprob"], None,
-                       "attribution")
-
-
 class SweepPlugin(Plugin):
     name = "sweep"
     version = "0.1.0"
@@ -79,7 +63,7 @@ class SweepPlugin(Plugin):
             figures["exact_accuracy_effect"] = head_heatmap(exact.accuracy, "Δ accuracy when the head is ablated",
                                                             "Δ accuracy")
         if p["method"] in ("attribution", "both"):
-            attr = _attribution(ctx, attribution_effects, prompts)
+            attr = attribution_effects(m, prompts, p["batch_size"], step=ctx.step)  # each batch resumable
             results["attribution"] = {"logprob_effect": attr.logprob.tolist(), "clean_logprob": attr.clean_logprob,
                                       "top": _top(attr.logprob, p["top_k"])}
             figures["attribution_logprob_effect"] = head_heatmap(attr.logprob, "Attribution estimate of Δ log-prob",
@@ -93,5 +77,7 @@ class SweepPlugin(Plugin):
         results["summary"] = {"most important heads": ", ".join(f"{h['layer']}.{h['head']} ({h['effect']:+.3f})"
                                                                 for h in best)}
         if "agreement" in results:
-            results["summary"]["spearman(exact, attribution)"] = f"{results['agreement']['spearman']:.3f}"
+            rho = results["agreement"]["spearman"]
+            results["summary"]["spearman(exact, attribution)"] = "undefined (a constant grid)" if rho is None \
+                else f"{rho:.3f}"
         return Result(results=results, figures=figures)

@@ -417,3 +417,62 @@ def test_a_checkpoint_of_another_model_or_malformed_is_ignored_with_one_warning(
     finetune(llama, recipe, checkpoint=tmp_path, checkpoint_every=0, on_step=lambda i, _: seen.append(i))
     err = capsys.readouterr().err.strip().splitlines()
     assert seen == [0, 1, 2, 3] and len(err) == 1 and "warning" in err[0] and str(tmp_path) in err[0], err
+
+
+# ---- devices that are not here, and NaN that a plugin computes ------------------------------------------
+
+
+@pytest.mark.parametrize(("device", "words"), [
+    ("bogus", "unknown device 'bogus'"), ("meta", "cannot run a model here"),
+    pytest.param("cuda", "--device cuda:", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="this machine has CUDA, so --device cuda is valid here")),
+])
+def test_a_device_that_is_not_here_is_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, device, words):
+    from mechkit.cli.main import main
+    from mechkit.model import loading
+
+    monkeypatch.setattr(loading, "_resolve", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", "--model", "tiny:gpt2", "--device", device, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert words.rstrip(":") in err[0] and "use" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nan_a_plugin_computes_in_a_step_is_refused_naming_its_key(tmp_path, monkeypatch):
+    import mechkit as mk
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+
+    class Diverges(mk.Plugin):
+        name, version, summary, needs_model = "diverges", "0.0.1", "returns a NaN metric from a step", False
+
+        def run(self, ctx):
+            return mk.Result(results={"loss": ctx.step("loss", lambda: float("nan"))})
+
+    with pytest.raises(MechkitError, match=r"results\.loss is nan"):
+        mk.run(Diverges, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_undefined_statistics_are_stored_as_not_computed():
+    import numpy as np
+
+    from mechkit.heads.effects import spearman
+    from mechkit.pruning.cost import perplexity
+
+    assert spearman(np.zeros((2, 2)), np.arange(4.0).reshape(2, 2)) is None
+
+    class Huge:  # logits so confident and wrong that exp(mean NLL) overflows a float
+        device = "cpu"
+
+        def tokenizer(self, text, return_tensors):
+            return {"input_ids": torch.tensor([[1, 2, 3, 4]])}
+
+        def __call__(self, ids):
+            logits = torch.full((1, ids.shape[1], 8), -1e4)
+            logits[..., 0] = 1e4
+            return logits
+
+    assert perplexity(Huge(), "text") is None

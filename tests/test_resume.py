@@ -92,6 +92,22 @@ def test_an_unwritable_cache_warns_once_and_the_run_goes_on(tmp_path, monkeypatc
     assert len(lines) == 1 and lines[0].startswith("mechkit: warning: cannot keep finished steps"), lines
 
 
+def test_a_second_identical_run_keeps_no_steps_while_the_first_holds_them(tmp_path, cache):
+    """Two runs of the same plugin, options, seed and model (different --out) never share resume steps:
+    the second warns and runs without, so neither writes or clears the other's."""
+    from mechkit.runner import _resume_dir, out_lock, resolve_params
+
+    resume = _resume_dir(Steps, "llama", resolve_params(Steps, {}), 0)
+    CALLS.clear()
+    log = io.StringIO()
+    with out_lock(resume):  # the first run, still going
+        run = mk.run(Steps, out=tmp_path / "second", console=Console(file=log, width=300))
+        assert not resume.exists()  # the second wrote nothing into the first's steps
+    assert run.results == {"sum": 3} and CALLS == ["first", "second"]
+    (line,) = log.getvalue().splitlines()
+    assert line.startswith("mechkit: warning: another run with the same options") and "keeps none" in line
+
+
 # --- sweep: the exact sweep and the attribution estimate resume --------------------------------------------
 
 
@@ -146,11 +162,36 @@ def test_a_finished_attribution_is_not_computed_again(tmp_path, cache, monkeypat
         with pytest.raises(KeyboardInterrupt):
             mk.run("sweep", out=tmp_path / "run", **options)
     with monkeypatch.context() as patch:
-        attribution = _counting(patch, effects, "attribution_effects")
+        attribution = _counting(patch, effects, "_attribution_sums")
         layers = _counting(patch, effects, "_layer_effects")
         resumed = mk.run("sweep", out=tmp_path / "run", **options).results
     assert attribution == [] and layers == []
     assert resumed == whole  # exact, attribution and their agreement, bit for bit
+
+
+@pytest.mark.parametrize("plugin, module, unit, options", [
+    ("sweep", "mechkit.heads.effects", "_attribution_sums", {**SWEEP, "method": "attribution"}),
+    ("detect", "mechkit.heads.scores", "_batch_sums", {"model": "tiny:llama", "n_seqs": 8, "seg_len": 6,
+                                                       "batch_size": 2}),
+])
+def test_an_interrupted_batch_loop_resumes_at_the_first_unfinished_batch(tmp_path, cache, monkeypatch, plugin,
+                                                                        module, unit, options):
+    """The attribution estimate and detect's head scores keep each batch: 4 batches, stopped after 3."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "fresh"))
+    whole = mk.run(plugin, write=False, **options).results
+    monkeypatch.setenv("MECHKIT_CACHE", str(cache))
+    with monkeypatch.context() as patch:
+        _counting(patch, mod, unit, stop_after=3)
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(plugin, out=tmp_path / "run", **options)
+    with monkeypatch.context() as patch:
+        again = _counting(patch, mod, unit)
+        resumed = mk.run(plugin, out=tmp_path / "run", **options).results
+    assert len(again) == 1  # only the unfinished batch
+    assert resumed == whole  # bit for bit
 
 
 # --- a real SIGINT to a real mechkit process ---------------------------------------------------------------

@@ -112,34 +112,58 @@ def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc
     return out
 
 
-def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16) -> HeadEffects:
-    """Estimate every head's zero-ablation effect from one forward and one backward pass per batch."""
+def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16,
+                        step: Callable[[str, Callable], object] | None = None) -> HeadEffects:
+    """Estimate every head's zero-ablation effect from one forward and one backward pass per batch.
+
+    ``step(key, compute)`` (a plugin's ``ctx.step``) keeps each batch's sums, so an interrupted run
+    resumes at the first unfinished batch.
+    """
+    a = handle.anatomy
+    step = step or (lambda _key, compute: compute())
+    est = np.zeros((a.n_layers, a.n_heads))
+    clean_lp, n = 0.0, 0
+    for b, batch in enumerate(batches(handle, prompts, batch_size)):
+        part = step(f"attribution|batch{b}", lambda batch=batch: _attribution_sums(handle, batch))
+        est += np.asarray(part["estimate"], dtype=np.float64)
+        clean_lp += part["clean_logprob"]
+        n += len(batch.cols)
+    return HeadEffects(est / n, None, clean_lp / n, None, "attribution")
+
+
+def _attribution_sums(handle: ModelHandle, batch) -> dict:
+    """One batch's summed (0 − z)·∂metric/∂z per head (``[n_layers][n_heads]``) and summed clean log-prob."""
     a = handle.anatomy
     est = torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64)
-    clean_lp, n = 0.0, 0
-    for batch in batches(handle, prompts, batch_size):
-        zs: dict[int, torch.Tensor] = {}
+    zs: dict[int, torch.Tensor] = {}
 
-        def keep_z(z, point, zs=zs):
-            zs[point.layer] = z
-            return z  # returned, so the output projection consumes it and gradients reach it
+    def keep_z(z, point):
+        zs[point.layer] = z
+        return z  # returned, so the output projection consumes it and gradients reach it
 
-        with torch.enable_grad(), hooks(handle, {"blocks.*.attn.hook_z": keep_z}):
-            logits = forward_kept(handle, batch)
-            row_lp, _ = row_metrics(logits, batch)
-            layers = sorted(zs)
-            grads = torch.autograd.grad(row_lp.sum(), [zs[i] for i in layers])
-        with torch.no_grad():
-            valid = batch.mask.to(handle.device)[:, :, None, None].to(grads[0].dtype)
-            for layer, g in zip(layers, grads, strict=True):
-                est[layer] += ((-zs[layer].detach()) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
-        clean_lp += float(row_lp.detach().sum())
-        n += len(batch.cols)
-    return HeadEffects((est / n).numpy(), None, clean_lp / n, None, "attribution")
+    with torch.enable_grad(), hooks(handle, {"blocks.*.attn.hook_z": keep_z}):
+        logits = forward_kept(handle, batch)
+        row_lp, _ = row_metrics(logits, batch)
+        layers = sorted(zs)
+        grads = torch.autograd.grad(row_lp.sum(), [zs[i] for i in layers])
+    with torch.no_grad():
+        valid = batch.mask.to(handle.device)[:, :, None, None].to(grads[0].dtype)
+        for layer, g in zip(layers, grads, strict=True):
+            est[layer] += ((-zs[layer].detach()) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
+    return {"estimate": est.tolist(), "clean_logprob": float(row_lp.detach().sum())}
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation of two score grids."""
+def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman rank correlation of two score grids; ``None`` where it is undefined (a constant grid).
+
+    >>> spearman(np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 1.0])) is None
+    True
+    """
+    import warnings
+
     from scipy.stats import spearmanr
 
-    return float(spearmanr(np.ravel(a), np.ravel(b)).statistic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns on a constant input before returning NaN
+        rho = float(spearmanr(np.ravel(a), np.ravel(b)).statistic)
+    return rho if np.isfinite(rho) else None

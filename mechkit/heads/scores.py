@@ -13,6 +13,7 @@ as they are computed, so no pattern is ever stored: scoring costs one forward pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,11 @@ def _stripe_indices(total: int, seg_len: int) -> tuple[torch.Tensor, ...]:
 
 def token_loss(handle: ModelHandle, tokens: torch.Tensor, batch_size: int = 16) -> np.ndarray:
     """Mean next-token cross-entropy at each position (``[seq_len - 1]``) over ``tokens``."""
+    return (_token_loss_sum(handle, tokens, batch_size) / len(tokens)).numpy()
+
+
+def _token_loss_sum(handle: ModelHandle, tokens: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Summed next-token cross-entropy at each position over ``tokens`` (float64, on the CPU)."""
     loss = torch.zeros(tokens.shape[1] - 1, dtype=torch.float64)
     with torch.no_grad():
         for start in range(0, len(tokens), batch_size):
@@ -78,7 +84,7 @@ def token_loss(handle: ModelHandle, tokens: torch.Tensor, batch_size: int = 16) 
                 ce = torch.nn.functional.cross_entropy(row[:-1].float(), ids[1:], reduction="none")
                 loss += ce.double().cpu()
             del logits, row  # free this batch's logits before the next forward allocates its own
-    return (loss / len(tokens)).numpy()
+    return loss
 
 
 def copy_loss(loss_per_position: np.ndarray, seg_len: int) -> tuple[float, float]:
@@ -88,10 +94,37 @@ def copy_loss(loss_per_position: np.ndarray, seg_len: int) -> tuple[float, float
             float(loss_per_position[offset + seg_len:].mean()))
 
 
-def head_scores(handle: ModelHandle, tokens: torch.Tensor, seg_len: int, batch_size: int = 16) -> HeadScores:
-    """Induction, previous-token and duplicate-token scores of every head, in one pass over ``tokens``."""
+def head_scores(handle: ModelHandle, tokens: torch.Tensor, seg_len: int, batch_size: int = 16,
+                step: Callable[[str, Callable], object] | None = None) -> HeadScores:
+    """Induction, previous-token and duplicate-token scores of every head, in one pass over ``tokens``.
+
+    ``step(key, compute)`` (a plugin's ``ctx.step``) keeps each batch's sums, so an interrupted run
+    resumes at the first unfinished batch with identical scores.
+    """
     a = handle.anatomy
+    step = step or (lambda _key, compute: compute())
     total = tokens.shape[1]
+    sums = {k: np.zeros((a.n_layers, a.n_heads)) for k in KINDS}
+    loss = np.zeros(total - 1)
+    for b, start in enumerate(range(0, len(tokens), batch_size)):
+        batch = tokens[start:start + batch_size]
+        part = step(f"head-scores|batch{b}", lambda batch=batch: _batch_sums(handle, batch, seg_len))
+        for k in KINDS:
+            sums[k] += np.asarray(part[k], dtype=np.float64)
+        loss += np.asarray(part["loss"], dtype=np.float64)
+    n = len(tokens)
+    return HeadScores(
+        scores={k: v / n for k, v in sums.items()},
+        loss_per_position=loss / n,
+        seg_len=seg_len,
+        offset=total - 2 * seg_len,
+    )
+
+
+def _batch_sums(handle: ModelHandle, batch: torch.Tensor, seg_len: int) -> dict[str, list]:
+    """One batch's summed scores per kind (``[n_layers][n_heads]``) and summed loss per position."""
+    a = handle.anatomy
+    total = batch.shape[1]
     queries, after, dup = _stripe_indices(total, seg_len)
     rows = torch.arange(1, total)
     sums = {k: torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64) for k in KINDS}
@@ -103,14 +136,8 @@ def head_scores(handle: ModelHandle, tokens: torch.Tensor, seg_len: int, batch_s
         sums["previous-token"][point.layer] += p[:, :, rows, rows - 1].sum(dim=(0, 2)).double().cpu() / len(rows)
 
     with hooks(handle, {"blocks.*.attn.hook_pattern": reducer}):
-        loss = token_loss(handle, tokens, batch_size)
-    n = len(tokens)
-    return HeadScores(
-        scores={k: (v / n).numpy() for k, v in sums.items()},
-        loss_per_position=loss,
-        seg_len=seg_len,
-        offset=total - 2 * seg_len,
-    )
+        loss = _token_loss_sum(handle, batch, len(batch))
+    return {**{k: v.tolist() for k, v in sums.items()}, "loss": loss.tolist()}
 
 
 def ov_copying_scores(handle: ModelHandle) -> np.ndarray:

@@ -26,6 +26,48 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str) -> str:
+    """``device`` as torch spells it, once it is known to exist here; else one :class:`ModelLoadError` line.
+
+    Checked before any model loads, so ``--device cuda`` on a machine without CUDA fails at once.
+
+    >>> check_device("cpu")
+    'cpu'
+    >>> try:
+    ...     check_device("gpu0")
+    ... except ModelLoadError as err:
+    ...     print(err)
+    unknown device 'gpu0' — use cpu, cuda, cuda:N, mps or xpu
+    """
+    import torch
+
+    try:
+        parsed = torch.device(str(device))
+    except (RuntimeError, ValueError, TypeError):
+        raise ModelLoadError(f"unknown device {device!r}", "use cpu, cuda, cuda:N, mps or xpu") from None
+    kind = parsed.type
+    if kind == "cpu":
+        return str(parsed)
+    backends = {"cuda": torch.cuda, "xpu": getattr(torch, "xpu", None), "mps": getattr(torch, "mps", None)}
+    if kind not in backends:
+        raise ModelLoadError(f"device {device!r} cannot run a model here", "use cpu, cuda, cuda:N, mps or xpu")
+    if kind == "mps":
+        available, count = torch.backends.mps.is_available(), 1
+    else:
+        module = backends[kind]
+        available = module is not None and module.is_available()
+        count = module.device_count() if available else 0
+    if not available:
+        why = (f"this torch {torch.__version__} was built without CUDA" if kind == "cuda" and torch.version.cuda is None
+               else f"no {kind.upper()} device is visible")
+        raise ModelLoadError(f"--device {device}: {why}",
+                             "use --device cpu (the default picks CUDA only where it is available)")
+    if parsed.index is not None and parsed.index >= count:
+        raise ModelLoadError(f"--device {device}: only {count} {kind.upper()} device(s) here",
+                             f"use {kind}:0 to {kind}:{count - 1}")
+    return str(parsed)
+
+
 def _dtype(dtype: Any, device: str):
     import torch
 
@@ -51,7 +93,7 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     """
     if isinstance(spec, ModelHandle):
         return spec
-    device = device or default_device()
+    device = check_device(device or default_device())
     torch_dtype = _dtype(dtype, device)
     model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer)
     model.to(device=device, dtype=torch_dtype)

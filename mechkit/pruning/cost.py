@@ -3,6 +3,7 @@ measured forward latency (median, interleaved with the dense model), and held-ou
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -87,8 +88,9 @@ def heldout_text(n_chars: int = 6000) -> tuple[str, str]:
     return "\n".join(parts)[:n_chars], f"pydoc_data.topics (CPython reference), first {n_chars} characters"
 
 
-def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float:
-    """exp(mean next-token NLL) over non-overlapping windows of ``text``."""
+def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float | None:
+    """exp(mean next-token NLL) over non-overlapping windows of ``text``; ``None`` where it overflows or
+    the model's logits are not finite (a report holds no infinity, and "too large to say" is not a number)."""
     ids = handle.tokenizer(text, return_tensors="pt")["input_ids"][0]
     nll, count = 0.0, 0
     with torch.no_grad():
@@ -99,4 +101,5 @@ def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float:
             logits = handle(chunk[None, :-1])[0].float()
             nll += float(torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum"))
             count += len(chunk) - 1
-    return float(torch.exp(torch.tensor(nll / max(count, 1))))
+    value = math.exp(nll / max(count, 1)) if math.isfinite(nll) and nll / max(count, 1) < 700 else math.inf
+    return value if math.isfinite(value) else None

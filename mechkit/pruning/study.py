@@ -54,6 +54,7 @@ Step = Callable[[str, Callable[[], Any]], Any]
 
 BUDGET_RETRIES = 3  # re-measures of the budget row before reporting it as not met
 TASK_SCORED = ("attribution", "ablation", "induction", "combined")  # guides built on attribution scores
+MEASURED = ("gradient", "ablation")  # guides whose own scores cost passes over the calibration prompts
 
 
 def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
@@ -97,8 +98,9 @@ class PruneStudy:
     def scores(self, guide: str) -> Scores:
         """The scores of ``guide`` (a name, no ``@allocation``) on the calibration prompts, computed once.
 
-        The attribution scores and the heads' circuit scores are steps: every task-scored guide
-        reuses one attribution pass, and the induction guides one circuit pass.
+        The attribution scores, the heads' circuit scores and the gradient and ablation guides' scores
+        are steps: every task-scored guide reuses one attribution pass, and the induction guides one
+        circuit pass.
         """
         if guide not in self._scores:
             if guide in ("induction", "combined") and self._circuit is None:
@@ -109,10 +111,16 @@ class PruneStudy:
                     guide_scores(self.handle, "attribution", self.calib)))
                 self._attribution = Scores(_array(raw["mlp"]), _array(raw["heads"]), _array(raw["layers"]),
                                            "attribution")
-            self._scores[guide] = guide_scores(self.handle, guide, self.calib, seed=self.seed,
-                                               protect_top_k=self.protect_top_k, circuit=self._circuit,
-                                               attribution=self._attribution)
+            if guide in MEASURED:  # a backward or an ablation per unit: worth keeping
+                raw = self.step(f"scores|{guide}", lambda: _scores_dict(self._guide_scores(guide)))
+                self._scores[guide] = Scores(_array(raw["mlp"]), _array(raw["heads"]), _array(raw["layers"]), guide)
+            else:
+                self._scores[guide] = self._guide_scores(guide)
         return self._scores[guide]
+
+    def _guide_scores(self, guide: str) -> Scores:
+        return guide_scores(self.handle, guide, self.calib, seed=self.seed, protect_top_k=self.protect_top_k,
+                            circuit=self._circuit, attribution=self._attribution)
 
     def sensitivity(self, guide: str) -> np.ndarray:
         """Measured per-layer MLP sensitivity under ``guide``'s channel order (a step)."""
