@@ -25,7 +25,7 @@ LAYERS = [
     ["mechkit.interventions"],
     ["mechkit.tasks"],
     ["mechkit.eval"],
-    ["mechkit.heads", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning"],  # the analyses
+    ["mechkit.heads", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose"],  # the analyses
     ["mechkit.report"],
     ["mechkit.options", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],
     ["mechkit.plugins"],

@@ -21,6 +21,7 @@ from mechkit import registry
 from mechkit.errors import MechkitError, PluginError
 from mechkit.options import (
     Bounds,
+    Choices,
     ExistingPath,
     Grid,
     IntRanges,
@@ -354,6 +355,8 @@ def bad_values(opt: Option) -> list[str]:
         ids = ["capitalize", "swap", "two-sum", "past-tense"]
         if p.count is not None:
             bad += [",".join(ids[:p.count + 1])] + ([",".join(ids[:p.count - 1])] if p.count > 1 else [])
+    elif isinstance(p, Choices):
+        bad += [GARBAGE, "", ",", f"{p.choices[0]},bogus-choice"]
     elif isinstance(p, Paths):
         bad += [GARBAGE, ""] + ([",".join(f"/nonexistent/{i}" for i in range(p.count))] if p.count else [])
     elif isinstance(p, ExistingPath):
@@ -368,7 +371,7 @@ def bad_values(opt: Option) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
-PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Paths, ExistingPath, GuideList, TargetList, SparsityLevels)
+PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Choices, Paths, ExistingPath, GuideList, TargetList, SparsityLevels)
 """Every kind of parser :func:`bad_values` derives cases for; a declaration with another kind fails the fuzz."""
 
 

@@ -14,6 +14,7 @@ is one line naming the flag, the value and the fix:
 
 from mechkit.options.option import Bounds, Option, OptionError
 from mechkit.options.parsers import (
+           Choices,
            ExistingPath,
            Grid,
            IntRanges,
@@ -24,5 +25,5 @@ from mechkit.options.parsers import (
            parse_lambdas,
 )
 
-__all__ = ["Bounds", "ExistingPath", "Grid", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
+__all__ = ["Bounds", "Choices", "ExistingPath", "Grid", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
            "TaskList", "parse_lambdas"]

@@ -234,6 +234,37 @@ class TaskList:
 
 
 @dataclass(frozen=True)
+class Choices:
+    """A comma-separated subset of ``choices`` -> those choices, in their declared order, each once.
+
+    >>> Choices(("study", "steps", "components"))("components, study")
+    ('study', 'components')
+    """
+
+    choices: tuple[str, ...]
+
+    @property
+    def metavar(self) -> str:
+        return ",".join(self.choices)
+
+    @property
+    def fix(self) -> str:
+        return f"use some of {','.join(self.choices)}, comma-separated"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        items = set(_items(text))
+        unknown = sorted(items - set(self.choices))
+        if unknown:
+            raise OptionError(f"unknown choice {', '.join(map(repr, unknown))}", self.fix)
+        if not items:
+            raise OptionError("nothing chosen", self.fix)
+        return tuple(c for c in self.choices if c in items)
+
+
+@dataclass(frozen=True)
 class Paths:
     """Comma-separated paths that must exist, ``count`` of them when given -> their list.
 

@@ -3,7 +3,9 @@
 **contract — task ids.** Simple: ``capitalize`` (A), ``swap`` (B), ``two-sum`` (C), ``past-tense`` (D),
 ``opposite`` (E), ``plus-one`` (F), ``modular`` (G), ``two-sum-plus-one`` (H), ``country-capital``,
 ``lowercase`` (capitalize's contradictory partner for task arithmetic). Composites join two simple ids with ``+`` in either order (``swap+capitalize`` is
-``capitalize+swap``). Plus ``fuzzy-copy``, ``ioi`` and ``repeat-tokens``.
+``capitalize+swap``). The logical tasks ``negation``, ``conjunction``, ``disjunction`` and their
+composites (:mod:`mechkit.tasks.logic`), also in either order (``conjunction+negation`` is
+``negation+conjunction``). Plus ``fuzzy-copy``, ``ioi`` and ``repeat-tokens``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import difflib
 from collections.abc import Iterable
 
 from mechkit.errors import UnknownTaskError
-from mechkit.tasks.composite import COMPOSITES, CompositeTask, find_composite
+from mechkit.tasks.composite import COMPOSITES, CompositeTask
 from mechkit.tasks.fuzzy_copy import FuzzyCopyTask
 from mechkit.tasks.ioi import IOITask
+from mechkit.tasks.logic import LOGIC_COMPOSITES, LOGIC_SIMPLE, LOGIC_TASKS
 from mechkit.tasks.prompt import Prompt
 from mechkit.tasks.repeat_tokens import RepeatTokensTask
 from mechkit.tasks.simple import SIMPLE_TASKS, SimpleTask
@@ -24,14 +27,18 @@ Task = SimpleTask | CompositeTask | FuzzyCopyTask | IOITask | RepeatTokensTask
 _OTHER: dict[str, Task] = {
     t.id: t for t in (FuzzyCopyTask(), IOITask(), RepeatTokensTask())
 }
-_ALL: dict[str, Task] = {**SIMPLE_TASKS, **COMPOSITES, **_OTHER}
+_ALL: dict[str, Task] = {**SIMPLE_TASKS, **COMPOSITES, **LOGIC_TASKS, **_OTHER}
 _LISTS_THEM = "`mechkit tasks` lists every task id"
+# What a composite id may join, and every composite by its unordered pair of components.
+_COMPONENTS: dict[str, SimpleTask] = {**SIMPLE_TASKS, **LOGIC_SIMPLE}
+_BY_PARTS: dict[frozenset[str], CompositeTask] = {
+    frozenset(t.components): t for t in (*COMPOSITES.values(), *LOGIC_COMPOSITES.values())}
 
 
 def list_tasks(kind: str | None = None) -> list[str]:
     """Every task id (simple, composite, then fuzzy-copy, ioi, repeat-tokens), or those of one kind.
 
-    Kinds: ``simple``, ``composite``, ``copy``, ``ioi``, ``tokens``.
+    Kinds: ``simple``, ``composite``, ``logic``, ``logic-composite``, ``copy``, ``ioi``, ``tokens``.
     """
     return [tid for tid, task in _ALL.items() if kind is None or task.kind == kind]
 
@@ -46,9 +53,12 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 
 def get_task(task_id: str) -> Task:
-    """The task object for an id; composites are found in either order of their parts.
+    """The task object for an id; composites (suite and logical) are found in either order of their parts.
 
     Raises :class:`UnknownTaskError` naming the id, with close matches and where to list them.
+
+    >>> get_task("swap+capitalize").id, get_task("disjunction + conjunction").id
+    ('capitalize+swap', 'conjunction+disjunction')
     """
     key = _normalize(task_id)
     if key in _ALL:
@@ -58,18 +68,19 @@ def get_task(task_id: str) -> Task:
     if "+" in key:
         parts = key.split("+")
         for part in parts:
-            if part not in SIMPLE_TASKS:
+            if part not in _COMPONENTS:
                 raise UnknownTaskError(
                     f"unknown task '{task_id}': '{part}' is not a simple task",
-                    f"{_did_you_mean(part, SIMPLE_TASKS)}composites join two of: "
-                    f"{', '.join(t.id for t in SIMPLE_TASKS.values() if t.letter)}; {_LISTS_THEM}",
+                    f"{_did_you_mean(part, _COMPONENTS)}composites join two of: "
+                    f"{', '.join(t.id for t in SIMPLE_TASKS.values() if t.letter)}, or two of: "
+                    f"{', '.join(LOGIC_SIMPLE)}; {_LISTS_THEM}",
                 )
-        found = find_composite(parts)
+        found = _BY_PARTS.get(frozenset(parts)) if len(parts) == 2 else None
         if found is not None:
             return found
         raise UnknownTaskError(
             f"composite task '{task_id}' is not supported",
-            f"supported composites: {', '.join(COMPOSITES)}; {_LISTS_THEM}",
+            f"supported composites: {', '.join(t.id for t in _BY_PARTS.values())}; {_LISTS_THEM}",
         )
     raise UnknownTaskError(f"unknown task '{task_id}'", f"{_did_you_mean(key, _ALL)}{_LISTS_THEM}")
 

@@ -1,0 +1,124 @@
+"""``mechkit compose``: does the model compose two tasks it solves in context, and which components does that take?
+
+The seeds' compositional study (000 Ch. 4; proposed work §6.2), in four parts (``--parts``):
+
+- ``study``: exact-match accuracy of each composite in the seeds' settings — each simple task,
+  ``composite`` (simple-task demonstrations, composite query), ``composite-in-context`` (the gold
+  standard) and Definition 4.4.1's S_k / S_g (the composite prompt with one task's demonstrations
+  only) — over a shots grid and several prompt seeds (mean ± std); the compositional-ability test
+  max(Acc S_k, Acc S_g) ≤ Acc(S_k ∪ S_g), the gap in-context − composite, and Table 4.4 / Figure
+  4.2-shaped outputs. ``--models`` adds models (the seeds' axis is model scale).
+- ``steps``: composite-in-context demonstrations that spell out ``f(x) -> g(f(x))``, at the
+  grid's largest K; accuracy counts the final part (see :mod:`mechkit.compose.steps`).
+- ``components``: each head's and MLP block's ablation effect on the composite vs on each simple
+  task, ranked by the composite-specific effect (:mod:`mechkit.compose.components`), with the
+  ranks of the top induction and previous-token heads; the top heads checked by exact ablation.
+- ``strengthen``: the top composite-specific heads scaled by α (or given their mean
+  composite-in-context output), strength chosen on dev prompts, held-out composite accuracy vs the
+  same treatment of random heads (disjoint from them, several draws).
+
+The measurements are :class:`mechkit.compose.ComposeStudy`'s (prompt seeds: its module docstring);
+this plugin declares the options, loads the extra models and draws the figures the study describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mechkit.options import Choices, NumberList, TaskList
+from mechkit.plugin import Option, Plugin, Result, RunContext
+
+PARTS = ("study", "steps", "components", "strengthen")  # mechkit.compose.PARTS, without importing torch
+DEFAULT_PAIRS = "capitalize+swap,capitalize+plus-one"  # the seeds' Table 4.3: one by steps, one by parts
+
+
+@dataclass(frozen=True)
+class PairList(TaskList):
+    """``--pairs``: composite ids ``a+b`` in either order, or ``suite`` / ``logic`` / ``all`` ->
+    canonical composite ids (:func:`mechkit.compose.parse_pairs`).
+
+    >>> PairList()("swap+capitalize, logic")[:2]
+    ['capitalize+swap', 'negation+conjunction']
+    """
+
+    metavar: str = "A+B[,A+B...]|suite|logic|all"
+
+    def __call__(self, text: str) -> list[str]:
+        from mechkit.compose import parse_pairs
+
+        return parse_pairs(str(text))
+
+
+class ComposePlugin(Plugin):
+    name = "compose"
+    version = "0.1.0"
+    summary = "The seeds' compositional study: settings, ability test, gap; components composition needs; strengthening them."
+    options = (
+        Option("pairs", str, DEFAULT_PAIRS, "Composites a+b, comma-separated; suite, logic or all for every "
+                                            "suite / logical composite.", parse=PairList()),
+        Option("shots", str, "0,2,5,10", "Shots grid K (demonstrations per prompt).",
+               parse=NumberList(int, min=0, sort=True, example="0,2,5,10")),
+        Option("n", int, 5, "Queries per setting, composite, K and seed.", min=1),
+        Option("seeds", int, 3, "Prompt seeds (mean ± std over them).", min=1),
+        Option("word_match", bool, False, "Also score the seeds' word-level accuracy (matched words / answer "
+                                          "length) by greedy decoding: partial credit, slower.", is_flag=True),
+        Option("models", str, None, "More model specs for the study, comma-separated (the seeds' axis is scale); "
+                                    "loaded before any work."),
+        Option("parts", str, "study,steps,components,strengthen", "Which analyses: study, steps, components, "
+                                                                  "strengthen.", parse=Choices(PARTS)),
+        Option("effect_shots", int, None, "K of the component and strengthening prompts (default: the grid's "
+                                          "largest).", min=0),
+        Option("n_effect", int, 6, "Prompts per set for the component effects.", min=1),
+        Option("method", str, "attribution", "Component effects: attribution (one forward + backward) or exact.",
+               choices=("attribution", "exact")),
+        Option("mlp_ablation", str, "mean", "How an MLP block is removed.", choices=("zero", "mean")),
+        Option("contrast", str, "max", "Composite-specific effect: composite importance minus the max or mean of the "
+                                       "simple tasks'.", choices=("max", "mean")),
+        Option("top_k", int, 5, "Heads selected by composite-specific effect (checked exactly, strengthened).", min=1),
+        Option("verify", int, 3, "Top heads whose attribution estimate is checked by exact ablation (0: none).", min=0),
+        Option("n_seqs", int, 20, "Random sequences for the induction / previous-token scores.", min=1),
+        Option("seg_len", int, 25, "Segment length for those scores.", min=2),
+        Option("treatment", str, "scale", "Strengthening: scale (α × head outputs), vector (add their mean "
+                                          "composite-in-context output) or both.", choices=("scale", "vector", "both")),
+        Option("strengths", str, "1.25,1.5,2", "α (scale) or β (vector) grid, chosen on dev prompts.",
+               parse=NumberList(float, min=0, min_exclusive=True, sort=True, example="1.25,1.5,2")),
+        Option("draws", int, 3, "Random head sets of the baseline.", min=1),
+        Option("n_dev", int, 5, "Dev prompts (choose the strength).", min=1),
+        Option("n_test", int, 8, "Held-out test prompts.", min=1),
+        Option("n_contexts", int, 8, "Composite-in-context prompts averaged for the vector treatment.", min=1),
+        Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
+    )
+
+    def run(self, ctx: RunContext) -> Result:
+        import itertools
+
+        import mechkit as mk
+        from mechkit import report
+        from mechkit.compose import ComposeStudy, summary_lines, table_4_4
+        from mechkit.compose.plots import plots
+
+        p, m, parsed = ctx.params, ctx.model, ctx.parsed
+        parts, shots = parsed["parts"], list(parsed["shots"])
+        treatments = ["scale", "vector"] if p["treatment"] == "both" else [p["treatment"]]
+        names = ("n", "seeds", "effect_shots", "n_effect", "method", "contrast", "top_k", "verify", "n_seqs",
+                 "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size")
+        study = ComposeStudy(m, parsed["pairs"], shots=shots, seed=ctx.seed, words=p["word_match"],
+                             mlp_ablation=p["mlp_ablation"], strengths=parsed["strengths"], step=ctx.step,
+                             **{name: p[name] for name in names})  # refuses a --top-k too large for the model
+        models = {m.spec: m}
+        for spec in (s.strip() for s in str(p["models"] or "").split(",") if s.strip()):
+            models.setdefault(spec, mk.load_model(spec, device=str(m.device), dtype=m.dtype))  # before any work
+        with ctx.progress() as bar:
+            job = bar.add_task("compose", total=study.units(parts, len(models), treatments))
+            count = itertools.count()
+            study.on_unit = lambda description: bar.update(job, description=description, completed=next(count))
+            out = {"pairs": study.pairs, "shots": shots, "effect_shots": study.effect_shots,
+                   "models": {spec: {"name": h.name, "parameters": sum(t.numel() for t in h.model.parameters())}
+                              for spec, h in models.items()},
+                   **study.run(parts, models, treatments)}
+        if "study" in out:
+            out["table_4_4"] = table_4_4(out["study"]["summary"], study.pairs, study.top)
+        out["summary"] = summary_lines(out, study.top, treatments)
+        specs = plots(out, shots, treatments, p["contrast"], model=m.spec, grid="study" in parts)
+        figures = {name: getattr(report, s.kind)(*s.args, **s.kwargs) for name, s in specs.items()}
+        return Result(results=out, figures=figures)
