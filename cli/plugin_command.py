@@ -15,7 +15,7 @@ import click
 from mechkit.errors import MechkitError
 from mechkit.options import Option
 
-COMMON = ("model", "seed", "out", "force", "device", "dtype")
+COMMON = ("model", "seed", "out", "force", "device", "dtype", "device_map", "max_memory", "offload_folder")
 
 
 class DeclaredType(click.ParamType):
@@ -35,6 +35,32 @@ class DeclaredType(click.ParamType):
         from click.shell_completion import CompletionItem
 
         return [CompletionItem(c) for c in self.option.choices or () if c.startswith(incomplete)]
+
+
+class ParsedType(click.ParamType):
+    """A click type whose value goes through one of mechkit's parsers (raising its one-line error)."""
+
+    def __init__(self, name: str, parse) -> None:
+        self.name, self._parse = name, parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value if not isinstance(value, str) else self._parse(value)
+
+
+def dispatch_options() -> list[click.Option]:
+    """``--device-map``, ``--max-memory`` and ``--offload-folder``: one model over several devices, CPU
+    memory and disk (accelerate). Their syntax is checked while parsing; the devices before the model loads."""
+    from mechkit.model.dispatch import parse_device_map, parse_max_memory
+
+    return [
+        click.Option(["--device-map"], type=ParsedType("map", parse_device_map), default=None,
+                     help="Spread the model over devices: auto, balanced, balanced_low_0, sequential, one device, "
+                          "a .json file or MODULE=DEVICE pairs (devices: cuda:N, cpu, disk)."),
+        click.Option(["--max-memory"], type=ParsedType("limits", parse_max_memory), default=None,
+                     help="Memory per device for --device-map, e.g. cuda:0=10GiB,cpu=30GiB (alone: implies auto)."),
+        click.Option(["--offload-folder"], type=click.Path(), default=None,
+                     help="Where weights that fit on no device are offloaded (disk)."),
+    ]
 
 
 def declared_option(opt: Option) -> click.Option:
@@ -73,6 +99,7 @@ def plugin_command(name: str) -> click.Command:
         click.Option(["--force"], is_flag=True, help="Overwrite a report already in --out."),
         click.Option(["--device"], default=None, help="cpu or cuda (default: cuda when available)."),
         click.Option(["--dtype"], default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)."),
+        *dispatch_options(),
     ]
     params += [declared_option(opt) for opt in cls.options]
 
@@ -80,12 +107,12 @@ def plugin_command(name: str) -> click.Command:
         from rich.console import Console
 
         from mechkit.report import print_summary
-        from mechkit.runner import run_plugin
+        from mechkit.runner import report_tables, run_plugin
 
         common = {k: kwargs.pop(k) for k in COMMON}
         run = run_plugin(cls, **common, **kwargs)
         console = Console()
-        print_summary(run.report, console=console)
+        print_summary(run.report, console=console, tables=report_tables(run.report, cls))
         console.print(f"report: {run.out_dir}/report.json  ({run.out_dir}/report.html)")
 
     return click.Command(name=name, params=params, callback=callback, help=cls.summary, short_help=cls.summary)

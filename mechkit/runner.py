@@ -78,7 +78,7 @@ def _probe_logits(handle):
         return handle(ids).float().cpu()
 
 
-def _resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Path:
+def resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Path:
     """Where finished steps of this exact run (plugin, options, seed, model weights) are kept."""
     from mechkit.model.cache import cache_root
 
@@ -207,6 +207,9 @@ def run_plugin(
     force: bool = False,
     device: str | None = None,
     dtype: str | None = None,
+    device_map: Any = None,
+    max_memory: Any = None,
+    offload_folder: str | Path | None = None,
     write: bool = True,
     console=None,
     **options: Any,
@@ -217,6 +220,8 @@ def run_plugin(
     file, not a read-only place, no report there without ``force``) and it is locked for the run
     (:func:`out_lock`), so a second run with the same ``out`` fails at once instead of racing this one
     to the report. Without ``out`` a fresh directory under ``mechkit-runs/`` is taken, also locked.
+    ``device_map``, ``max_memory`` and ``offload_folder`` spread a model larger than one device
+    (:func:`mechkit.load_model`).
 
     >>> import mechkit as mk
     >>> run = mk.run("inspect", model="tiny:gpt2", write=False)
@@ -232,7 +237,7 @@ def run_plugin(
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     if not write:
         return _run(cls, params, parsed, None, model=model, seed=seed, force=force, device=device, dtype=dtype,
-                    console=console)
+                    dispatch=(device_map, max_memory, offload_folder), console=console)
     with contextlib.ExitStack() as stack:
         if out is not None:
             out_dir = Path(out)
@@ -242,7 +247,7 @@ def run_plugin(
         else:
             out_dir = stack.enter_context(locked_default_out(cls.name))
         return _run(cls, params, parsed, out_dir, model=model, seed=seed, force=force, device=device, dtype=dtype,
-                    console=console)
+                    dispatch=(device_map, max_memory, offload_folder), console=console)
 
 
 def _check_out(out_dir: Path, force: bool) -> None:
@@ -326,7 +331,7 @@ def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -
 
 
 def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *, model: Any, seed: int,
-         force: bool, device: str | None, dtype: str | None, console) -> Run:
+         force: bool, device: str | None, dtype: str | None, console, dispatch: tuple = (None, None, None)) -> Run:
     """Load the model, run the plugin, check the logits and write the report (when ``out_dir``)."""
     from mechkit.report import build_report, write_report
 
@@ -336,12 +341,14 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
     if cls.needs_model:
         from mechkit.model import loading
 
-        handle = loading.load_model(model, device=device, dtype=dtype)
+        device_map, max_memory, offload_folder = dispatch
+        handle = loading.load_model(model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory,
+                                    offload_folder=offload_folder)
     load_s = time.perf_counter() - t0
     _seed_everything(seed)
     before = _probe_logits(handle) if handle is not None else None
     model_key = handle.weights_sha256() if handle is not None else str(model)
-    with _claimed(_resume_dir(cls, model_key, params, seed), console) as resume:
+    with _claimed(resume_dir(cls, model_key, params, seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
         t1 = time.perf_counter()
         result = cls().run(ctx)

@@ -148,18 +148,20 @@ def ov_copying_scores(handle: ModelHandle) -> np.ndarray:
     """
     a = handle.anatomy
     with torch.no_grad():
-        embed = a.embed.weight.float()
-        unembed = handle.model.get_submodule(a.family.unembed).weight.float()
+        # weight_out_in reads weights accelerate offloaded; on a dispatched model they meet on the embedding's device
+        embed = weight_out_in(a.embed).float()  # an embedding's weight is [vocab, d_model] as stored
+        dev = embed.device
+        unembed = weight_out_in(handle.model.get_submodule(a.family.unembed)).float().to(dev)
         scale = a.final_norm_scale()
         if scale is not None:
-            unembed = unembed * scale.float()
+            unembed = unembed * scale.float().to(dev)
         bridge = unembed.T @ embed  # [d_model, d_model]: from output direction back to input direction
         out = np.zeros((a.n_layers, a.n_heads))
         for layer in range(a.n_layers):
-            w_o = weight_out_in(a.attn_out(layer)).float()
+            w_o = weight_out_in(a.attn_out(layer)).float().to(dev)
             for h in range(a.n_heads):
                 module, rows = a.head_rows(layer, "v", a.kv_head(h))
-                w_v = weight_out_in(module)[rows].float()  # [d_head, d_model]
+                w_v = weight_out_in(module)[rows].float().to(dev)  # [d_head, d_model]
                 w_oh = w_o[:, h * a.d_head:(h + 1) * a.d_head]  # [d_model, d_head]
                 eig = torch.linalg.eigvals(w_oh.T @ bridge @ w_v.T)
                 out[layer, h] = float(eig.real.sum() / eig.abs().sum().clamp_min(1e-12))

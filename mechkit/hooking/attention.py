@@ -74,7 +74,7 @@ def _make_dispatch(base: str) -> Callable:
                 weights, changed = new, True
         if changed:
             v = _repeat_kv(value, query.shape[1] // value.shape[1])
-            out = torch.matmul(weights.to(v.dtype), v).transpose(1, 2).contiguous()
+            out = torch.matmul(weights.to(device=v.device, dtype=v.dtype), v).transpose(1, 2).contiguous()
         return out, weights
 
     return attention

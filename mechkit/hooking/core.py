@@ -44,6 +44,12 @@ def _replace_output(output, value: torch.Tensor):
     return (value, *output[1:]) if isinstance(output, tuple) else value
 
 
+def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """A replacement on the device of the activation it replaces: on a model spread over devices a
+    hook function may hand back a tensor made elsewhere (a cached activation, a patch)."""
+    return new if new.device == old.device else new.to(old.device)
+
+
 def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
@@ -58,14 +64,15 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.ho
             if new is None:
                 return None
             new = rearrange(new, "b p h d -> b p (h d)") if split else new
-            return _replace_first(args, kwargs, new)
+            return _replace_first(args, kwargs, _beside(new, x))
 
         return module.register_forward_pre_hook(pre, with_kwargs=True)
     module = {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp}[suffix](layer)
 
     def post(_module, _args, output):
-        new = fn(_output_tensor(output), point)
-        return None if new is None else _replace_output(output, new)
+        x = _output_tensor(output)
+        new = fn(x, point)
+        return None if new is None else _replace_output(output, _beside(new, x))
 
     return module.register_forward_hook(post)
 

@@ -63,13 +63,14 @@ def _read(edits: WeightEdits, module, rows: slice, column: bool) -> list[torch.T
 
 
 def _write(edits: WeightEdits, module, rows: slice, column: bool, parts: list[torch.Tensor]) -> None:
-    w = edits.weight_out_in(module)
+    w = edits.weight_out_in(module)  # the source may live on another device (or offloaded): meet this one
     if column:
-        w[:, rows] = parts[0]
+        w[:, rows] = parts[0].to(w)
     else:
-        w[rows] = parts[0]
+        w[rows] = parts[0].to(w)
         if len(parts) > 1:
-            edits.param(module, "bias")[rows] = parts[1]
+            bias = edits.param(module, "bias")
+            bias[rows] = parts[1].to(bias)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,10 @@
-"""Reversible weight edits: every touched parameter is restored bit-exactly on exit, also on error."""
+"""Reversible weight edits: every touched parameter is restored bit-exactly on exit, also on error.
+
+Edits reach every weight wherever it lives: on the model's device, spread over several devices, or
+offloaded by accelerate to CPU memory or disk (then the edit is made in a copy the module's hook
+loads instead of the stored weight, and the stored weight is never written — see
+:class:`mechkit.model.dispatch.WeightSlot`).
+"""
 
 from __future__ import annotations
 
@@ -9,37 +15,62 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from mechkit.model.dispatch import WeightSlot, tied_names
 from mechkit.model.heads import Head
-from mechkit.model.linear import weight_out_in
+from mechkit.model.linear import is_transposed
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 
 class WeightEdits:
-    """Hands out parameters for in-place editing, snapshotting each one the first time."""
+    """Hands out weights for in-place editing, snapshotting each one the first time."""
 
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
-        self._saved: dict[int, tuple[nn.Parameter, torch.Tensor]] = {}
+        self._slots: dict[object, WeightSlot] = {}
+        self._names: dict[int, str] | None = None  # id(module) -> its name in the model, once needed
+        self._tied: dict[str, list[str]] | None = None
+
+    def _name(self, module: nn.Module, name: str) -> str:
+        if self._names is None:
+            self._names = {id(m): prefix for prefix, m in self.handle.model.named_modules(remove_duplicate=False)}
+        prefix = self._names[id(module)]
+        return f"{prefix}.{name}" if prefix else name
+
+    def slot(self, qualname: str) -> WeightSlot:
+        """The :class:`WeightSlot` of tensor ``qualname`` (e.g. ``model.layers.0.mlp.down_proj.weight``),
+        opened (snapshotted) the first time. Tied names share one slot."""
+        module_name, _, leaf = qualname.rpartition(".")
+        tensor = getattr(self.handle.model.get_submodule(module_name), leaf)
+        if tensor.device.type != "meta":
+            key: object = id(tensor)  # tied resident parameters are one Parameter object
+            tied = None
+        else:
+            if self._tied is None:
+                self._tied = tied_names(self.handle.model)
+            tied = self._tied.get(qualname)
+            key = frozenset(tied or [qualname])
+        if key not in self._slots:
+            self._slots[key] = WeightSlot(self.handle.model, qualname, tied=tied)
+        return self._slots[key]
 
     def param(self, module: nn.Module, name: str = "weight") -> torch.Tensor:
-        """The parameter's data, safe to edit in place; restored when the context exits."""
-        p = getattr(module, name)
-        self.original(p)
-        return p.data
+        """The tensor's data, safe to edit in place; restored when the context exits."""
+        return self.slot(self._name(module, name)).editable
 
-    def original(self, p: nn.Parameter) -> torch.Tensor:
-        """``p`` as it was before this context edited it (snapshotted now if it was untouched)."""
-        if id(p) not in self._saved:
-            self._saved[id(p)] = (p, p.detach().clone())
-        return self._saved[id(p)][1]
+    def named(self, qualname: str) -> torch.Tensor:
+        """:meth:`param` by the tensor's name in the model."""
+        return self.slot(qualname).editable
+
+    def original(self, qualname: str) -> torch.Tensor:
+        """Tensor ``qualname`` as it was before this context edited it (snapshotted now if untouched)."""
+        return self.slot(qualname).original
 
     def weight_out_in(self, module: nn.Module) -> torch.Tensor:
         """The module's weight as an editable ``[out, in]`` view (GPT-2 Conv1D included)."""
-        self.param(module, "weight")
-        with torch.no_grad():
-            return weight_out_in(module).data
+        w = self.param(module, "weight")
+        return w.t() if is_transposed(module) else w
 
     def zero_head_output(self, head: Head) -> None:
         """Zero the attention output projection's input columns that read ``head``."""
@@ -48,19 +79,19 @@ class WeightEdits:
         w[:, head.head * d:(head.head + 1) * d] = 0
 
     def reset(self) -> None:
-        """Every edited parameter back to its original value; the snapshots are kept."""
-        with torch.no_grad():
-            for p, original in self._saved.values():
-                p.data.copy_(original)
+        """Every edited tensor back to its original value; the snapshots are kept."""
+        for slot in self._slots.values():
+            slot.reset()
 
     def restore(self) -> None:
-        """Every edited parameter back to its original value, and forget the snapshots."""
-        self.reset()
-        self._saved.clear()
+        """Every edited tensor back to its original value, and forget the snapshots."""
+        for slot in self._slots.values():
+            slot.restore()
+        self._slots.clear()
 
     @property
     def edited(self) -> int:
-        return len(self._saved)
+        return len(self._slots)
 
 
 @contextlib.contextmanager

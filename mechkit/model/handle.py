@@ -37,7 +37,21 @@ class ModelHandle:
 
     @property
     def device(self) -> torch.device:
+        """Where inputs go: the model's device, or for a model accelerate dispatched over several
+        devices its main one (which also runs CPU-offloaded modules and receives the logits)."""
+        if getattr(self.model, "hf_device_map", None) is not None or hasattr(self.model, "_hf_hook"):
+            from mechkit.model.dispatch import input_device
+
+            return input_device(self.model)
         return next(self.model.parameters()).device
+
+    @property
+    def device_map(self) -> dict[str, str] | None:
+        """``{module: device}`` where accelerate placed the model (``cpu``/``disk`` entries may be
+        offloaded), None for a model on one device."""
+        from mechkit.model.dispatch import device_summary
+
+        return device_summary(self.model)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -82,10 +96,16 @@ class ModelHandle:
         return enc["input_ids"].to(self.device)
 
     def weights_sha256(self) -> str:
-        """SHA-256 of the parameters' bytes in name order (computed once, then remembered)."""
+        """SHA-256 of the parameters' bytes in name order (computed once, then remembered).
+
+        The same for a dispatched model as for the same weights on one device: offloaded tensors are
+        read from where accelerate keeps them.
+        """
         if self._sha256 is None:
+            from mechkit.model.dispatch import state_items
+
             digest = hashlib.sha256()
-            for name, tensor in sorted(self.model.state_dict().items()):
+            for name, tensor in sorted(state_items(self.model), key=lambda item: item[0]):
                 digest.update(name.encode())
                 digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_u8()).numpy().tobytes())
             self._sha256 = digest.hexdigest()
@@ -101,6 +121,7 @@ class ModelHandle:
             **self.anatomy.as_dict(),
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
+            **({"device_map": self.device_map} if self.device_map else {}),
             "weights_sha256": self.weights_sha256(),
         }
 

@@ -17,6 +17,14 @@ def is_transposed(module: nn.Module) -> bool:
 
 
 def weight_out_in(module: nn.Module) -> torch.Tensor:
-    """The weight as an ``[out_features, in_features]`` view sharing the module's storage."""
+    """The weight as an ``[out_features, in_features]`` view sharing the module's storage.
+
+    A weight accelerate offloaded (a ``meta`` parameter) is read from where its hook keeps it: a
+    copy, for reading — edit weights through :class:`mechkit.interventions.WeightEdits`.
+    """
     w = module.weight
+    if w.device.type == "meta":
+        from mechkit.model.dispatch import module_tensor
+
+        w = module_tensor(module)
     return w.t() if is_transposed(module) else w

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
+from mechkit.model import dispatch
 from mechkit.model.anatomy import discover_anatomy
+from mechkit.model.dispatch import check_device
 from mechkit.model.gguf import cached_gguf
 from mechkit.model.handle import ModelHandle
 
@@ -24,48 +26,6 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_device(device: str) -> str:
-    """``device`` as torch spells it, once it is known to exist here; else one :class:`ModelLoadError` line.
-
-    Checked before any model loads, so ``--device cuda`` on a machine without CUDA fails at once.
-
-    >>> check_device("cpu")
-    'cpu'
-    >>> try:
-    ...     check_device("gpu0")
-    ... except ModelLoadError as err:
-    ...     print(err)
-    unknown device 'gpu0' — use cpu, cuda, cuda:N, mps or xpu
-    """
-    import torch
-
-    try:
-        parsed = torch.device(str(device))
-    except (RuntimeError, ValueError, TypeError):
-        raise ModelLoadError(f"unknown device {device!r}", "use cpu, cuda, cuda:N, mps or xpu") from None
-    kind = parsed.type
-    if kind == "cpu":
-        return str(parsed)
-    backends = {"cuda": torch.cuda, "xpu": getattr(torch, "xpu", None), "mps": getattr(torch, "mps", None)}
-    if kind not in backends:
-        raise ModelLoadError(f"device {device!r} cannot run a model here", "use cpu, cuda, cuda:N, mps or xpu")
-    if kind == "mps":
-        available, count = torch.backends.mps.is_available(), 1
-    else:
-        module = backends[kind]
-        available = module is not None and module.is_available()
-        count = module.device_count() if available else 0
-    if not available:
-        why = (f"this torch {torch.__version__} was built without CUDA" if kind == "cuda" and torch.version.cuda is None
-               else f"no {kind.upper()} device is visible")
-        raise ModelLoadError(f"--device {device}: {why}",
-                             "use --device cpu (the default picks CUDA only where it is available)")
-    if parsed.index is not None and parsed.index >= count:
-        raise ModelLoadError(f"--device {device}: only {count} {kind.upper()} device(s) here",
-                             f"use {kind}:0 to {kind}:{count - 1}")
-    return str(parsed)
 
 
 def _dtype(dtype: Any, device: str):
@@ -82,29 +42,56 @@ def _dtype(dtype: Any, device: str):
     return dtype
 
 
-def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenizer: Any = None) -> ModelHandle:
+def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenizer: Any = None, *,
+               device_map: Any = None, max_memory: Any = None, offload_folder: Any = None) -> ModelHandle:
     """Load a causal LM and discover its anatomy.
 
     ``device`` defaults to CUDA when available (bf16 there), else CPU float32.
 
+    A model larger than one device: ``device_map`` (``"auto"``, ``"balanced"``, ``"balanced_low_0"``,
+    ``"sequential"`` or ``{module: device}`` with devices such as ``"cuda:0"``, ``"cpu"``, ``"disk"``),
+    ``max_memory`` (``{device: size}``, e.g. ``{"cuda:0": "10GiB", "cpu": "30GiB"}``) and
+    ``offload_folder`` (where disk-offloaded weights go) spread it with accelerate (see
+    :mod:`mechkit.model.dispatch`); ``max_memory`` or ``offload_folder`` alone mean ``device_map="auto"``.
+    A model object accelerate already dispatched is used as it is.
+
     >>> import mechkit as mk
     >>> mk.load_model("tiny:gpt2").anatomy.n_layers
     2
+    >>> m = mk.load_model("tiny:llama", device_map={"model": "cpu", "lm_head": "cpu"})
+    >>> str(m.device)
+    'cpu'
     """
     if isinstance(spec, ModelHandle):
         return spec
-    device = check_device(device or default_device())
-    torch_dtype = _dtype(dtype, device)
-    model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer)
-    model.to(device=device, dtype=torch_dtype)
+    plan = dispatch.request(device_map, max_memory, offload_folder, device=device)
+    if plan is None:
+        device = check_device(device or default_device())
+        torch_dtype = _dtype(dtype, device)
+    else:
+        torch_dtype = _dtype(dtype, "cuda" if plan.uses_accelerator() else "cpu")
+    model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer, plan)
+    if dispatch.is_dispatched(model):
+        if plan is not None and not hasattr(model, "hf_device_map"):
+            raise ModelLoadError("the model object is already dispatched by accelerate",
+                                 "pass it without device_map/max_memory/offload_folder")
+    elif plan is not None:
+        dispatch.dispatch_in_memory(model, plan, torch_dtype)
+    else:
+        model.to(device=device, dtype=torch_dtype)
     model.eval()
     anatomy = discover_anatomy(model)
     return ModelHandle(model=model, tokenizer=tok, anatomy=anatomy, spec=spec_str, name=name, source=source)
 
 
-def _resolve(spec: Any, torch_dtype, tokenizer: Any):
+def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | None = None):
+    """``(model, tokenizer, name, source, spec)``; directories and hub ids load straight into ``plan``'s
+    device map, everything else loads into CPU memory (and is dispatched by the caller)."""
     if not isinstance(spec, (str, Path)):
         if hasattr(spec, "config") and hasattr(spec, "forward"):
+            if plan is not None and dispatch.is_dispatched(spec):
+                raise ModelLoadError("the model object is already dispatched by accelerate",
+                                     "pass it without device_map/max_memory/offload_folder")
             name = getattr(spec.config, "_name_or_path", "") or type(spec).__name__
             return spec, tokenizer, name, None, f"<object {type(spec).__name__}>"
         raise ModelLoadError(f"cannot load a model from a {type(spec).__name__}",
@@ -114,7 +101,8 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any):
         from mechkit.model.embedded import NAME, gguf_path
 
         gguf = gguf_path()
-        cached, model, tok = load_gguf_cached(gguf, torch_dtype, label=f"the embedded {NAME} from {gguf.name}")
+        cached, model, tok = load_gguf_cached(gguf, torch_dtype, label=f"the embedded {NAME} from {gguf.name}",
+                                              plan=plan)
         return model, tok, NAME, cached, text
     if text == "toy:induction":
         from mechkit.model.toy import toy_model
@@ -130,16 +118,16 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any):
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
-        cached, model, tok = load_gguf_cached(path, torch_dtype)
+        cached, model, tok = load_gguf_cached(path, torch_dtype, plan=plan)
         return model, tok, path.stem, cached, text
     if path.is_dir():
-        model, tok = load_directory(path, torch_dtype)
+        model, tok = load_directory(path, torch_dtype, plan=plan)
         return model, tok, path.name, path, text
     if path.exists():
         raise ModelLoadError(f"{path} is a file but not a .gguf model",
                              "pass a model directory (config.json + weights) or a .gguf file")
     if _HUB_ID.match(text):
-        model, tok = _load_hub(text, torch_dtype)
+        model, tok = _load_hub(text, torch_dtype, plan)
         return model, tok, text, None, text
     raise ModelLoadError(
         f"unknown model {text!r}",
@@ -148,25 +136,28 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any):
     )
 
 
-def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None):
+def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, plan: dispatch.Dispatch | None = None):
     """``(cache directory, model, tokenizer)`` for a GGUF file: dequantized on first use of its content,
-    read back from the safetensors cache (converted to ``torch_dtype``) ever after.
+    read back from the safetensors cache (converted to ``torch_dtype``, into ``plan``'s device map) ever after.
 
     The first load also reads the freshly written cache, so every load of a file gives the same model.
     An entry that passes the cheap checks but still fails to load is rebuilt once.
     """
     cached, built = cached_gguf(gguf, label=label)
     try:
-        return cached, *load_directory(cached, torch_dtype)
+        return cached, *load_directory(cached, torch_dtype, plan=plan)
+    except dispatch.DispatchError:
+        raise  # the device map or memory limits, not the cache
     except ModelLoadError:
         if built:
             raise
     cached, _ = cached_gguf(gguf, label=label, rebuild=True)
-    return cached, *load_directory(cached, torch_dtype)
+    return cached, *load_directory(cached, torch_dtype, plan=plan)
 
 
-def load_directory(path: Path, torch_dtype=None):
-    """A local HF model directory: safetensors weights, no remote code."""
+def load_directory(path: Path, torch_dtype=None, plan: dispatch.Dispatch | None = None):
+    """A local HF model directory: safetensors weights, no remote code; straight into ``plan``'s device
+    map when given (a pruned directory loads into memory and is dispatched by :func:`load_model`)."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"no model in {path}: config.json is missing",
                              "point --model at a directory written by save_pretrained (config.json + weights)")
@@ -178,8 +169,11 @@ def load_directory(path: Path, torch_dtype=None):
     try:
         if pruned:
             return load_pruned_directory(path, torch_dtype), _tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, local_files_only=True, trust_remote_code=False)
+        if plan is not None:
+            model = dispatch.load_pretrained(path, plan, torch_dtype, local_files_only=True, trust_remote_code=False)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype, local_files_only=True, trust_remote_code=False)
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line
@@ -197,11 +191,14 @@ def _tokenizer(path: Path):
         return None  # a model without tokenizer files still supports token-level analyses
 
 
-def _load_hub(repo_id: str, torch_dtype):
+def _load_hub(repo_id: str, torch_dtype, plan: dispatch.Dispatch | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, trust_remote_code=False)
+        if plan is not None:
+            model = dispatch.load_pretrained(repo_id, plan, torch_dtype, trust_remote_code=False)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, trust_remote_code=False)
         tok = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=False)
     except Exception as err:
         raise ModelLoadError(f"could not load {repo_id!r} from the hub: {first_line(err)}",

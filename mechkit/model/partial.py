@@ -70,12 +70,14 @@ def run_from(
     """Logits from running blocks ``layer``… on the captured input of block ``layer``.
 
     Hooks attached to those blocks fire as usual. ``positions`` (1-D) restricts the unembedding
-    to those sequence positions.
+    to those sequence positions. On a dispatched model each block's accelerate hook moves what it
+    is given to the block's device (and loads offloaded weights); the logits come back on
+    ``handle.device``, as a full forward's do.
     """
     hidden = inputs.hidden[layer]
     for index in range(layer, handle.anatomy.n_layers):
         out = handle.anatomy.layers[index](hidden, *inputs.args[index], **inputs.kwargs[index])
         hidden = out[0] if isinstance(out, tuple) else out
     if positions is not None:
-        hidden = hidden[:, positions]
-    return _unembed(handle, hidden)
+        hidden = hidden[:, positions.to(hidden.device)]
+    return _unembed(handle, hidden).to(handle.device)

@@ -27,6 +27,7 @@ model holding NaN or inf before it writes anything.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
 from mechkit.io import atomic_dir, check_out
+from mechkit.model.dispatch import StateView, state_items
 from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.checks import (
     architecture,
@@ -73,6 +75,8 @@ class TaskArithmetic:
     def __init__(self, handle: ModelHandle, allow_other_base: bool = False) -> None:
         self.handle = handle
         self.allow_other_base = allow_other_base
+        # names, shapes and dtypes only: a weight accelerate offloaded is a meta parameter here, edited
+        # (and read) through self._edits wherever it lives
         self._params = dict(handle.model.named_parameters())
         self._edits = WeightEdits(handle)  # the snapshots Ψ0, restored bit-exactly
         self._touched: set[str] = set()
@@ -82,9 +86,7 @@ class TaskArithmetic:
     def _model_base(self) -> dict:
         """This model's identity; its sha256 is taken of Ψ0, so edited weights are put back first."""
         if self._base is None:
-            with torch.no_grad():
-                for name in self._touched:
-                    self._params[name].data.copy_(self._edits.original(self._params[name]))
+            self._edits.reset()
             self._base = model_base(self.handle)
         return self._base
 
@@ -114,7 +116,7 @@ class TaskArithmetic:
     def _param(self, name: str) -> nn.Parameter:
         name = self._name(name)
         self._touched.add(name)
-        self._edits.original(self._params[name])
+        self._edits.slot(name)  # snapshot Ψ0 before anything changes
         return self._params[name]
 
     @torch.no_grad()
@@ -142,7 +144,7 @@ class TaskArithmetic:
             for name, delta in tv.deltas.items():
                 key = self._name(name)
                 if key not in sums:
-                    base = self._edits.original(self._params[key])
+                    base = self._edits.original(key)
                     sums[key] = base.to(torch.promote_types(base.dtype, torch.float32), copy=True)
                 acc = sums[key]
                 acc[:delta.shape[0]] += delta.to(device=acc.device, dtype=torch.float32).to(acc.dtype) * lam
@@ -153,8 +155,7 @@ class TaskArithmetic:
                                f"(λ {', '.join(f'{lam:g}' for _, lam in terms)})",
                                "lower λ or the vector's scale, or check the vectors for a diverged fine-tune")
         for name in self._touched:
-            p = self._params[name]
-            p.data.copy_(rounded.get(name, self._edits.original(p)))
+            self._edits.named(name).copy_(rounded[name] if name in rounded else self._edits.original(name))
 
     def restore(self) -> None:
         self._edits.restore()
@@ -191,13 +192,28 @@ def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_di
     """
     out = check_out(out_dir, force, kind="dir")
     with apply(handle, vector, scale, allow_other_base=allow_other_base):
-        refuse_non_finite(handle.model.state_dict(), out / "model.safetensors",
+        refuse_non_finite(StateView(handle.model), out / "model.safetensors",
                           "lower λ or the vector's scale, or check the base model's weights")
         with atomic_dir(out, replace=force or out.is_dir()) as tmp:
-            handle.model.save_pretrained(tmp, safe_serialization=True)
+            with warnings.catch_warnings():  # transformers' note that an offloaded model is read back to save it
+                warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
+                handle.model.save_pretrained(tmp, safe_serialization=True, **_offloaded_state(handle.model))
             if handle.tokenizer is not None:
                 handle.tokenizer.save_pretrained(tmp)
     return out
+
+
+def _offloaded_state(model: nn.Module) -> dict:
+    """``save_pretrained``'s ``state_dict`` where it would meet offloaded (meta) weights it cannot find itself.
+
+    transformers reads disk/CPU-offloaded weights back through accelerate's hooks when the model has
+    a device map saying so; a model offloaded by other means (``accelerate.cpu_offload``) gets its
+    weights, edits included, from :func:`mechkit.model.dispatch.state_items`.
+    """
+    placed = getattr(model, "hf_device_map", None) or {}
+    if not any(p.device.type == "meta" for p in model.parameters()) or {"cpu", "disk"} & set(placed.values()):
+        return {}
+    return {"state_dict": dict(state_items(model))}
 
 
 __all__ = ["TaskArithmetic", "apply", "arithmetic", "model_base", "save_merged"]
