@@ -131,10 +131,31 @@ def report() -> None:
 @report.command("show")
 @click.argument("path", type=click.Path())
 def report_show(path: str) -> None:
-    """Print a summary table of the report at PATH (a run directory or its report.json)."""
+    """Print the finding and the tables of the report at PATH (a run directory or its report.json)."""
     from mechkit.report import load_report, print_summary
+    from mechkit.runner import report_tables
 
-    print_summary(load_report(path))
+    report = load_report(path)
+    print_summary(report, tables=report_tables(report))
+
+
+@report.command("compare")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--out", type=click.Path(), default=None,
+              help="Directory for compare.html (default: a new one under ./mechkit-runs/).")
+@click.option("--force", is_flag=True, help="Write into a non-empty --out.")
+def report_compare(paths: tuple[str, ...], out: str | None, force: bool) -> None:
+    """Put several reports of one plugin side by side (models, seeds or settings as columns) in compare.html."""
+    from rich.console import Console
+
+    from mechkit.report import compare_runs, default_out_dir, print_compare, write_compare
+    from mechkit.runner import report_tables
+
+    cmp = compare_runs(paths, tables_of=report_tables)
+    where = write_compare(cmp, out if out is not None else default_out_dir(f"compare-{cmp.plugin}"), force=force)
+    console = Console()
+    print_compare(cmp, console=console)
+    console.print(f"comparison: {where}/compare.html", markup=False, highlight=False)
 
 
 @cli.group()

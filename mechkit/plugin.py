@@ -25,15 +25,19 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from mechkit.model.handle import ModelHandle
+    from mechkit.report import Table
 
 
 @dataclass
 class Result:
-    """What ``run()`` returns: JSON-able results, matplotlib figures and extra files by name."""
+    """What ``run()`` returns: JSON-able results, matplotlib figures and extra files by name, and the
+    ``finding``: one or two sentences, numbers included, stating what the run found (the first thing
+    the report, its page and the terminal summary show). The first figure is the page's headline."""
 
     results: dict
     figures: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
+    finding: str | None = None
 
 
 @dataclass
@@ -177,6 +181,18 @@ class Plugin:
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @classmethod
+    def tables(cls, results: dict) -> list[Table]:
+        """The tables a reader sees, pivoted the natural way for this analysis, built from a report's
+        JSON ``results`` at render time (``report.html``, ``mechkit report show`` and ``compare``).
+
+        The default shows the results generically (:func:`mechkit.report.generic_tables`); override
+        it to return :class:`mechkit.report.Table` pivots such as conditions × tasks.
+        """
+        from mechkit.report import generic_tables
+
+        return generic_tables(results)
 
 
 __all__ = ["Option", "Plugin", "Result", "RunContext"]

@@ -139,4 +139,84 @@ class AblatePlugin(Plugin):
                     groups[name] = (i, "--")
             figures["accuracy_vs_k"] = line_plot([0, *ks], series, "Accuracy vs number of ablated heads", "k",
                                                  "exact-match accuracy", errors=errors or None, groups=groups)
-        return Result(results=results, figures=figures)
+        headline_first = dict(sorted(figures.items(), key=lambda kv: kv[0] != "accuracy_vs_k"))  # the k curve
+        return Result(results=results, figures=headline_first, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Conditions × tasks: accuracy, then answer log-prob (random draws as mean ± std)."""
+        from mechkit.report import Table
+
+        tasks, spec, conditions = results["tasks"], results["heads_spec"], results["conditions"]
+        n = conditions[0]["metrics"][tasks[0]].get("n")
+        draws = {c["seed"] for c in conditions if c["name"] == "random"}
+        out = []
+        for metric, title, digits in (("accuracy", "Exact-match accuracy", 2), ("logprob", "Mean answer log-prob", 3)):
+            rows = [["clean", [], *(conditions[0]["metrics"][t][metric] for t in tasks)]]
+            for k in results["ks"]:
+                target = next(c for c in conditions if c["name"] == "target" and c["k"] == k)
+                rows.append([f"{spec}, k={k}", target["heads"], *(target["metrics"][t][metric] for t in tasks)])
+                rand = [c for c in conditions if c["name"] == "random" and c["k"] == k]
+                if rand:
+                    rows.append([f"random, k={k}", f"{len(rand)} draws",
+                                 *(_pm([c["metrics"][t][metric] for c in rand]) for t in tasks)])
+            note = (f"{results['mode']} ablation, {n} prompts per task"
+                    + (f"; random: mean ± std over {len(draws)} draws of k heads, never the selected ones"
+                       if draws else ""))
+            out.append(Table(f"{title} by condition", ["condition", "heads", *tasks], rows, note=note,
+                             digits=digits))
+        return out
+
+
+def _pm(values: list[float]):
+    import statistics
+
+    from mechkit.report import pm
+
+    return pm(statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def _heads_phrase(spec: str, heads: list[dict]) -> str:
+    """How the finding names the ablated heads: "the top-5 induction heads", "5 random heads", "heads 0.1, 1.2"."""
+    from mechkit.report.values import heads_text
+
+    n, items = len(heads), [i.strip() for i in spec.split(",")]
+    if len(items) == 1 and items[0] in ("induction", "previous-token"):
+        return f"the top-{n} {items[0]} heads"
+    if items == ["random"]:
+        return f"{n} random heads"
+    if len(items) == 1 and items[0].startswith("layer:"):
+        return f"the {n} heads of layer {items[0].removeprefix('layer:')}"
+    return f"head{'s' if n != 1 else ''} {heads_text(heads, limit=6)}"
+
+
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def finding(results: dict) -> str:
+    """What the ablation did at the largest k, task by task, beside the random-heads baseline.
+
+    >>> r = {"tasks": ["capitalize"], "ks": [5], "heads_spec": "induction", "mode": "zero",
+    ...      "conditions": [{"name": "target", "k": 5, "heads": [{"layer": 1, "head": 2}] * 5}],
+    ...      "accuracy_table": {"k=5": {"capitalize": {"clean": 0.4, "target": 0.15, "random_mean": 0.37,
+    ...                                                "random_std": 0.06}}}}
+    >>> finding(r)
+    'Ablating the top-5 induction heads (zero) cuts capitalize from 0.40 to 0.15; 5 random heads instead: 0.37 ± 0.06.'
+    """
+    tasks, k = results["tasks"], results["ks"][-1]
+    row = results["accuracy_table"][f"k={k}"]
+    target = next(c for c in results["conditions"] if c["name"] == "target" and c["k"] == k)
+    deltas = [row[t]["target"] - row[t]["clean"] for t in tasks]
+    verb = "cuts" if all(d < 0 for d in deltas) else "raises" if all(d > 0 for d in deltas) else "changes"
+    if all(d == 0 for d in deltas):
+        changes = "leaves " + _join([f"{t} at {row[t]['clean']:.2f}" for t in tasks])
+    else:
+        changes = f"{verb} " + _join([f"{t} from {row[t]['clean']:.2f} to {row[t]['target']:.2f}" for t in tasks])
+    text = f"Ablating {_heads_phrase(results['heads_spec'], target['heads'])} ({results['mode']}) {changes}"
+    if row[tasks[0]]["random_mean"] is not None:
+        text += f"; {len(target['heads'])} random heads instead: " + _join(
+            [f"{row[t]['random_mean']:.2f} ± {row[t]['random_std']:.2f}" for t in tasks])
+    if len(results["ks"]) > 1:
+        text += f" (k={k}, the largest of k = {', '.join(map(str, results['ks']))})"
+    return text + "."

@@ -71,4 +71,54 @@ class DetectPlugin(Plugin):
         figures["loss_per_position"] = line_plot(positions, {"loss": hs.loss_per_position.tolist()},
                                                  "Loss per position on repeated random tokens",
                                                  "position", "cross-entropy (nats)")
-        return Result(results=results, figures=figures)
+        return Result(results=results, figures=figures, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Rank × kind: the top heads and their scores (the layer × head grids are the heatmaps)."""
+        from mechkit.report import Table, kv_table
+
+        top = results["top"]
+        kinds = list(top)
+        columns, rows = ["rank"], []
+        for kind in kinds:
+            columns += [f"{kind} head", f"{kind} score"] + (["OV copying"] if kind == "induction" else [])
+        for i in range(max(len(v) for v in top.values())):
+            row: list = [i + 1]
+            for kind in kinds:
+                h = top[kind][i] if i < len(top[kind]) else None
+                row += [{"layer": h["layer"], "head": h["head"]} if h else None, h["score"] if h else None]
+                if kind == "induction":
+                    copying = results.get("top_induction_copying") or []
+                    row.append(copying[i] if i < len(copying) else None)
+            rows.append(row)
+        first, second = results.get("loss_first_copy"), results.get("loss_second_copy")
+        loss = {"first copy": first, "second copy": second,
+                "drop": None if first is None or second is None else first - second}
+        return [Table("Top heads by score", columns, rows,
+                      note="score: mean attention to the kind's target position on repeated random tokens; "
+                           "OV copying: Σλ/Σ|λ| of the head's OV circuit"),
+                kv_table("Loss on repeated random tokens (nats)", loss)]
+
+
+def finding(results: dict) -> str:
+    """The strongest heads of each ranked kind and the loss drop on the repeated half.
+
+    >>> finding({"top": {"induction": [{"layer": 1, "head": 2, "score": 0.83}, {"layer": 0, "head": 3, "score": 0.5}]},
+    ...          "loss_first_copy": 5.48, "loss_second_copy": 2.1})
+    'The strongest induction head is 1.2 (score 0.83; next 0.3 at 0.50); the loss falls from 5.48 nats on the first copy of the random tokens to 2.10 on the repeat.'
+    """
+    parts = []
+    for kind, heads in results["top"].items():
+        if heads:
+            best = heads[0]
+            nxt = ", ".join(f"{h['layer']}.{h['head']} at {h['score']:.2f}" for h in heads[1:3])
+            parts.append(f"the strongest {kind} head is {best['layer']}.{best['head']} (score {best['score']:.2f}"
+                         + (f"; next {nxt})" if nxt else ")"))
+    text = "; ".join(parts[:2]) if parts else "no heads were ranked"
+    first, second = results.get("loss_first_copy"), results.get("loss_second_copy")
+    if first is not None and second is not None:
+        verb = "falls" if second < first else "rises" if second > first else "stays"
+        text += (f"; the loss {verb} from {first:.2f} nats on the first copy of the random tokens to "
+                 f"{second:.2f} on the repeat")
+    return text[0].upper() + text[1:] + "."

@@ -67,7 +67,24 @@ class FinetunePlugin(Plugin):
                         "loss": f"{_mean(trained.losses[:5]):.3f} -> {_mean(trained.losses[-5:]):.3f}",
                         "zero-shot accuracy": f"{before['accuracy']:.2f} -> {after['accuracy']:.2f}"},
         }
-        return Result(results=results, figures={"loss": self._loss_plot(trained.losses, task)}, files=files)
+        return Result(results=results, figures={"loss": self._loss_plot(trained.losses, task)}, files=files,
+                      finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Before × after on the held-out prompts, and the training run in numbers."""
+        from mechkit.report import Table, kv_table
+
+        rows = [[label, r.get("accuracy"), r.get("logprob"), r.get("n")]
+                for label, r in (("before", results["accuracy_before"]), ("after", results["accuracy_after"]))]
+        recipe, losses = results["recipe"], results["losses"]
+        training = {"task": recipe["task"], "method": recipe["method"] + (f" (rank {recipe['rank']})"
+                                                                          if recipe["method"] == "lora" else ""),
+                    "steps": recipe["steps"], "learning rate": recipe["lr"], "batch size": recipe["batch_size"],
+                    "loss, first 5 steps": _mean(losses[:5]), "loss, last 5 steps": _mean(losses[-5:])}
+        return [Table("Held-out zero-shot prompts", ["model", "accuracy", "answer log-prob", "prompts"], rows,
+                      note="queries never seen in training", digits=3),
+                kv_table("Training", training, digits=4)]
 
     @staticmethod
     def _loss_plot(losses: list[float], task: str):
@@ -79,3 +96,13 @@ class FinetunePlugin(Plugin):
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / max(1, len(xs))
+
+
+def finding(results: dict) -> str:
+    """What fine-tuning did to held-out zero-shot accuracy, and to the training loss."""
+    recipe, losses = results["recipe"], results["losses"]
+    before, after = results["accuracy_before"], results["accuracy_after"]
+    method = "LoRA" if recipe["method"] == "lora" else "full"
+    return (f"Fine-tuning ({method}, {recipe['steps']} steps) on {recipe['task']} takes held-out zero-shot accuracy "
+            f"from {before['accuracy']:.2f} to {after['accuracy']:.2f} ({after['n']} prompts); the training loss goes "
+            f"from {_mean(losses[:5]):.3f} to {_mean(losses[-5:]):.3f}.")

@@ -67,6 +67,10 @@ class IclVectorsPlugin(Plugin):
         Option("batch_size", int, 16, "Rows per forward pass.", min=1),
     )
 
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        return accuracy_tables(results)
+
     def run(self, ctx: RunContext) -> Result:
         from mechkit.actvec import ActivationVector, VectorStudy
         from mechkit.tasks import parse_tasks
@@ -148,7 +152,56 @@ def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], 
     results = {"tasks": tasks, "methods": methods, "layers": layers, "n_layers": n_layers,
                "accuracy_table": table, "chosen_layer": chosen, "chosen_scale": scales, "chosen_span": spans,
                "summary": summary, "vectors": vectors, "per_task": out}
-    return Result(results=results, figures=figures, files=files)
+    headline_first = dict(sorted(figures.items(), key=lambda kv: kv[0] != "accuracy"))  # conditions × tasks bars
+    return Result(results=results, figures=headline_first, files=files, finding=finding(results))
+
+
+def _mean_acc(row: dict, tasks: list[str]) -> float | None:
+    values = [row.get(t) for t in tasks]
+    return None if not values or any(v is None for v in values) else sum(values) / len(values)
+
+
+def _where(results: dict, method: str, task: str) -> str:
+    """Where the vector was written: ``L12``, ``L12-13`` for a span, ``×4`` for a function-vector scale."""
+    layer, span = results["chosen_layer"][method][task], results["chosen_span"][method][task]
+    scale = results["chosen_scale"][method][task]
+    return f"L{layer}" + (f"-{layer + span - 1}" if span != 1 else "") + (f" ×{scale:g}" if scale != 1 else "")
+
+
+def finding(results: dict) -> str:
+    """Zero-shot and ICL accuracy beside zero-shot + each vector (averaged over the tasks when several)."""
+    tasks, table = results["tasks"], results["accuracy_table"]
+
+    def acc(condition: str) -> str:
+        v = _mean_acc(table[condition], tasks)
+        return "—" if v is None else f"{v:.2f}"
+
+    names = {"task-vector": "the task vector", "function-vector": "the function vector"}
+    if len(tasks) == 1:
+        where = {m: f" at {_where(results, m, tasks[0])}" for m in results["methods"]}
+        head = f"On {tasks[0]}, zero-shot accuracy is {acc('zero-shot')} and ICL {acc('ICL')}"
+    else:
+        where = {m: "" for m in results["methods"]}
+        head = (f"Averaged over {len(tasks)} tasks, zero-shot accuracy is {acc('zero-shot')} and ICL "
+                f"{acc('ICL')}")
+    vectors = [f"{names[m]}{where[m]} gives {acc(f'zero-shot + {SHORT[m]}')}" for m in results["methods"]]
+    return f"{head}; added to zero-shot prompts, " + " and ".join(vectors) + " (layer chosen on dev prompts)."
+
+
+def accuracy_tables(results: dict) -> list:
+    """Conditions × tasks (with the mean), and method × task: where each vector was written."""
+    from mechkit.report import Table
+
+    tasks, table = results["tasks"], results["accuracy_table"]
+    mean = ["mean"] if len(tasks) > 1 else []
+    rows = [[name, *(row.get(t) for t in tasks), *([_mean_acc(row, tasks)] if mean else [])]
+            for name, row in table.items()]
+    chosen = [[m, *(_where(results, m, t) for t in tasks)] for m in results["methods"]]
+    return [Table("Exact-match accuracy on test prompts", ["condition", *tasks, *mean], rows,
+                  note="TV: ICL task vector (replaces the residual at layer L); FV: function vector (added at L); "
+                       "shuffled ICL: demonstrations with shuffled labels"),
+            Table("Chosen on dev prompts", ["vector", *tasks], chosen,
+                  note="L: layer (L-M: written at each layer of the span); ×s: function-vector scale")]
 
 
 def _nan(values: list) -> list[float]:

@@ -76,4 +76,31 @@ class InspectPlugin(Plugin):
             "head_output_norm": norms,
         }
         fig = head_heatmap(norms, "Per-head norm of the attention output projection", "‖W_O[:, head]‖")
-        return Result(results=results, figures={"head_output_norm": fig})
+        return Result(results=results, figures={"head_output_norm": fig}, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """The anatomy, the parameters by component, and the timed forward pass."""
+        from mechkit.report import Table, kv_table
+
+        params = results["parameters"]
+        total = params["total"] or 1
+        fwd = results["forward"]
+        timing = {"batch × sequence": f"{fwd['batch']} × {fwd['seq_len']}", "repeats": fwd["repeats"],
+                  "median (ms)": fwd["median_s"] * 1e3, "fastest (ms)": fwd["min_s"] * 1e3,
+                  "tokens per second": round(fwd["tokens_per_s"])}
+        return [kv_table("Anatomy", {**results["anatomy"], "hook points per layer": results["hook_points_per_layer"]}),
+                Table("Parameters", ["component", "parameters", "share"],
+                      [[k, v, v / total] for k, v in params.items()], note="share of the total"),
+                kv_table("Forward pass", timing, digits=2)]
+
+
+def finding(results: dict) -> str:
+    """The model's shape, where its parameters sit, and how fast a plain forward pass is."""
+    a, params, fwd = results["anatomy"], results["parameters"], results["forward"]
+    total = params["total"] or 1
+    kv = f" ({a['n_kv_heads']} KV)" if a.get("n_kv_heads") not in (None, a.get("n_heads")) else ""
+    return (f"A {a.get('family', '?')}-family model of {a.get('n_layers')} layers × {a.get('n_heads')} heads{kv} "
+            f"with {params['total']:,} parameters ({params['attention'] / total:.0%} attention, "
+            f"{params['mlp'] / total:.0%} MLP); a forward pass over {fwd['batch']} × {fwd['seq_len']} tokens takes "
+            f"{fwd['median_s'] * 1e3:.1f} ms ({fwd['tokens_per_s']:,.0f} tokens/s).")

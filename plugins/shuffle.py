@@ -130,4 +130,69 @@ class ShufflePlugin(Plugin):
                 errors[LABELS[name]] = [s[1] for s in stats]
             figures["accuracy"] = bar_plot(tasks, series, f"Accuracy with {p['component']} shuffled", "accuracy",
                                            errors=errors)
-        return Result(results=results, figures=figures)
+        return Result(results=results, figures=figures, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Conditions × loss on the two copies, and conditions × tasks (mean ± std over the seeds)."""
+        from mechkit.report import Table
+
+        conditions = results["conditions"]
+        tasks = list(conditions[0]["metrics"].get("tasks", {}))
+        seeds = len({c["seed"] for c in conditions if c["name"] == "target"})
+        note = f"{results['component']} weights moved ({results['gqa']} under GQA); mean ± std over {seeds} seeds"
+        loss = Table("Loss on held-out repeated random tokens (nats)", ["condition", "first copy", "repeat"],
+                     [[LABELS[n], _stat(conditions, n, "loss_first_copy"), _stat(conditions, n, "loss_second_copy")]
+                      for n in NAMES], note=note, digits=3)
+        if not tasks:
+            return [loss]
+        acc = Table("Exact-match accuracy", ["condition", *tasks],
+                    [[LABELS[n], *(_stat(conditions, n, "tasks", t) for t in tasks)] for n in NAMES], note=note)
+        return [loss, acc]
+
+
+def _stat(conditions: list[dict], name: str, key: str, task: str | None = None):
+    """One condition's metric over its seeds: a number for the single clean run, else mean ± std."""
+    import statistics
+
+    from mechkit.report import pm
+
+    values = [c["metrics"][key][task]["accuracy"] if task else c["metrics"][key]
+              for c in conditions if c["name"] == name]
+    if any(v is None for v in values):
+        return None
+    if name == "clean":
+        return values[0]
+    return pm(statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def finding(results: dict) -> str:
+    """The loss on the repeated copy (the copying signature) per condition, and the mean task accuracy."""
+    conditions = results["conditions"]
+    component = results["component"].upper()
+    n = len(next(c for c in conditions if c["name"] == "target")["heads"])
+
+    def show(name: str, key: str, digits: int, task: str | None = None) -> str:
+        v = _stat(conditions, name, key, task)
+        if v is None:
+            return "—"
+        return f"{v:.{digits}f}" if name == "clean" else f"{v['mean']:.{digits}f} ± {v['std']:.{digits}f}"
+
+    text = (f"Permuting the {component} weights among the {n} selected heads takes the loss on the repeated copy "
+            f"from {show('clean', 'loss_second_copy', 2)} to {show('target', 'loss_second_copy', 2)} nats; giving "
+            f"them random heads' weights instead: {show('outside', 'loss_second_copy', 2)}, permuting {n} random "
+            f"heads: {show('random', 'loss_second_copy', 2)}.")
+    tasks = list(conditions[0]["metrics"].get("tasks", {}))
+    if tasks:
+        import statistics
+
+        def accuracy(name: str) -> str:  # per seed the mean over tasks, then mean ± std over seeds
+            runs = [statistics.fmean(c["metrics"]["tasks"][t]["accuracy"] for t in tasks)
+                    for c in conditions if c["name"] == name]
+            return f"{runs[0]:.2f}" if name == "clean" else \
+                f"{statistics.fmean(runs):.2f} ± {statistics.pstdev(runs) if len(runs) > 1 else 0.0:.2f}"
+
+        where = tasks[0] if len(tasks) == 1 else f"the {len(tasks)} tasks"
+        text += (f" Mean accuracy on {where}: clean {accuracy('clean')}, permuted {accuracy('target')}, "
+                 f"outside {accuracy('outside')}, random heads {accuracy('random')}.")
+    return text

@@ -80,4 +80,64 @@ class SweepPlugin(Plugin):
             rho = results["agreement"]["spearman"]
             results["summary"]["spearman(exact, attribution)"] = "undefined (a constant grid)" if rho is None \
                 else f"{rho:.3f}"
-        return Result(results=results, figures=figures)
+        return Result(results=results, figures=figures, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Rank × effects for the most important heads; the clean model and the methods' agreement."""
+        from mechkit.report import Table, kv_table
+
+        method = "exact" if "exact" in results else "attribution"
+        top = results[method]["top"]
+
+        def at(grid_of: str, key: str, h: dict):
+            grid = (results.get(grid_of) or {}).get(key)
+            return grid[h["layer"]][h["head"]] if grid else None
+
+        columns = ["rank", "head", "Δ log-prob"]
+        if method == "exact":
+            columns.append("Δ accuracy")
+        if "attribution" in results and method == "exact":
+            columns.append("attribution Δ log-prob")
+        rows = []
+        for i, h in enumerate(top):
+            row = [i + 1, {"layer": h["layer"], "head": h["head"]}, h["effect"]]
+            if method == "exact":
+                row.append(at("exact", "accuracy_effect", h))
+            if "attribution" in results and method == "exact":
+                row.append(at("attribution", "logprob_effect", h))
+            rows.append(row)
+        title = "Most important heads (" + ("exact ablation" if method == "exact" else "attribution estimate") + ")"
+        facts = {"tasks": ", ".join(results["tasks"]), "prompts": results["n_prompts"],
+                 "clean answer log-prob": results[method]["clean_logprob"]}
+        if method == "exact":
+            facts["clean accuracy"] = results["exact"]["clean_accuracy"]
+        facts.update({f"agreement: {k}": v for k, v in (results.get("agreement") or {}).items()})
+        return [Table(title, columns, rows, digits=3,
+                      note="Δ: the metric with the head zero-ablated minus the clean metric (negative: the head helps)"),
+                kv_table("Clean model and agreement", facts, digits=3)]
+
+
+def finding(results: dict) -> str:
+    """Which head matters most for the tasks, by how much, and (with both methods) how well the
+    one-pass attribution estimate agrees with exact ablation."""
+    method = "exact" if "exact" in results else "attribution"
+    top, tasks = results[method]["top"], ", ".join(results["tasks"])
+    best = top[0]
+    name = f"{best['layer']}.{best['head']}"
+    how = "ablating" if method == "exact" else "by the attribution estimate, ablating"
+    if best["effect"] is not None and best["effect"] < 0:
+        nxt = ", ".join(f"{h['layer']}.{h['head']} ({h['effect']:+.3f})" for h in top[1:3] if h["effect"] is not None)
+        text = (f"On {tasks}, {how} head {name} lowers the mean answer log-prob most, by {-best['effect']:.3f} "
+                f"(clean {results[method]['clean_logprob']:.3f})" + (f"; next {nxt}" if nxt else "") + ".")
+    else:
+        text = f"On {tasks}, {how} no single head lowers the mean answer log-prob (head {name} changes it least)."
+    agreement = results.get("agreement")
+    if agreement:
+        rho = agreement.get("spearman")
+        overlap = next((v for k, v in agreement.items() if k.endswith("_overlap")), None)
+        k = next((k.removeprefix("top").removesuffix("_overlap") for k in agreement if k.endswith("_overlap")), "")
+        text += (" The attribution estimate ranks the heads " + ("with an undefined Spearman correlation "
+                 "(a constant grid)" if rho is None else f"with Spearman {rho:.2f}") + " against exact ablation"
+                 + (f", sharing {overlap:.0%} of the top {k}" if overlap is not None else "") + ".")
+    return text

@@ -83,7 +83,44 @@ class TaskvecSweepPlugin(Plugin):
                    "reference": refs, "best": best, "alpha": alpha, "summary": summary}
         series = {c: [r[c] for r in grid] for c in cols}
         fig = line_plot(lambdas, series, f"Ψ0 + ΔΨ({tasks[0]}) + λ·ΔΨ({tasks[1]})", "λ", "exact-match accuracy")
-        return Result(results=results, figures={"accuracy_vs_lambda": fig})
+        return Result(results=results, figures={"accuracy_vs_lambda": fig}, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """λ × task (the reference rows first, the best λ marked), and the task correlation estimates."""
+        from mechkit.report import Table, kv_table
+
+        cols, best = results["columns"], results.get("best") or {}
+        marks = {row["lambda"]: label for key, label in (("multi_task", "best multi-task"),
+                                                         ("unlearning", "best unlearning"))
+                 if (row := best.get(key)) is not None}
+        refs = [[name, *(r.get(c) for c in cols)] for name, r in results["reference"].items()]
+        grid = [[f"λ={r['lambda']:g}" + (f" ({marks[r['lambda']]})" if r["lambda"] in marks else ""),
+                 *(r.get(c) for c in cols)] for r in results["table"]]
+        t1, t2 = results["tasks"]
+        return [Table("Exact-match accuracy by λ", ["model", *cols], refs + grid,
+                      note=f"Ψ0 + ΔΨ_A({t1}) + λ·ΔΨ_B({t2}); base: Ψ0, A only: Ψ0 + ΔΨ_A, B only: Ψ0 + ΔΨ_B"),
+                kv_table("Task correlation α̂", results.get("alpha") or {}, digits=3)]
+
+
+def finding(results: dict) -> str:
+    """The best λ for keeping both tasks and for unlearning B, and how correlated the two tasks are."""
+    t1, t2 = results["tasks"]
+    c1, c2 = results["columns"][:2]
+    best, refs = results.get("best") or {}, results["reference"]
+    parts = []
+    multi, unlearn = best.get("multi_task"), best.get("unlearning")
+    if multi is not None:
+        parts.append(f"the best multi-task λ is {multi['lambda']:g} ({c1} {multi[c1]:.2f}, {c2} {multi[c2]:.2f}; "
+                     f"each vector alone {refs['A only'][c1]:.2f} and {refs['B only'][c2]:.2f})")
+    if unlearn is not None:
+        parts.append(f"unlearning works best at λ={unlearn['lambda']:g} ({c1} {unlearn[c1]:.2f}, "
+                     f"{c2} {unlearn[c2]:.2f})")
+    text = f"For Ψ0 + ΔΨ({t1}) + λ·ΔΨ({t2}), " + ("; ".join(parts) if parts else "no λ was swept") + "."
+    alpha = {k: v for k, v in (results.get("alpha") or {}).items() if v is not None}
+    if alpha:
+        text += " Task correlation: " + ", ".join(f"{k.replace('_', ' ')} {v:.3f}" for k, v in alpha.items()) + "."
+    return text
 
 
 def _col(task: str, index: int, tasks: list[str], shots: int, all_shots: tuple[int, ...]) -> str:

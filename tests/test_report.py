@@ -42,8 +42,12 @@ def _conditions() -> list[dict]:
     ]
 
 
-def _report(**results) -> dict:
+FINDING = "Ablating head 17.3 cuts capitalize from 0.90 to 0.12; a random head keeps 0.88."
+
+
+def _report(finding: str | None = FINDING, **results) -> dict:
     return build_report(
+        finding=finding,
         plugin="ablate",
         plugin_version="0.1.0",
         model={
@@ -149,8 +153,61 @@ def test_write_report(tmp_path, figure):
     assert "data:image/png;base64," in page and "heatmap.png" in page
     assert "&lt;tiny&gt; &amp; co" in page and "<tiny>" not in page
     assert not re.search(r"https?://", page)
-    assert "capitalize" in page and "0.125" in page  # conditions x tasks accuracy grid
+    assert "capitalize" in page and "0.12" in page  # conditions x tasks accuracy grid
     assert "2 × 4, max 7" in page  # score grids are summarised, not dumped
+    assert loaded["finding"] == FINDING
+
+
+def test_page_reads_finding_figure_tables_then_details(tmp_path, figure):
+    out = write_report(tmp_path / "r", _report(), figures={"heatmap": figure, "second": figure})
+    page = (out / "report.html").read_text()
+    order = [page.index(x) for x in ('class="finding"', '<figure class="headline">', "<h2>Results</h2>",
+                                      "<h2>More figures</h2>", "<summary>Parameters</summary>",
+                                      "<summary>Raw results</summary>", "<summary>Timings and environment</summary>")]
+    assert order == sorted(order)
+    assert FINDING in page and page.count("<figure") == 2
+    # every table sits in its own scroll box, so a wide one never widens the page
+    assert page.count("<table") == page.count('<div class="scroll"><table')
+    assert "overflow-x:auto" in page and "max-width:100%" in page
+    assert 'class="finding"' not in render_html(_report(finding=None), {})
+
+
+def test_finding_is_an_optional_string():
+    assert "finding" not in _report(finding=None)
+    validate_report({**_report(), "finding": None})
+    with pytest.raises(MechkitError, match="finding"):
+        validate_report({**_report(), "finding": 3})
+
+
+def test_tables_round_per_table_and_shorten_head_lists():
+    from mechkit.report import Table, pm
+    from mechkit.report.html import table_html
+
+    heads = [{"layer": layer, "head": h} for layer in range(3) for h in range(3)]
+    t = Table("Accuracy", ["condition", "heads", "swap"],
+              [["clean", [], 0.9], ["target", heads, 0.125], ["random", "3 draws", pm(0.5, 0.0123)]],
+              note="zero ablation")
+    html = table_html(t)
+    assert ">0.90<" in html and ">0.12<" in html and ">0.50 ± 0.01<" in html
+    assert ">0.0, 0.1, 0.2, 1.0, 1.1" not in html  # never the long list inline: on hover
+    assert 'title="0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 2.0, 2.1, 2.2">0.0, 0.1, 0.2, 1.0 (+5)</span>' in html
+    assert "zero ablation" in html
+    assert ">0.125<" in table_html(Table("t", ["", "v"], [["x", 0.125]], digits=3))
+    with pytest.raises(ValueError, match="row 0"):
+        Table("bad", ["a", "b"], [["only one"]])
+    console = Console(record=True, width=100)
+    from mechkit.report import rich_table
+
+    console.print(rich_table(t))
+    text = console.export_text()
+    assert "0.12" in text and "0.50 ± 0.01" in text and "(+5)" in text and "zero ablation" in text
+
+
+def test_page_uses_the_plugin_tables_when_given():
+    from mechkit.report import Table
+
+    page = render_html(_report(), {}, tables=[Table("Pivot", ["guide", "0.2"], [["wanda", 0.5]])])
+    assert "<h3>Pivot</h3>" in page and "Accuracy by condition" not in page.split("<h2>Details</h2>")[0]
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, figure):
@@ -197,12 +254,15 @@ def test_summary_table_shows_conditions_by_task():
     console.print(summary_table(_report()))
     text = console.export_text()
     assert "capitalize" in text and "swap" in text
-    assert "0.125" in text and "17.3" in text and "target" in text
+    assert "0.12" in text and "17.3" in text and "target" in text
 
     console = Console(record=True, width=120)
     print_summary(_report(), console=console)
     text = console.export_text()
-    assert "ablate" in text and "seed 0" in text and "0.125" in text and "grid" in text
+    assert "ablate" in text and "seed 0" in text and "0.12" in text and "grid" in text
+    # the terminal follows the page: the finding first, then the tables, the timings last
+    assert text.index("seed 0") < text.index("Ablating head 17.3") < text.index("Accuracy by condition") \
+        < text.index("run_s")
 
 
 def test_summary_table_flattens_nested_scalars():
@@ -211,7 +271,7 @@ def test_summary_table_flattens_nested_scalars():
     console = Console(record=True, width=120)
     console.print(summary_table(r))
     text = console.export_text()
-    assert "top.b.c" in text and "22 more in" in text
+    assert "top.b.c" in text and "22 more rows in" in text
 
 
 def test_render_html_generic_shapes():

@@ -1,5 +1,8 @@
 """Reports: every run leaves ``report.json`` (schema ``mechkit.report/v1``), ``report.html`` and its figures.
 
+A report reads top down: the plugin's finding (one or two sentences with the numbers), the headline
+figure, the plugin's tables (:class:`Table`), then parameters, environment and raw results.
+
 Importing this package stays cheap — no torch, no matplotlib: the plot functions load on first use.
 
 >>> import tempfile, pathlib
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mechkit.report.compare import Comparison, compare_runs, print_compare, render_compare_html, write_compare
 from mechkit.report.html import render_html
 from mechkit.report.schema import SCHEMA, build_report, to_jsonable, validate_report
-from mechkit.report.show import load_report, print_summary, summary_table
+from mechkit.report.show import load_report, print_summary, rich_table, summary_table
+from mechkit.report.table import Table, compare_tables, generic_tables, kv_table, pm
 from mechkit.report.writer import default_out_dir, write_report
 
 if TYPE_CHECKING:
@@ -30,18 +35,29 @@ _PLOTS = ("head_heatmap", "line_plot", "bar_plot", "xy_plot")
 
 __all__ = [
     "SCHEMA",
+    "Comparison",
+    "Table",
     "bar_plot",
     "build_report",
+    "compare_runs",
+    "compare_tables",
     "default_out_dir",
+    "generic_tables",
     "head_heatmap",
+    "kv_table",
     "line_plot",
     "xy_plot",
     "load_report",
+    "pm",
+    "print_compare",
     "print_summary",
+    "render_compare_html",
     "render_html",
+    "rich_table",
     "summary_table",
     "to_jsonable",
     "validate_report",
+    "write_compare",
     "write_report",
 ]
 

@@ -1,9 +1,14 @@
 """``report.html``: one self-contained page rendered from the same data as ``report.json``.
 
-The page must open from a laptop's file browser, an e-mail attachment or an air-gapped cluster,
-so it carries its CSS inline and its PNGs as base64 data URIs and references nothing outside itself.
-Results are rendered generically — scalars as key/value rows, lists of records as tables, score
-grids as a one-line summary (the heatmap shows them) — so a new plugin gets a readable page for free.
+The page reads top down the way a researcher asks: what was found (the plugin's ``finding``
+sentence, numbers included), the headline figure (the first one the plugin made), the plugin's
+tables (:class:`~mechkit.report.table.Table` pivots, numbers rounded per table, long head lists
+shortened with the full list on hover), the other figures; then parameters, model, raw results,
+timings and environment, each collapsed. The page must open from a laptop's file browser, an
+e-mail attachment or an air-gapped cluster, so it carries its CSS inline and its PNGs as base64
+data URIs and references nothing outside itself. At 1280 px nothing scrolls sideways: figures
+shrink to the column, text breaks anywhere it must, and a table wider than the column scrolls
+inside its own box.
 """
 
 from __future__ import annotations
@@ -14,115 +19,139 @@ from html import escape
 from typing import Any
 
 from mechkit.report import values as V
+from mechkit.report.table import Table, cell_text, generic_tables, is_value
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;max-width:1100px;margin:0 auto;padding:1.5em}
-h1{font-size:1.6em;margin:0 0 .2em}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+CSS = """
+*,*::before,*::after{box-sizing:border-box}
+body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;max-width:1120px;margin:0 auto;
+padding:1.5em 2em;overflow-wrap:anywhere}
+h1{font-size:1.6em;margin:0 0 .1em}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
 h3,h4,h5,h6{font-size:1em;margin:1.2em 0 .4em}.muted{color:#666}code{font-family:ui-monospace,monospace}
-table{border-collapse:collapse;margin:.4em 0 1em;font-size:13px}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f5f5f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.card{background:#f5f5f7;border-radius:6px;padding:.6em 1em;margin:.8em 0}
-figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#666;font-size:12px}
-pre{background:#f5f5f7;padding:.6em;overflow-x:auto;font-size:12px}
+.meta{color:#555;margin:0 0 1em}
+.finding{font-size:1.15em;line-height:1.5;border-left:4px solid #3b6fd6;background:#f3f6fd;padding:.6em 1em;margin:1em 0}
+.scroll{max-width:100%;overflow-x:auto;margin:.4em 0 1em}
+table{border-collapse:collapse;font-size:13.5px}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;
+vertical-align:top;overflow-wrap:normal}
+th{background:#f5f5f7;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.txt{max-width:28em;overflow-wrap:anywhere}
+[title]{text-decoration:underline dotted #999;cursor:help}
+.note{color:#666;font-size:13px;margin:-.6em 0 1em}
+figure{margin:1em 0;max-width:100%}figure img{display:block;max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#666;font-size:12px}
+.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,480px),1fr));gap:1em}
+.figs figure{margin:0}
+details{margin:.5em 0;border:1px solid #e5e5e5;border-radius:6px;padding:.3em .8em}
+summary{cursor:pointer;font-weight:600}
+pre{background:#f5f5f7;padding:.6em;overflow-x:auto;font-size:12px;white-space:pre-wrap}
 """
 
 _MAX_ROWS = 200
 _MAX_DEPTH = 6
 
 
-def render_html(report: dict, images: dict[str, bytes]) -> str:
-    """Return the report as one HTML page; ``images`` maps artifact file names to PNG bytes."""
+def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | None = None) -> str:
+    """Return the report as one HTML page; ``images`` maps artifact file names to PNG bytes and
+    ``tables`` are the plugin's (default: :func:`~mechkit.report.table.generic_tables` of the results)."""
     results = report.get("results") or {}
+    tables = generic_tables(results) if tables is None else tables
+    names = [a for a in report.get("artifacts") or [] if a in images] + \
+        [n for n in images if n not in (report.get("artifacts") or [])]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(report.get('plugin', 'mechkit'))} — mechkit report</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{CSS}</style></head><body>",
         _header(report),
-        "<h2>Parameters</h2>",
-        _kv_table(report.get("params") or {}),
     ]
-    summary, rest = _split_summary(results)
-    if summary:
-        parts += ["<h2>Summary</h2>", *summary]
-    if rest:
-        parts += ["<h2>Results</h2>", _block(rest, 3)]
-    parts.append(_images(report.get("artifacts") or [], images))
-    parts += ["<h2>Timings</h2>", _kv_table(_seconds(report.get("timings") or {}))]
-    parts += ["<h2>Environment</h2>", _kv_table(report.get("environment") or {})]
-    parts.append(f'<p class="muted">schema <code>{_e(report.get("schema", ""))}</code></p>')
+    if report.get("finding"):
+        parts.append(f'<p class="finding">{_e(report["finding"])}</p>')
+    if names:
+        parts.append(figure_html(names[0], images[names[0]], headline=True))
+    if tables:
+        parts += ["<h2>Results</h2>", *(table_html(t) for t in tables)]
+    if len(names) > 1:
+        parts += ["<h2>More figures</h2>",
+                  '<div class="figs">' + "".join(figure_html(n, images[n]) for n in names[1:]) + "</div>"]
+    others = [a for a in report.get("artifacts") or [] if a not in images]
+    parts.append("<h2>Details</h2>")
+    if others:
+        parts.append(_details("Files", "<ul>" + "".join(f"<li><code>{_e(a)}</code></li>" for a in others) + "</ul>"))
+    parts.append(_details("Parameters", _kv_table(report.get("params") or {})))
+    parts.append(_details("Model", _model_card(report)))
+    parts.append(_details("Raw results", _block(results, 3)))
+    parts.append(_details("Timings and environment", _kv_table(_seconds(report.get("timings") or {}))
+                          + _kv_table(report.get("environment") or {})))
+    parts.append(f'<p class="muted">schema <code>{_e(report.get("schema", ""))}</code> · full results in '
+                 "<code>report.json</code></p>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
+
+
+def table_html(t: Table) -> str:
+    """One table: its title, the table in its own horizontally scrolling box, and its note."""
+    head = "".join(f"<th>{_e(c)}</th>" for c in t.columns)
+    body = []
+    for row in t.rows[:_MAX_ROWS]:
+        cells = []
+        for j, v in enumerate(row):
+            text, full = cell_text(v, t.digits)
+            inner = f'<span title="{_e(full)}">{_e(text)}</span>' if full else _e(text)
+            if j == 0:
+                cells.append(f"<th>{inner}</th>")
+            else:
+                cells.append(f'<td class="{"num" if is_value(v) or v is None else "txt"}">{inner}</td>')
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    more = len(t.rows) - _MAX_ROWS
+    note = t.note + (f" … {more} more rows in report.json" if more > 0 else "")
+    return (f"<h3>{_e(t.title)}</h3><div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>" + (f'<p class="note">{_e(note)}</p>' if note else ""))
+
+
+def figure_html(name: str, png: bytes, headline: bool = False, caption: str | None = None) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    cls = ' class="headline"' if headline else ""
+    return (f'<figure{cls}><img src="data:image/png;base64,{data}" alt="{_e(name)}">'
+            f"<figcaption>{_e(caption or name)}</figcaption></figure>")
+
+
+def _details(summary: str, body: str) -> str:
+    return f"<details><summary>{_e(summary)}</summary>{body}</details>"
 
 
 def _e(v: Any) -> str:
     return escape(str(v), quote=True)
 
 
-def _header(report: dict) -> str:
+def model_line(report: dict) -> str:
+    """``tiny:llama · LlamaForCausalLM · 2 layers × 4 heads (2 KV) · float32 on cpu`` — the model in one line."""
     model = report.get("model") or {}
+    parts = [str(model.get("name") or model.get("spec") or "unknown model")]
+    if model.get("architecture") and model["architecture"] != parts[0]:
+        parts.append(str(model["architecture"]))
     shape = []
     if "n_layers" in model:
         shape.append(f"{model['n_layers']} layers")
     if "n_heads" in model:
         kv = model.get("n_kv_heads")
-        shape.append(
-            f"{model['n_heads']} heads" + (f" ({kv} KV)" if kv not in (None, model["n_heads"]) else "")
-        )
-    if "d_head" in model:
-        shape.append(f"d_head {model['d_head']}")
-    name = model.get("name") or model.get("spec") or "unknown model"
-    lines = [
-        f'<h1>{_e(report.get("plugin", "?"))} <span class="muted">{_e(report.get("plugin_version", ""))}</span></h1>',
-        f'<div class="muted">{_e(report.get("created", ""))} · mechkit {_e(report.get("mechkit_version", ""))}'
-        f" · seed {_e(report.get('seed', '—'))}</div>",
-        '<div class="card">',
-        f"<strong>{_e(name)}</strong>",
-    ]
-    if model.get("architecture"):
-        lines.append(f" · <code>{_e(model['architecture'])}</code>")
+        shape.append(f"{model['n_heads']} heads" + (f" ({kv} KV)" if kv not in (None, model["n_heads"]) else ""))
     if shape:
-        lines.append(f"<br>{_e(' × '.join(shape))}")
-    device = " on ".join(_e(model[k]) for k in ("dtype", "device") if model.get(k))
+        parts.append(" × ".join(shape))
+    device = " on ".join(str(model[k]) for k in ("dtype", "device") if model.get(k))
     if device:
-        lines.append(f"<br>{device}")
-    if model.get("spec") and model.get("spec") != name:
-        lines.append(f'<br><span class="muted">spec <code>{_e(model["spec"])}</code></span>')
-    if model.get("weights_sha256"):
-        lines.append(
-            f'<br><span class="muted">weights sha256 <code>{_e(str(model["weights_sha256"])[:16])}…</code></span>'
-        )
-    lines.append("</div>")
-    return "\n".join(lines)
+        parts.append(device)
+    return " · ".join(parts)
 
 
-def _split_summary(results: dict) -> tuple[list[str], dict]:
-    """The summary is ``results["summary"]`` if the plugin wrote one, else the top-level scalars;
-    a conditions × tasks accuracy grid is added when ``results["conditions"]`` has that shape."""
-    summary: list[str] = []
-    if isinstance(results.get("summary"), (dict, list)):
-        summary.append(_block(results["summary"], 3))
-        rest = {k: v for k, v in results.items() if k != "summary"}
-    else:
-        scalars = {k: v for k, v in results.items() if V.is_cell_value(v)}
-        if scalars:
-            summary.append(_kv_table(scalars))
-        rest = {k: v for k, v in results.items() if k not in scalars}
-    grid = V.conditions_accuracy(results)
-    if grid:
-        tasks, rows = grid
-        head = "".join(f"<th>{_e(t)}</th>" for t in tasks)
-        body = []
-        for r in rows:
-            accs = "".join(_num_td(r["accuracy"].get(t)) for t in tasks)
-            seed = "" if r["seed"] is None else _e(r["seed"])
-            body.append(f"<tr><td>{_e(r['name'])}</td><td>{seed}</td><td>{_e(r['heads'])}</td>{accs}</tr>")
-        summary.append(
-            "<h3>Accuracy by condition</h3><table><tr><th>condition</th><th>seed</th><th>heads</th>"
-            f"{head}</tr>{''.join(body)}</table>"
-        )
-    return summary, rest
+def _header(report: dict) -> str:
+    return (f'<h1>{_e(report.get("plugin", "?"))} <span class="muted">{_e(report.get("plugin_version", ""))}'
+            f'</span></h1><p class="meta">{_e(model_line(report))} · seed {_e(report.get("seed", "—"))} · '
+            f'{_e(report.get("created", ""))} · mechkit {_e(report.get("mechkit_version", ""))}</p>')
+
+
+def _model_card(report: dict) -> str:
+    model = report.get("model") or {}
+    return _kv_table(model) if model else '<p class="muted">(none)</p>'
 
 
 def _block(v: Any, depth: int) -> str:
@@ -139,8 +168,10 @@ def _block(v: Any, depth: int) -> str:
         shape = V.numeric_shape(v)
         if shape and len(shape) >= 2:
             return f"<p>array {_e(V.array_summary(v))}</p>"
-        if V.is_head_list(v) or all(V.is_scalar(x) for x in v):
-            more = f" … ({len(v) - 50} more)" if len(v) > 50 and not V.is_head_list(v) else ""
+        if V.is_head_list(v):
+            return f"<p>{_cell_span(v)}</p>"
+        if all(V.is_scalar(x) for x in v):
+            more = f" … ({len(v) - 50} more)" if len(v) > 50 else ""
             return f"<p>{_e(V.cell(v[:50] if more else v, width=2000))}{_e(more)}</p>"
         if all(isinstance(x, dict) for x in v):
             return _records_table(v)
@@ -166,9 +197,17 @@ def _kv_table(d: dict) -> str:
         return '<p class="muted">(none)</p>'
     rows = []
     for k, v in d.items():
-        td = _num_td(v) if V.is_number(v) else f"<td>{_e(V.cell(v, width=200))}</td>"
+        td = _num_td(v) if V.is_number(v) else f'<td class="txt">{_cell_span(v, 200)}</td>'
         rows.append(f"<tr><th>{_e(k)}</th>{td}</tr>")
-    return f"<table>{''.join(rows)}</table>"
+    return f"<div class=\"scroll\"><table>{''.join(rows)}</table></div>"
+
+
+def _cell_span(v: Any, width: int = 80) -> str:
+    """A raw value as cell text; head lists shortened, the full list on hover."""
+    if V.is_head_list(v):
+        text, full = cell_text(v)
+        return f'<span title="{_e(full)}">{_e(text)}</span>' if full else _e(text)
+    return _e(V.cell(v, width=width))
 
 
 def _num_td(v: Any) -> str:
@@ -190,7 +229,7 @@ def _grid_table(d: dict) -> str:
         f"<tr><th>{_e(k)}</th>{''.join(_num_td(row.get(c)) if c in row else '<td></td>' for c in cols)}</tr>"
         for k, row in d.items()
     )
-    return f"<table><tr><th></th>{head}</tr>{body}</table>"
+    return f"<div class=\"scroll\"><table><tr><th></th>{head}</tr>{body}</table></div>"
 
 
 def _records_table(records: list[dict]) -> str:
@@ -206,28 +245,11 @@ def _records_table(records: list[dict]) -> str:
             elif V.is_number(r[c]):
                 cells.append(_num_td(r[c]))
             else:
-                cells.append(f"<td>{_e(V.cell(r[c]))}</td>")
+                cells.append(f'<td class="txt">{_cell_span(r[c])}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
     more = len(records) - _MAX_ROWS
     note = f'<p class="muted">… {more} more rows in report.json</p>' if more > 0 else ""
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>{note}"
-
-
-def _images(artifacts: list[str], images: dict[str, bytes]) -> str:
-    names = [a for a in artifacts if a in images] + [n for n in images if n not in artifacts]
-    others = [a for a in artifacts if a not in images]
-    if not names and not others:
-        return ""
-    out = ["<h2>Figures and files</h2>"]
-    for name in names:
-        data = base64.b64encode(images[name]).decode("ascii")
-        out.append(
-            f'<figure><img src="data:image/png;base64,{data}" alt="{_e(name)}">'
-            f"<figcaption>{_e(name)}</figcaption></figure>"
-        )
-    if others:
-        out.append("<ul>" + "".join(f"<li><code>{_e(a)}</code></li>" for a in others) + "</ul>")
-    return "\n".join(out)
+    return f"<div class=\"scroll\"><table><tr>{head}</tr>{''.join(body)}</table></div>{note}"
 
 
 def _seconds(timings: dict) -> dict:

@@ -135,8 +135,12 @@ def build_report(
     artifacts: list[str],
     timings: dict,
     nonfinite: str = "null",
+    finding: str | None = None,
 ) -> dict[str, Any]:
     """Assemble a valid ``mechkit.report/v1`` dict; every value is converted to strict JSON.
+
+    ``finding`` is the plugin's one- or two-sentence statement of what the run found (numbers
+    included); it is stored as the report's optional ``finding`` string when given.
 
     ``nonfinite="error"`` refuses a NaN or infinite number anywhere with a :class:`MechkitError`
     naming its key path (see :func:`validate_report`); the default ``"null"`` writes it as ``null``
@@ -164,6 +168,8 @@ def build_report(
         "timings": to_jsonable(timings, keep),
         "environment": environment(),
     }
+    if finding is not None:
+        report["finding"] = str(finding)
     validate_report(report)
     return report
 
@@ -220,6 +226,8 @@ def validate_report(d: Any) -> None:
     for i, name in enumerate(d["artifacts"]):
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
             raise MechkitError(f"report key 'artifacts[{i}]' must be a plain file name, not {name!r}")
+    if d.get("finding") is not None and not isinstance(d["finding"], str):
+        raise MechkitError(f"report key 'finding' must be a string, not {type(d['finding']).__name__}")
     for name, value in d["timings"].items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise MechkitError(f"report key 'timings.{name}' must be a number of seconds, not {value!r}")

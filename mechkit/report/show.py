@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from mechkit.errors import MechkitError, first_line
 from mechkit.report import values as V
 from mechkit.report.schema import validate_report
+from mechkit.report.table import Table as ReportTable
+from mechkit.report.table import cell_text, generic_tables, is_value
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,18 +71,34 @@ def safe_text(value: Any, style: str = "") -> Text:
 
 
 def summary_table(report: dict) -> Table:
-    """The results as one compact table.
-
-    With ``results["conditions"]`` (clean / target / random runs): one row per condition and one
-    accuracy column per task. Otherwise: results flattened to dotted keys, at most ``MAX_ROWS`` rows.
-    """
-    results = report.get("results") or {}
-    grid = V.conditions_accuracy(results)
-    return _conditions_table(*grid) if grid else _scalars_table(results)
+    """The report's first table (the generic one: a conditions × tasks accuracy grid, else its
+    summary or top-level values) as a rich table."""
+    tables = generic_tables(report.get("results") or {})
+    if not tables:
+        return _scalars_table(report.get("results") or {})
+    return rich_table(tables[0])
 
 
-def print_summary(report: dict, console: Console | None = None) -> None:
-    """Print plugin, model, seed, timings and the results table(s)."""
+def rich_table(t: ReportTable) -> Table:
+    """A :class:`~mechkit.report.table.Table` for the terminal: the same cells and rounding as the page."""
+    from rich.table import Table
+
+    table = Table(title=safe_text(t.title), title_justify="left", caption=safe_text(t.note) if t.note else None,
+                  caption_justify="left")
+    values = [any(is_value(r[j]) for r in t.rows) for j in range(len(t.columns))]
+    for j, column in enumerate(t.columns):
+        table.add_column(safe_text(column), justify="right" if values[j] and j else "left",
+                         overflow="fold", max_width=None if values[j] else 40)
+    for row in t.rows[:MAX_ROWS]:
+        table.add_row(*(safe_text(cell_text(v, t.digits)[0]) for v in row))
+    if len(t.rows) > MAX_ROWS:
+        table.caption = f"… {len(t.rows) - MAX_ROWS} more rows in report.json"
+    return table
+
+
+def print_summary(report: dict, console: Console | None = None, tables: list[ReportTable] | None = None) -> None:
+    """Print the report in the page's order: plugin and model, the finding, then the tables
+    (``tables``, default the generic ones of the results), then the timings."""
     from rich.console import Console
     from rich.text import Text
 
@@ -95,44 +113,17 @@ def print_summary(report: dict, console: Console | None = None) -> None:
         header.append(safe_text(f" ({', '.join(details)})", style="dim"))
     header.append(safe_text(f"  seed {report.get('seed', '—')}"))
     console.print(header)
+    if report.get("finding"):
+        console.print(safe_text(report["finding"], style="bold"))
+    results = report.get("results") or {}
+    tables = generic_tables(results) if tables is None else tables
+    for t in tables:
+        console.print(rich_table(t))
+    if not tables:
+        console.print(_scalars_table(results))
     timings = report.get("timings") or {}
     if timings:
         console.print(safe_text("  ".join(f"{k} {V.fmt(v)}" for k, v in timings.items()), style="dim"))
-    results = report.get("results") or {}
-    grid = V.conditions_accuracy(results)
-    if grid:
-        console.print(_conditions_table(*grid))
-    # A plugin's own "summary" is what it wants a terminal reader to see; the rest is in report.json.
-    if isinstance(results.get("summary"), dict):
-        console.print(_scalars_table({"summary": results["summary"]}))
-    elif grid:
-        rest = {k: v for k, v in results.items() if k != "conditions"}
-        if rest:
-            console.print(_scalars_table(rest))
-    else:
-        console.print(_scalars_table(results))
-
-
-def _conditions_table(tasks: list[str], rows: list[dict[str, Any]]) -> Table:
-    from rich.table import Table
-
-    table = Table(title="accuracy by condition", title_justify="left")
-    table.add_column("condition")
-    table.add_column("seed", justify="right")
-    table.add_column("heads", overflow="fold", max_width=40)
-    for task in tasks:
-        table.add_column(safe_text(task), justify="right")
-    for r in rows[:MAX_ROWS]:
-        seed = "" if r["seed"] is None else str(r["seed"])
-        accs = [_acc(r["accuracy"].get(t)) if t in r["accuracy"] else "" for t in tasks]
-        table.add_row(*(safe_text(c) for c in (r["name"], seed, r["heads"], *accs)))
-    if len(rows) > MAX_ROWS:
-        table.caption = f"… {len(rows) - MAX_ROWS} more conditions in report.json"
-    return table
-
-
-def _acc(v: Any) -> str:
-    return "—" if v is None else f"{v:.3f}" if V.is_number(v) else str(v)
 
 
 def _scalars_table(results: dict) -> Table:

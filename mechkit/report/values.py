@@ -124,8 +124,9 @@ def is_cell_value(v: Any) -> bool:
 def conditions_accuracy(results: dict) -> tuple[list[str], list[dict[str, Any]]] | None:
     """For ``results["conditions"]``: the task names and one row per condition, else ``None``.
 
-    Each row is ``{"name", "seed", "heads", "accuracy": {task: value}}``; a task's metric may be a
-    dict with ``"accuracy"`` or a bare number.
+    Each row is ``{"name", "seed", "heads", "heads_list", "accuracy": {task: value}}`` (``heads`` is
+    short text, ``heads_list`` the heads themselves or ``None``); a task's metric may be a dict with
+    ``"accuracy"`` or a bare number.
     """
     conditions = results.get("conditions") if isinstance(results, dict) else None
     if not isinstance(conditions, list) or not conditions:
@@ -152,6 +153,7 @@ def conditions_accuracy(results: dict) -> tuple[list[str], list[dict[str, Any]]]
                 else cell(heads, 40)
                 if heads
                 else "",
+                "heads_list": heads if is_head_list(heads) else None,
                 "accuracy": acc,
             }
         )

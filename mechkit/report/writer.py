@@ -25,6 +25,8 @@ from mechkit.report.schema import to_jsonable, validate_report
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from mechkit.report.table import Table
+
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 PNG_DPI = 120
@@ -51,11 +53,13 @@ def write_report(
     figures: Mapping[str, Figure] | None = None,
     files: Mapping[str, bytes | str | Path] | None = None,
     force: bool = False,
+    tables: list[Table] | None = None,
 ) -> Path:
     """Write ``report.json``, ``report.html``, one PNG per figure and the extra files; return ``out_dir``.
 
     ``figures`` maps names (``"heatmap"`` or ``"heatmap.png"``) to matplotlib figures, ``files``
-    maps file names to contents (or to a directory ``Path``, moved in whole). Every name written is added to ``report["artifacts"]``; the
+    maps file names to contents (or to a directory ``Path``, moved in whole), ``tables`` are the page's
+    tables (the plugin's; default the generic ones). Every name written is added to ``report["artifacts"]``; the
     caller's dict is not modified. Raises :class:`ReportExistsError` when ``out_dir`` already
     holds a report and ``force`` is false, and :class:`MechkitError` naming the key path when a
     value is NaN or infinite (:func:`~mechkit.report.schema.validate_report`); nothing is written then.
@@ -82,13 +86,13 @@ def write_report(
         if out.exists():
             tmp = temp_dir_beside(out)
             try:
-                _render(tmp, final, figures, files)
+                _render(tmp, final, figures, files, tables)
                 _move_into(tmp, out, [*names, REPORT_HTML, REPORT_JSON])
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
             with atomic_dir(out) as tmp:  # the whole run appears in one step
-                _render(tmp, final, figures, files)
+                _render(tmp, final, figures, files, tables)
     except BaseException:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
@@ -99,7 +103,8 @@ def write_report(
     return out
 
 
-def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path]) -> None:
+def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
+            tables: list[Table] | None = None) -> None:
     """Write the figures, the files, ``report.html`` and ``report.json`` (last) of the checked report
     ``final`` into ``tmp``."""
     images: dict[str, bytes] = {}
@@ -116,7 +121,7 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
             images[name] = data
 
     text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
-    (tmp / REPORT_HTML).write_text(render_html(final, images), encoding="utf-8")
+    (tmp / REPORT_HTML).write_text(render_html(final, images, tables), encoding="utf-8")
     (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
 
 

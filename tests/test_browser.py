@@ -1,0 +1,136 @@
+"""Every built-in plugin's report, opened in headless Chromium at 1280 px the way a researcher reads it.
+
+For each report page (tiny models, small settings): nothing scrolls sideways (``scrollWidth <=
+innerWidth``, with the collapsed sections closed and opened), every image loads, the finding
+sentence is there and comes before the headline figure, which comes before the tables, and the
+console stays free of errors. A screenshot of each page is kept under ``$MECHKIT_ARTIFACTS`` (default:
+this session's pytest temporary directory, ``…/browser-screenshots0``). One browser serves all pages.
+
+Chromium is Debian's ``chromium`` package; where it is missing the set-up installs it (see
+:func:`tests.chromium.find_chromium`). The tests skip, saying why, only where it cannot be had.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import mechkit as mk
+from mechkit import registry
+from mechkit.report import compare_runs, load_report, write_compare
+from mechkit.runner import report_tables
+from tests.chromium import WIDTH, Chromium, find_chromium
+
+TINY = "tiny:llama"
+# Small settings of every built-in plugin (a few seconds in all on two cores).
+OPTIONS = {
+    "inspect": dict(seq_len=16, repeats=1, batch=1),
+    "detect": dict(n_seqs=4, seg_len=6, top_k=3),
+    "ablate": dict(tasks="capitalize,swap", n=3, shots=2, top_k=2, baseline_seeds=2, sweep="1,2", n_seqs=4,
+                   seg_len=6),
+    "shuffle": dict(heads="0.0,0.1,1.2", tasks="swap", n=3, shots=2, seeds=2, n_seqs=4, seg_len=6),
+    "sweep": dict(tasks="swap", n=4, shots=2, method="both"),
+    "finetune": dict(task="capitalize", steps=2, batch_size=2, eval_n=3),
+    "icl-vectors": dict(tasks="swap,capitalize", n=3, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2,
+                        fv_scales="1"),
+    "prune": dict(guide="attribution,random", target="neurons", sparsity="0.25,0.5", tasks="capitalize,swap", n=3,
+                  calib=2, shots=2, repeats=1, timing_batch=1),
+    "taskvec-sweep": dict(lambdas="-1:1:1", n=2),  # plus --vectors, made in the fixture
+}
+PENDING = {"compose"}  # its finding and tables come with its own issue; add it here then
+# `make demo`'s ablate settings, on a random model shaped like the embedded SmolLM2 (30 layers × 9 heads, 3 KV):
+# the page's shape (tasks, k = 5 and 10 heads listed, 3 random draws) is the demo's; fewer and shorter prompts
+# (n, shots, detection sequences) change only the numbers, and keep it at a second instead of a minute and a half.
+DEMO = dict(heads="induction", tasks="capitalize,past-tense,country-capital", sweep="5,10", baseline_seeds=3,
+            n=2, shots=1, n_seqs=4, seg_len=6)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binary, why = find_chromium()
+    if binary is None:
+        pytest.skip(f"Chromium cannot be obtained here: {why}")
+    chrome = Chromium(binary)
+    yield chrome
+    chrome.close()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    where = os.environ.get("MECHKIT_ARTIFACTS")
+    if where:
+        path = Path(where) / "browser-screenshots"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("browser-screenshots")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One report directory per built-in plugin, plus ``ablate-demo`` and a ``compare`` page of the two ablates."""
+    from mechkit.model.tiny import tiny_model
+    from mechkit.taskarith import extract
+    from tests.conftest import noisy_model_dir
+
+    root = tmp_path_factory.mktemp("reports")
+    base = mk.load_model(TINY, device="cpu")
+    vectors = [extract(base, noisy_model_dir(root / f"ft{i}", seed=i + 1), tasks=[task]).save(root / f"{task}.st")
+               for i, task in enumerate(("capitalize", "lowercase"))]
+    out = {}
+    for name, options in OPTIONS.items():
+        extra = {"vectors": ",".join(map(str, vectors))} if name == "taskvec-sweep" else {}
+        out[name] = mk.run(name, model=base, out=root / name, **options, **extra).out_dir
+    model, tokenizer = tiny_model("llama", num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                  hidden_size=72, head_dim=8, intermediate_size=96)
+    smol_shaped = mk.load_model(model, tokenizer=tokenizer, device="cpu")
+    out["ablate-demo"] = mk.run("ablate", model=smol_shaped, out=root / "ablate-demo", **DEMO).out_dir
+    cmp = compare_runs([out["ablate"], out["ablate-demo"]], tables_of=report_tables)
+    out["compare"] = write_compare(cmp, root / "compare")
+    return out
+
+
+def test_find_chromium_says_why_not(monkeypatch, tmp_path):
+    monkeypatch.setenv("MECHKIT_CHROMIUM", str(tmp_path / "no-such-browser"))
+    assert find_chromium() == (None, f"MECHKIT_CHROMIUM={tmp_path / 'no-such-browser'} is not an executable")
+    monkeypatch.delenv("MECHKIT_CHROMIUM")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("MECHKIT_INSTALL_CHROMIUM", "0")
+    assert find_chromium()[0] is None and "installing is off" in find_chromium()[1]
+
+
+def test_every_builtin_plugin_is_rendered():
+    assert set(registry.entries()) - PENDING == set(OPTIONS)
+
+
+def _check_page(browser: Chromium, page: Path, shot: Path) -> dict:
+    state = browser.open(page, screenshot=shot)
+    assert state["inner_width"] == WIDTH
+    assert state["scroll_width"] <= state["inner_width"], f"sideways scroll: {state['too_wide']}"
+    assert state["scroll_width_open"] <= state["inner_width"], "sideways scroll with the details opened"
+    broken = [i["alt"] for i in state["images"] if not (i["complete"] and i["width"] > 0)]
+    assert not broken, f"images that did not load: {broken}"
+    assert not state["console_errors"], state["console_errors"]
+    assert shot.read_bytes().startswith(b"\x89PNG")
+    return state
+
+
+@pytest.mark.parametrize("name", [*OPTIONS, "ablate-demo"])
+def test_report_page_in_chromium(name, runs, browser, artifacts):
+    report = load_report(runs[name])
+    state = _check_page(browser, runs[name] / "report.html", artifacts / f"{name}.png")
+    pngs = [a for a in report["artifacts"] if a.endswith(".png")]
+    assert len(state["images"]) == len(pngs) >= 1
+    finding = report.get("finding")
+    assert finding and re.search(r"\d", finding), "the finding states numbers"
+    assert " ".join(state["finding"].split()) == " ".join(finding.split())
+    assert state["finding_top"] < state["headline_top"] < state["table_top"], "finding, figure, tables: in order"
+
+
+def test_compare_page_in_chromium(runs, browser, artifacts):
+    state = _check_page(browser, runs["compare"] / "compare.html", artifacts / "compare.png")
+    assert len(state["images"]) == 2  # each run's headline figure
+    for name in ("ablate", "ablate-demo"):
+        assert " ".join(load_report(runs[name])["finding"].split()) in " ".join(state["finding"].split())
