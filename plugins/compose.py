@@ -121,4 +121,79 @@ class ComposePlugin(Plugin):
         out["summary"] = summary_lines(out, study.top, treatments)
         specs = plots(out, shots, treatments, p["contrast"], model=m.spec, grid="study" in parts)
         figures = {name: getattr(report, s.kind)(*s.args, **s.kwargs) for name, s in specs.items()}
-        return Result(results=out, figures=figures)
+        return Result(results=out, figures=figures, finding=finding(out))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Table 4.4 (settings × models at the largest K), the ability test and gap per composite, the top
+        composite-specific heads per composite, and strengthening vs random heads."""
+        from mechkit.report import Table, pm
+
+        out = []
+        if results.get("table_4_4"):
+            specs = list(results["models"])
+            out.append(Table(f"Accuracy (%) at K = {max(results['shots'])}, mean ± std over prompt seeds "
+                             "(the seeds' Table 4.4)", ["composite", "by", "setting", *specs],
+                             [[r["tasks"], r["how"], r["setting"], *(r.get(s) for s in specs)]
+                              for r in results["table_4_4"]]))
+            rows = []
+            for spec, pairs in results["study"]["summary"].items():
+                for pair, by_k in pairs.items():
+                    for k, row in by_k.items():
+                        ab = row["ability"]
+                        verdict = "holds at 0" if ab["floor"] else ("holds" if ab["holds"] else "fails")
+                        rows.append([f"{pair} K={k}" + (f" ({spec})" if len(results["models"]) > 1 else ""),
+                                     pm(row["settings"]["composite"]["mean"], row["settings"]["composite"]["std"]),
+                                     row["gap"], row["gap_logprob"], verdict, row["ability_logprob"]["margin"]])
+            out.append(Table("Compositional-ability test and gap", ["composite", "compose", "gap (in-context − "
+                             "compose)", "gap, log-prob", "max(S_k, S_g) ≤ S_k ∪ S_g", "log-prob margin"], rows))
+        pairs = results.get("components", {}).get("pairs", {})
+        if pairs:
+            out.append(Table("Top composite-specific components (ablation effect on the composite minus on its "
+                             "parts)", ["composite", "heads", "top head CS", "top MLP", "induction heads' CS ranks",
+                                        "previous-token heads' CS ranks"],
+                             [[pair, [{"layer": h["layer"], "head": h["head"]} for h in row["selected"]],
+                               row["selected"][0]["cs"], f"layer {row['mlp_ranking'][0]['layer']}",
+                               ", ".join(map(str, row["reference_heads"]["induction"]["cs_ranks"])),
+                               ", ".join(map(str, row["reference_heads"]["previous-token"]["cs_ranks"]))]
+                              for pair, row in pairs.items()], digits=3))
+        rows = [[f"{pair} ({t})", c["clean"], c["selected"]["accuracy"], c["selected"]["strength"],
+                 pm(c["random_mean"], c["random_std"]), c["selected"]["delta_logprob"], c["random_delta_logprob"]]
+                for pair, res in results.get("strengthen", {}).items() for t, c in res.items() if isinstance(c, dict)
+                and "selected" in c and "clean" in c]
+        if rows:
+            out.append(Table("Strengthening the top composite-specific heads vs random heads (held-out composite "
+                             "accuracy)", ["composite (treatment)", "clean", "selected heads", "strength",
+                                           "random heads", "Δ log-prob selected", "Δ log-prob random"], rows))
+        return out
+
+
+def finding(results: dict) -> str | None:
+    """Whether the first model composes each pair from simple-task demonstrations at the largest K, against
+    composite demonstrations and its parts; and what strengthening the top heads did against random ones."""
+    sentences = []
+    summary = results.get("study", {}).get("summary", {})
+    if summary:
+        spec, pairs = next(iter(summary.items()))
+        k = str(max(int(x) for x in next(iter(pairs.values()))))
+        parts = []
+        for pair, by_k in pairs.items():
+            s = by_k[k]["settings"]
+            a, b = pair.split("+")
+            parts.append(f"{pair} composes {s['composite']['mean']:.2f} from simple-task demonstrations and "
+                         f"{s['composite-in-context']['mean']:.2f} from composite ones (its parts alone "
+                         f"{s['simple:' + a]['mean']:.2f} and {s['simple:' + b]['mean']:.2f})")
+        sentences.append(f"On {spec} at K = {k}, " + "; ".join(parts) + ".")
+    for pair, res in results.get("strengthen", {}).items():
+        for treatment, c in res.items():
+            if isinstance(c, dict) and "selected" in c and "clean" in c:
+                sentences.append(f"Strengthening {pair}'s top composite-specific heads ({treatment}) moves held-out "
+                                 f"composite accuracy {c['clean']:.2f} → {c['selected']['accuracy']:.2f}, random "
+                                 f"heads {c['random_mean']:.2f} ± {c['random_std']:.2f} (Δ log-prob "
+                                 f"{c['selected']['delta_logprob']:+.3f} vs {c['random_delta_logprob']:+.3f}).")
+    if not sentences:
+        for pair, row in results.get("components", {}).get("pairs", {}).items():
+            h = row["selected"][0]
+            sentences.append(f"The most composite-specific head for {pair} is {h['layer']}.{h['head']} "
+                             f"(CS {h['cs']:+.3f}).")
+    return " ".join(sentences) or None
