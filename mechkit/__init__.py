@@ -36,6 +36,7 @@ _LAZY = {
     "Option": "mechkit.plugin",
     "Result": "mechkit.plugin",
     "RunContext": "mechkit.plugin",
+    "Table": "mechkit.report",
     "run_plugin": "mechkit.runner",
 }
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from mechkit.model.heads import Head, parse_heads
     from mechkit.model.loading import load_model
     from mechkit.plugin import Option, Plugin, Result, RunContext
+    from mechkit.report import Table
     from mechkit.runner import run_plugin
     from mechkit.tasks import build_prompts, list_tasks
 
@@ -73,6 +75,7 @@ __all__ = [
     "Plugin",
     "Result",
     "RunContext",
+    "Table",
     "__version__",
     "ablate",
     "build_prompts",
