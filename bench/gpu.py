@@ -1,0 +1,182 @@
+"""GPU readiness: detect, ablate and an exact head sweep on a random model of a real size, in plain-forward units.
+
+The model is built from a config only (random weights, bf16 on CUDA, float32 on CPU): the default
+``llama3-8b`` shape is Llama-3-8B's (32 layers, 32 query / 8 KV heads, d_model 4096, MLP 14336,
+vocabulary 128256). Weights are random, so accuracies mean nothing here; what is measured is cost:
+
+- ``plain``: median time of one HF forward on the batch (full logits), and its tokens/s;
+- ``detect``: :func:`mechkit.heads.head_scores` on repeated random tokens (one pass, patterns reduced
+  in hooks), tokens/s and the ratio to the plain forward's throughput;
+- ``ablate``: scoring the task prompts with the top-k heads zero-ablated (:func:`mechkit.ablate`),
+  against scoring them clean;
+- ``sweep``: :func:`mechkit.heads.exact_effects` over ``--sweep-layers`` layers (every head of each,
+  replaying only the blocks from that layer up), in plain-forward equivalents per head.
+
+Peak CUDA memory (``torch.cuda.max_memory_allocated``) is recorded for each, with the weights'
+own size for reference. On CPU the script runs (``--shape tiny`` or ``1b``) as a smoke test; the
+figures worth quoting come from a GPU.
+
+    python bench/gpu.py [--shape llama3-8b|1b|tiny] [--quick] [--n 16] [--shots 4] [--sweep-layers 2]
+"""
+
+from __future__ import annotations
+
+import common
+
+SHAPES = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512),
+}
+
+
+def build(shape: str, device: str):
+    """A random-initialised Llama of ``shape`` on ``device`` (bf16 on CUDA), with mechkit's byte tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import mechkit as mk
+    from mechkit.model.tiny import byte_tokenizer
+
+    config = LlamaConfig(max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[shape])
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.eval()
+    return mk.load_model(model, tokenizer=byte_tokenizer(), device=device, dtype=dtype)
+
+
+def measure(fn, device: str, repeats: int) -> dict:
+    """Median seconds of ``fn`` and, on CUDA, its peak allocated memory (GiB)."""
+    import torch
+
+    cuda = device.startswith("cuda")
+
+    def synced():
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return out
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    stats = common.median_time(synced, repeats)
+    if cuda:
+        stats["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return stats
+
+
+def main() -> None:
+    p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default llama3-8b on CUDA, tiny on CPU")
+    p.add_argument("--task", default="capitalize")
+    p.add_argument("--n", type=int, default=None, help="task prompts (default 16; quick 4)")
+    p.add_argument("--shots", type=int, default=None, help="demonstrations per prompt (default 4; quick 1)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--n-seqs", type=int, default=16, help="repeated-token sequences for detect")
+    p.add_argument("--seg-len", type=int, default=64)
+    p.add_argument("--top-k", type=int, default=10, help="heads ablated")
+    p.add_argument("--sweep-layers", type=int, default=2, help="layers of the exact sweep (each: every head)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs (default 5; quick 2)")
+    args = p.parse_args()
+
+    common.go_offline()
+    threads = common.set_threads(args.threads)
+    import torch
+
+    import mechkit as mk
+    from mechkit.eval.scoring import batches as make_batches
+    from mechkit.heads import exact_effects, head_scores, repeated_tokens, top_heads
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = args.shape or ("llama3-8b" if device == "cuda" else "tiny")
+    n, shots = args.n or (4 if args.quick else 16), args.shots or (1 if args.quick else 4)
+    repeats = args.repeats or (2 if args.quick else 5)
+    seg_len = 8 if args.quick else args.seg_len
+    n_seqs = 4 if args.quick else args.n_seqs
+
+    handle = build(shape, device)
+    a = handle.anatomy
+    weights_gib = sum(t.numel() * t.element_size() for t in handle.model.parameters()) / 2**30
+    prompts = mk.build_prompts(args.task, n=n, shots=shots, seed=0)
+    batch = make_batches(handle, prompts, args.batch_size)[0]
+    prompt_tokens = int(batch.mask.sum())
+    tokens = repeated_tokens(handle, n_seqs=n_seqs, seg_len=seg_len, seed=0)
+    detect_tokens = tokens.numel()
+
+    def plain(ids, mask=None):
+        with torch.no_grad():
+            return handle.model(input_ids=ids.to(handle.device),
+                                attention_mask=None if mask is None else mask.to(handle.device)).logits
+
+    rows, out = [], {"shape": shape, "device": device, "dtype": str(handle.dtype), "weights_gib": weights_gib,
+                     "n_layers": a.n_layers, "n_heads": a.n_heads}
+    base = measure(lambda: plain(tokens), device, repeats)
+    out["plain_detect_batch"] = base
+    det = measure(lambda: head_scores(handle, tokens, seg_len, batch_size=len(tokens)), device, repeats)
+    out["detect"] = det
+    rows.append(("plain forward (detect batch)", f"{detect_tokens / base['median_s']:.0f}", "1.00",
+                 f"{base.get('peak_cuda_gib', 0):.2f}"))
+    rows.append(("detect (head_scores)", f"{detect_tokens / det['median_s']:.0f}",
+                 f"{det['median_s'] / base['median_s']:.2f}", f"{det.get('peak_cuda_gib', 0):.2f}"))
+
+    scores = head_scores(handle, tokens, seg_len, batch_size=len(tokens)).scores["induction"]
+    heads = top_heads(scores, min(args.top_k, a.n_layers * a.n_heads))
+    clean = measure(lambda: plain(batch.ids, batch.mask), device, repeats)
+    out["plain_prompt_batch"] = clean
+    scored = measure(lambda: mk.score_prompts(handle, prompts, batch_size=args.batch_size), device, repeats)
+
+    def ablated():
+        with mk.ablate(handle, heads, mode="zero"):
+            return mk.score_prompts(handle, prompts, batch_size=args.batch_size)
+
+    abl = measure(ablated, device, repeats)
+    out["score_clean"], out["score_ablated"] = scored, abl
+    for label, m in (("plain forward (prompt batch)", clean), ("score prompts (clean)", scored),
+                     (f"score prompts, top-{len(heads)} heads ablated", abl)):
+        rows.append((label, f"{prompt_tokens / m['median_s']:.0f}", f"{m['median_s'] / clean['median_s']:.2f}",
+                     f"{m.get('peak_cuda_gib', 0):.2f}"))
+
+    layers = min(args.sweep_layers, a.n_layers)
+    sweep_prompts = list(prompts)[: args.batch_size]
+
+    def sweep():  # the first ``layers`` layers only: theirs are the costliest replays (every block above)
+        from mechkit.heads import effects
+
+        real = effects._layer_effects
+        def limited(clean_run, layer, *rest):
+            if layer >= layers:
+                return {"logprob": [0.0] * a.n_heads, "accuracy": [0.0] * a.n_heads}
+            return real(clean_run, layer, *rest)
+
+        effects._layer_effects = limited
+        try:
+            return exact_effects(handle, sweep_prompts, batch_size=args.batch_size)
+        finally:
+            effects._layer_effects = real
+
+    sw = measure(sweep, device, 1)
+    per_head = sw["median_s"] / (layers * a.n_heads)
+    out["sweep"] = {**sw, "layers": layers, "seconds_per_head": per_head,
+                    "plain_forwards_per_head": per_head / clean["median_s"]}
+    rows.append((f"exact sweep, layers 0–{layers - 1} ({layers * a.n_heads} heads)",
+                 f"{prompt_tokens * layers * a.n_heads / sw['median_s']:.0f}",
+                 f"{per_head / clean['median_s']:.2f} per head", f"{sw.get('peak_cuda_gib', 0):.2f}"))
+
+    print(f"{shape} on {device} ({out['dtype']}, weights {weights_gib:.2f} GiB, {threads} CPU threads)")
+    print(common.table(rows, ("what", "tokens/s", "time ÷ plain forward", "peak CUDA GiB")))
+    out["environment"] = common.environment(threads)
+    print("wrote", common.write_json("gpu", out, args.out))
+
+
+if __name__ == "__main__":
+    main()
