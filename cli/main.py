@@ -43,6 +43,9 @@ def run_one_line(call) -> Any:
         return call()
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
+    except click.exceptions.NoArgsIsHelpError as err:  # `mechkit`, `mechkit report`: their help, as asked
+        click.echo(err.ctx.get_help() if err.ctx is not None else err.format_message())
+        sys.exit(0)
     except click.UsageError as err:
         where = f" — see `{err.ctx.command_path} --help`" if err.ctx is not None else ""
         _echo_err(_one_line(err.format_message()) + where)

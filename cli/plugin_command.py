@@ -15,7 +15,8 @@ import click
 from mechkit.errors import MechkitError
 from mechkit.options import Option
 
-COMMON = ("model", "seed", "out", "force", "device", "dtype", "device_map", "max_memory", "offload_folder")
+COMMON = ("model", "seed", "out", "force", "device", "dtype", "device_map", "max_memory", "offload_folder", "backend",
+          "remote")
 
 
 class DeclaredType(click.ParamType):
@@ -63,6 +64,18 @@ def dispatch_options() -> list[click.Option]:
     ]
 
 
+def backend_options() -> list[click.Option]:
+    """``--backend`` and ``--remote``: where the forwards run (checked, with the plugin's needs, before any work)."""
+    return [
+        click.Option(["--backend"], type=click.Choice(["native", "nnsight"]), default="native", show_default=True,
+                     help="Run forwards with PyTorch hooks (native) or as nnsight traces (nnsight)."),
+        click.Option(["--remote"], type=click.Choice(["local", "ndif"]), is_flag=False, flag_value="ndif",
+                     default=None,
+                     help="With --backend nnsight: run on NDIF (--remote or --remote ndif; NDIF_API_KEY, a hub id) "
+                          "or in nnsight's offline simulation of a server (--remote local)."),
+    ]
+
+
 def declared_option(opt: Option) -> click.Option:
     """The click option of a plugin option: its flag, type check, default and help with bounds."""
     if opt.is_flag:
@@ -100,6 +113,7 @@ def plugin_command(name: str) -> click.Command:
         click.Option(["--device"], default=None, help="cpu or cuda (default: cuda when available)."),
         click.Option(["--dtype"], default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)."),
         *dispatch_options(),
+        *backend_options(),
     ]
     params += [declared_option(opt) for opt in cls.options]
 

@@ -24,6 +24,8 @@ _LAZY = {
     "hooks": "mechkit.hooking.core",
     "record": "mechkit.hooking.core",
     "run_with_cache": "mechkit.hooking.core",
+    "gradients": "mechkit.hooking.core",
+    "to_transformer_lens": "mechkit.model.transformer_lens",
     "pattern_hooks": "mechkit.hooking.attention",
     "ablate": "mechkit.interventions.ablation",
     "edit_weights": "mechkit.interventions.weights",
@@ -43,13 +45,14 @@ _LAZY = {
 if TYPE_CHECKING:
     from mechkit.eval.scoring import score_prompts
     from mechkit.hooking.attention import pattern_hooks
-    from mechkit.hooking.core import hooks, record, run_with_cache
+    from mechkit.hooking.core import gradients, hooks, record, run_with_cache
     from mechkit.interventions.ablation import ablate
     from mechkit.interventions.weights import edit_weights
     from mechkit.model.anatomy import Anatomy
     from mechkit.model.handle import ModelHandle
     from mechkit.model.heads import Head, parse_heads
     from mechkit.model.loading import load_model
+    from mechkit.model.transformer_lens import to_transformer_lens
     from mechkit.plugin import Option, Plugin, Result, RunContext
     from mechkit.report import Table
     from mechkit.runner import run_plugin
@@ -80,6 +83,7 @@ __all__ = [
     "ablate",
     "build_prompts",
     "edit_weights",
+    "gradients",
     "hooks",
     "list_tasks",
     "load_model",
@@ -90,4 +94,5 @@ __all__ = [
     "run_plugin",
     "run_with_cache",
     "score_prompts",
+    "to_transformer_lens",
 ]

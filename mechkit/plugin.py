@@ -178,6 +178,10 @@ class Plugin:
     summary: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
     needs_model: ClassVar[bool] = True
+    # What the run needs beyond forward passes with hooks: any of "weight_writes", "gradients",
+    # "patterns", "generation", "module_calls" (partial forwards calling blocks one by one). A backend
+    # that cannot serve one (nnsight on a remote model cannot write weights) refuses before any work.
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -60,6 +60,30 @@ def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]
     return resolve_options(cls, options)[0]
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as an int in ``0..2**63-1``, else one :class:`PluginError` line — before any model loads.
+
+    >>> check_seed(7)
+    7
+    >>> try:
+    ...     check_seed(10**30)
+    ... except PluginError as err:
+    ...     print(err)
+    seed 1000000000000000000000000000000 is out of range — pass a whole number from 0 to 9223372036854775807
+    """
+    fix = f"pass a whole number from 0 to {MAX_SEED}"
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        if isinstance(seed, str) and seed.strip().isdigit():
+            return check_seed(int(seed))
+        raise PluginError(f"seed must be a whole number, not {seed!r}", fix)
+    if not 0 <= seed <= MAX_SEED:
+        raise PluginError(f"seed {seed} is out of range", fix)
+    return int(seed)
+
+
 def _seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -210,6 +234,8 @@ def run_plugin(
     device_map: Any = None,
     max_memory: Any = None,
     offload_folder: str | Path | None = None,
+    backend: str = "native",
+    remote: str | None = None,
     write: bool = True,
     console=None,
     **options: Any,
@@ -221,7 +247,9 @@ def run_plugin(
     (:func:`out_lock`), so a second run with the same ``out`` fails at once instead of racing this one
     to the report. Without ``out`` a fresh directory under ``mechkit-runs/`` is taken, also locked.
     ``device_map``, ``max_memory`` and ``offload_folder`` spread a model larger than one device
-    (:func:`mechkit.load_model`).
+    (:func:`mechkit.load_model`). ``backend="nnsight"`` runs the forwards as nnsight traces, with
+    ``remote="ndif"`` on an NDIF server or ``remote="local"`` in its offline simulation; a plugin whose
+    :attr:`~mechkit.plugin.Plugin.needs` the backend cannot serve is refused here, before any work.
 
     >>> import mechkit as mk
     >>> run = mk.run("inspect", model="tiny:gpt2", write=False)
@@ -233,11 +261,13 @@ def run_plugin(
     from mechkit import registry
 
     console = console or Console(stderr=True)
+    seed = check_seed(seed)
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
+    runs_on = _check_backend(cls, backend, remote, model)
     if not write:
         return _run(cls, params, parsed, None, model=model, seed=seed, force=force, device=device, dtype=dtype,
-                    dispatch=(device_map, max_memory, offload_folder), console=console)
+                    dispatch=(device_map, max_memory, offload_folder), console=console, runs_on=runs_on)
     with contextlib.ExitStack() as stack:
         if out is not None:
             out_dir = Path(out)
@@ -247,7 +277,19 @@ def run_plugin(
         else:
             out_dir = stack.enter_context(locked_default_out(cls.name))
         return _run(cls, params, parsed, out_dir, model=model, seed=seed, force=force, device=device, dtype=dtype,
-                    dispatch=(device_map, max_memory, offload_folder), console=console)
+                    dispatch=(device_map, max_memory, offload_folder), console=console, runs_on=runs_on)
+
+
+def _check_backend(cls: type[Plugin], backend: str | None, remote: str | None, model: Any) -> tuple[str, str | None]:
+    """``(backend, remote)`` checked (names, the model spec, an API key) and the plugin's needs served."""
+    from mechkit.model.backend import BackendError, check_backend, check_remote, refusal
+
+    backend = check_backend(backend)
+    remote = check_remote(remote, backend, model) if cls.needs_model else None
+    line = refusal(getattr(cls, "needs", frozenset()), backend, remote, cls.name)
+    if line is not None:
+        raise BackendError(line)
+    return backend, remote
 
 
 def _check_out(out_dir: Path, force: bool) -> None:
@@ -331,7 +373,8 @@ def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -
 
 
 def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *, model: Any, seed: int,
-         force: bool, device: str | None, dtype: str | None, console, dispatch: tuple = (None, None, None)) -> Run:
+         force: bool, device: str | None, dtype: str | None, console, dispatch: tuple = (None, None, None),
+         runs_on: tuple[str, str | None] = ("native", None)) -> Run:
     """Load the model, run the plugin, check the logits and write the report (when ``out_dir``)."""
     from mechkit.report import build_report, write_report
 
@@ -343,10 +386,12 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
 
         device_map, max_memory, offload_folder = dispatch
         handle = loading.load_model(model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory,
-                                    offload_folder=offload_folder)
+                                    offload_folder=offload_folder, backend=runs_on[0], remote=runs_on[1])
     load_s = time.perf_counter() - t0
     _seed_everything(seed)
-    before = _probe_logits(handle) if handle is not None else None
+    # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
+    probe = handle is not None and handle.backend.remote != "ndif"
+    before = _probe_logits(handle) if probe else None
     model_key = handle.weights_sha256() if handle is not None else str(model)
     with _claimed(resume_dir(cls, model_key, params, seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)

@@ -8,7 +8,7 @@ selected heads); ``--sweep 5,10,20`` repeats over k and plots accuracy against k
 
 from __future__ import annotations
 
-from mechkit.options import ExistingPath, NumberList, TaskList
+from mechkit.options import ExistingPath, HeadSpec, NumberList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
@@ -17,9 +17,10 @@ DEFAULT_TASKS = "capitalize,past-tense,country-capital"
 class AblatePlugin(Plugin):
     name = "ablate"
     version = "0.1.0"
+    needs = frozenset({"generation"})
     summary = "Ablate heads (e.g. the top induction heads) vs random heads and measure ICL accuracy."
     options = (
-        Option("heads", str, "induction", "Head spec: induction, previous-token, random, layer:L or 17.3,18.6."),
+        Option("heads", str, "induction", "Head spec: induction, previous-token, random, layer:L or 17.3,18.6.", parse=HeadSpec()),
         Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),
         Option("mode", str, "zero", "Ablation: zero, mean or resample.", choices=("zero", "mean", "resample")),
         Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
@@ -49,8 +50,10 @@ class AblatePlugin(Plugin):
         a = m.anatomy
         tasks = ctx.parsed["tasks"]
         ranked_spec = any(item.strip() in (*SCORE_KINDS, "random") for item in p["heads"].split(","))
-        ks = (list(ctx.parsed["sweep"] or ()) or [p["top_k"]]) if ranked_spec else [p["top_k"]]
         placeholder = {kind: [[0.0] * a.n_heads for _ in range(a.n_layers)] for kind in SCORE_KINDS}
+        # k is how many heads a ranked spec takes; an explicit spec (17.3,layer:2) ablates what it names
+        ks = (list(ctx.parsed["sweep"] or ()) or [p["top_k"]]) if ranked_spec else \
+            [len(parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, seed=ctx.seed))]
         for k in ks:  # the spec's syntax and ranges, before head scores are computed
             parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, top_k=k, seed=ctx.seed)
         prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"])

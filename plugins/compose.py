@@ -52,6 +52,7 @@ class PairList(TaskList):
 class ComposePlugin(Plugin):
     name = "compose"
     version = "0.1.0"
+    needs = frozenset({"module_calls", "generation"})
     summary = "The seeds' compositional study: settings, ability test, gap; components composition needs; strengthening them."
     options = (
         Option("pairs", str, DEFAULT_PAIRS, "Composites a+b, comma-separated; suite, logic or all for every "
@@ -81,7 +82,7 @@ class ComposePlugin(Plugin):
         Option("treatment", str, "scale", "Strengthening: scale (α × head outputs), vector (add their mean "
                                           "composite-in-context output) or both.", choices=("scale", "vector", "both")),
         Option("strengths", str, "1.25,1.5,2", "α (scale) or β (vector) grid, chosen on dev prompts.",
-               parse=NumberList(float, min=0, min_exclusive=True, sort=True, example="1.25,1.5,2")),
+               parse=NumberList(float, min=0, min_exclusive=True, max=1000, sort=True, example="1.25,1.5,2")),
         Option("draws", int, 3, "Random head sets of the baseline.", min=1),
         Option("n_dev", int, 5, "Dev prompts (choose the strength).", min=1),
         Option("n_test", int, 8, "Held-out test prompts.", min=1),

@@ -30,6 +30,7 @@ def ranked(scores, k: int) -> list[dict]:
 class DetectPlugin(Plugin):
     name = "detect"
     version = "0.1.0"
+    needs = frozenset({"patterns"})
     summary = "Score every head as an induction, previous-token or duplicate-token head on repeated random tokens."
     options = (
         Option("kind", str, "all", "Which scores to rank and plot.", choices=KIND_CHOICES),
@@ -37,6 +38,9 @@ class DetectPlugin(Plugin):
         Option("seg_len", int, 25, "Length of the repeated segment.", min=1),
         Option("top_k", int, 10, "How many top heads to list per kind.", min=1),
         Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
+        Option("reference", str, "none", "Also run this detector on the same sequences and record the agreement "
+               "(Spearman, top-k overlap): transformer_lens (TransformerLens' head detector).",
+               choices=("none", "transformer_lens")),
     )
 
     def run(self, ctx: RunContext) -> Result:
@@ -45,6 +49,10 @@ class DetectPlugin(Plugin):
         from mechkit.report import head_heatmap, line_plot
 
         p = ctx.params
+        if p["reference"] == "transformer_lens":  # before any work: TransformerLens installed, weights local
+            from mechkit.model.transformer_lens import check_bridgeable
+
+            check_bridgeable(ctx.model)
         hs = detect_heads(ctx, p["n_seqs"], p["seg_len"], p["batch_size"])
         kinds = KINDS if p["kind"] == "all" else (p["kind"],)
         copying = ov_copying_scores(ctx.model)
@@ -71,6 +79,17 @@ class DetectPlugin(Plugin):
         figures["loss_per_position"] = line_plot(positions, {"loss": hs.loss_per_position.tolist()},
                                                  "Loss per position on repeated random tokens",
                                                  "position", "cross-entropy (nats)")
+        if p["reference"] == "transformer_lens":
+            from mechkit.heads.reference import transformer_lens_reference
+            from mechkit.heads.scores import repeated_tokens
+
+            tokens = repeated_tokens(ctx.model, n_seqs=p["n_seqs"], seg_len=p["seg_len"], seed=ctx.seed)
+            results["reference"] = ctx.step("reference|transformer_lens", lambda: transformer_lens_reference(
+                ctx.model, tokens, {k: hs.scores[k] for k in KINDS}, p["top_k"]))
+            for kind, agree in results["reference"]["agreement"].items():
+                rho = "n/a" if agree["spearman"] is None else f"{agree['spearman']:.2f}"
+                results["summary"][f"vs TransformerLens: {kind}"] = (
+                    f"Spearman {rho}, top-{agree['top_k']} overlap {agree['top_k_overlap']:.0%}")
         return Result(results=results, figures=figures, finding=finding(results))
 
     @classmethod

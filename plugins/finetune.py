@@ -20,6 +20,7 @@ SHOTS = NumberList(int, min=0, example="0,3")  # what mechkit.taskarith.finetune
 class FinetunePlugin(Plugin):
     name = "finetune"
     version = "0.1.0"
+    needs = frozenset({"weight_writes", "gradients", "generation"})
     summary = "Fine-tune a copy of the model on a task (full or LoRA) and save it as a model directory."
     options = (
         Option("task", str, "capitalize", "Task id to train on (see `mechkit tasks`).", parse=TaskList(count=1)),
@@ -43,6 +44,13 @@ class FinetunePlugin(Plugin):
         from mechkit.taskarith.finetune import Recipe, eval_prompts, finetune, model_files
 
         p, m = ctx.params, ctx.model
+        lora_only = [o.flag for o in self.options if o.name in ("rank", "lora_alpha") and p[o.name] != o.default]
+        if p["method"] == "full" and lora_only:
+            from mechkit.errors import PluginError
+
+            verb = "applies" if len(lora_only) == 1 else "apply"
+            raise PluginError(f"{' and '.join(lora_only)} {verb} to --method lora, not to full fine-tuning",
+                              f"drop {' and '.join(lora_only)}, or pass --method lora")
         task = ctx.parsed["task"][0]
         recipe = Recipe(task=task, steps=p["steps"], lr=p["lr"], method=p["method"], rank=p["rank"],
                         lora_alpha=p["lora_alpha"], batch_size=p["batch_size"], shots=ctx.parsed["shots"],

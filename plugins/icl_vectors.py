@@ -45,6 +45,7 @@ def check_spans(spans: tuple[int, ...], text: str, n_layers: int) -> list[int]:
 class IclVectorsPlugin(Plugin):
     name = "icl-vectors"
     version = "0.1.0"
+    needs = frozenset({"generation"})
     summary = "ICL task vectors and function vectors: extract, pick a layer on dev, evaluate zero-shot + vector."
     options = (
         Option("tasks", str, None, f"Comma-separated task ids (default {DEFAULT_TASKS}, or the loaded vector's).",
@@ -57,7 +58,7 @@ class IclVectorsPlugin(Plugin):
         Option("shots", int, 10, "Demonstrations per ICL prompt (2 or more: shuffled labels need two).", min=2),
         Option("top_k", int, 10, "Heads summed into the function vector (capped at the model's head count).", min=1),
         Option("fv_scales", str, "1,2,4,8", "Function-vector scales to try; layer and scale are chosen on dev.",
-               parse=NumberList(float, min=0, min_exclusive=True, example="1,2,4")),
+               parse=NumberList(float, min=0, min_exclusive=True, max=1000, example="1,2,4")),
         Option("layers", str, "all", "Layers to sweep: all, 12-24 or 10,20.", parse=IntRanges()),
         Option("spans", str, "1", "Numbers of consecutive layers L..L+K-1 to write the vector at (e.g. 1,2; "
                                   "a function vector adds scale/K at each); chosen on dev with the layer.",

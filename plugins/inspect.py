@@ -58,15 +58,18 @@ class InspectPlugin(Plugin):
     version = "0.1.0"
     summary = "Report the model's anatomy, parameter counts and a plain forward-pass timing."
     options = (
-        Option("batch", int, 4, "Batch size of the timed forward pass.", min=1),
-        Option("seq_len", int, 128, "Sequence length of the timed forward pass.", min=1),
-        Option("repeats", int, 5, "Timed repeats (the median is reported).", min=1),
+        Option("batch", int, 4, "Batch size of the timed forward pass.", min=1, max=4096),
+        Option("seq_len", int, 128, "Sequence length of the timed forward pass (at most the model's context).",
+               min=1, max=1_048_576),
+        Option("repeats", int, 5, "Timed repeats (the median is reported).", min=1, max=1000),
     )
 
     def run(self, ctx: RunContext) -> Result:
+        from mechkit.eval.scoring import check_context
         from mechkit.report import head_heatmap
 
         handle, p = ctx.model, ctx.params
+        check_context(handle, p["seq_len"], "use a --seq-len within it")  # before any forward
         norms = _head_out_norms(handle)
         results = {
             "anatomy": handle.anatomy.as_dict(),

@@ -1,9 +1,11 @@
 """``mechkit prune``: a smaller, faster model without retraining, guided by what matters for the tasks.
 
 For every guide and sparsity: build the plan from the guide's scores (calibration prompts only),
-slice a physical copy, and measure exact-match accuracy on held-out prompts of each task,
-perplexity on held-out text, parameters, FLOPs per token and forward latency as a ratio to the
-dense model. ``--budget 0.7`` instead searches the plan that keeps the most calibration accuracy
+slice a physical copy — by default refitting, layer by layer, the projections that read the removed
+units by least squares on calibration activations (``--reconstruct lsq --sequential``; generic
+text mixed into calibration with ``--calib-text-weight``) — and measure exact-match accuracy on
+held-out prompts of each task, perplexity on held-out text, parameters, FLOPs per token and
+forward latency as a ratio to the dense model. ``--budget 0.7`` instead searches the plan that keeps the most calibration accuracy
 within 70% of the dense latency (or FLOPs). ``--save-model`` writes the pruned model (the first
 guide at the last sparsity, or the budget plan) as ``model/`` in the run directory, in safetensors;
 ``mechkit.load_model(DIR/model)`` reloads it exactly.
@@ -113,6 +115,7 @@ class SparsityLevels:
 class PrunePlugin(Plugin):
     name = "prune"
     version = "0.1.0"
+    needs = frozenset({"weight_writes", "module_calls", "gradients", "generation"})
     summary = "Prune heads, MLP channels or layers by an interpretability guide; measure accuracy and speed."
     options = (
         Option("guide", str, "attribution,wanda,magnitude,random",
@@ -135,8 +138,20 @@ class PrunePlugin(Plugin):
                choices=("uniform", "global", "global-z", "sensitivity")),
         Option("gqa", str, "slot", "Heads under GQA: slot (same count from every group) or group (whole groups).",
                choices=("slot", "group")),
-        Option("compensate", bool, True, "Replace removed units by their calibration mean (bias, FLAP).",
-               is_flag=True),
+        Option("reconstruct", str, "lsq", "What replaces removed units: none (zero), mean (their calibration mean "
+                                          "as a bias, FLAP) or lsq (refit the kept columns and a bias of the "
+                                          "projection that read them, by ridge least squares on calibration "
+                                          "activations).", choices=("none", "mean", "lsq")),
+        Option("sequential", bool, True, "lsq: prune and refit layer by layer, each fit on the inputs the pruned "
+                                         "layers below produce (else every fit on dense activations).", is_flag=True),
+        Option("ridge", float, 1e-2, "lsq: ridge, a fraction of the mean input variance; large values tend to "
+                                     "mean compensation.", min=0, max=1e6),
+        Option("calib_text_weight", float, 0.5, "Weight of generic text (CPython's reference topics, never the "
+                                                "held-out text) in the calibration statistics and the lsq fits; "
+                                                "task prompts weigh the rest.", min=0, max=1),
+        Option("guide_text_weight", float, 0.5, "gradient/attribution-based guides: weight of the same scores "
+                                                "under the generic text's language-modelling loss (keeps general "
+                                                "ability; 0 = the tasks only).", min=0, max=1),
         Option("protect_top_k", int, 10, "induction/combined guides: never remove the top-k induction and "
                                          "previous-token heads.", min=0),
         Option("save_model", bool, False, "Write the pruned model to DIR/model (safetensors).", is_flag=True),
@@ -158,7 +173,9 @@ class PrunePlugin(Plugin):
 
         study = PruneStudy(ctx.model, tasks, targets=targets, n_calib=p["calib"], n=p["n"], shots=p["shots"],
                            seed=ctx.seed, allocation=p["allocation"], gqa=p["gqa"],
-                           compensate=p["compensate"], protect_top_k=p["protect_top_k"], repeats=p["repeats"],
+                           reconstruct=p["reconstruct"], sequential=p["sequential"], ridge=p["ridge"],
+                           text_weight=p["calib_text_weight"], guide_text_weight=p["guide_text_weight"],
+                           protect_top_k=p["protect_top_k"], repeats=p["repeats"],
                            timing=p["timing"], timing_batch=p["timing_batch"], batch_size=p["batch_size"],
                            step=ctx.step)
         dense = study.dense()
@@ -181,8 +198,34 @@ class PrunePlugin(Plugin):
         if p["save_model"]:  # the budget plan, or the first guide at the last level; the writer moves it to model/
             saved = rows[-1] if budget else [r for r in rows if r["guide"] == guides[0]][-1]
             files = {"model": study.save(saved)}
-        return Result(results=_results(study, guides, p["calib"], dense, rows, budget),
-                      figures={"accuracy_vs_speedup": _figure(tasks, dense, rows)}, files=files)
+        results = _results(study, guides, p["calib"], dense, rows, budget)
+        return Result(results=results, figures={"accuracy_vs_speedup": _figure(tasks, dense, rows)}, files=files,
+                      finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        """Guides × sparsity (mean accuracy, speedup), then every measured model, the dense one first."""
+        from mechkit.report import Table
+
+        rows, dense, tasks = results["rows"], results["dense"], results["tasks"]
+        levels = list(dict.fromkeys(_level(r["sparsity"]) for r in rows))
+        guides = list(dict.fromkeys(r["guide"] for r in rows))
+        by = {(r["guide"], _level(r["sparsity"])): r for r in rows}
+
+        def pivot(key: str) -> list[list]:
+            return [[g, *((by[(g, lv)].get(key) if (g, lv) in by else None) for lv in levels)] for g in guides]
+
+        note = (f"dense: mean accuracy {_num(dense['mean_accuracy'])} on {', '.join(tasks)}; "
+                f"speedup: measured forward latency of dense / pruned")
+        every = [["dense", *(dense["accuracy"].get(t) for t in tasks), dense["mean_accuracy"], dense.get("perplexity"),
+                  dense["params"], 1.0]]
+        every += [[f"{r['guide']} {_level(r['sparsity'])}", *(r["accuracy"].get(t) for t in tasks), r["mean_accuracy"],
+                   r.get("perplexity"), r["params"], r.get("speedup")] for r in rows]
+        return [Table("Mean exact-match accuracy: guide × sparsity", ["guide", *levels], pivot("mean_accuracy"),
+                      note=note),
+                Table("Speedup over dense: guide × sparsity", ["guide", *levels], pivot("speedup")),
+                Table("Every model measured", ["model", *tasks, "mean", "perplexity", "parameters", "speedup"], every,
+                      note=f"held-out perplexity on {results.get('heldout_text') or 'held-out text'}")]
 
 
 def _results(study: PruneStudy, guides: list[str], calib: int, dense: dict, rows: list[dict],
@@ -197,6 +240,37 @@ def _results(study: PruneStudy, guides: list[str], calib: int, dense: dict, rows
     return {"tasks": study.tasks, "guides": guides, "targets": study.targets, "dense": dense, "rows": rows,
             "budget": {k: v for k, v in budget.items() if k != "chosen_row"} if budget else None,
             "heldout_text": study.text_source, "calibration_prompts_per_task": calib, "summary": summary}
+
+
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def finding(results: dict) -> str:
+    """At the highest sparsity, which guide keeps the most accuracy and at what speedup (or, with
+    ``--budget``, what the search chose and whether it met the budget)."""
+    rows, dense, budget = results["rows"], results["dense"], results.get("budget")
+    where = f"mean accuracy over {len(results['tasks'])} task{'s' if len(results['tasks']) != 1 else ''}"
+    if budget:
+        r = rows[-1]
+        return (f"Within {budget['unit']} ≤ {budget['budget']:.2f} of the dense model, the {budget['guide']} guide "
+                f"chose {_level(budget['chosen']['sparsity'])}, measured at {budget['measured_ratio']:.2f} "
+                f"({'met' if budget['met'] else 'NOT met'}); it keeps {_num(r['mean_accuracy'])} {where} "
+                f"(dense {_num(dense['mean_accuracy'])}) at {_num(r.get('speedup'))}× the dense speed.")
+    level = _level(rows[-1]["sparsity"])
+    at = sorted((r for r in rows if _level(r["sparsity"]) == level),
+                key=lambda r: -(r["mean_accuracy"] if r["mean_accuracy"] is not None else -1))
+    best, others = at[0], at[1:]
+    if others and all(r["mean_accuracy"] == best["mean_accuracy"] for r in others):
+        speeds = [r.get("speedup") for r in at if r.get("speedup") is not None]
+        return (f"At {level}, the {len(at)} guides tie at {_num(best['mean_accuracy'])} {where} "
+                f"(dense {_num(dense['mean_accuracy'])})"
+                + (f", at {min(speeds):.2f}–{max(speeds):.2f}× the dense speed." if speeds else "."))
+    text = (f"At {level}, {best['guide']} keeps the most accuracy: {_num(best['mean_accuracy'])} {where} "
+            f"(dense {_num(dense['mean_accuracy'])}) at {_num(best.get('speedup'))}× the dense speed")
+    if others:
+        text += "; " + ", ".join(f"{r['guide']} {_num(r['mean_accuracy'])}" for r in others)
+    return text + "."
 
 
 def _figure(tasks: list[str], dense: dict, rows: list[dict]):

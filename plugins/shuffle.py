@@ -11,7 +11,7 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 
 from __future__ import annotations
 
-from mechkit.options import ExistingPath, TaskList
+from mechkit.options import ExistingPath, HeadSpec, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 NAMES = ("clean", "target", "outside", "random")
@@ -22,9 +22,10 @@ LABELS = {"clean": "clean", "target": "selected heads permuted", "outside": "sel
 class ShufflePlugin(Plugin):
     name = "shuffle"
     version = "0.1.0"
+    needs = frozenset({"weight_writes", "generation"})
     summary = "Permute QK or QKOV weights among selected heads (e.g. induction) vs among random heads."
     options = (
-        Option("heads", str, "induction", "Head spec (see `mechkit ablate --help`)."),
+        Option("heads", str, "induction", "Head spec (see `mechkit ablate --help`).", parse=HeadSpec()),
         Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),
         Option("component", str, "qk", "What moves: qk (attention pattern) or qkov (whole head).",
                choices=("qk", "qkov")),
@@ -56,7 +57,12 @@ class ShufflePlugin(Plugin):
         tasks = ctx.parsed["tasks"]
         placeholder = {kind: [[0.0] * a.n_heads for _ in range(a.n_layers)] for kind in SCORE_KINDS}
         # the spec's syntax and ranges, before head scores are computed
-        parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, top_k=p["top_k"], seed=ctx.seed)
+        named = parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, top_k=p["top_k"], seed=ctx.seed)
+        if len(named) < 2:
+            from mechkit.errors import HeadSpecError
+
+            raise HeadSpecError(f"--heads {p['heads']} names {len(named)} head: a shuffle permutes weights among "
+                                "heads, so one head would be left as it is", "name at least 2 heads (or --top-k 2+)")
         prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"]) if tasks else {}
         needs = needs_scores(p["heads"])
         scores = load_scores(m, load_report(p["from_report"]) if p["from_report"] else None, p["n_seqs"], p["seg_len"],

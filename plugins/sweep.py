@@ -26,6 +26,7 @@ def _top(grid, k: int) -> list[dict]:
 class SweepPlugin(Plugin):
     name = "sweep"
     version = "0.1.0"
+    needs = frozenset({"gradients"})
     summary = "Importance of every head for a task: the effect of ablating each one (exact or attribution)."
     options = (
         Option("tasks", str, "capitalize", "Comma-separated task ids; prompts of all tasks are pooled.",

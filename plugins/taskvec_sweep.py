@@ -21,6 +21,7 @@ from mechkit.plugin import Option, Plugin, Result, RunContext
 class TaskvecSweepPlugin(Plugin):
     name = "taskvec-sweep"
     version = "0.1.0"
+    needs = frozenset({"weight_writes", "generation"})
     summary = "Accuracy of Ψ0 + ΔΨ_A + λ·ΔΨ_B over a λ grid on both tasks, best λ and task correlation α̂."
     options = (
         Option("vectors", str, None, "Two task-vector files A,B (from `mechkit taskvec extract`).", required=True,
@@ -33,6 +34,8 @@ class TaskvecSweepPlugin(Plugin):
         Option("shots", str, "0", "Demonstrations per prompt, comma-separated settings (e.g. 0,5).",
                parse=NumberList(int, min=0, example="0,5")),
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
+        Option("allow_other_base", bool, False, "Apply vectors extracted from another base model (same "
+                                                "architecture) to this one.", is_flag=True),
     )
 
     def run(self, ctx: RunContext) -> Result:
@@ -53,7 +56,7 @@ class TaskvecSweepPlugin(Plugin):
         plan = [("base", []), ("A only", [(a, p["scale_a"])]), ("B only", [(b, 1.0)])]
         plan += [(f"λ={lam:g}", [(a, p["scale_a"]), (b, lam)]) for lam in lambdas]
         rows = []
-        with arithmetic(m) as ta, ctx.progress() as bar:
+        with arithmetic(m, allow_other_base=p["allow_other_base"]) as ta, ctx.progress() as bar:
             job = bar.add_task("taskvec sweep", total=len(plan))
             for name, terms in plan:
                 def compute(terms=terms):
@@ -63,7 +66,8 @@ class TaskvecSweepPlugin(Plugin):
                 rows.append({"name": name, **ctx.step(f"{name}|{paths}|{tasks}", compute)})
                 bar.advance(job)
         texts = [q.text for t in dict.fromkeys(tasks) for q in build_prompts(t, n=p["n"], shots=0, seed=ctx.seed)]
-        alpha = ctx.step("alpha", lambda: task_correlation(m, a, b, texts, p["scale_a"], 1.0))
+        alpha = ctx.step("alpha", lambda: task_correlation(m, a, b, texts, p["scale_a"], 1.0,
+                                                            allow_other_base=p["allow_other_base"]))
         return self._result(rows, lambdas, tasks, cols, shots, alpha, paths)
 
     def _result(self, rows, lambdas, tasks, cols, shots, alpha, paths) -> Result:

@@ -476,3 +476,117 @@ def test_undefined_statistics_are_stored_as_not_computed():
             return logits
 
     assert perplexity(Huge(), "text") is None
+
+
+# ---- a fresh red-team pass: each one line and exit 2 (or help and exit 0), nothing written --------------
+
+def _cli(capsys, args: list[str]) -> tuple[int, list[str]]:
+    from mechkit.cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+TINY = ["--model", "tiny:llama"]
+
+
+@pytest.mark.parametrize(("args", "words", "loads"), [
+    (["inspect", *TINY, "--seed", "99999999999999999999999"], "seed 99999999999999999999999 is out of range", False),
+    (["ablate", *TINY, "--n", "99999999999999999999999"], "is more than 1,000,000", False),
+    (["ablate", *TINY, "--heads", "a.b"], "malformed head spec 'a.b'", False),
+    (["shuffle", *TINY, "--heads", "layer:-1"], "malformed head spec 'layer:-1'", False),
+    (["icl-vectors", *TINY, "--fv-scales", "1e308"], "--fv-scales", False),
+    (["inspect", "--model", "tiny:gpt2", "--seq-len", "5000"], "longer than the model's context", True),
+    (["shuffle", *TINY, "--heads", "0.0", "--tasks", "capitalize"], "a shuffle permutes weights", True),
+    (["ablate", *TINY, "--tasks", "capitalize", "--setting", "composite"], "applies to composite tasks", True),
+])
+def test_red_team_inputs_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, args, words, loads):
+    from mechkit.model import loading
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    if not loads:  # refused from the options alone: the model is never loaded
+        monkeypatch.setattr(loading, "_resolve", lambda *a, **k: pytest.fail("the model was loaded"))
+    code, err = _cli(capsys, [*args, "--out", str(tmp_path / "run")])
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_out_path_with_a_newline_is_refused(tmp_path, capsys):
+    code, err = _cli(capsys, ["inspect", "--model", "tiny:gpt2", "--out", str(tmp_path / "a\nb")])
+    assert code == 2 and len(err) == 1 and "control character" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ablate_counts_the_heads_an_explicit_spec_names(tmp_path, monkeypatch):
+    import mechkit as mk
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    run = mk.run("ablate", model="tiny:llama", heads="0.0,0.0,1.1", tasks="capitalize", n=2, shots=1, top_k=10,
+                 baseline_seeds=1, write=False)
+    assert {c["name"]: c["k"] for c in run.results["conditions"]} == {"clean": None, "target": 2, "random": 2}
+
+
+def test_scores_from_another_models_detect_report_are_refused(tmp_path, monkeypatch):
+    import mechkit as mk
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    mk.run("detect", model="tiny:llama", n_seqs=2, seg_len=5, out=tmp_path / "detect")
+    with pytest.raises(MechkitError, match="scored the heads of tiny:llama"):
+        mk.run("ablate", model="tiny:gpt2", from_report=str(tmp_path / "detect"), tasks="capitalize", n=2, shots=1,
+               baseline="none", write=False)
+
+
+@pytest.mark.parametrize("args", [["--method", "ties", "--density", "0"], ["--method", "ties", "--weights", "0,0"],
+                                  ["--expr", "cap", "--sparsity-density", "0"]])
+def test_merges_that_would_be_all_zero_are_refused(files, tmp_path, capsys, args):
+    code, err = _cli(capsys, ["taskvec", "merge", "-v", f"cap={files['cap']}", "-v", f"low={files['low']}", *args,
+                              "--out", str(tmp_path / "m.safetensors")])
+    assert code == 2 and len(err) == 1 and ("all-zero" in err[0] or "keeps no entry" in err[0]), err
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_the_sweep_offers_the_flag_its_other_base_message_names(files, tmp_path, capsys):
+    from mechkit import registry
+
+    assert "allow_other_base" in {o.name for o in registry.get("taskvec-sweep").options}
+    code, err = _cli(capsys, ["taskvec-sweep", "--model", "tiny:llama", "--vectors", f"{files['cap']},{files['other']}",
+                              "--n", "2", "--lambdas", "0,1", "--out", str(tmp_path / "run")])
+    assert code == 2 and len(err) == 1 and "--allow-other-base" in err[0], err
+
+
+@pytest.mark.parametrize("group", [[], ["report"], ["plugins"], ["cache"], ["taskvec"]])
+def test_a_bare_command_group_prints_its_help(capsys, group):
+    from mechkit.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(group)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0 and captured.out.startswith("Usage: mechkit") and captured.err == ""
+
+
+def test_a_file_that_is_not_a_report_names_the_fix(tmp_path, capsys):
+    (tmp_path / "report.json").write_bytes(b"\xc8\x00binary")
+    code, err = _cli(capsys, ["report", "show", str(tmp_path)])
+    assert code == 2 and len(err) == 1 and "as a report" in err[0] and "— pass a report.json" in err[0]
+
+
+def test_the_python_api_refuses_empty_and_malformed_calls(llama):
+    import mechkit as mk
+
+    prompts = mk.build_prompts("capitalize", n=2, shots=1)
+    for call, words in [(lambda: mk.score_prompts(llama, prompts, batch_size=0), "batch_size"),
+                        (lambda: mk.score_prompts(llama, []), "no prompts"),
+                        (lambda: mk.parse_heads(None, 2, 4), "head spec must be"),
+                        (lambda: mk.run("inspect", model="tiny:gpt2", seed="abc", write=False), "seed must be"),
+                        (lambda: mk.run("inspect", model="tiny:gpt2", seed=10**30, write=False), "out of range")]:
+        with pytest.raises(MechkitError, match=words):
+            call()
+
+
+def test_lora_options_with_full_fine_tuning_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    code, err = _cli(capsys, ["finetune", *TINY, "--method", "full", "--rank", "4", "--out", str(tmp_path / "run")])
+    assert code == 2 and len(err) == 1 and "--rank applies to --method lora" in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -25,7 +25,8 @@ LAYERS = [
     ["mechkit.interventions"],
     ["mechkit.tasks"],
     ["mechkit.eval"],
-    ["mechkit.heads", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose"],  # the analyses
+    ["mechkit.heads", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose",
+     "mechkit.adapt"],  # the analyses
     ["mechkit.report"],
     ["mechkit.options", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],
     ["mechkit.plugins"],

@@ -77,8 +77,9 @@ def test_study_steps_resume_and_rows_reload(tiny_llama):
     study = PruneStudy(tiny_llama, ["capitalize"], step=step, **sizes)
     assert not {q.text for q in study.test["capitalize"]} & {q.text for q in study.calib.prompts}
     row = study.row("attribution@sensitivity", {"neurons": 0.25})
-    assert sorted(stored) == ["row|attribution@sensitivity|global|[('neurons', 0.25)]", "scores|attribution",
-                              "sensitivity|attribution"]
+    assert sorted(stored) == ["row|attribution@sensitivity|global|[('neurons', 0.25)]|lsq-seq ridge=0.01",
+                              "scores|attribution", "sensitivity|attribution"]
+    assert row["reconstruct"] == "lsq-seq ridge=0.01" and row["reconstruct_s"] >= 0
     again = PruneStudy(tiny_llama, ["capitalize"], step=step, **sizes)
     assert again.row("attribution@sensitivity", {"neurons": 0.25}) == row  # read back, nothing recomputed
     assert again.pruned(row).anatomy.d_mlp < tiny_llama.anatomy.d_mlp
@@ -197,12 +198,13 @@ def test_prune_plugin_rows_and_saved_model(tmp_path, monkeypatch):
     assert tempfile.gettempdir() == str(scratch)
     assert "accuracy_vs_speedup.png" in rep["artifacts"] and "model" in rep["artifacts"]
     saved = mk.load_model(str(out / "model"), device="cpu")
-    plan = mk.pruning.PrunePlan.from_dict(rep["results"]["rows"][0]["plan"])
+    row = rep["results"]["rows"][0]
+    assert row["reconstruct"] == "lsq-seq ridge=0.01"  # the default
     dense = mk.load_model("tiny:llama", device="cpu")
-    again = prune_copy(dense, plan, calibrate(dense, ["capitalize"], n=3, shots=2).stats)
+    study = PruneStudy(dense, ["capitalize"], n_calib=3, n=4, shots=2)  # what the run calibrated on
     ids = dense.to_tokens("input: ab\noutput:")
     with torch.no_grad():
-        assert torch.equal(saved(ids), again(ids))
+        assert torch.equal(saved(ids), study.pruned(row)(ids))
 
 
 def test_budget_mode_meets_a_flops_budget(tmp_path):
@@ -221,6 +223,8 @@ def test_budget_mode_meets_a_flops_budget(tmp_path):
     (["--budget", "2"], "budget"), (["--tasks", "nope"], "nope"),
     (["--repeats", "0"], "--repeats"), (["--timing-batch", "0"], "--timing-batch"),
     (["--batch-size", "0"], "--batch-size"), (["--protect-top-k", "-1"], "--protect-top-k"),
+    (["--reconstruct", "ols"], "--reconstruct"), (["--ridge", "-1"], "--ridge"),
+    (["--calib-text-weight", "1.5"], "--calib-text-weight"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, word):
     out = tmp_path / "bad"

@@ -86,8 +86,7 @@ def indirect_effects(handle: ModelHandle, prompts: Sequence, means: torch.Tensor
         for i, prompt in enumerate(prompts):
             prefix, last, target = _split(handle, prompt)
             patch.heads = []
-            cache = handle.model(input_ids=torch.tensor([prefix], device=handle.device),
-                                 use_cache=True).past_key_values
+            cache = handle.forward(torch.tensor([prefix], device=handle.device), use_cache=True).past_key_values
             base = None
             for start in range(0, len(every), heads_per_forward):
                 patch.heads = [None, *every[start:start + heads_per_forward]]  # row 0: unpatched
@@ -103,7 +102,7 @@ def _last_token_probs(handle: ModelHandle, cache, last: int, rows: int) -> torch
     batch_cache = copy.deepcopy(cache)
     batch_cache.batch_repeat_interleave(rows)
     ids = torch.full((rows, 1), last, device=handle.device)
-    logits = handle.model(input_ids=ids, past_key_values=batch_cache, use_cache=True).logits[:, -1]
+    logits = handle.forward(ids, past_key_values=batch_cache, use_cache=True).logits[:, -1]
     return logits.float().softmax(-1).cpu()
 
 

@@ -19,8 +19,14 @@ def task_prompts(tasks: Sequence[str], n: int, shots: int | None, seed: int,
     """Seeded prompts per task id (validated by the task registry).
 
     ``setting`` (``simple``, ``composite``, ``composite-in-context``) applies to composite ids such
-    as ``capitalize+swap``; simple tasks keep their own default.
+    as ``capitalize+swap``; simple tasks keep their own default. A setting given where no task is a
+    composite is refused: it would silently change nothing.
     """
+    if setting is not None and not any("+" in task for task in tasks):
+        from mechkit.tasks.prompt import TaskOptionError
+
+        raise TaskOptionError(f"--setting {setting} applies to composite tasks (a+b), and none of "
+                              f"{', '.join(tasks)} is one", "drop --setting, or add a composite such as capitalize+swap")
     return {task: build_prompts(task, n=n, shots=shots, seed=seed, setting=setting if "+" in task else None)
             for task in tasks}
 

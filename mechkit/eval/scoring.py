@@ -94,13 +94,14 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
     return rows
 
 
-def check_context(handle: ModelHandle, longest: int) -> None:
+def check_context(handle: ModelHandle, longest: int,
+                  fix: str = "use fewer --shots (demonstrations) or shorter prompts") -> None:
     """Refuse, with one line, a sequence longer than the model's context: past it positions are
     meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound."""
     limit = handle.context_length
     if limit is not None and longest > limit:
-        raise MechkitError(f"a prompt of {longest} tokens is longer than the model's context ({limit} tokens)",
-                           "use fewer --shots (demonstrations) or shorter prompts")
+        raise MechkitError(f"a sequence of {longest} tokens is longer than the model's context ({limit} tokens)",
+                           fix)
 
 
 def supports_logits_to_keep(model) -> bool:
@@ -142,6 +143,7 @@ def pad_batch(rows: Sequence[Encoded], pad: int) -> Batch:
 
 def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Batch]:
     """Every prompt's (first accepted) answer row, length-sorted and padded into batches."""
+    check_batch_size(batch_size)
     rows = sorted(encode_rows(handle.tokenizer, prompts, None), key=lambda r: len(r.ids))
     if rows:
         check_context(handle, len(rows[-1].ids))
@@ -230,7 +232,7 @@ def greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
     tok = handle.tokenizer
     start = row.answer_start
     ids = torch.tensor([row.ids[:start]], device=handle.device)
-    out = handle.model(input_ids=ids, use_cache=True)
+    out = handle.forward(ids, use_cache=True)  # through the backend: its hook functions apply to every step
     written: list[int] = []
     for _ in range(len(row.continuation) + 1):  # a token writes at least one character
         nxt = int(out.logits[0, -1].argmax())
@@ -240,8 +242,8 @@ def greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
             return True
         if not row.continuation.startswith(text):
             return False
-        out = handle.model(input_ids=torch.tensor([[nxt]], device=handle.device),
-                           past_key_values=out.past_key_values, use_cache=True)
+        out = handle.forward(torch.tensor([[nxt]], device=handle.device), past_key_values=out.past_key_values,
+                             use_cache=True)
     return False
 
 
@@ -299,9 +301,18 @@ def score_prompts(
     Prompts with several accepted answers count as correct when any of them matches; their
     log-probability is the best one.
     """
+    if not prompts:
+        raise MechkitError("no prompts to score", "pass at least one prompt (mk.build_prompts(task, n=...))")
+    check_batch_size(batch_size)
     rows = encode_rows(handle.tokenizer, prompts, terminator)
     scored, decoded = score_rows(handle, rows, batch_size)
     return aggregate(len(prompts), rows, scored, decoded)
+
+
+def check_batch_size(batch_size: int) -> None:
+    """A batch size must be a whole number ≥ 1 (one line otherwise, never ``range()``'s error)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise MechkitError(f"batch_size must be a whole number ≥ 1, got {batch_size!r}", "pass batch_size=16")
 
 
 def greedy_exact_match(handle: ModelHandle, prompts: Sequence, terminator: str | None = None) -> list[bool]:

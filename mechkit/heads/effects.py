@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mechkit.eval.scoring import batches, forward_kept, row_metrics
-from mechkit.hooking.core import hooks
+from mechkit.eval.scoring import Batch, batches, forward_kept, row_metrics, supports_logits_to_keep
+from mechkit.hooking.core import gradients, hooks
 from mechkit.model.partial import capture_block_inputs, run_from
 
 if TYPE_CHECKING:
@@ -88,8 +88,11 @@ class _CleanRun:
 
     def run(self) -> tuple:
         if self._done is None:
-            with capture_block_inputs(self.handle) as inputs:
-                logits = forward_kept(self.handle, self.batch)
+            if "module_calls" not in self.handle.backend.serves:  # no partial forwards to replay from
+                inputs, logits = None, forward_kept(self.handle, self.batch)
+            else:
+                with capture_block_inputs(self.handle) as inputs:
+                    logits = forward_kept(self.handle, self.batch)
             self._done = (inputs, row_metrics(logits, self.batch))
         return self._done
 
@@ -100,6 +103,8 @@ class _CleanRun:
 def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc: torch.Tensor) -> dict:
     """Summed (ablated − clean) log-prob and accuracy over the batch's rows, for each head of ``layer``."""
     handle, batch = clean.handle, clean.batch
+    if "module_calls" not in handle.backend.serves:  # nnsight: whole forwards, every head of the layer in one
+        return _layer_effects_stacked(handle, batch, layer, base_lp, base_acc)
     inputs, _ = clean.run()
     keep = batch.keep.to(handle.device)
     out = {"logprob": [], "accuracy": []}
@@ -110,6 +115,27 @@ def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc
         out["logprob"].append(float((abl_lp - base_lp.to(abl_lp.device)).sum()))
         out["accuracy"].append(float((abl_acc - base_acc.to(abl_acc.device)).sum()))
     return out
+
+
+def _layer_effects_stacked(handle: ModelHandle, batch, layer: int, base_lp: torch.Tensor,
+                           base_acc: torch.Tensor) -> dict:
+    """:func:`_layer_effects` as one whole forward: the batch repeated once per head of ``layer``, copy h
+    with head h zeroed (for backends that run whole forwards only: one trace per batch and layer)."""
+    n_heads, rows = handle.anatomy.n_heads, len(batch.cols)
+    stacked = Batch(batch.ids.repeat(n_heads, 1), batch.mask.repeat(n_heads, 1), batch.keep,
+                    batch.cols * n_heads, batch.targets * n_heads)
+
+    def zero_each(z, _point):
+        z = z.clone()
+        for h in range(z.shape[2]):
+            z[h * rows:(h + 1) * rows, :, h] = 0.0
+        return z
+
+    with hooks(handle, {f"blocks.{layer}.attn.hook_z": zero_each}):
+        abl_lp, abl_acc = row_metrics(forward_kept(handle, stacked), stacked)
+    abl_lp, abl_acc = abl_lp.view(n_heads, rows), abl_acc.view(n_heads, rows)
+    return {"logprob": [float((abl_lp[h] - base_lp.to(abl_lp.device)).sum()) for h in range(n_heads)],
+            "accuracy": [float((abl_acc[h] - base_acc.to(abl_acc.device)).sum()) for h in range(n_heads)]}
 
 
 def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16,
@@ -132,25 +158,35 @@ def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int 
 
 
 def _attribution_sums(handle: ModelHandle, batch) -> dict:
-    """One batch's summed (0 − z)·∂metric/∂z per head (``[n_layers][n_heads]``) and summed clean log-prob."""
+    """One batch's summed (0 − z)·∂metric/∂z per head (``[n_layers][n_heads]``) and summed clean log-prob.
+
+    One forward and one backward (:func:`mechkit.hooking.gradients`: inside the trace on nnsight, so a
+    remote run sends back only the head outputs and their gradients)."""
     a = handle.anatomy
     est = torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64)
-    zs: dict[int, torch.Tensor] = {}
-
-    def keep_z(z, point):
-        zs[point.layer] = z
-        return z  # returned, so the output projection consumes it and gradients reach it
-
-    with torch.enable_grad(), hooks(handle, {"blocks.*.attn.hook_z": keep_z}):
-        logits = forward_kept(handle, batch)
-        row_lp, _ = row_metrics(logits, batch)
-        layers = sorted(zs)
-        grads = torch.autograd.grad(row_lp.sum(), [zs[i] for i in layers])
+    ids, mask = batch.ids.to(handle.device), batch.mask.to(handle.device)
+    kept = supports_logits_to_keep(handle.model)
+    kwargs = {"attention_mask": mask, **({"logits_to_keep": batch.keep.to(handle.device)} if kept else {})}
+    metric = _LogprobSum(batch, kept)
+    value, found = gradients(handle, "blocks.*.attn.hook_z", ids, metric, **kwargs)
     with torch.no_grad():
-        valid = batch.mask.to(handle.device)[:, :, None, None].to(grads[0].dtype)
-        for layer, g in zip(layers, grads, strict=True):
-            est[layer] += ((-zs[layer].detach()) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
-    return {"estimate": est.tolist(), "clean_logprob": float(row_lp.detach().sum())}
+        for layer in range(a.n_layers):
+            z, g = found[f"blocks.{layer}.attn.hook_z"]
+            valid = batch.mask.to(g.device)[:, :, None, None].to(g.dtype)
+            est[layer] += ((-z.to(g.device)) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
+    return {"estimate": est.tolist(), "clean_logprob": float(value)}
+
+
+class _LogprobSum:
+    """The attribution metric: summed mean answer log-prob of a batch's rows, from its logits."""
+
+    def __init__(self, batch, kept: bool) -> None:
+        self.batch, self.kept = batch, kept
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.kept:
+            logits = logits[:, self.batch.keep.to(logits.device)]
+        return row_metrics(logits, self.batch)[0].sum()
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float | None:

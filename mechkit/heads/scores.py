@@ -203,6 +203,14 @@ def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: 
     ``step(key, compute)`` (a plugin's ``ctx.step``) makes the computation resumable.
     """
     if report is not None:
+        theirs = (report.get("model") or {}).get("weights_sha256") if isinstance(report, dict) else None
+        if theirs and theirs != handle.weights_sha256():
+            from mechkit.errors import MechkitError
+
+            name = (report.get("model") or {}).get("spec") or (report.get("model") or {}).get("name") or "another model"
+            raise MechkitError(f"{source} scored the heads of {name} (weights {theirs[:12]}…), not of this model "
+                               f"(weights {handle.weights_sha256()[:12]}…)",
+                               "run `mechkit detect` on this model, or drop --from to score its heads now")
         return scores_from_report(report, handle.anatomy, source)
 
     def compute():

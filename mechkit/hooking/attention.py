@@ -31,14 +31,15 @@ _SWITCHED: dict[int, list] = {}
 _BASES = ("sdpa", "eager")
 
 
-def _eager_for(module: torch.nn.Module) -> Callable:
+def eager_for(module: torch.nn.Module) -> Callable:
+    """The family's own eager attention function (Llama's where the family module has none)."""
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if fn is None:
         from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     return fn
 
 
-def _additive(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def additive_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The mask eager attention expects (additive float), from SDPA's bool mask or None (causal)."""
     if mask is not None and mask.dtype != torch.bool:
         return mask
@@ -51,8 +52,19 @@ def _additive(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> to
     return torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, neg)
 
 
-def _repeat_kv(v: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return v if n_rep == 1 else v.repeat_interleave(n_rep, dim=1)
+def eager_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, pattern)`` of the family's eager attention on post-RoPE q, k, v: what a pattern hook
+    reads, whichever kernel the model is configured with (the nnsight backend calls it inside a trace)."""
+    kwargs.pop("is_causal", None)
+    return eager_for(module)(module, query, key, value, additive_mask(attention_mask, query, key), **kwargs)
+
+
+def attend(pattern: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The attention output ``[batch, q, heads, d_head]`` of a (replaced) pattern over ``value``."""
+    n_rep = query.shape[1] // value.shape[1]
+    v = value if n_rep == 1 else value.repeat_interleave(n_rep, dim=1)
+    return torch.matmul(pattern.to(device=v.device, dtype=v.dtype), v).transpose(1, 2).contiguous()
 
 
 def _make_dispatch(base: str) -> Callable:
@@ -60,21 +72,18 @@ def _make_dispatch(base: str) -> Callable:
         hooks = _ACTIVE.get(id(module))
         if not hooks:
             if base == "eager":
-                return _eager_for(module)(module, query, key, value, attention_mask, **kwargs)
+                return eager_for(module)(module, query, key, value, attention_mask, **kwargs)
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
             return ALL_ATTENTION_FUNCTIONS[base](module, query, key, value, attention_mask, **kwargs)
-        kwargs.pop("is_causal", None)
-        mask = _additive(attention_mask, query, key)
-        out, weights = _eager_for(module)(module, query, key, value, mask, **kwargs)
+        out, weights = eager_attention(module, query, key, value, attention_mask, **kwargs)
         changed = False
         for fn in hooks:
             new = fn(weights)
             if new is not None:
                 weights, changed = new, True
         if changed:
-            v = _repeat_kv(value, query.shape[1] // value.shape[1])
-            out = torch.matmul(weights.to(device=v.device, dtype=v.dtype), v).transpose(1, 2).contiguous()
+            out = attend(weights, query, value)
         return out, weights
 
     return attention
@@ -118,6 +127,12 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]]) -> Itera
     >>> seen[0][1:]            # [batch, heads, q, k]
     (4, 2, 2)
     """
+    if handle.backend.traced:
+        from mechkit.errors import MechkitError
+
+        raise MechkitError("pattern_hooks attaches to the local attention function, which an nnsight trace does "
+                           "not call", "use mechkit.hooks(handle, {'blocks.L.attn.hook_pattern': fn}) (fn(pattern, "
+                           "point)), which runs on every backend")
     configs = _configs(handle.model)
     base = _base(configs)
     name = _register(base)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 
+from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.points import HookPoint, resolve
 
@@ -84,6 +85,13 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
     A function returning a tensor replaces the activation; returning None only reads.
     Names may use ``*`` for the layer. Every hook is removed on exit, also on error.
     """
+    if handle.backend.traced:  # nnsight: the functions run inside each forward's trace
+        entries = [(point, fn) for name, fn_or_fns in fns.items()
+                   for fn in (fn_or_fns if isinstance(fn_or_fns, list) else [fn_or_fns])
+                   for point in resolve(handle.anatomy, name)]
+        with traced.active(handle, entries):
+            yield
+        return
     removers: list[torch.utils.hooks.RemovableHandle] = []
     patterns: dict[int, list] = {}
     with contextlib.ExitStack() as stack:
@@ -110,6 +118,15 @@ def _bind(fn: HookFn, point: HookPoint) -> Callable[[torch.Tensor], torch.Tensor
 class Cache(dict):
     """Recorded activations by hook name; several forwards inside one context are concatenated on batch."""
 
+    handle: ModelHandle | None = None  # the model recorded (set by :func:`record`)
+
+    def to_transformer_lens(self, model: Any = None) -> Any:
+        """This recording as a TransformerLens ``ActivationCache`` (the same names; ``model`` defaults to a
+        ``TransformerBridge`` over the recorded model): see :mod:`mechkit.hooking.transformer_lens`."""
+        from mechkit.hooking.transformer_lens import activation_cache
+
+        return activation_cache(self, model)
+
     def __getitem__(self, name: str) -> torch.Tensor:
         parts = super().__getitem__(name)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -131,7 +148,9 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
     Unlike a full ``run_with_cache`` only what you name is stored, optionally moved to ``device``.
     """
     cache = Cache()
+    cache.handle = handle
 
+    @traced.reads_only
     def keep(act: torch.Tensor, point: HookPoint) -> None:
         value = act.detach()
         cache.setdefault(point.name, []).append(value.to(device) if device else value)
@@ -146,3 +165,34 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
     with torch.no_grad(), record(handle, names) as cache:
         logits = handle(input_ids)
     return logits, cache
+
+
+def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tensor,
+              metric: Callable[[torch.Tensor], torch.Tensor], **kwargs
+              ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """One forward and backward: ``(metric(logits), {name: (activation, d metric / d activation)})``.
+
+    ``kwargs`` go to the forward (``attention_mask``, ``logits_to_keep``…). On the nnsight backend the
+    backward runs inside the trace, so remotely only activations and gradients come back (``metric``
+    is shipped by value: keep it to torch and mechkit code).
+
+    >>> import mechkit as mk
+    >>> m = mk.load_model("tiny:llama")
+    >>> value, grads = gradients(m, "blocks.1.attn.hook_z", m.to_tokens("hi"), lambda logits: logits.sum())
+    >>> z, g = grads["blocks.1.attn.hook_z"]
+    >>> z.shape == g.shape
+    True
+    """
+    points = [p for name in ([names] if isinstance(names, str) else names) for p in resolve(handle.anatomy, name)]
+    if handle.backend.traced:
+        return traced.gradients(handle, points, input_ids.to(handle.device), metric, use_cache=False, **kwargs)
+    acts: dict[str, torch.Tensor] = {}
+
+    def keep(act: torch.Tensor, point: HookPoint) -> torch.Tensor:
+        acts[point.name] = act
+        return act  # returned, so the module consumes it and gradients reach it
+
+    with torch.enable_grad(), hooks(handle, {p.name: keep for p in points}):
+        value = metric(handle(input_ids, **kwargs))
+        grads = torch.autograd.grad(value, [acts[p.name] for p in points])
+    return value.detach(), {p.name: (acts[p.name].detach(), g) for p, g in zip(points, grads, strict=True)}

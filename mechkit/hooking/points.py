@@ -13,6 +13,15 @@ Names follow TransformerLens so researchers already know them::
     blocks.{L}.hook_mlp_out        MLP block output           [batch, pos, d_model]
 
 ``*`` matches any layer: ``blocks.*.attn.hook_z``.
+
+The names are TransformerLens' own, and mean the same activations (a recording converts to a TL
+``ActivationCache`` as it is: :meth:`mechkit.hooking.Cache.to_transformer_lens`). Under grouped-query
+attention both count *query* heads: ``hook_z`` is each query head's output and ``hook_pattern`` each
+query head's pattern (a KV head shared by G query heads appears G times, as in TL's ``hook_z`` and
+``hook_pattern``; TL's ``hook_k``/``hook_v`` have ``n_kv_heads`` and have no mechkit name). The
+TransformerBridge's wrapper-level names are accepted as aliases (:data:`ALIASES`): ``blocks.L.hook_in``
+→ ``hook_resid_pre``, ``hook_out`` → ``hook_resid_post``, ``attn.hook_out`` → ``hook_attn_out``,
+``mlp.hook_out`` → ``hook_mlp_out``, ``mlp.out.hook_in`` → ``mlp.hook_post``.
 """
 
 from __future__ import annotations
@@ -29,6 +38,22 @@ SUFFIXES = (
     "hook_attn_out", "mlp.hook_post", "hook_mlp_out",
 )
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
+# TransformerBridge names for the same activations -> mechkit's (TL's HookedTransformer) names
+ALIASES = {"hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "attn.hook_out": "hook_attn_out",
+           "mlp.hook_out": "hook_mlp_out", "mlp.out.hook_in": "mlp.hook_post"}
+_ALIASED = re.compile(r"^(blocks\.[^.]+)\.(.+)$")
+
+
+def canonical(name: str) -> str:
+    """The mechkit name of a hook name or pattern, TransformerBridge aliases mapped.
+
+    >>> canonical("blocks.3.hook_in"), canonical("blocks.*.mlp.out.hook_in"), canonical("blocks.0.attn.hook_z")
+    ('blocks.3.hook_resid_pre', 'blocks.*.mlp.hook_post', 'blocks.0.attn.hook_z')
+    """
+    match = _ALIASED.match(name)
+    if match and match.group(2) in ALIASES:
+        return f"{match.group(1)}.{ALIASES[match.group(2)]}"
+    return name
 
 
 @dataclass(frozen=True)
@@ -45,7 +70,9 @@ def all_names(anatomy: Anatomy) -> list[str]:
 
 
 def resolve(anatomy: Anatomy, pattern: str) -> list[HookPoint]:
-    """Every hook point matching ``pattern`` (exact name or ``*`` wildcard), in layer order."""
+    """Every hook point matching ``pattern`` (exact name or ``*`` wildcard, TransformerBridge aliases
+    accepted), in layer order."""
+    pattern = canonical(pattern)
     names = [n for n in all_names(anatomy) if fnmatch.fnmatchcase(n, pattern)]
     if not names:
         raise MechkitError(

@@ -32,6 +32,9 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     """
     if kind not in ("dir", "file"):
         raise ValueError(f"kind must be 'dir' or 'file', not {kind!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
+        raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
+                           "choose a path without them")
     path = Path(path)
     try:
         if kind == "dir":

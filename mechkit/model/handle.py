@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechkit.model.anatomy import Anatomy
+from mechkit.model.backend import NATIVE, Backend
 
 if TYPE_CHECKING:
     import torch
@@ -34,11 +35,17 @@ class ModelHandle:
     name: str
     source: Path | None = None
     _sha256: str | None = field(default=None, repr=False)
+    backend: Backend = field(default=NATIVE, repr=False)
 
     @property
     def device(self) -> torch.device:
         """Where inputs go: the model's device, or for a model accelerate dispatched over several
-        devices its main one (which also runs CPU-offloaded modules and receives the logits)."""
+        devices its main one (which also runs CPU-offloaded modules and receives the logits); for a model
+        on NDIF the CPU (inputs are shipped from there)."""
+        if self.backend.remote == "ndif":
+            import torch
+
+            return torch.device("cpu")
         if getattr(self.model, "hf_device_map", None) is not None or hasattr(self.model, "_hf_hook"):
             from mechkit.model.dispatch import input_device
 
@@ -85,9 +92,16 @@ class ModelHandle:
         return tok.bos_token_id if ids and ids[0] == tok.bos_token_id else None
 
     def __call__(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Logits of a plain forward pass (no grad unless the caller enables it)."""
-        out = self.model(input_ids=input_ids.to(self.device), use_cache=False, **kwargs)
-        return out.logits
+        """Logits of a plain forward pass (no grad unless the caller enables it), through the backend
+        (on nnsight: one trace running the active hook functions)."""
+        return self.forward(input_ids, use_cache=False, **kwargs).logits
+
+    def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
+        """The model's whole output (logits, ``past_key_values`` with ``use_cache=True``…) of one forward
+        through the backend: what code that decodes step by step calls instead of ``handle.model``."""
+        if self.backend.traced:
+            return self.backend.forward(input_ids.to(self.device), **kwargs)
+        return self.model(input_ids=input_ids.to(self.device), **kwargs)
 
     def to_tokens(self, text: str | list[str]) -> torch.Tensor:
         """Token ids (with BOS where the tokenizer adds one), right-padded to a batch."""
@@ -101,6 +115,8 @@ class ModelHandle:
         The same for a dispatched model as for the same weights on one device: offloaded tensors are
         read from where accelerate keeps them.
         """
+        if self._sha256 is None and self.backend.remote == "ndif":  # the weights never leave the server
+            self._sha256 = "ndif:" + hashlib.sha256(str(self.backend.model_key).encode()).hexdigest()
         if self._sha256 is None:
             from mechkit.model.dispatch import state_items
 
@@ -122,6 +138,7 @@ class ModelHandle:
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             **({"device_map": self.device_map} if self.device_map else {}),
+            **({"backend": self.backend.info()} if self.backend.traced else {}),
             "weights_sha256": self.weights_sha256(),
         }
 

@@ -85,7 +85,10 @@ def parse_heads(
     [Head(layer=0, head=0), Head(layer=0, head=1), Head(layer=0, head=2), Head(layer=1, head=2)]
     """
     if not isinstance(spec, str):
-        heads = [h if isinstance(h, Head) else Head(*h) for h in spec]
+        try:
+            heads = [h if isinstance(h, Head) else Head(*(int(x) for x in h)) for h in spec]
+        except (TypeError, ValueError):
+            raise HeadSpecError(f"a head spec must be text or (layer, head) pairs, not {spec!r}", _FIX) from None
         return _validated(heads, n_layers, n_heads)
     items = [item.strip() for item in spec.split(",") if item.strip()]
     if not items:
@@ -94,6 +97,28 @@ def parse_heads(
     for item in items:
         heads.extend(_parse_item(item, n_layers, n_heads, scores, top_k, seed, exclude))
     return _validated(heads, n_layers, n_heads)
+
+
+def check_spec_syntax(spec: str) -> str:
+    """``spec`` unchanged once every item is well formed; ranges need the model and are checked later.
+
+    Lets a command refuse ``--heads a.b`` before the model loads.
+
+    >>> check_spec_syntax("induction, 17.3")
+    'induction, 17.3'
+    >>> try:
+    ...     check_spec_syntax("layer:-1")
+    ... except HeadSpecError as err:
+    ...     print(err.problem)
+    malformed head spec 'layer:-1'
+    """
+    items = [item.strip() for item in str(spec).split(",") if item.strip()]
+    if not items:
+        raise HeadSpecError("empty head spec", _FIX)
+    for item in items:
+        if not (_PAIR.match(item) or _LAYER.match(item) or item == "random" or item in SCORE_KINDS):
+            raise HeadSpecError(f"malformed head spec {item!r}", _FIX)
+    return spec
 
 
 def needs_scores(spec: str) -> bool:

@@ -24,7 +24,10 @@ def weight_out_in(module: nn.Module) -> torch.Tensor:
     """
     w = module.weight
     if w.device.type == "meta":
+        from mechkit.model.backend import refuse_remote_weights
         from mechkit.model.dispatch import module_tensor
+
+        refuse_remote_weights(module)
 
         w = module_tensor(module)
     return w.t() if is_transposed(module) else w

@@ -14,9 +14,11 @@ from typing import Any
 from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.model import dispatch
 from mechkit.model.anatomy import discover_anatomy
+from mechkit.model.backend import check_backend, check_remote, client_tokenizer, connect_ndif, wrap
 from mechkit.model.dispatch import check_device
 from mechkit.model.gguf import cached_gguf
 from mechkit.model.handle import ModelHandle
+from mechkit.model.transformer_lens import from_bridge
 
 EMBEDDED_ALIASES = ("llama", "smollm2")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -43,7 +45,8 @@ def _dtype(dtype: Any, device: str):
 
 
 def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenizer: Any = None, *,
-               device_map: Any = None, max_memory: Any = None, offload_folder: Any = None) -> ModelHandle:
+               device_map: Any = None, max_memory: Any = None, offload_folder: Any = None,
+               backend: str = "native", remote: str | None = None) -> ModelHandle:
     """Load a causal LM and discover its anatomy.
 
     ``device`` defaults to CUDA when available (bf16 there), else CPU float32.
@@ -61,9 +64,23 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     >>> m = mk.load_model("tiny:llama", device_map={"model": "cpu", "lm_head": "cpu"})
     >>> str(m.device)
     'cpu'
+
+    ``backend="nnsight"`` runs every forward as an nnsight trace (:mod:`mechkit.model.backend`), with
+    ``remote="ndif"`` on an NDIF server (``spec`` a hub id it hosts) or ``remote="local"`` in nnsight's
+    offline simulation of that path. A TransformerLens ``TransformerBridge`` is accepted as ``spec``
+    (its HF model and tokenizer are used).
     """
+    backend = check_backend(backend)
     if isinstance(spec, ModelHandle):
+        if backend != spec.backend.name or remote is not None:
+            raise ModelLoadError("a loaded handle keeps the backend it was loaded with",
+                                 "load the model again with backend=/remote=")
         return spec
+    remote = check_remote(remote, backend, spec)  # before anything loads
+    if remote == "ndif":
+        model, runner = connect_ndif(str(spec))
+        return ModelHandle(model=model, tokenizer=client_tokenizer(runner), anatomy=discover_anatomy(model),
+                           spec=str(spec), name=str(spec), backend=runner)
     plan = dispatch.request(device_map, max_memory, offload_folder, device=device)
     if plan is None:
         device = check_device(device or default_device())
@@ -81,13 +98,21 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
         model.to(device=device, dtype=torch_dtype)
     model.eval()
     anatomy = discover_anatomy(model)
-    return ModelHandle(model=model, tokenizer=tok, anatomy=anatomy, spec=spec_str, name=name, source=source)
+    handle = ModelHandle(model=model, tokenizer=tok, anatomy=anatomy, spec=spec_str, name=name, source=source)
+    if backend == "nnsight":
+        handle.backend = wrap(model, tok, remote)
+    return handle
 
 
 def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | None = None):
     """``(model, tokenizer, name, source, spec)``; directories and hub ids load straight into ``plan``'s
     device map, everything else loads into CPU memory (and is dispatched by the caller)."""
     if not isinstance(spec, (str, Path)):
+        bridge = from_bridge(spec)
+        if bridge is not None:
+            model, tok = bridge
+            name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+            return model, tokenizer or tok, name, None, f"<TransformerBridge {type(model).__name__}>"
         if hasattr(spec, "config") and hasattr(spec, "forward"):
             if plan is not None and dispatch.is_dispatched(spec):
                 raise ModelLoadError("the model object is already dispatched by accelerate",

@@ -74,6 +74,11 @@ def run_from(
     is given to the block's device (and loads offloaded weights); the logits come back on
     ``handle.device``, as a full forward's do.
     """
+    if "module_calls" not in handle.backend.serves:
+        from mechkit.errors import MechkitError
+
+        raise MechkitError(f"the {handle.backend.describe()} backend runs whole forwards only, not blocks one by one",
+                           "run this analysis with --backend native")
     hidden = inputs.hidden[layer]
     for index in range(layer, handle.anatomy.n_layers):
         out = handle.anatomy.layers[index](hidden, *inputs.args[index], **inputs.kwargs[index])

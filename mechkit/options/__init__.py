@@ -17,6 +17,7 @@ from mechkit.options.parsers import (
            Choices,
            ExistingPath,
            Grid,
+           HeadSpec,
            IntRanges,
            NumberList,
            Paths,
@@ -25,5 +26,5 @@ from mechkit.options.parsers import (
            parse_lambdas,
 )
 
-__all__ = ["Bounds", "Choices", "ExistingPath", "Grid", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
+__all__ = ["Bounds", "Choices", "ExistingPath", "Grid", "HeadSpec", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
            "TaskList", "parse_lambdas"]

@@ -111,6 +111,9 @@ def to_number(value: Any, kind: type) -> int | float:
     raise ValueError(value)
 
 
+MAX_COUNT = 1_000_000
+
+
 @dataclass(frozen=True)
 class Option:
     """One plugin option; ``top_k`` becomes ``--top-k`` on the command line.
@@ -119,7 +122,8 @@ class Option:
     the checks are keyword-only:
 
     - ``min``/``max``: bounds of an ``int``/``float`` value, inclusive unless ``min_exclusive``/
-      ``max_exclusive``;
+      ``max_exclusive``; a whole-number option with a ``min`` and no ``max`` gets ``max=MAX_COUNT``
+      (1,000,000): a count past it is a typo that would run for days or exhaust memory;
     - ``finite``: a ``float`` must be finite (``nan`` is always refused; set ``False`` where
       ``inf`` means something);
     - ``parse``: a callable ``str -> value`` (see :mod:`mechkit.options.parsers`) raising
@@ -263,6 +267,9 @@ class Option:
         problem = self.bounds.problem(value)
         if problem:
             raise OptionError(f"{self.flag} {show(value)} {problem}", f"pass {self.flag} {self.bounds.requirement()}")
+        if self.type is int and self.min is not None and self.max is None and value > MAX_COUNT:
+            raise OptionError(f"{self.flag} {show(value)} is more than {MAX_COUNT:,}",
+                              "a count that large is a typo that would run for days; pass a smaller one")
 
     def _example(self) -> str:
         if self.default is not None:

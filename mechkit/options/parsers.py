@@ -265,6 +265,30 @@ class Choices:
 
 
 @dataclass(frozen=True)
+class HeadSpec:
+    """A ``--heads`` spec whose items are well formed (``induction``, ``random``, ``layer:L``, ``17.3``)
+    -> the text unchanged; which heads exist is checked once the model is loaded.
+
+    >>> HeadSpec()("induction,17.3")
+    'induction,17.3'
+    """
+
+    metavar: str = "SPEC"
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> str:
+        from mechkit.errors import HeadSpecError
+        from mechkit.model.heads import check_spec_syntax
+
+        try:
+            return check_spec_syntax(text)
+        except HeadSpecError as err:
+            raise OptionError(err.problem, err.fix) from None
+
+
+@dataclass(frozen=True)
 class Paths:
     """Comma-separated paths that must exist, ``count`` of them when given -> their list.
 

@@ -89,16 +89,24 @@ def search(plan_for: Callable[[dict], PrunePlan], stats, budget: float, targets:
     return out
 
 
-def masked_accuracy(handle: ModelHandle, calib: Calibration, batch_size: int = 16) -> Callable:
-    """plan → mean exact-match accuracy over the calibration prompts' tasks, on the masked model."""
+def masked_accuracy(handle: ModelHandle, calib: Calibration, batch_size: int = 16,
+                    prune: Callable[[PrunePlan], ModelHandle] | None = None) -> Callable:
+    """plan → mean exact-match accuracy over the calibration prompts' tasks, on the masked model, or on
+    ``prune(plan)`` where masking cannot say what the pruned model computes (least-squares refits)."""
     from mechkit.eval.scoring import score_prompts
 
-    def acc(plan: PrunePlan) -> float:
-        with masked(handle, plan, calib.stats):
-            by_task: dict[str, list] = {}
-            for p in calib.prompts:
-                by_task.setdefault(p.task, []).append(p)
-            values = [score_prompts(handle, ps, batch_size=batch_size).accuracy for ps in by_task.values()]
+    by_task: dict[str, list] = {}
+    for p in calib.prompts:
+        by_task.setdefault(p.task, []).append(p)
+
+    def mean(model: ModelHandle) -> float:
+        values = [score_prompts(model, ps, batch_size=batch_size).accuracy for ps in by_task.values()]
         return sum(values) / len(values)
+
+    def acc(plan: PrunePlan) -> float:
+        if prune is not None:
+            return mean(prune(plan))
+        with masked(handle, plan, calib.stats):
+            return mean(handle)
 
     return acc

@@ -74,18 +74,58 @@ def latency(handles: Sequence[ModelHandle], texts: Sequence[str], repeats: int =
     return [statistics.median(t) for t in times]
 
 
-def heldout_text(n_chars: int = 6000) -> tuple[str, str]:
-    """English prose available offline on every machine: the Python language reference topics
-    shipped with CPython (``pydoc_data.topics``). Returns (text, description)."""
+def _topic_keys(n_chars: int) -> list[str]:
+    """The (sorted) ``pydoc_data.topics`` entries that held-out text of ``n_chars`` characters uses."""
     from pydoc_data.topics import topics
 
-    parts, size = [], 0
+    keys, size = [], 0
     for key in sorted(topics):
-        parts.append(topics[key])
+        keys.append(key)
         size += len(topics[key])
         if size >= n_chars:
             break
-    return "\n".join(parts)[:n_chars], f"pydoc_data.topics (CPython reference), first {n_chars} characters"
+    return keys
+
+
+def heldout_text(n_chars: int = 6000) -> tuple[str, str]:
+    """English prose available offline on every machine: the Python language reference topics
+    shipped with CPython (``pydoc_data.topics``), from the first entry on. Returns (text, description)."""
+    from pydoc_data.topics import topics
+
+    text = "\n".join(topics[k] for k in _topic_keys(n_chars))
+    return text[:n_chars], f"pydoc_data.topics (CPython reference), first {n_chars} characters"
+
+
+def calibration_text(n_chunks: int, chunk_chars: int = 600, heldout_chars: int = 6000) -> list[str]:
+    """``n_chunks`` pieces of generic text for calibration, about ``chunk_chars`` characters each, cut
+    at line ends: ``pydoc_data.topics`` entries from the *last* one backwards, never one that
+    :func:`heldout_text` (of ``heldout_chars``) reads, so perplexity stays measured on unseen text.
+
+    >>> chunks = calibration_text(3)
+    >>> len(chunks), not any(c in heldout_text()[0] for c in chunks)
+    (3, True)
+    """
+    from pydoc_data.topics import topics
+
+    held = set(_topic_keys(heldout_chars))
+    chunks: list[str] = []
+    for key in sorted(topics, reverse=True):
+        if key in held:
+            break
+        piece = ""
+        for line in topics[key].splitlines(keepends=True):
+            piece += line
+            if len(piece) >= chunk_chars:
+                if piece.strip():
+                    chunks.append(piece.strip())
+                piece = ""
+                if len(chunks) == n_chunks:
+                    return chunks
+        if len(piece.strip()) >= chunk_chars // 4:
+            chunks.append(piece.strip())
+            if len(chunks) == n_chunks:
+                return chunks
+    return chunks
 
 
 def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float | None:

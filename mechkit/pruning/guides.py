@@ -105,13 +105,45 @@ def gradient_scores(handle: ModelHandle, prompts: Sequence, stats: UnitStats, ba
     (``"zero"``: Michel et al.'s head-mask gradient, generalised to channels and blocks). For a
     block, ``a`` is its output and ``base`` its input: the block's mask gradient.
     """
+    def passes():
+        for batch in batches(handle, prompts, batch_size):
+            yield (lambda batch=batch: row_metrics(forward_kept(handle, batch), batch)[0]), batch.mask
+
+    return _attribute(handle, passes(), stats, baseline, "attribution" if baseline == "mean" else "gradient")
+
+
+def text_gradient_scores(handle: ModelHandle, texts: Sequence[str], stats: UnitStats, baseline: str = "mean",
+                         batch_size: int = 8) -> Scores:
+    """:func:`gradient_scores` with the language-modelling loss of generic text: per text, the mean
+    log-prob of every next token stands for the answer log-prob (what held-out perplexity measures)."""
+    from mechkit.pruning.stats import encode
+
+    def passes():
+        for start in range(0, len(texts), batch_size):
+            enc = encode(handle, texts[start:start + batch_size])
+            ids, mask = enc["input_ids"].to(handle.device), enc["attention_mask"].to(handle.device)
+
+            def logp(ids=ids, mask=mask):
+                logits = handle(ids, attention_mask=mask)[:, :-1].float()
+                token = logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+                valid = (mask[:, 1:] * mask[:, :-1]).to(token.dtype)
+                return (token * valid).sum(1) / valid.sum(1).clamp_min(1)
+
+            yield logp, mask
+
+    return _attribute(handle, passes(), stats, baseline, "attribution" if baseline == "mean" else "gradient")
+
+
+def _attribute(handle: ModelHandle, passes, stats: UnitStats, baseline: str, guide: str) -> Scores:
+    """Sum |Σ_positions ∂logp/∂a · (a − base)| over the rows of ``passes`` (``(logp(), mask)`` pairs, logp
+    one value per row), per unit; divided by the number of rows."""
     a = handle.anatomy
     L = a.n_layers
     mlp = torch.zeros(L, a.d_mlp, dtype=torch.float64)
     heads = torch.zeros(L, a.n_heads, dtype=torch.float64)
     layers = torch.zeros(L, dtype=torch.float64)
     n = 0
-    for batch in batches(handle, prompts, batch_size):
+    for forward, mask in passes:
         acts: dict[str, torch.Tensor] = {}
 
         def keep(x, point, acts=acts):
@@ -121,11 +153,11 @@ def gradient_scores(handle: ModelHandle, prompts: Sequence, stats: UnitStats, ba
         names = ["blocks.*.mlp.hook_post", "blocks.*.attn.hook_z", "blocks.*.hook_resid_pre",
                  "blocks.*.hook_resid_post"]
         with torch.enable_grad(), hooks(handle, dict.fromkeys(names, keep)):
-            logp = row_metrics(forward_kept(handle, batch), batch)[0]
+            logp = forward()
             order = sorted(acts)
             grads = dict(zip(order, torch.autograd.grad(logp.sum(), [acts[k] for k in order], allow_unused=True),
                              strict=True))
-        valid = batch.mask.to(handle.device).to(logp.dtype)
+        valid = mask.to(handle.device).to(logp.dtype)
         with torch.no_grad():
             for layer in range(L):
                 mlp[layer] += _unit_effect(acts, grads, f"blocks.{layer}.mlp.hook_post", valid,
@@ -135,9 +167,15 @@ def gradient_scores(handle: ModelHandle, prompts: Sequence, stats: UnitStats, ba
                 out, inp = f"blocks.{layer}.hook_resid_post", f"blocks.{layer}.hook_resid_pre"
                 delta = (acts[out] - acts[inp]).detach() * grads[out] * valid[..., None]
                 layers[layer] += delta.sum(dim=(1, 2)).abs().sum().double().cpu()
-        n += len(batch.cols)
-    guide = "attribution" if baseline == "mean" else "gradient"
+        n += len(logp)
+    n = max(n, 1)
     return Scores((mlp / n).numpy(), (heads / n).numpy(), (layers / n).numpy(), guide)
+
+
+def mix_scores(task: Scores, text: Scores, weight: float) -> Scores:
+    """``(1 − weight)·task + weight·text``: both in nats of mean log-prob per row, so they add as they are."""
+    return Scores((1 - weight) * task.mlp + weight * text.mlp, (1 - weight) * task.heads + weight * text.heads,
+                  (1 - weight) * task.layers + weight * text.layers, task.guide)
 
 
 def _unit_effect(acts: dict, grads: dict, name: str, valid: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:

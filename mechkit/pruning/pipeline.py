@@ -21,8 +21,10 @@ from mechkit.pruning.guides import (
     check_guide,
     combined,
     gradient_scores,
+    mix_scores,
     protect_heads,
     static_scores,
+    text_gradient_scores,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +46,18 @@ def ablation_scores(handle: ModelHandle, calib: Calibration, attribution: Scores
     return Scores(attribution.mlp, heads, layers, "ablation")
 
 
+def task_gradient_scores(handle: ModelHandle, calib: Calibration, baseline: str = "mean",
+                         text_weight: float = 0.0) -> Scores:
+    """:func:`~mechkit.pruning.guides.gradient_scores` on the calibration prompts, mixed at ``text_weight``
+    with the same scores on the calibration's generic text (language-modelling loss), so the guide
+    also keeps what general text needs."""
+    scores = gradient_scores(handle, calib.prompts, calib.stats, baseline=baseline)
+    if calib.generic and text_weight > 0:
+        text = text_gradient_scores(handle, calib.generic, calib.stats, baseline=baseline)
+        scores = mix_scores(scores, text, text_weight)
+    return scores
+
+
 def circuit_scores(handle: ModelHandle, n_seqs: int = 20, seg_len: int = 25, seed: int = 0) -> dict:
     """Induction and previous-token scores of every head on repeated random tokens."""
     from mechkit.heads.scores import head_scores, repeated_tokens
@@ -53,14 +67,16 @@ def circuit_scores(handle: ModelHandle, n_seqs: int = 20, seg_len: int = 25, see
 
 
 def guide_scores(handle: ModelHandle, guide: str, calib: Calibration, seed: int = 0, protect_top_k: int = 10,
-                 circuit: dict | None = None, attribution: Scores | None = None) -> Scores:
-    """Scores of ``guide`` (see :mod:`mechkit.pruning.guides`); pass ``attribution`` to reuse one."""
+                 circuit: dict | None = None, attribution: Scores | None = None, text_weight: float = 0.0) -> Scores:
+    """Scores of ``guide`` (see :mod:`mechkit.pruning.guides`); pass ``attribution`` to reuse one.
+    ``text_weight`` mixes the gradient guides' scores with their generic-text ones
+    (:func:`task_gradient_scores`)."""
     check_guide(guide)
     if guide in ("random", "magnitude", "wanda", "flap"):
         return static_scores(guide, handle, calib.stats, seed)
     if guide == "gradient":
-        return gradient_scores(handle, calib.prompts, calib.stats, baseline="zero")
-    attribution = attribution or gradient_scores(handle, calib.prompts, calib.stats, baseline="mean")
+        return task_gradient_scores(handle, calib, baseline="zero", text_weight=text_weight)
+    attribution = attribution or task_gradient_scores(handle, calib, baseline="mean", text_weight=text_weight)
     if guide == "attribution":
         return attribution
     if guide == "ablation":

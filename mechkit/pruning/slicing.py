@@ -21,12 +21,12 @@ import torch
 from mechkit.io import atomic_dir, check_out, refuse_non_finite
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
-from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure
+from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
 
 if TYPE_CHECKING:
     from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.reconstruct import Fit
     from mechkit.pruning.stats import UnitStats
-
 
 
 def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats) -> dict[str, torch.Tensor]:
@@ -53,12 +53,28 @@ def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats) -> dict
     return out
 
 
-def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = None) -> ModelHandle:
-    """A new handle holding a physically pruned deep copy; ``handle`` is left untouched."""
-    comp = compensation(handle, plan, stats) if plan.compensate else None
+def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = None,
+               fits: dict[str, Fit] | None = None) -> ModelHandle:
+    """A new handle holding a physically pruned deep copy; ``handle`` is left untouched.
+
+    ``fits`` (:func:`~mechkit.pruning.reconstruct.reconstruct`) replace the kept input columns of the
+    projections they name and give them their bias (created where the dense model has none, the
+    mechanism mean compensation uses, so a saved copy reloads with it); they take precedence over
+    the plan's mean compensation for those projections.
+    """
+    fits = fits or {}
+    comp = compensation(handle, plan, stats) if plan.compensate else {}
+    comp.update({name: fit.bias for name, fit in fits.items()})
     model = copy.deepcopy(handle.model)
     structure = apply_structure(model, plan.structure(handle.anatomy), comp,
                                 handle.anatomy.n_heads, handle.anatomy.n_kv_heads)
+    with torch.no_grad():
+        for name, fit in fits.items():
+            module = model.get_submodule(renamed_after_drop(name, handle.anatomy.family.layers, plan.layers))
+            w = weight_out_in(module)
+            if w.shape != fit.weight.shape:
+                raise ValueError(f"{name}: fit of shape {tuple(fit.weight.shape)} for a weight of {tuple(w.shape)}")
+            w.copy_(fit.weight.to(w))
     setattr(model, "_mechkit_structure", structure)  # noqa: B010 - read by save_pruned
     from mechkit.model.anatomy import discover_anatomy
 

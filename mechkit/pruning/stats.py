@@ -40,6 +40,23 @@ class UnitStats:
     def head_var(self) -> torch.Tensor:
         return (self.head_sq - self.head_mean ** 2).clamp_min(0)
 
+    def mixed(self, other: UnitStats, weight: float) -> UnitStats:
+        """The moments of a mixture: ``other``'s tokens weigh ``weight`` in all, these ``1 − weight``
+        (whatever the token counts); ``n_tokens`` is both counts together."""
+        def mix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return (1 - weight) * a + weight * b
+
+        return UnitStats(mix(self.mlp_mean, other.mlp_mean), mix(self.mlp_sq, other.mlp_sq),
+                         mix(self.head_mean, other.head_mean), mix(self.head_sq, other.head_sq),
+                         mix(self.block_influence, other.block_influence), self.n_tokens + other.n_tokens)
+
+
+def encode(handle: ModelHandle, texts: Sequence[str]) -> dict:
+    """Padded ids and attention mask of ``texts``, each cut to the model's context where it has one."""
+    limit = handle.context_length
+    extra = {"truncation": True, "max_length": limit} if limit else {}
+    return handle.tokenizer(list(texts), return_tensors="pt", padding=True, **extra)
+
 
 def collect_stats(handle: ModelHandle, texts: Sequence[str], batch_size: int = 8) -> UnitStats:
     """One pass over ``texts`` accumulating float64 moments of every layer's MLP channels and heads."""
@@ -51,7 +68,7 @@ def collect_stats(handle: ModelHandle, texts: Sequence[str], batch_size: int = 8
            "infl": torch.zeros(L, dtype=torch.float64)}
     n_tokens = 0
     for start in range(0, len(texts), batch_size):
-        enc = handle.tokenizer(list(texts[start:start + batch_size]), return_tensors="pt", padding=True)
+        enc = encode(handle, texts[start:start + batch_size])
         ids, attn = enc["input_ids"].to(handle.device), enc["attention_mask"].to(handle.device)
         mask = attn.bool()
         pre: dict[int, torch.Tensor] = {}

@@ -4,9 +4,11 @@
 held-out prompts of each task (any prompt that also calibrates is dropped, so no row is scored
 on what guided it), held-out text for perplexity, and the timed batch — and measures:
 
-- :meth:`~PruneStudy.row`: one guide at one sparsity level, as a physically sliced copy: held-out
-  accuracy per task, perplexity, parameters, FLOPs per token and forward latency against the
-  dense model, timed both ways (last-position logits and every position);
+- :meth:`~PruneStudy.row`: one guide at one sparsity level, as a physically sliced copy (removed
+  units zeroed, mean-compensated, or with the projections that read them refitted by least squares,
+  :mod:`mechkit.pruning.reconstruct`): held-out accuracy per task, perplexity, parameters, FLOPs per
+  token and forward latency against the dense model, timed both ways (last-position logits and
+  every position), and the seconds the reconstruction took;
 - :meth:`~PruneStudy.budget`: the plan within a cost budget (:mod:`mechkit.pruning.budget`), then
   its row, re-measured with a little more pruning while timing noise puts it over the budget;
 - :meth:`~PruneStudy.save`: the pruned copy of a row, written in safetensors.
@@ -42,6 +44,8 @@ from mechkit.pruning.cost import flops_per_token, heldout_text, latency, n_param
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.pipeline import circuit_scores, guide_scores
 from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.reconstruct import METHODS, Fit
+from mechkit.pruning.reconstruct import reconstruct as refit
 from mechkit.pruning.select import make_plan
 from mechkit.pruning.sensitivity import layer_sensitivity
 from mechkit.pruning.slicing import prune_copy, save_pruned
@@ -68,9 +72,13 @@ class PruneStudy:
     ``targets`` are the unit types a budget search may prune; ``n_calib`` calibration prompts per
     task (scores and budget search) and ``n`` held-out prompts per task (evaluation only), both with
     ``shots`` demonstrations, seeded from ``seed`` (calibration at an offset, see
-    :func:`~mechkit.pruning.calibrate`). ``allocation``, ``gqa`` and ``compensate`` are
-    :func:`~mechkit.pruning.make_plan`'s (a guide written ``GUIDE@ALLOCATION`` overrides the
-    allocation); ``protect_top_k`` is the induction guides'. Latency is the median of ``repeats``
+    :func:`~mechkit.pruning.calibrate`), mixed with generic text at ``text_weight`` (statistics and
+    reconstruction) and ``guide_text_weight`` (the gradient guides' scores). ``allocation``
+    and ``gqa`` are :func:`~mechkit.pruning.make_plan`'s (a guide written ``GUIDE@ALLOCATION``
+    overrides the allocation); ``protect_top_k`` is the induction guides'. ``reconstruct`` is what
+    replaces removed units: ``"none"`` (zero), ``"mean"`` (their calibration mean, a bias) or
+    ``"lsq"`` (:func:`~mechkit.pruning.reconstruct` with ``ridge``, ``sequential`` or one-shot); a
+    row may override it. Latency is the median of ``repeats``
     interleaved forwards of ``timing_batch`` held-out prompts, ``timing`` ``"last"`` (last-position
     logits: answering a prompt, a generation's prefill) or ``"all"`` (every position) — the one that
     gives the speedup and the budget; the other is reported too.
@@ -78,14 +86,19 @@ class PruneStudy:
 
     def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, targets: Sequence[str] = ("neurons",),
                  n_calib: int = 16, n: int = 30, shots: int = 10, seed: int = 0, allocation: str = "global",
-                 gqa: str = "slot", compensate: bool = True, protect_top_k: int = 10, repeats: int = 7,
-                 timing: str = "last", timing_batch: int = 8, batch_size: int = 16, step: Step = compute_now):
+                 gqa: str = "slot", reconstruct: str = "lsq", sequential: bool = True, ridge: float = 1e-2,
+                 text_weight: float = 0.5, guide_text_weight: float = 0.5, protect_top_k: int = 10,
+                 repeats: int = 7, timing: str = "last", timing_batch: int = 8, batch_size: int = 16,
+                 step: Step = compute_now):
         self.handle, self.tasks, self.targets = handle, list(tasks), list(targets)
-        self.seed, self.allocation, self.gqa, self.compensate = seed, allocation, gqa, compensate
+        self.seed, self.allocation, self.gqa = seed, allocation, gqa
+        self.reconstruct, self.sequential, self.ridge = _method(reconstruct), sequential, ridge
         self.protect_top_k, self.repeats, self.timing = protect_top_k, repeats, timing
         self.batch_size = batch_size
         self.step = step
-        self.calib = calibrate(handle, self.tasks, n_calib, shots, seed)
+        self.calib = calibrate(handle, self.tasks, n_calib, shots, seed, text_weight=text_weight)
+        self.guide_text_weight = guide_text_weight
+        self._batches = None
         test = task_prompts(self.tasks, n, shots, seed, None)
         calib_texts = {c.text for c in self.calib.prompts}
         self.test = {t: [q for q in ps if q.text not in calib_texts] for t, ps in test.items()}
@@ -108,7 +121,7 @@ class PruneStudy:
                 self._circuit = {k: _array(v) for k, v in circuit.items()}
             if guide in TASK_SCORED and self._attribution is None:
                 raw = self.step("scores|attribution", lambda: _scores_dict(
-                    guide_scores(self.handle, "attribution", self.calib)))
+                    guide_scores(self.handle, "attribution", self.calib, text_weight=self.guide_text_weight)))
                 self._attribution = Scores(_array(raw["mlp"]), _array(raw["heads"]), _array(raw["layers"]),
                                            "attribution")
             if guide in MEASURED:  # a backward or an ablation per unit: worth keeping
@@ -120,7 +133,7 @@ class PruneStudy:
 
     def _guide_scores(self, guide: str) -> Scores:
         return guide_scores(self.handle, guide, self.calib, seed=self.seed, protect_top_k=self.protect_top_k,
-                            circuit=self._circuit, attribution=self._attribution)
+                            circuit=self._circuit, attribution=self._attribution, text_weight=self.guide_text_weight)
 
     def sensitivity(self, guide: str) -> np.ndarray:
         """Measured per-layer MLP sensitivity under ``guide``'s channel order (a step)."""
@@ -128,13 +141,33 @@ class PruneStudy:
             self.handle, self.scores(guide).mlp, self.calib).tolist())
         return _array(values)
 
-    def plan(self, guide: str, level: dict[str, float]) -> PrunePlan:
-        """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``."""
+    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> PrunePlan:
+        """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``;
+        it compensates unless ``reconstruct`` (default: the study's) is ``"none"``."""
         name, _, alloc = guide.partition("@")
         alloc = alloc or self.allocation
         sens = self.sensitivity(name) if alloc == "sensitivity" and level.get("neurons") else None
-        return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, self.compensate,
-                         sens)
+        method = _method(reconstruct or self.reconstruct)
+        return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, method != "none", sens)
+
+    def fits(self, plan: PrunePlan, reconstruct: str | None = None) -> dict[str, Fit]:
+        """The least-squares refits of ``plan`` on the calibration tokens (none unless the method is lsq)."""
+        if _method(reconstruct or self.reconstruct) != "lsq":
+            return {}
+        if self._batches is None:
+            self._batches = self.calib.token_batches(self.handle)
+        return refit(self.handle, plan, self._batches, self.ridge, self.sequential)
+
+    def prune(self, plan: PrunePlan, reconstruct: str | None = None) -> ModelHandle:
+        """The physically pruned copy of ``plan``, reconstructed as ``reconstruct`` (default: the study's) says."""
+        return prune_copy(self.handle, plan, self.calib.stats, self.fits(plan, reconstruct))
+
+    def reconstruction(self, reconstruct: str | None = None) -> str:
+        """A label of the reconstruction: ``none``, ``mean``, ``lsq`` or ``lsq-seq``, with the ridge."""
+        method = _method(reconstruct or self.reconstruct)
+        if method != "lsq":
+            return method
+        return f"lsq{'-seq' if self.sequential else ''} ridge={self.ridge:g}"
 
     def measure(self, handle: ModelHandle, plan: PrunePlan | None = None) -> dict:
         """Held-out accuracy per task and their mean, perplexity, parameters and FLOPs per token of a
@@ -153,16 +186,24 @@ class PruneStudy:
         """The dense model's median forward seconds on the timed batch, at the study's timing."""
         return latency([self.handle], self.timing_texts, repeats=self.repeats, last=self.timing == "last")[0]
 
-    def row(self, guide: str, level: dict[str, float]) -> dict:
+    def row(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> dict:
         """One measured pruned copy (a step): :meth:`measure` plus latency against the dense model,
         interleaved on the same batch — ``latency_ratio`` and ``speedup`` at the study's timing,
-        ``speedup_other_timing`` at the other."""
-        key = f"row|{guide}|{self.allocation}|{sorted(level.items())}"
+        ``speedup_other_timing`` at the other — and ``reconstruct_s``, the seconds the least-squares
+        refit took. ``reconstruct`` overrides the study's method for this row."""
+        label = self.reconstruction(reconstruct)
+        key = f"row|{guide}|{self.allocation}|{sorted(level.items())}|{label}"
 
         def compute() -> dict:
-            plan = self.plan(guide, level)
-            pruned = prune_copy(self.handle, plan, self.calib.stats)
+            import time
+
+            plan = self.plan(guide, level, reconstruct)
+            start = time.perf_counter()
+            fits = self.fits(plan, reconstruct)
+            took = time.perf_counter() - start
+            pruned = prune_copy(self.handle, plan, self.calib.stats, fits)
             out = self.measure(pruned, plan)
+            out["reconstruct_s"] = took
             last = self.timing == "last"
             dense_t, pruned_t = latency([self.handle, pruned], self.timing_texts, repeats=self.repeats,
                                         last=last)
@@ -172,7 +213,7 @@ class PruneStudy:
                        speedup=dense_t / pruned_t, timing=self.timing, speedup_other_timing=other_d / other_p)
             return out
 
-        return {"guide": guide, "sparsity": level, **self.step(key, compute)}
+        return {"guide": guide, "sparsity": level, "reconstruct": label, **self.step(key, compute)}
 
     def budget(self, guide: str, budget: float, unit: str = "latency",
                on_step: Callable[[str, dict, float], None] | None = None) -> dict:
@@ -188,7 +229,8 @@ class PruneStudy:
         """
         cost = cost_ratio_fn(self.handle, unit, self.timing_texts, repeats=max(3, self.repeats // 2),
                              last=self.timing == "last")
-        acc = masked_accuracy(self.handle, self.calib, self.batch_size)
+        acc = masked_accuracy(self.handle, self.calib, self.batch_size,
+                              self.prune if self.reconstruct == "lsq" else None)
 
         def compute() -> list[dict]:
             margin = 0.95 if unit == "latency" else 1.0  # measured latency is noisy
@@ -215,8 +257,9 @@ class PruneStudy:
                 "measured_ratio": measured, "met": measured <= budget, "chosen_row": row}
 
     def pruned(self, row: dict) -> ModelHandle:
-        """The pruned copy a row measured, rebuilt from its recorded plan."""
-        return prune_copy(self.handle, PrunePlan.from_dict(row["plan"]), self.calib.stats)
+        """The pruned copy a row measured, rebuilt from its recorded plan and reconstruction."""
+        label = str(row.get("reconstruct", self.reconstruct))  # "mean", "lsq-seq ridge=0.01", ...
+        return self.prune(PrunePlan.from_dict(row["plan"]), label.split(" ")[0].split("-")[0])
 
     def save(self, row: dict, out_dir: str | Path | None = None) -> Path:
         """Write :meth:`pruned` of ``row`` with :func:`~mechkit.pruning.save_pruned` to ``out_dir``, or to a
@@ -230,6 +273,12 @@ class PruneStudy:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _method(name: str) -> str:
+    if name not in METHODS:
+        raise MechkitError(f"unknown reconstruction {name!r}", f"use one of: {', '.join(METHODS)}")
+    return name
 
 
 def _array(value) -> np.ndarray:

@@ -206,8 +206,9 @@ def validate_report(d: Any) -> None:
     bad = _first_non_finite(d)
     if bad is not None:
         raise MechkitError(f"report value {bad[0]} is {bad[1]} (JSON has no NaN or infinity)",
-                           "the run computed a NaN/infinite metric (a model with NaN weights, a diverged "
-                           "fine-tune?); fix its inputs, or have the plugin store null for 'not computed'")
+                           "the run computed a NaN/infinite metric — a model with NaN weights, a diverged "
+                           "fine-tune, or a scale so large the activations overflow; check those inputs (plugin "
+                           "authors: store None for 'not computed')")
     for key, types in _REQUIRED.items():
         if key not in d:
             raise MechkitError(f"report is missing the key '{key}'", f"expected schema {SCHEMA}")

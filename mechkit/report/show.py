@@ -44,7 +44,8 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{p} is not valid JSON ({err.msg} at line {err.lineno})", "rerun the analysis to write it again"
         ) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise MechkitError(f"cannot read {p}: {first_line(err)}") from None
+        raise MechkitError(f"cannot read {p} as a report: {first_line(err)}",
+                           "pass a report.json written by a mechkit run, or its run directory") from None
     except (RecursionError, ValueError) as err:  # nesting too deep, an integer too long to convert
         raise MechkitError(f"{p} is not a mechkit report ({type(err).__name__}: {first_line(err, 120)})",
                            "pass a report.json written by a mechkit run") from None

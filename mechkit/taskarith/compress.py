@@ -80,8 +80,9 @@ def _keep_top(v: torch.Tensor, k: int) -> torch.Tensor:
 
 def sparsify(tv: TaskVector, density: float, scope: str = "global") -> TaskVector:
     """Keep the top ``density`` fraction of entries by magnitude (exactly ``round(density · n)`` of them)."""
-    if not 0 <= density <= 1:
-        raise MechkitError(f"density must be in [0, 1], got {density}", "pass e.g. --density 0.1")
+    if not 0 < density <= 1:
+        raise MechkitError(f"density must be in (0, 1], got {density}: 0 keeps no entry (an all-zero vector)",
+                           "pass e.g. --sparsity-density 0.1")
     _refuse_non_finite(tv, "sparsify")
     if scope == "tensor":
         return tv.map(lambda _, v: _keep_top(v, round(density * v.numel())), f"sparsify {density:g} per tensor")

@@ -112,6 +112,7 @@ def draw(sampler: Sampler, rng: random.Random, avoid_inputs: Iterable[str] = (),
     return fallback if fallback is not None else sampler(rng)
 
 
+MAX_PROMPTS = 100_000  # per task and setting: past this a typo, not a study
 MAX_SHOTS = 2048  # many-shot ICL studies go to ~2k demonstrations; beyond that a typo, not a study
 
 
@@ -120,6 +121,9 @@ def check_counts(n: int, shots: int) -> None:
     (a runaway ``shots`` would take minutes to build and then overflow any context)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TaskOptionError(f"n must be a positive integer, got {n!r}", "pass n=1 or more")
+    if n > MAX_PROMPTS:
+        raise TaskOptionError(f"n={n} prompts per task is more than any analysis here needs",
+                              f"pass at most {MAX_PROMPTS}")
     if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
         raise TaskOptionError(f"shots must be a non-negative integer, got {shots!r}",
                               "pass shots=0 for zero-shot prompts, or more")

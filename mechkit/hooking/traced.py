@@ -1,0 +1,261 @@
+"""Hook functions inside an nnsight trace: how :func:`mechkit.hooks` runs on the nnsight backend.
+
+Each forward is one trace. The active hook functions become a :class:`Plan`: the hook points in the
+order the forward reaches them (per layer: block input, attention pattern, head outputs, attention
+output, MLP neurons, MLP output, block output), each read from the module it names — an input, an
+output, or for patterns the attention call inside the attention module, reached through nnsight's
+``.source`` — and written back where a function returns a replacement. Patterns are computed there
+from post-RoPE q and k by the family's eager attention (:func:`~mechkit.hooking.attention.eager_attention`,
+the function the native backend uses), so no server needs eager attention configured.
+
+Remote, the plan is shipped by value and runs on the server; every hook point's activation comes back
+with the result and the functions are called again here, on it, in the same order, so what they record
+or count (a cache, score sums, a random generator's state) ends up here exactly as after a local run.
+Functions marked :func:`reads_only` (``record``'s) are not shipped at all, only their activations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from einops import rearrange
+
+from mechkit.hooking.attention import attend, eager_attention
+from mechkit.hooking.points import HookPoint
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+# Where each hook point sits in a block's forward, in the order the forward reaches it.
+ORDER = {"hook_resid_pre": 0, "attn.hook_pattern": 1, "attn.hook_z": 2, "hook_attn_out": 3, "mlp.hook_post": 4,
+         "hook_mlp_out": 5, "hook_resid_post": 6}
+
+
+def reads_only(fn: Callable) -> Callable:
+    """Mark a hook function that only reads (never returns a replacement): a remote trace sends its
+    activation back instead of shipping the function."""
+    fn.mechkit_reads_only = True
+    return fn
+
+
+def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return new if new.device == old.device else new.to(old.device)
+
+
+@dataclass
+class Site:
+    """One hook point as a trace reaches it: the module (by path), what of it, and its functions."""
+
+    point: HookPoint
+    path: str
+    where: str  # "input", "output" or "pattern"
+    d_head: int | None = None  # split the input into heads (hook_z)
+    op: str | None = None  # the attention call inside the attention module (patterns)
+    fns: list = field(default_factory=list)
+
+    def __getstate__(self) -> dict:
+        """What is shipped: functions that only read stay here (their activation comes back instead)."""
+        state = dict(self.__dict__)
+        state["fns"] = [fn for fn in self.fns if not getattr(fn, "mechkit_reads_only", False)]
+        return state
+
+    def visit(self, root: Any, store: dict, replay: bool) -> None:
+        module = root.get(self.path)
+        if self.where == "pattern":
+            self._pattern(module, store, replay)
+        elif self.where == "input":
+            x = module.input
+            new = self.apply(self.view(x), store, replay)
+            if new is not None:
+                module.input = _beside(self.unview(new), x)
+        else:
+            out = module.output
+            x = out[0] if isinstance(out, tuple) else out
+            new = self.apply(x, store, replay)
+            if new is not None:
+                new = _beside(new, x)
+                module.output = (new, *out[1:]) if isinstance(out, tuple) else new
+
+    def view(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.d_head is None else rearrange(x, "b p (h d) -> b p h d", d=self.d_head)
+
+    def unview(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.d_head is None else rearrange(x, "b p h d -> b p (h d)")
+
+    def apply(self, x: torch.Tensor, store: dict, replay: bool) -> torch.Tensor | None:
+        """Run the functions on ``x`` (a replacement or None); remote, keep ``x`` for the replay here."""
+        if replay:
+            store[self.point.name] = x.detach().clone()
+        changed = False
+        for fn in self.fns:
+            if replay and getattr(fn, "mechkit_reads_only", False):
+                continue
+            new = fn(x, self.point)
+            if new is not None:
+                x, changed = new, True
+        return x if changed else None
+
+    def _pattern(self, module: Any, store: dict, replay: bool) -> None:
+        call = getattr(module.source, self.op)
+        args, kwargs = call.inputs
+        args, kwargs = list(args), dict(kwargs)
+        names = ("module", "query", "key", "value", "attention_mask")
+        parts = [args[i] if i < len(args) else kwargs.pop(names[i], None) for i in range(5)]
+        attn_module, query, key, value, mask = parts
+        out, weights = eager_attention(attn_module, query, key, value, mask, **kwargs)
+        new = self.apply(weights, store, replay)
+        if new is not None:
+            weights, out = new, attend(new, query, value)
+        call.skip((out, weights))  # the model's own kernel is not run again
+
+    def replay(self, store: dict) -> None:
+        """Call the functions here on the activation the server saw (their side effects land here)."""
+        x = store.get(self.point.name)
+        if x is None:
+            return
+        for fn in self.fns:
+            new = fn(x, self.point)
+            if new is not None:
+                x = new
+
+
+@dataclass
+class Plan:
+    """The sites of one forward, in the order the forward reaches them; shipped by value when remote."""
+
+    sites: list[Site]
+    replay: bool = False
+
+    def modules(self) -> set[str]:
+        """The Python modules the shipped functions come from (packages a server lacks go by value)."""
+        return {getattr(fn, "__module__", None) or "" for site in self.sites for fn in site.fns}
+
+    def run(self, root: Any, store: dict) -> None:
+        for site in self.sites:
+            site.visit(root, store, self.replay)
+
+    def finish(self, output: Any, store: dict) -> Any:
+        return output
+
+    def after(self, store: dict, output: Any) -> Any:
+        if self.replay:
+            for site in self.sites:
+                site.replay(store)
+        return output
+
+
+@dataclass
+class GradPlan(Plan):
+    """Activations at the sites and the gradient of ``metric(logits)`` with respect to them, taken
+    inside the trace (on the server when remote): what attribution patching needs."""
+
+    metric: Callable | None = None
+
+    def modules(self) -> set[str]:
+        return {getattr(self.metric, "__module__", None) or ""}
+
+    def run(self, root: Any, store: dict) -> None:
+        acts = store.setdefault("acts", {})
+        for site in self.sites:
+            module = root.get(site.path)
+            if site.where == "input":
+                acts[site.point.name] = module.input
+            else:
+                out = module.output
+                acts[site.point.name] = out[0] if isinstance(out, tuple) else out
+
+    def finish(self, output: Any, store: dict) -> Any:
+        acts = store.pop("acts")
+        value = self.metric(output.logits)
+        grads = torch.autograd.grad(value, [acts[s.point.name] for s in self.sites])
+        store["value"] = value.detach()
+        store["grads"] = {s.point.name: (s.view(acts[s.point.name]).detach(), s.view(g))
+                          for s, g in zip(self.sites, grads, strict=True)}
+        return None  # the logits stay where they are
+
+    def after(self, store: dict, output: Any) -> Any:
+        return store["value"], store["grads"]
+
+
+class Planner:
+    """Turns a handle's active ``(point, fn)`` entries into a :class:`Plan`; module paths found once."""
+
+    def __init__(self, handle: ModelHandle) -> None:
+        a = handle.anatomy
+        self.anatomy = a
+        names = {id(m): n for n, m in handle.model.named_modules()}
+        self.paths: dict[str, str] = {}
+        for layer in range(a.n_layers):
+            for suffix, module in (("hook_resid_pre", a.block(layer)), ("attn.hook_pattern", a.attn(layer)),
+                                   ("attn.hook_z", a.attn_out(layer)), ("hook_attn_out", a.attn(layer)),
+                                   ("mlp.hook_post", a.mlp_out(layer)), ("hook_mlp_out", a.mlp(layer)),
+                                   ("hook_resid_post", a.block(layer))):
+                self.paths[f"blocks.{layer}.{suffix}"] = names[id(module)]
+        self.remote = handle.backend.remote is not None
+        self._op: str | None = None
+        self._backend = handle.backend
+
+    def attention_call(self) -> str:
+        """The name nnsight gives the attention-function call inside an attention forward (the last
+        ``attention_interface_N``: ``_0`` is its lookup, the call comes after)."""
+        if self._op is None:
+            envoy = self._backend.lm.get(self.paths["blocks.0.attn.hook_pattern"])
+            calls = [n for n in envoy.source.names if n.startswith("attention_interface_")]
+            if not calls:
+                from mechkit.errors import MechkitError
+
+                raise MechkitError(f"{type(self.anatomy.attn(0)).__name__} calls no attention function nnsight can reach",
+                                   "read patterns with --backend native")
+            self._op = max(calls, key=lambda n: int(n.rsplit("_", 1)[1]))
+        return self._op
+
+    def sites(self, points: list[HookPoint]) -> list[Site]:
+        out = []
+        for point in sorted(points, key=lambda p: (p.layer, ORDER[p.suffix])):
+            where = {"hook_resid_pre": "input", "attn.hook_z": "input", "mlp.hook_post": "input",
+                     "attn.hook_pattern": "pattern"}.get(point.suffix, "output")
+            out.append(Site(point, self.paths[point.name], where,
+                            d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None,
+                            op=self.attention_call() if where == "pattern" else None))
+        return out
+
+    def __call__(self, entries: list[tuple[HookPoint, Callable]]) -> Plan:
+        by_name: dict[str, tuple[HookPoint, list]] = {}
+        for point, fn in entries:
+            by_name.setdefault(point.name, (point, []))[1].append(fn)
+        sites = self.sites([p for p, _ in by_name.values()])
+        for site in sites:
+            site.fns = by_name[site.point.name][1]
+        return Plan(sites, replay=self.remote)
+
+
+def planner(handle: ModelHandle) -> Planner:
+    backend = handle.backend
+    if not isinstance(backend.planner, Planner):
+        backend.planner = Planner(handle)
+    return backend.planner
+
+
+@contextlib.contextmanager
+def active(handle: ModelHandle, entries: list[tuple[HookPoint, Callable]]) -> Iterator[None]:
+    """Add ``entries`` to the functions every trace of ``handle`` runs, until the context exits."""
+    backend = handle.backend
+    planner(handle)
+    backend.entries.extend(entries)
+    try:
+        yield
+    finally:
+        ids = {id(e) for e in entries}
+        backend.entries[:] = [e for e in backend.entries if id(e) not in ids]
+
+
+def gradients(handle: ModelHandle, points: list[HookPoint], input_ids: torch.Tensor, metric: Callable,
+              **kwargs) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """``(metric value, {name: (activation, gradient)})`` from one trace (see :func:`mechkit.hooking.gradients`)."""
+    plan = GradPlan(planner(handle).sites(points), metric=metric)
+    with torch.enable_grad():
+        return handle.backend.run(input_ids, plan, **kwargs)

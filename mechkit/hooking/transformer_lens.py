@@ -1,0 +1,53 @@
+"""mechkit recordings as TransformerLens ``ActivationCache`` objects, so TL's own tools run on them.
+
+mechkit's hook names are TransformerLens' names for the same activations, so the conversion is the
+recording itself, batch dimension kept, handed to ``ActivationCache`` with a ``TransformerBridge`` over
+the same model (built once per model from a copy: :func:`mechkit.model.transformer_lens.to_transformer_lens`).
+TL's logit lens (``accumulated_resid``), direct logit attribution (``decompose_resid``,
+``stack_head_results``… where they need only recorded points) and patching helpers then work on it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from mechkit.errors import MechkitError
+from mechkit.model.transformer_lens import to_transformer_lens
+
+if TYPE_CHECKING:
+    from mechkit.hooking.core import Cache
+    from mechkit.model.handle import ModelHandle
+
+_BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def bridge_for(handle: ModelHandle) -> Any:
+    """The ``TransformerBridge`` of ``handle``'s model, built on first use and kept while the model lives."""
+    bridge = _BRIDGES.get(handle.model)
+    if bridge is None:
+        bridge = _BRIDGES[handle.model] = to_transformer_lens(handle)
+    return bridge
+
+
+def activation_cache(cache: Cache, model: Any = None) -> Any:
+    """``cache`` as a TL ``ActivationCache`` over ``model`` (default: the bridge of the recorded model).
+    (The example needs TransformerLens, the ``interop`` extra, so it is not run by the doctest suite.)
+
+    >>> import mechkit as mk
+    >>> m = mk.load_model("tiny:gpt2")
+    >>> with mk.record(m, "blocks.*.hook_resid_post") as cache:
+    ...     _ = m(m.to_tokens("hello"))
+    >>> tl = cache.to_transformer_lens()  # doctest: +SKIP
+    >>> tl.accumulated_resid(layer=2).shape  # doctest: +SKIP
+    """
+    from mechkit.model.transformer_lens import check_version
+
+    check_version()
+    from transformer_lens.ActivationCache import ActivationCache
+
+    if model is None:
+        if cache.handle is None:
+            raise MechkitError("this recording does not know its model", "pass model= (a TransformerBridge)")
+        model = bridge_for(cache.handle)
+    return ActivationCache({name: tensor for name, tensor in cache.items()}, model, has_batch_dim=True)
