@@ -372,6 +372,48 @@ def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -
         return generic_tables(results)
 
 
+def remote_progress(handle, console):
+    """Live progress of a remote model's jobs (:func:`mechkit.model.jobs.progress`); nothing otherwise."""
+    from mechkit.model.jobs import progress
+
+    return progress(getattr(handle.backend, "log", None) if handle is not None else None, console)
+
+
+def remote_timings(handle) -> dict:
+    """``server_queue_s``, ``server_run_s``, ``server_total_s`` of a remote model's jobs (the rest of what
+    they reported — jobs, bytes, the server's meta and peak memory — is in ``model.backend.server``)."""
+    log = getattr(handle.backend, "log", None) if handle is not None else None
+    return log.timings() if log is not None else {}
+
+
+def _reset_memory_peaks() -> None:
+    """Start each CUDA device's peak-memory counter afresh, so the report's peak is this run's."""
+    import torch
+
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+
+
+def memory_peaks() -> dict:
+    """``peak_rss_mb``: the process's peak resident memory so far (model loading included: the OS
+    keeps no resettable counter), and on CUDA ``peak_cuda{i}_mb``, each used device's peak allocated
+    memory since :func:`_reset_memory_peaks` — what a user needs to size the next run."""
+    import resource
+    import sys
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out = {"peak_rss_mb": round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)}
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            peak = torch.cuda.max_memory_allocated(i)
+            if peak > 0:
+                out[f"peak_cuda{i}_mb"] = round(peak / 2**20, 1)
+    return out
+
+
 def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *, model: Any, seed: int,
          force: bool, device: str | None, dtype: str | None, console, dispatch: tuple = (None, None, None),
          runs_on: tuple[str, str | None] = ("native", None)) -> Run:
@@ -381,6 +423,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
     write = out_dir is not None
     t0 = time.perf_counter()
     handle = None
+    _reset_memory_peaks()
     if cls.needs_model:
         from mechkit.model import loading
 
@@ -396,7 +439,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
     with _claimed(resume_dir(cls, model_key, params, seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
         t1 = time.perf_counter()
-        result = cls().run(ctx)
+        with remote_progress(handle, console):  # a remote model's jobs, live on a terminal
+            result = cls().run(ctx)
         run_s = time.perf_counter() - t1
         if before is not None and not bool((_probe_logits(handle) == before).all()):
             raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
@@ -406,7 +450,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
             model=handle.info() if handle is not None else {"spec": str(model)},
             params=params, seed=seed, results=result.results,
             artifacts=[f"{n}.png" for n in result.figures] + list(result.files),
-            timings={"load_s": round(load_s, 4), "run_s": round(run_s, 4)},
+            timings={"load_s": round(load_s, 4), "run_s": round(run_s, 4), **remote_timings(handle),
+                     **memory_peaks()},
             nonfinite="error",  # a NaN metric is refused naming its key, never written as null
             finding=result.finding,
         )

@@ -53,3 +53,30 @@ def test_plugin_that_changes_the_model_is_caught(tmp_path):
 def test_bad_choice_is_rejected():
     with pytest.raises(PluginError, match="must be one of"):
         mk.run("ablate", model="tiny:llama", write=False, mode="evaporate")
+
+
+class Grow(mk.Plugin):
+    name, version, summary = "grow", "0.0.1", "test plugin that holds a 64 MB tensor on the model's device"
+
+    def run(self, ctx):
+        import torch
+
+        x = torch.ones(16 * 2**20, device=ctx.model.device)  # 64 MB of float32
+        return mk.Result(results={"sum": float(x.sum())})
+
+
+def test_the_report_timings_carry_peak_memory(tmp_path):
+    import json
+
+    run = mk.run(Grow, model="tiny:llama", out=tmp_path / "run")
+    timings = json.loads((tmp_path / "run" / "report.json").read_text())["timings"]
+    assert timings["peak_rss_mb"] >= 64 and {"load_s", "run_s"} <= set(timings)
+    assert "MB" in (tmp_path / "run" / "report.html").read_text()
+    assert run.report["timings"] == timings
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA: peak CUDA memory")
+def test_the_report_timings_carry_peak_cuda_memory(tmp_path):
+    run = mk.run(Grow, model="tiny:llama", out=tmp_path / "run", device="cuda")
+    assert run.report["timings"]["peak_cuda0_mb"] >= 64

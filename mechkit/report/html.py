@@ -253,4 +253,9 @@ def _records_table(records: list[dict]) -> str:
 
 
 def _seconds(timings: dict) -> dict:
-    return {k: (f"{v:.2f} s" if isinstance(v, float) else v) for k, v in timings.items()}
+    def fmt(k: str, v):
+        if not isinstance(v, float):
+            return v
+        return f"{v:,.0f} MB" if k.endswith("_mb") else f"{v:.2f} s"
+
+    return {k: fmt(k, v) for k, v in timings.items()}

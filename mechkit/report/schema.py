@@ -231,4 +231,5 @@ def validate_report(d: Any) -> None:
         raise MechkitError(f"report key 'finding' must be a string, not {type(d['finding']).__name__}")
     for name, value in d["timings"].items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise MechkitError(f"report key 'timings.{name}' must be a number of seconds, not {value!r}")
+            raise MechkitError(f"report key 'timings.{name}' must be a number (seconds, or MB for peak_*), "
+                               f"not {value!r}")
