@@ -1,9 +1,10 @@
 """``mechkit prune``: a smaller, faster model without retraining, guided by what matters for the tasks.
 
 For every guide and sparsity: build the plan from the guide's scores (calibration prompts only),
-slice a physical copy — by default refitting, layer by layer, the projections that read the removed
-units by least squares on calibration activations (``--reconstruct lsq --sequential``; generic
-text mixed into calibration with ``--calib-text-weight``) — and measure exact-match accuracy on
+slice a physical copy — by default refitting the projections that read the removed units by
+least squares on calibration activations (``--reconstruct lsq``; layer by layer on the pruned
+model's own inputs with ``--sequential``; generic text mixed into calibration with
+``--calib-text-weight``) — and measure exact-match accuracy on
 held-out prompts of each task, perplexity on held-out text, parameters, FLOPs per token and
 forward latency as a ratio to the dense model. ``--budget 0.7`` instead searches the plan that keeps the most calibration accuracy
 within 70% of the dense latency (or FLOPs). ``--save-model`` writes the pruned model (the first
@@ -142,8 +143,9 @@ class PrunePlugin(Plugin):
                                           "as a bias, FLAP) or lsq (refit the kept columns and a bias of the "
                                           "projection that read them, by ridge least squares on calibration "
                                           "activations).", choices=("none", "mean", "lsq")),
-        Option("sequential", bool, True, "lsq: prune and refit layer by layer, each fit on the inputs the pruned "
-                                         "layers below produce (else every fit on dense activations).", is_flag=True),
+        Option("sequential", bool, False, "lsq: prune and refit layer by layer, each fit on the inputs the pruned "
+                                          "layers below produce (about 4x the refit time; default: every fit "
+                                          "on dense activations).", is_flag=True),
         Option("ridge", float, 1e-2, "lsq: ridge, a fraction of the mean input variance; large values tend to "
                                      "mean compensation.", min=0, max=1e6),
         Option("calib_text_weight", float, 0.5, "Weight of generic text (CPython's reference topics, never the "

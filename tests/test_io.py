@@ -312,3 +312,22 @@ def test_a_read_only_location_fails_the_cli_before_the_model_loads(read_only_dir
               "--out", str(read_only_dir / "v.safetensors")])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "cannot write in" in err[0], err
+
+
+def test_safetensors_files_get_the_umask_mode_not_0600(tmp_path):
+    # safetensors creates its file 0600; what mechkit writes is readable as the umask says
+    import torch
+    from safetensors.torch import save_file
+
+    from mechkit.io.atomic import atomic_dir, atomic_file
+
+    old = os.umask(0o027)
+    try:
+        with atomic_file(tmp_path / "v.safetensors") as tmp:
+            save_file({"a": torch.zeros(2)}, str(tmp))
+        with atomic_dir(tmp_path / "model") as d:
+            save_file({"a": torch.zeros(2)}, str(d / "model.safetensors"))
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "v.safetensors", tmp_path / "model" / "model.safetensors"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o640

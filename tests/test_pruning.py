@@ -77,13 +77,20 @@ def test_study_steps_resume_and_rows_reload(tiny_llama):
     study = PruneStudy(tiny_llama, ["capitalize"], step=step, **sizes)
     assert not {q.text for q in study.test["capitalize"]} & {q.text for q in study.calib.prompts}
     row = study.row("attribution@sensitivity", {"neurons": 0.25})
-    assert sorted(stored) == ["row|attribution@sensitivity|global|[('neurons', 0.25)]|lsq-seq ridge=0.01",
+    assert sorted(stored) == ["row|attribution@sensitivity|global|[('neurons', 0.25)]|lsq ridge=0.01",
                               "scores|attribution", "sensitivity|attribution"]
-    assert row["reconstruct"] == "lsq-seq ridge=0.01" and row["reconstruct_s"] >= 0
+    assert row["reconstruct"] == "lsq ridge=0.01" and row["reconstruct_s"] >= 0  # one-shot, the default
     again = PruneStudy(tiny_llama, ["capitalize"], step=step, **sizes)
     assert again.row("attribution@sensitivity", {"neurons": 0.25}) == row  # read back, nothing recomputed
     assert again.pruned(row).anatomy.d_mlp < tiny_llama.anatomy.d_mlp
     assert row["params"] < study.dense()["params"]
+    seq = PruneStudy(tiny_llama, ["capitalize"], sequential=True, step=step, **sizes).row("wanda", {"neurons": 0.25})
+    assert seq["reconstruct"] == "lsq-seq ridge=0.01"
+    ids = tiny_llama.to_tokens("input: ab\noutput:")
+    with torch.no_grad():  # a row is rebuilt with the fits it was measured with, whatever the study's default
+        plan = mk.pruning.PrunePlan.from_dict(seq["plan"])
+        assert torch.equal(again.pruned(seq)(ids), again.prune(plan, "lsq", sequential=True)(ids))
+        assert not torch.equal(again.pruned(seq)(ids), again.prune(plan, "lsq", sequential=False)(ids))
 
 
 def test_budget_row_is_remeasured_until_it_meets_the_budget(tiny_llama):
@@ -199,7 +206,7 @@ def test_prune_plugin_rows_and_saved_model(tmp_path, monkeypatch):
     assert "accuracy_vs_speedup.png" in rep["artifacts"] and "model" in rep["artifacts"]
     saved = mk.load_model(str(out / "model"), device="cpu")
     row = rep["results"]["rows"][0]
-    assert row["reconstruct"] == "lsq-seq ridge=0.01"  # the default
+    assert row["reconstruct"] == "lsq ridge=0.01"  # the default: one-shot least squares
     dense = mk.load_model("tiny:llama", device="cpu")
     study = PruneStudy(dense, ["capitalize"], n_calib=3, n=4, shots=2)  # what the run calibrated on
     ids = dense.to_tokens("input: ab\noutput:")

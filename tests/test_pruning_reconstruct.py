@@ -190,3 +190,64 @@ def test_task_guides_mix_in_the_generic_texts_language_modelling_scores(tiny_lla
     np.testing.assert_allclose(mixed.mlp, 0.6 * task.mlp + 0.4 * text.mlp, rtol=1e-12)
     np.testing.assert_array_equal(guide_scores(tiny_llama, "attribution", calib).mlp, task.mlp)  # weight 0
     assert (text.mlp > 0).all() and not np.allclose(text.mlp, task.mlp)
+
+
+def test_moments_keep_the_variance_of_inputs_whose_mean_dwarfs_it():
+    """float32 products over inputs near 3·10⁴ with unit spread: summed about the first batch's mean,
+    the covariance (and so the fit) matches float64; raw second moments would lose it to rounding."""
+    gen = torch.Generator().manual_seed(2)
+    x = 3e4 + torch.randn(4000, 6, generator=gen, dtype=torch.float64)
+    x[:, 5] = x[:, 4] - x[:, 3] + 3e4  # an affine dependency for the fit to find
+    w = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    weight = torch.full((1000,), 1 / 4000, dtype=torch.float64)
+    mom32, mom64 = Moments(6), Moments(6)
+    for chunk in x.split(1000):
+        mom32.add(chunk.float(), weight)
+        mom64.add(chunk, weight)
+    torch.testing.assert_close(mom32.stats()[1], torch.cov(x.T, correction=0), rtol=0, atol=2e-3)
+    a, b = solve(w, torch.arange(5), mom32, ridge=0.0)
+    torch.testing.assert_close(x[:, :5] @ a.T + b, x @ w.T, rtol=0, atol=1e-3 * float(w.abs().sum()))
+
+
+def _kl_to_dense(dense, pruned, batches) -> float:
+    """Token-weighted KL(dense ‖ pruned) of the next-token distributions."""
+    total = 0.0
+    with torch.no_grad():
+        for b in batches:
+            d = dense(b.ids, attention_mask=b.mask)[b.mask.bool()].double().log_softmax(-1)
+            p = pruned(b.ids, attention_mask=b.mask)[b.mask.bool()].double().log_softmax(-1)
+            total += float(((d.exp() * (d - p)).sum(-1) * b.weight).sum())
+    return total
+
+
+def test_one_shot_and_sequential_fits_both_cut_the_output_error(tiny_llama):
+    """Half the channels of every layer and two heads gone: each lsq variant leaves the model's
+    next-token distributions far closer to the dense ones than mean compensation does (which beats
+    zeroing), on the calibration tokens and on held-out text."""
+    from mechkit.pruning.reconstruct import token_batches
+
+    m, a = tiny_llama, tiny_llama.anatomy
+    calib = calibrate(m, ["capitalize", "swap"], n=4, shots=2, text_weight=0.5, n_text=4)
+    batches = calib.token_batches(m)
+    held = token_batches(m, [([heldout_text()[0][i:i + 500] for i in range(0, 3000, 500)], 1.0)])
+    plan = PrunePlan(mlp={layer: list(range(0, a.d_mlp, 2)) for layer in range(a.n_layers)}, heads={1: [0, 2]},
+                     compensate=True)
+    zero = prune_copy(m, dataclasses.replace(plan, compensate=False))
+    mean = prune_copy(m, plan, calib.stats)
+    for on in (batches, held):
+        err_mean = _kl_to_dense(m, mean, on)
+        assert err_mean < _kl_to_dense(m, zero, on)
+        for sequential in (False, True):
+            fits = reconstruct(m, plan, batches, ridge=1e-2, sequential=sequential)
+            assert _kl_to_dense(m, prune_copy(m, plan, calib.stats, fits), on) < 0.3 * err_mean
+
+
+def test_fits_replace_mean_compensation_and_need_no_statistics(tiny_llama):
+    calib = calibrate(tiny_llama, ["capitalize"], n=3, shots=2)
+    plan = PrunePlan(mlp={0: [1, 2, 3]}, heads={1: [0, 2]}, compensate=True)
+    fits = reconstruct(tiny_llama, plan, calib.token_batches(tiny_llama))
+    ids = tiny_llama.to_tokens(["input: cat\noutput: Cat\n"])
+    torch.testing.assert_close(_logits(prune_copy(tiny_llama, plan, None, fits), ids),
+                               _logits(prune_copy(tiny_llama, plan, calib.stats, fits), ids), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="statistics"):
+        prune_copy(tiny_llama, plan, None, {})

@@ -67,9 +67,11 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
                 break
         except FileExistsError:
             continue
+    mode = tmp.stat().st_mode & 0o777  # the umask's, from our own creation of the name
     try:
         yield tmp
         _fsync(tmp)
+        _umask_mode(tmp, mode)  # a writer that recreated the file (safetensors does: 0600) gets it back
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -138,9 +140,11 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
     tmp = temp_dir_beside(target)
     try:
         yield tmp
+        mode = _file_mode()
         for root, _, files in os.walk(tmp):
             for name in files:
                 if not os.path.islink(os.path.join(root, name)):
+                    _umask_mode(Path(root, name), mode)  # safetensors writes 0600: files get the umask's mode
                     _fsync(Path(root, name))
             _fsync(Path(root), directory=True)
         _rename_dir(tmp, target, replace)
@@ -148,6 +152,21 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync(target.parent, directory=True)
+
+
+def _file_mode() -> int:
+    """The mode a new file gets under the umask (read without a race: from /proc where it is shown)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("Umask:"))
+        return 0o666 & ~int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _umask_mode(path: Path, mode: int) -> None:
+    if path.stat().st_mode & 0o777 != mode:
+        os.chmod(path, mode)
 
 
 def _rename_dir(tmp: Path, target: Path, replace: bool) -> None:

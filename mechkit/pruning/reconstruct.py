@@ -12,13 +12,20 @@ kept inputs. Centred, ``Aᵀ = W_Kᵀ + (Σ_KK + λI)⁻¹(Σ_Ky − Σ_KK W_K�
 With ``y = W x``: ``λ → ∞`` is mean compensation (``A = W_K``, ``b = W_R E[x_R]``), its zero-order
 special case; ``λ = 0`` the exact least-squares fit, which recovers the dense output exactly when
 the removed inputs are affine in the kept ones. ``λ`` is ``ridge × mean(diag Σ_KK)`` (scale-free).
-Statistics are accumulated per batch (``X Xᵀ``, ``X Yᵀ`` and sums), solved in float64, one layer at a
-time: memory holds one layer's ``(n+1)²`` moments, never the activations of the calibration set.
+The target ``y`` is the dense projection's output (recorded, not recomputed), so only the kept
+inputs' moments are accumulated (``X_K X_Kᵀ``, ``X_K Yᵀ`` and sums, per batch, about the first batch's
+mean) — at 45% of channels removed, a third of the full ``X Xᵀ`` — and solved in float64, one layer
+at a time, block by block: memory holds one layer's moments, the calibration tokens' hidden states
+at that layer (the dense and the pruned path) and the dense outputs of that layer's refitted
+projections (one-shot, also their kept inputs) — never every layer's activations.
 
-*One-shot* (``sequential=False``): ``x`` comes from the dense model and ``y = W x``.
+*One-shot* (``sequential=False``): ``x`` comes from the dense model; one forward of the calibration
+tokens plus the first one that captures block 0's inputs (kept for the next plan on the same batches).
 *Sequential*: layers are pruned and refitted bottom up; ``x`` comes from the model pruned and
 refitted so far (for the MLP, with this layer's attention already refitted) and ``y`` is the dense
-model's output on its own inputs, so each fit also absorbs the error of the layers below.
+model's output on its own inputs, so each fit also absorbs the error of the layers below; per
+layer, one dense block pass, one pruned pass per refitted projection and one to move up (about
+2–3 forwards in all, the pruned ones cheaper).
 
 >>> import mechkit as mk
 >>> from mechkit import pruning
@@ -106,49 +113,71 @@ def token_batches(handle: ModelHandle, groups: Sequence[tuple[Sequence[str], flo
 
 
 class Moments:
-    """Weighted first and second moments of inputs ``x [T, n]`` and, optionally, targets ``y [T, m]``."""
+    """Weighted first and second moments of inputs ``x [T, n]`` and, optionally, targets ``y [T, m]``.
+
+    Sums are taken about the first batch's weighted mean (``cx``, ``cy``), so the covariance is not the
+    difference of two large numbers: an input whose mean dwarfs its spread (an attention head that
+    mostly reads the first token) keeps its variance even though each batch's products are in float32.
+    """
 
     def __init__(self, n: int, m: int | None = None):
         self.w = 0.0
+        self.cx = torch.zeros(n, dtype=torch.float64)
+        self.cy = torch.zeros(m, dtype=torch.float64) if m else None
         self.sx = torch.zeros(n, dtype=torch.float64)
         self.sxx = torch.zeros(n, n, dtype=torch.float64)
         self.sy = torch.zeros(m, dtype=torch.float64) if m else None
         self.sxy = torch.zeros(n, m, dtype=torch.float64) if m else None
 
     def add(self, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor | None = None) -> None:
-        # one product per batch (a few hundred tokens) in the activations' dtype, at least float32,
+        # one product per batch (a few thousand tokens) in the activations' dtype, at least float32,
         # summed in float64
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        x = x.to(dtype)
         w = weight.to(x.device, dtype)[:, None]
+        if self.w == 0.0:
+            self.cx = _weighted_mean(x, w)
+            self.cy = _weighted_mean(y, w) if y is not None else None
+        x = x.to(dtype) - self.cx.to(x.device, dtype)
         xw = x * w
         self.w += float(w.sum())
         self.sx += xw.sum(0).double().cpu()
         self.sxx += (xw.T @ x).double().cpu()
         if y is not None:
-            y = y.to(dtype)
+            y = y.to(dtype) - self.cy.to(y.device, dtype)
             self.sy += (y * w).sum(0).double().cpu()
             self.sxy += (xw.T @ y).double().cpu()
+
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(E[x], Cov(x, x), E[y], Cov(x, y))`` in float64 (the last two ``None`` without targets)."""
+        n = max(self.w, 1e-300)
+        dx = self.sx / n
+        cov = self.sxx / n - torch.outer(dx, dx)
+        cov = (cov + cov.T) / 2
+        if self.sxy is None:
+            return self.cx + dx, cov, None, None
+        dy = self.sy / n
+        return self.cx + dx, cov, self.cy + dy, self.sxy / n - torch.outer(dx, dy)
+
+
+def _weighted_mean(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    t = t.double()
+    return ((t * w.to(t)).sum(0) / w.sum().clamp_min(1e-300).to(t)).cpu()
 
 
 def solve(weight: torch.Tensor, keep: torch.Tensor, mom: Moments, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A [out, kept], b [out])`` of the module docstring, in float64, from ``weight [out, in]`` (the dense
     projection) and the moments of its inputs (with targets, else ``y = W x``)."""
     W = weight.detach().double().cpu()
-    n = max(mom.w, 1e-300)
-    mu = mom.sx / n
-    cov = mom.sxx / n - torch.outer(mu, mu)
-    cov = (cov + cov.T) / 2
+    mu, cov, mu_y, cov_xy = mom.stats()
     k = keep.cpu()
     s_kk = cov[k][:, k]
     w_k = W[:, k]
-    if mom.sxy is None:  # y = W x: Σ_Ky − Σ_KK W_Kᵀ = Σ_KR W_Rᵀ
+    if cov_xy is None:  # y = W x: Σ_Ky − Σ_KK W_Kᵀ = Σ_KR W_Rᵀ
         r = torch.ones(W.shape[1], dtype=torch.bool)
         r[k] = False
         mu_y, rhs = W @ mu, cov[k][:, r] @ W[:, r].T
     else:
-        mu_y = mom.sy / n
-        rhs = mom.sxy[k] / n - torch.outer(mu[k], mu_y) - s_kk @ w_k.T
+        rhs = cov_xy[k] - s_kk @ w_k.T
     scale = float(s_kk.diagonal().mean()) if len(k) else 0.0
     lhs = s_kk + (ridge * scale if scale > 0 else 0.0) * torch.eye(len(k), dtype=torch.float64)
     chol, info = torch.linalg.cholesky_ex(lhs)
@@ -184,13 +213,24 @@ def _edited(edits: dict[nn.Module, Fit]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _inputs(modules: Sequence[nn.Module], sink: dict) -> Iterator[None]:
-    """Record each module's input (``sink[module]``) during the forwards inside the context."""
+def _recording(keep: dict[nn.Module, torch.Tensor], inputs: dict | None, outputs: dict | None) -> Iterator[None]:
+    """During the forwards inside the context, record each module's kept input columns
+    (``inputs[module]``, ``[..., len(keep)]``) and its output without its own bias (``outputs[module]``)."""
     removers = []
+
+    def pre(module, args):
+        inputs[module] = args[0].detach()[..., keep[module].to(args[0].device)]
+
+    def post(module, _args, output):
+        bias = getattr(module, "bias", None)
+        outputs[module] = (output - bias if bias is not None else output).detach()
+
     try:
-        for module in modules:
-            removers.append(module.register_forward_pre_hook(
-                lambda mod, args: sink.__setitem__(mod, args[0].detach())))
+        for module in keep:
+            if inputs is not None:
+                removers.append(module.register_forward_pre_hook(pre))
+            if outputs is not None:
+                removers.append(module.register_forward_hook(post))
         yield
     finally:
         for r in removers:
@@ -245,30 +285,19 @@ def reconstruct(handle: ModelHandle, plan: PrunePlan, batches: Sequence[TokenBat
             hidden, args, kwargs = b.block_inputs(handle)
             states.append(_State(hidden, hidden, args, kwargs, b.mask.to(handle.device).bool(), b.weight))
         for layer in range(todo[-1] + 1):
-            stages = _stages(handle, plan, layer) if layer not in gone else []
+            stages = dict(_stages(handle, plan, layer)) if layer not in gone else {}
+            dense = _dense_step(handle, layer, states, stages, sequential)
             edits: dict[nn.Module, Fit] = {}
-            dense_in: list[dict] = [{} for _ in states]
-            modules = [m for m, _ in stages]
-            for s, inputs in zip(states, dense_in, strict=True):  # the dense path, one block up
-                seen: dict = {}
-                with _inputs(modules, seen):
-                    nxt = _run_block(handle, layer, s.dense, s.args[layer], s.kwargs[layer])
-                for m in modules:
-                    inputs[m] = seen[m][s.mask]
-                s.dense = nxt
-            for module, keep in stages:
+            for module, keep in stages.items():
                 w = weight_out_in(module)
-                mom = Moments(w.shape[1], w.shape[0] if sequential else None)
-                for s, inputs in zip(states, dense_in, strict=True):
-                    if sequential:  # the input the pruned model sees; the dense output as target
-                        seen = {}
-                        with _inputs([module], seen), _edited(edits):
+                mom = Moments(len(keep), w.shape[0])
+                for s, (x, y) in zip(states, dense, strict=True):
+                    if sequential:  # the input the pruned model sees (this layer's earlier fits applied)
+                        x = {}
+                        with _recording({module: keep}, x, None), _edited(edits):
                             _run_block(handle, layer, s.pruned, s.args[layer], s.kwargs[layer])
-                        x = inputs[module]
-                        mom.add(seen[module][s.mask], s.weight, x @ w.detach().T.to(x))
-                    else:
-                        mom.add(inputs[module], s.weight)
-                wk, bias = solve(w, keep, mom, ridge)
+                    mom.add(x[module][s.mask], s.weight, y[module])
+                wk, bias = solve(w[:, keep], torch.arange(len(keep)), mom, ridge)
                 edits[module] = Fit(wk.to(w.dtype), bias.to(w.dtype), keep)
                 fits[names[id(module)]] = edits[module]
             for s in states:
@@ -279,3 +308,16 @@ def reconstruct(handle: ModelHandle, plan: PrunePlan, batches: Sequence[TokenBat
                         s.pruned = _run_block(handle, layer, s.pruned, s.args[layer], s.kwargs[layer])
     return fits
 
+
+def _dense_step(handle: ModelHandle, layer: int, states: list[_State], stages: dict[nn.Module, torch.Tensor],
+                sequential: bool) -> list[tuple[dict, dict]]:
+    """Move every batch's dense path one block up, recording per refitted projection the dense output
+    of the real tokens (the target ``y = W x``) and, one-shot, its kept input columns (the ``x``)."""
+    out = []
+    for s in states:
+        x: dict = {}
+        y: dict = {}
+        with _recording(stages, None if sequential else x, y):
+            s.dense = _run_block(handle, layer, s.dense, s.args[layer], s.kwargs[layer])
+        out.append((x, {m: v[s.mask] for m, v in y.items()}))
+    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,21 +30,28 @@ if TYPE_CHECKING:
     from mechkit.pruning.stats import UnitStats
 
 
-def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats) -> dict[str, torch.Tensor]:
-    """FLAP bias compensation: for each output projection, ``W[:, removed] @ mean(removed inputs)``."""
+def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None,
+                 skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
+    """FLAP bias compensation: for each output projection (but those named in ``skip``),
+    ``W[:, removed] @ mean(removed inputs)``."""
     a = handle.anatomy
     names = {id(m): n for n, m in handle.model.named_modules()}
     out: dict[str, torch.Tensor] = {}
     gone = set(plan.layers)
+    needed = [names[id(a.mlp_out(layer))] for layer, rm in plan.mlp.items() if rm and layer not in gone] + \
+        [names[id(a.attn_out(layer))] for layer, rm in plan.heads.items() if rm and layer not in gone]
+    if stats is None and set(needed) - set(skip):
+        raise ValueError("mean compensation needs the calibration statistics (pass stats, or fits for every "
+                         "pruned projection)")
     with torch.no_grad():
         for layer, removed in plan.mlp.items():
-            if removed and layer not in gone:
+            if removed and layer not in gone and names[id(a.mlp_out(layer))] not in skip:
                 module = a.mlp_out(layer)
                 idx = torch.tensor(sorted(removed))
                 w = weight_out_in(module)[:, idx].double()
                 out[names[id(module)]] = (w @ stats.mlp_mean[layer][idx].to(w.device)).to(module.weight.dtype)
         for layer, removed in plan.heads.items():
-            if removed and layer not in gone:
+            if removed and layer not in gone and names[id(a.attn_out(layer))] not in skip:
                 module = a.attn_out(layer)
                 d = a.d_head
                 cols = torch.cat([torch.arange(h * d, (h + 1) * d) for h in sorted(removed)])
@@ -60,10 +68,10 @@ def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = N
     ``fits`` (:func:`~mechkit.pruning.reconstruct.reconstruct`) replace the kept input columns of the
     projections they name and give them their bias (created where the dense model has none, the
     mechanism mean compensation uses, so a saved copy reloads with it); they take precedence over
-    the plan's mean compensation for those projections.
+    the plan's mean compensation for those projections (``stats`` is needed only for the others).
     """
     fits = fits or {}
-    comp = compensation(handle, plan, stats) if plan.compensate else {}
+    comp = compensation(handle, plan, stats, skip=fits) if plan.compensate else {}
     comp.update({name: fit.bias for name, fit in fits.items()})
     model = copy.deepcopy(handle.model)
     structure = apply_structure(model, plan.structure(handle.anatomy), comp,

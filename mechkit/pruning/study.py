@@ -86,7 +86,7 @@ class PruneStudy:
 
     def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, targets: Sequence[str] = ("neurons",),
                  n_calib: int = 16, n: int = 30, shots: int = 10, seed: int = 0, allocation: str = "global",
-                 gqa: str = "slot", reconstruct: str = "lsq", sequential: bool = True, ridge: float = 1e-2,
+                 gqa: str = "slot", reconstruct: str = "lsq", sequential: bool = False, ridge: float = 1e-2,
                  text_weight: float = 0.5, guide_text_weight: float = 0.5, protect_top_k: int = 10,
                  repeats: int = 7, timing: str = "last", timing_batch: int = 8, batch_size: int = 16,
                  step: Step = compute_now):
@@ -150,17 +150,18 @@ class PruneStudy:
         method = _method(reconstruct or self.reconstruct)
         return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, method != "none", sens)
 
-    def fits(self, plan: PrunePlan, reconstruct: str | None = None) -> dict[str, Fit]:
-        """The least-squares refits of ``plan`` on the calibration tokens (none unless the method is lsq)."""
+    def fits(self, plan: PrunePlan, reconstruct: str | None = None, sequential: bool | None = None) -> dict[str, Fit]:
+        """The least-squares refits of ``plan`` on the calibration tokens (none unless the method is lsq),
+        sequential or one-shot as ``sequential`` (default: the study's) says."""
         if _method(reconstruct or self.reconstruct) != "lsq":
             return {}
         if self._batches is None:
             self._batches = self.calib.token_batches(self.handle)
-        return refit(self.handle, plan, self._batches, self.ridge, self.sequential)
+        return refit(self.handle, plan, self._batches, self.ridge, self.sequential if sequential is None else sequential)
 
-    def prune(self, plan: PrunePlan, reconstruct: str | None = None) -> ModelHandle:
+    def prune(self, plan: PrunePlan, reconstruct: str | None = None, sequential: bool | None = None) -> ModelHandle:
         """The physically pruned copy of ``plan``, reconstructed as ``reconstruct`` (default: the study's) says."""
-        return prune_copy(self.handle, plan, self.calib.stats, self.fits(plan, reconstruct))
+        return prune_copy(self.handle, plan, self.calib.stats, self.fits(plan, reconstruct, sequential))
 
     def reconstruction(self, reconstruct: str | None = None) -> str:
         """A label of the reconstruction: ``none``, ``mean``, ``lsq`` or ``lsq-seq``, with the ridge."""
@@ -259,7 +260,8 @@ class PruneStudy:
     def pruned(self, row: dict) -> ModelHandle:
         """The pruned copy a row measured, rebuilt from its recorded plan and reconstruction."""
         label = str(row.get("reconstruct", self.reconstruct))  # "mean", "lsq-seq ridge=0.01", ...
-        return self.prune(PrunePlan.from_dict(row["plan"]), label.split(" ")[0].split("-")[0])
+        method = label.split(" ")[0]
+        return self.prune(PrunePlan.from_dict(row["plan"]), method.split("-")[0], method == "lsq-seq")
 
     def save(self, row: dict, out_dir: str | Path | None = None) -> Path:
         """Write :meth:`pruned` of ``row`` with :func:`~mechkit.pruning.save_pruned` to ``out_dir``, or to a
