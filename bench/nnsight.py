@@ -11,11 +11,14 @@ Each (workload, backend) pair runs in a fresh subprocess on the same model and i
   per batch and layer with the batch repeated once per head).
 
 Backends: ``native`` (PyTorch hooks), ``nnsight`` (each forward one trace, in process) and
-``remote-local`` (mechkit's strict simulation of an NDIF server: every trace serialised, deserialised
+``remote-local`` (mechkit's strict simulation of an NDIF server: every job serialised, deserialised
 with mechkit hidden, executed on the copies, results pickled back — the client-side cost of a remote
-run without the network). The first run of each worker measures the peak RSS increase and is the
-warm-up; then the median of ``--repeats`` runs is timed. Results must agree across backends: each
-worker also returns a checksum of what it computed and the script checks they match.
+run without the network). For the sweeps (``exact``, ``attribution``) ``remote-local`` groups the
+traces into one job (a ``model.session``); ``remote-trace`` is the same run sent trace by trace (one
+job per trace), to show what grouping saves. The first run of each worker measures the peak RSS
+increase and is the warm-up; then the median of ``--repeats`` runs is timed. Results must agree across
+backends: each worker also returns a checksum of what it computed and the script checks they match.
+The table gives the traces and remote jobs of one run.
 
     python bench/nnsight.py [--quick] [--threads N] [--model tiny:llama|llama] [--workloads a,b]
 """
@@ -35,15 +38,20 @@ import common
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 WORKLOADS = ("forward", "record", "detect", "ablate", "attribution", "exact")
-BACKENDS = {"native": ("native", None), "nnsight": ("nnsight", None), "remote-local": ("nnsight", "local")}
+# name -> (backend, remote, traces per remote job: None for the backend's own choice)
+BACKENDS = {"native": ("native", None, None), "nnsight": ("nnsight", None, None),
+            "remote-local": ("nnsight", "local", None), "remote-trace": ("nnsight", "local", 1)}
+GROUPED = ("attribution", "exact")  # the workloads whose traces a remote run groups into jobs
 
 
 def _sizes(quick: bool, model: str) -> dict:
     tiny = model.startswith("tiny:")
     if quick:
-        return {"n_seqs": 8, "seg_len": 10, "batch": 4, "prompts": 8, "exact_prompts": 8, "shots": 2}
+        return {"n_seqs": 8, "seg_len": 10, "batch": 4, "prompts": 8, "exact_prompts": 8, "shots": 2, "exact_shots": 2}
+    # The exact sweep is the costly one (n_heads × n_layers ablations): on the embedded model 2 prompts of
+    # 2 shots, 270 heads, 31 traces a run (about two minutes on one CPU thread).
     return {"n_seqs": 32 if tiny else 16, "seg_len": 25, "batch": 8, "prompts": 16 if tiny else 8,
-            "exact_prompts": 16 if tiny else 4, "shots": 4 if tiny else 5}
+            "exact_prompts": 16 if tiny else 2, "shots": 4 if tiny else 5, "exact_shots": 4 if tiny else 2}
 
 
 def _workload(name: str, handle, sizes: dict):
@@ -56,8 +64,9 @@ def _workload(name: str, handle, sizes: dict):
 
     bs = sizes["batch"]
     tokens = repeated_tokens(handle, n_seqs=sizes["n_seqs"], seg_len=sizes["seg_len"], seed=0)
-    prompts = task_prompts(["capitalize"], sizes["prompts"] if name != "exact" else sizes["exact_prompts"],
-                           sizes["shots"], 0)
+    exact = name == "exact"
+    prompts = task_prompts(["capitalize"], sizes["exact_prompts" if exact else "prompts"],
+                           sizes["exact_shots" if exact else "shots"], 0)
     a = handle.anatomy
     heads = ",".join(f"{(i * 7) % a.n_layers}.{(i * 5) % a.n_heads}" for i in range(5))
 
@@ -104,16 +113,23 @@ def worker(args) -> None:
     threads = common.set_threads(args.threads)
     import mechkit as mk
 
-    backend, remote = BACKENDS[args.backend]
+    backend, remote, per_job = BACKENDS[args.backend]
     handle = mk.load_model(args.model, device="cpu", backend=backend, remote=remote)
+    if per_job is not None:
+        handle.backend.traces_per_job = per_job
     common.prefault(handle)
     run = _workload(args.workload, handle, _sizes(args.quick, args.model))
     mem, checksum = common.peak_rss_increase(run)
     timing = common.median_time(run, args.repeats, warmup=0)
+    runs = 1 + args.repeats
     traces = handle.backend.info().get("traces")
-    traces = None if traces is None else traces // (1 + args.repeats)  # per run
-    Path(args.result).write_text(json.dumps({"memory": mem, "time": timing, "checksum": checksum, "threads": threads,
-                                             "traces": traces}))
+    log = getattr(handle.backend, "log", None)
+    Path(args.result).write_text(json.dumps({
+        "memory": mem, "time": timing, "checksum": checksum, "threads": threads,
+        "traces": None if traces is None else traces // runs,  # per run
+        "jobs": None if log is None else len(log.jobs) // runs,
+        "server": None if log is None else log.summary(),  # all runs together
+    }))
 
 
 def main() -> None:
@@ -134,7 +150,7 @@ def main() -> None:
                       "environment": common.environment(args.threads)}
     for workload in workloads:
         found = {}
-        for name in BACKENDS:
+        for name in (n for n in BACKENDS if n != "remote-trace" or workload in GROUPED):
             with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
                 cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--workload", workload,
                        "--backend", name, "--result", tmp.name, "--repeats", str(args.repeats)]
@@ -147,12 +163,13 @@ def main() -> None:
             same = abs(got["checksum"] - base["checksum"]) <= 1e-4 * max(1.0, abs(base["checksum"]))
             t, b = got["time"]["median_s"], base["time"]["median_s"]
             m, bm = got["memory"]["peak_increase_mib"], base["memory"]["peak_increase_mib"]
-            rows.append((workload, name, t, t / b, m, m / bm if bm > 0.5 else None, got["traces"], same))
+            rows.append((workload, name, t, t / b, m, m / bm if bm > 0.5 else None, got["traces"], got.get("jobs"),
+                         same))
         data["results"][workload] = found
         data["table"] = rows
         path = common.write_json(f"nnsight-{args.model.replace(':', '-')}", data, args.out)  # after each workload
     print(common.table(rows, ("workload", "backend", "median s", "time ×native", "peak MiB", "memory ×native",
-                              "traces", "same result")))
+                              "traces", "jobs", "same result")))
     print(f"written: {path}")
     if not all(r[-1] for r in rows):
         sys.exit("results differ between backends")

@@ -57,6 +57,7 @@ class RunContext:
     resume_dir: Path | None = None
     parsed: dict = field(default_factory=dict)
     _unsaved: bool = field(default=False, init=False, repr=False)
+    _executor: Any = field(default=None, init=False, repr=False)
 
     def step(self, key: str, compute: Callable[[], Any]) -> Any:
         """Run ``compute()`` once and keep its JSON-able result, so an interrupted run resumes here.
@@ -161,6 +162,28 @@ class RunContext:
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=self.console, transient=True, disable=not live)
 
+    def map_units(self, fn: Callable, shared: Any, units: list, keys: list[str],
+                  on_result: Callable[[int, Any], None] | None = None) -> list:
+        """``fn``'s results over independent ``units``, in order, each kept as the step ``keys[i]``.
+
+        Where they run is the run's ``--executor`` (:mod:`mechkit.executors`: this process, or Ray actors
+        that each load the model once), opened at the first call and closed when the run ends; a plugin
+        only chooses what a unit is. ``fn(handle, shared, units)`` is a module-level function yielding one
+        JSON-able result per unit that depends on nothing but the model, ``shared`` and the unit itself.
+        Finished units are read back instead of run again, as with :meth:`step`.
+        """
+        from mechkit.executors import map_units, open_executor
+
+        if self._executor is None:
+            self._executor = open_executor(self.params, self.model, self.console)
+        return map_units(self._executor, self.step, fn, shared, units, keys, on_result)
+
+    def close(self) -> None:
+        """Release the executor's workers, if any were started (the runner calls this as the run ends)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.close()
+
     def scratch(self, name: str) -> Path | None:
         """A directory for bulky resumable state (tensor checkpoints) that ``step`` cannot hold as JSON.
 
@@ -179,8 +202,10 @@ class Plugin:
     options: ClassVar[tuple[Option, ...]] = ()
     needs_model: ClassVar[bool] = True
     # What the run needs beyond forward passes with hooks: any of "weight_writes", "gradients",
-    # "patterns", "generation", "module_calls" (partial forwards calling blocks one by one). A backend
-    # that cannot serve one (nnsight on a remote model cannot write weights) refuses before any work.
+    # "patterns", "generation", "module_calls" (partial forwards calling blocks one by one),
+    # "weight_reads" (reading weights in this process rather than through mechkit.model.weight_reads.
+    # read_weights). A backend that cannot serve one (nnsight on a remote model cannot write weights)
+    # refuses before any work.
     needs: ClassVar[frozenset[str]] = frozenset()
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract

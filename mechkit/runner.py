@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mechkit.errors import MechkitError, PluginError, ReportExistsError
+from mechkit.executors import check_execution
 from mechkit.plugin import Plugin, RunContext
 
 
@@ -106,6 +107,8 @@ def resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Pa
     """Where finished steps of this exact run (plugin, options, seed, model weights) are kept."""
     from mechkit.model.cache import cache_root
 
+    execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
+    params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
     key = json.dumps([cls.name, cls.version, model_key, params, seed], sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -265,6 +268,7 @@ def run_plugin(
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     runs_on = _check_backend(cls, backend, remote, model)
+    check_execution(params)  # --workers without --executor ray, a Ray cluster nobody answers at: before any load
     if not write:
         return _run(cls, params, parsed, None, model=model, seed=seed, force=force, device=device, dtype=dtype,
                     dispatch=(device_map, max_memory, offload_folder), console=console, runs_on=runs_on)
@@ -286,7 +290,8 @@ def _check_backend(cls: type[Plugin], backend: str | None, remote: str | None, m
 
     backend = check_backend(backend)
     remote = check_remote(remote, backend, model) if cls.needs_model else None
-    line = refusal(getattr(cls, "needs", frozenset()), backend, remote, cls.name)
+    loaded = getattr(getattr(model, "backend", None), "remote", None)  # a loaded handle runs where it was loaded
+    line = refusal(getattr(cls, "needs", frozenset()), backend, remote or loaded, cls.name)
     if line is not None:
         raise BackendError(line)
     return backend, remote
@@ -452,7 +457,10 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
         ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
         t1 = time.perf_counter()
         with remote_progress(handle, console):  # a remote model's jobs, live on a terminal
-            result = cls().run(ctx)
+            try:
+                result = cls().run(ctx)
+            finally:
+                ctx.close()  # stop the executor's workers, whatever happened
         run_s = time.perf_counter() - t1
         if before is not None and not bool((_probe_logits(handle) == before).all()):
             raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",

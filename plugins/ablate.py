@@ -3,12 +3,13 @@
 Reproduces the comparison of Song, Xu & Zhong (PNAS 2025): removing the top-k induction heads
 hurts in-context learning far more than removing k random heads. Each task is evaluated clean,
 with the selected heads ablated, and with random heads ablated (several seeds, never one of the
-selected heads); ``--sweep 5,10,20`` repeats over k and plots accuracy against k.
+selected heads); ``--sweep 5,10,20`` repeats over k and plots accuracy against k. Each condition is a
+unit of ``--executor`` (``ray``: the draws and ks on workers that each load the model once).
 """
 
 from __future__ import annotations
 
-from mechkit.options import ExistingPath, HeadSpec, NumberList, TaskList
+from mechkit.options import EXECUTION, ExistingPath, HeadSpec, NumberList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
@@ -37,12 +38,12 @@ class AblatePlugin(Plugin):
         Option("n_seqs", int, 50, "Random sequences for head detection (when scores are computed).", min=1),
         Option("seg_len", int, 25, "Segment length for head detection.", min=1),
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
+        *EXECUTION,  # the conditions (clean, target, each random draw at each k) can run on Ray workers
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.eval.evaluation import evaluate, reference_tokens, task_prompts
+        from mechkit.eval.evaluation import reference_tokens, task_prompts
         from mechkit.heads.scores import load_scores
-        from mechkit.interventions import ablate
         from mechkit.model.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
         from mechkit.report import load_report
 
@@ -66,17 +67,6 @@ class AblatePlugin(Plugin):
         if p["mode"] != "zero":
             reference = reference_tokens(m, task_prompts(tasks, 8, p["shots"], ctx.seed + 10_000, p["setting"]))
 
-        def run_condition(name: str, heads, seed=None, k=None) -> dict:
-            def compute():
-                if not heads:
-                    return evaluate(m, prompts, p["batch_size"])
-                with ablate(m, heads, mode=p["mode"], reference=reference, seed=ctx.seed):
-                    return evaluate(m, prompts, p["batch_size"])
-
-            key = f"{name}|k={k}|seed={seed}|{','.join(map(str, heads))}"
-            return {"name": name, "k": k, "seed": seed, "heads": [h.to_dict() for h in heads],
-                    "metrics": ctx.step(key, compute)}
-
         plan = [("clean", [], None, None)]
         for k in ks:
             target = parse_heads(p["heads"], a.n_layers, a.n_heads, scores=scores, top_k=k, seed=ctx.seed)
@@ -86,13 +76,14 @@ class AblatePlugin(Plugin):
                     seed = ctx.seed * 1000 + s
                     plan.append(("random", random_heads(a.n_layers, a.n_heads, len(target), seed, exclude=target),
                                  seed, k))
-        conditions = []
+        keys = [f"{name}|k={k}|seed={seed}|{','.join(map(str, heads))}" for name, heads, seed, k in plan]
+        shared = (prompts, p["batch_size"], p["mode"], reference, ctx.seed)
         with ctx.progress() as bar:
-            job = bar.add_task("ablate", total=len(plan))
-            for name, heads, seed, k in plan:
-                bar.update(job, description=f"{name} k={k}" if k else name)
-                conditions.append(run_condition(name, heads, seed, k))
-                bar.advance(job)
+            job = bar.add_task("ablate (conditions)", total=len(plan))
+            metrics = ctx.map_units(condition_units, shared, [heads for _, heads, _, _ in plan], keys,
+                                    on_result=lambda _i, _v: bar.advance(job))
+        conditions = [{"name": name, "k": k, "seed": seed, "heads": [h.to_dict() for h in heads], "metrics": got}
+                      for (name, heads, seed, k), got in zip(plan, metrics, strict=True)]
         return self._result(conditions, tasks, ks, p)
 
     def _result(self, conditions: list[dict], tasks: list[str], ks: list[int], p: dict) -> Result:
@@ -169,6 +160,24 @@ class AblatePlugin(Plugin):
             out.append(Table(f"{title} by condition", ["condition", "heads", *tasks], rows, note=note,
                              digits=digits))
         return out
+
+
+def condition_units(handle, shared: tuple, units: list):
+    """Each unit a list of heads to ablate (empty: the clean model) -> ``evaluate``'s metrics per task.
+
+    ``shared`` is ``(prompts, batch_size, mode, reference, seed)``; the ablation is undone before the
+    next unit, so a unit's metrics never depend on the units run before it (any worker, any chunk)."""
+    from mechkit.eval.evaluation import evaluate
+    from mechkit.interventions import ablate
+
+    prompts, batch_size, mode, reference, seed = shared
+    for heads in units:
+        if not heads:
+            yield evaluate(handle, prompts, batch_size)
+            continue
+        with ablate(handle, heads, mode=mode, reference=reference, seed=seed):
+            metrics = evaluate(handle, prompts, batch_size)
+        yield metrics
 
 
 def _pm(values: list[float]):

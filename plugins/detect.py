@@ -46,6 +46,7 @@ class DetectPlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.heads.scores import KINDS, ov_copying_scores
         from mechkit.model.heads import top_heads
+        from mechkit.model.weight_reads import read_weights
         from mechkit.report import head_heatmap, line_plot
 
         p = ctx.params
@@ -55,7 +56,7 @@ class DetectPlugin(Plugin):
             check_bridgeable(ctx.model)
         hs = detect_heads(ctx, p["n_seqs"], p["seg_len"], p["batch_size"])
         kinds = KINDS if p["kind"] == "all" else (p["kind"],)
-        copying = ov_copying_scores(ctx.model)
+        copying = read_weights(ctx.model, ov_copying_scores)  # on a remote model: on its server, one job
         results = {
             "scores": {k: hs.scores[k].tolist() for k in KINDS},
             "top": {k: ranked(hs.scores[k], p["top_k"]) for k in kinds},

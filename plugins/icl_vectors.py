@@ -13,12 +13,14 @@ replaced at each; function vector: scale × FV / K added at each), K chosen on d
 Prompt sets, all seeded from ``--seed s``: extraction contexts s, CIE prompts s+1, dev s+2, test
 s+3 (test queries that also occur in dev are replaced). The study itself is
 :class:`mechkit.actvec.VectorStudy`'s; this plugin checks the options, runs it per task and method,
-and shapes the accuracy table, the figures, the summary lines and the saved vector files.
+and shapes the accuracy table, the figures, the summary lines and the saved vector files. The dev and
+test layer scans go one layer per unit through ``--executor`` (``ray``: workers that each load the
+model once), with the same report.
 """
 
 from __future__ import annotations
 
-from mechkit.options import ExistingPath, IntRanges, NumberList, OptionError, TaskList
+from mechkit.options import EXECUTION, ExistingPath, IntRanges, NumberList, OptionError, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_TASKS = "capitalize,past-tense,country-capital"
@@ -66,6 +68,7 @@ class IclVectorsPlugin(Plugin):
         Option("load_vector", str, None, "Evaluate this saved vector (.safetensors) instead of extracting.",
                parse=ExistingPath("saved vector (.safetensors)")),
         Option("batch_size", int, 16, "Rows per forward pass.", min=1),
+        *EXECUTION,  # the dev and test layer scans' layers can run on Ray workers
     )
 
     @classmethod
@@ -73,7 +76,7 @@ class IclVectorsPlugin(Plugin):
         return accuracy_tables(results)
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.actvec import ActivationVector, VectorStudy
+        from mechkit.actvec import ActivationVector
         from mechkit.tasks import parse_tasks
 
         p, m = ctx.params, ctx.model
@@ -90,9 +93,10 @@ class IclVectorsPlugin(Plugin):
             job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))
             for task in tasks:
                 bar.update(job, description=f"{task}: baselines")
-                study = VectorStudy(m, task, layers, n=p["n"], n_dev=p["n_dev"], n_contexts=p["n_contexts"],
-                                    n_cie=p["n_cie"], shots=p["shots"], top_k=p["top_k"], fv_scales=scales,
-                                    spans=spans, batch_size=p["batch_size"], seed=ctx.seed, step=ctx.step)
+                study = layer_scan_study(m, task, layers, n=p["n"], n_dev=p["n_dev"], n_contexts=p["n_contexts"],
+                                         n_cie=p["n_cie"], shots=p["shots"], top_k=p["top_k"], fv_scales=scales,
+                                         spans=spans, batch_size=p["batch_size"], seed=ctx.seed, step=ctx.step,
+                                         map_units=ctx.map_units)
                 out[task] = {"baselines": study.baselines(), "methods": {}}
                 bar.advance(job)
                 for method in methods:
@@ -102,6 +106,52 @@ class IclVectorsPlugin(Plugin):
                                                     "bytes": vec.to_bytes()}
                     bar.advance(job)
         return _result(out, tasks, methods, layers, m.anatomy.n_layers)
+
+
+def layer_scan_study(*args, map_units, **kwargs):
+    """A :class:`~mechkit.actvec.VectorStudy` whose dev and test layer scans run one unit per layer
+    through ``map_units`` (``ctx.map_units``), each layer kept as its own step."""
+    from mechkit.actvec.select import choose
+    from mechkit.actvec.study import VectorStudy, conditions
+
+    class LayerScanStudy(VectorStudy):
+        def scan(self, vec, prompts: list, configs: list[tuple[float, int]], key: str) -> dict:
+            """:func:`mechkit.actvec.study.sweep`'s result, assembled from one unit per layer."""
+            rows = map_units(scan_units, (vec, prompts, configs, self.batch_size), self.layers,
+                             [f"{self.task}|{key}|L{layer}" for layer in self.layers])
+            return {"scales": [x for x, _ in configs], "spans": [k for _, k in configs],
+                    **{m: [[row[m][i] for row in rows] for i in range(len(configs))] for m in ("accuracy", "logprob")}}
+
+        def choose(self, method, vec) -> dict:
+            scales = self.fv_scales if method == "function-vector" else [1.0]
+            key = f"{method}|dev|{scales}" + (f"|spans={self.spans}" if self.spans != [1] else "")
+            dev = self.scan(vec, self.dev, [(x, k) for x in scales for k in self.spans], key)
+            vec.layer, vec.scale, vec.span = choose(dev, self.layers)
+            return dev
+
+        def run(self, method, vector=None):
+            vec = vector or self.extract(method)
+            dev = None if vector is not None else self.choose(method, vec)
+            at = f"x{vec.scale}" + (f"|span={vec.span}" if vec.span != 1 else "")
+            test = self.scan(vec, self.test["zero-shot"], [(vec.scale, vec.span)], f"{method}|test|{at}")
+            cond = self.step(f"{method}|conditions|L={vec.layer}|{at}",
+                             lambda: conditions(self.handle, vec, self.test, self.batch_size))
+            test = {k: test[k][0] for k in ("accuracy", "logprob")}
+            return vec, {"layer": vec.layer, "scale": vec.scale, "span": vec.span, "dev": dev, "test": test,
+                         "conditions": cond, "heads": vec.heads, "aie": vec.info.get("aie")}
+
+    return LayerScanStudy(*args, **kwargs)
+
+
+def scan_units(handle, shared: tuple, units: list):
+    """Each unit a layer -> the vector's accuracy and log-prob there, one per (scale, span) config
+    (``None`` where the span runs past the last layer). ``shared``: ``(vector, prompts, configs, batch_size)``."""
+    from mechkit.actvec.study import sweep
+
+    vec, prompts, configs, batch_size = shared
+    for layer in units:
+        row = sweep(handle, vec, prompts, [layer], configs, batch_size)
+        yield {m: [cells[0] for cells in row[m]] for m in ("accuracy", "logprob")}
 
 
 def _result(out: dict, tasks: list[str], methods: list[str], layers: list[int], n_layers: int) -> Result:

@@ -16,22 +16,6 @@ def _param_counts(handle) -> dict[str, int]:
     return {"total": total, "attention": attn, "mlp": mlp, "other": total - attn - mlp}
 
 
-def _head_out_norms(handle) -> list[list[float]]:
-    """Frobenius norm of each head's block of the attention output projection."""
-    import torch
-
-    from mechkit.model.linear import weight_out_in
-
-    a = handle.anatomy
-    rows = []
-    with torch.no_grad():
-        for layer in range(a.n_layers):
-            w = weight_out_in(a.attn_out(layer)).float()
-            blocks = w.reshape(w.shape[0], a.n_heads, a.d_head)
-            rows.append(blocks.pow(2).sum(dim=(0, 2)).sqrt().tolist())
-    return rows
-
-
 def _forward_timing(handle, batch: int, seq_len: int, repeats: int, seed: int) -> dict[str, float]:
     import torch
 
@@ -66,11 +50,13 @@ class InspectPlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.scoring import check_context
+        from mechkit.heads.norms import head_out_norms
+        from mechkit.model.weight_reads import read_weights
         from mechkit.report import head_heatmap
 
         handle, p = ctx.model, ctx.params
         check_context(handle, p["seq_len"], "use a --seq-len within it")  # before any forward
-        norms = _head_out_norms(handle)
+        norms = read_weights(handle, head_out_norms)  # on a remote model: on its server, one job
         results = {
             "anatomy": handle.anatomy.as_dict(),
             "hook_points_per_layer": 7,

@@ -6,11 +6,13 @@
 
 Both resume: the exact sweep keeps each (batch, layer) of ablations as a step, the attribution
 estimate is one step, so an interrupted run started again with the same command goes on from there.
+The exact sweep's (batch, layer) units run where ``--executor`` says (``ray``: on workers that each
+load the model once), with the same report.
 """
 
 from __future__ import annotations
 
-from mechkit.options import TaskList
+from mechkit.options import EXECUTION, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -39,6 +41,7 @@ class SweepPlugin(Plugin):
                choices=("exact", "attribution", "both")),
         Option("top_k", int, 10, "How many most important heads to list.", min=1),
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
+        *EXECUTION,  # the exact sweep's (batch, layer) units can run on Ray workers
     )
 
     def run(self, ctx: RunContext) -> Result:
@@ -55,7 +58,8 @@ class SweepPlugin(Plugin):
             n_batches = -(-len(prompts) // p["batch_size"])
             with ctx.progress() as bar:
                 job = bar.add_task("exact sweep (layers)", total=m.anatomy.n_layers * n_batches)
-                exact = exact_effects(m, prompts, p["batch_size"], on_layer=lambda: bar.advance(job), step=ctx.step)
+                exact = exact_effects(m, prompts, p["batch_size"], on_layer=lambda: bar.advance(job),
+                                      map_units=ctx.map_units)
             results["exact"] = {"logprob_effect": exact.logprob.tolist(), "accuracy_effect": exact.accuracy.tolist(),
                                 "clean_logprob": exact.clean_logprob, "clean_accuracy": exact.clean_accuracy,
                                 "top": _top(exact.logprob, p["top_k"])}

@@ -10,11 +10,13 @@ smaller |λ|, and the task correlation
 estimates of :mod:`mechkit.taskarith.similarity` — weight cosine, the seeds'
 E[Sim(f(X;Ψ1), f(X;Ψ2))] with Sim the cosine of next-token distributions, and its signed variant,
 the cosine of the two vectors' shifts of next-token log-probabilities — over both tasks' prompts.
+Each row (base, each vector alone, each λ) is a unit of ``--executor`` (``ray``: workers that each load
+the base model once; the vectors travel to them in memory).
 """
 
 from __future__ import annotations
 
-from mechkit.options import NumberList, Paths, TaskList, parse_lambdas
+from mechkit.options import EXECUTION, NumberList, Paths, TaskList, parse_lambdas
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -36,11 +38,11 @@ class TaskvecSweepPlugin(Plugin):
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
         Option("allow_other_base", bool, False, "Apply vectors extracted from another base model (same "
                                                 "architecture) to this one.", is_flag=True),
+        *EXECUTION,  # the rows of the λ grid can run on Ray workers
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.eval.evaluation import evaluate
-        from mechkit.taskarith import TaskVector, arithmetic, task_correlation
+        from mechkit.taskarith import TaskVector, task_correlation
         from mechkit.tasks import build_prompts
 
         p, m = ctx.params, ctx.model
@@ -53,18 +55,16 @@ class TaskvecSweepPlugin(Plugin):
         prompts = {_col(t, i, tasks, s, shots): build_prompts(t, n=p["n"], shots=s, seed=ctx.seed)
                    for s in shots for i, t in enumerate(tasks)}
         cols = list(prompts)
-        plan = [("base", []), ("A only", [(a, p["scale_a"])]), ("B only", [(b, 1.0)])]
-        plan += [(f"λ={lam:g}", [(a, p["scale_a"]), (b, lam)]) for lam in lambdas]
-        rows = []
-        with arithmetic(m, allow_other_base=p["allow_other_base"]) as ta, ctx.progress() as bar:
+        # terms name the vectors by index (0: A, 1: B), so units stay small; the vectors go once per run
+        plan = [("base", []), ("A only", [(0, p["scale_a"])]), ("B only", [(1, 1.0)])]
+        plan += [(f"λ={lam:g}", [(0, p["scale_a"]), (1, lam)]) for lam in lambdas]
+        shared = ((a, b), prompts, p["batch_size"], p["allow_other_base"])
+        with ctx.progress() as bar:
             job = bar.add_task("taskvec sweep", total=len(plan))
-            for name, terms in plan:
-                def compute(terms=terms):
-                    ta.set(*terms)
-                    return {c: r["accuracy"] for c, r in evaluate(m, prompts, p["batch_size"]).items()}
-
-                rows.append({"name": name, **ctx.step(f"{name}|{paths}|{tasks}", compute)})
-                bar.advance(job)
+            scores = ctx.map_units(grid_units, shared, [terms for _, terms in plan],
+                                   [f"{name}|{terms!r}|{paths}|{tasks}" for name, terms in plan],  # λ in full
+                                   on_result=lambda _i, _v: bar.advance(job))
+        rows = [{"name": name, **got} for (name, _), got in zip(plan, scores, strict=True)]
         texts = [q.text for t in dict.fromkeys(tasks) for q in build_prompts(t, n=p["n"], shots=0, seed=ctx.seed)]
         alpha = ctx.step("alpha", lambda: task_correlation(m, a, b, texts, p["scale_a"], 1.0,
                                                             allow_other_base=p["allow_other_base"]))
@@ -125,6 +125,21 @@ def finding(results: dict) -> str:
     if alpha:
         text += " Task correlation: " + ", ".join(f"{k.replace('_', ' ')} {v:.3f}" for k, v in alpha.items()) + "."
     return text
+
+
+def grid_units(handle, shared: tuple, units: list):
+    """Each unit ``[(vector index, λ), ...]`` -> exact-match accuracy per column with the weights at
+    Ψ0 + Σ λ·τ. ``set`` rebuilds the weights from Ψ0 every time (never from the previous row), and Ψ0
+    is restored when the call ends, so a row's scores never depend on the rows run before it."""
+    from mechkit.eval.evaluation import evaluate
+    from mechkit.taskarith import arithmetic
+
+    vectors, prompts, batch_size, allow_other_base = shared
+    with arithmetic(handle, allow_other_base=allow_other_base) as ta:
+        for terms in units:
+            ta.set(*((vectors[i], lam) for i, lam in terms))
+            scores = {c: r["accuracy"] for c, r in evaluate(handle, prompts, batch_size).items()}
+            yield scores
 
 
 def _col(task: str, index: int, tasks: list[str], shots: int, all_shots: tuple[int, ...]) -> str:

@@ -28,7 +28,7 @@ LAYERS = [
     ["mechkit.heads", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose",
      "mechkit.adapt"],  # the analyses
     ["mechkit.report"],
-    ["mechkit.options", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],
+    ["mechkit.options", "mechkit.executors", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],
     ["mechkit.plugins"],
     ["mechkit.cli"],
 ]

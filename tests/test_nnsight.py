@@ -13,14 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import mechkit as mk
+from mechkit.heads.effects import attribution_effects, exact_effects
 from mechkit.hooking import gradients
 from mechkit.interventions import ablate
-from mechkit.model.backend import BackendError, NnsightBackend, refusal
+from mechkit.model.backend import BackendError, NnsightBackend, Trace, refusal
+from mechkit.model.jobs import JobLog
+from mechkit.model.ndif import check_hosted, client_model, hosted_models, reporting_remote
 from mechkit.model.tiny import tiny_families
+from mechkit.model.weight_reads import read_weights
 
 pytest.importorskip("nnsight")
 
@@ -150,15 +155,20 @@ def test_plugins_equal_on_every_backend(plugin, model, options):
         assert runs[run].report["checks"]["logits_unchanged"]
 
 
-def test_the_simulation_is_strict(monkeypatch):
-    """Without mechkit shipped by value the simulated server cannot even read the request."""
-    import contextlib
-
+def test_the_simulation_is_strict():
+    """The simulated server has no mechkit: code that reaches for it there (a lazy import) fails, as on NDIF."""
     m = _load("llama", "nnsight", "local")
-    monkeypatch.setattr(NnsightBackend, "_shipping", lambda self, plan: contextlib.nullcontext())
-    with pytest.raises(ModuleNotFoundError, match="mechkit"), torch.no_grad(), ablate(m, "0.1", mode="zero"):
-        m(torch.tensor([[256, 1, 2]]))
+
+    def lazy(view):
+        import mechkit  # noqa: F401 - what a server cannot do
+
+        return view.anatomy.n_layers
+
+    with pytest.raises(ModuleNotFoundError, match="mechkit"):
+        read_weights(m, lazy)
     assert "mechkit.hooking" in sys.modules  # hidden only while the request was on the "server"
+    assert read_weights(m, lambda view: view.anatomy.n_layers) == 2
+    assert [job.statuses[-1][0] for job in m.backend.log.jobs] == ["ERROR", "COMPLETED"]
 
 
 def test_refusals_name_what_is_missing():
@@ -174,6 +184,12 @@ def test_refusals_name_what_is_missing():
     model, tok = tiny_model("llama")
     with pytest.raises(BackendError, match="model object"):
         mk.run("detect", model=model, write=False, backend="nnsight", remote="local")
+    remote = _load("llama", "nnsight", "local")  # a loaded handle is refused for where it runs
+    with pytest.raises(BackendError, match="plugin 'shuffle' needs weight writes, which the nnsight --remote local"):
+        mk.run("shuffle", model=remote, write=False, backend="nnsight")
+    line = refusal({"weight_reads"}, "nnsight", "ndif", "my-probe")
+    assert "reading weights here" in line and "weights live on the server" in line
+    assert refusal({"weight_reads"}, "nnsight", None, "my-probe") is None
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -190,6 +206,8 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["finetune", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local"], "weights live on the server"),
     (["detect", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "ndif"], "not hosted on NDIF"),
     (["detect", "--model", "org/model", "--backend", "nnsight", "--remote"], "no NDIF API key"),
+    (["detect", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local", "--reference", "transformer_lens"],
+     "has no local weights to build a TransformerBridge"),
 ])
 def test_bad_backend_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"
@@ -237,20 +255,171 @@ def test_weights_of_a_model_on_ndif_are_refused_in_one_line():
         weight_out_in(discover_anatomy(model).attn_out(0))
 
 
-def test_an_unhosted_model_names_what_the_server_hosts(monkeypatch):
-    import nnsight
-    import nnsight.ndif
+def test_an_unhosted_model_names_what_the_server_hosts():
+    """From the server's /status reply (as nnsight reads it): deployed models are listed, others refused."""
+    state = {"deployments": {"a": {"repo_id": "org/hosted", "deployment_level": "HOT", "application_state": "RUNNING"},
+                             "b": {"repo_id": "org/warm", "deployment_level": "WARM"},
+                             "c": {"repo_id": "org/cold", "deployment_level": "COLD"}}}
+    assert hosted_models(state) == ["org/hosted", "org/warm"]
+    check_hosted("org/warm", state)
+    check_hosted("org/any", {})  # a server that lists nothing says nothing: the job will answer
+    with pytest.raises(BackendError, match="NDIF does not host org/cold right now — use one it hosts: "
+                                           "org/hosted, org/warm$"):
+        check_hosted("org/cold", state)
+
+
+def test_a_hosted_model_the_client_cannot_build_is_one_line(monkeypatch):
+    """The client reads the model's config from the hub; offline (as here) that is one line."""
+    import huggingface_hub.constants
 
     from mechkit.errors import ModelLoadError
 
-    monkeypatch.setattr(nnsight.CONFIG.API, "APIKEY", "not-a-key")
-    hosted = {"deployments": {"a": {"repo_id": "org/hosted", "application_state": "RUNNING"},
-                              "b": {"repo_id": "org/cold", "application_state": "DEPLOYING"}}}
-    monkeypatch.setattr(nnsight.ndif, "status", lambda raw=False: hosted)
-    with pytest.raises(BackendError, match="NDIF does not host org/other right now — use one it hosts: org/hosted$"):
-        mk.load_model("org/other", backend="nnsight", remote="ndif")
-    # hosted, but the client cannot read its config from the hub (offline here): one line too
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1, read at import
     with pytest.raises(ModelLoadError, match="cannot build org/hosted for NDIF") as err:
-        mk.load_model("org/hosted", backend="nnsight", remote="ndif")
+        client_model("org/hosted")
     assert "\n" not in str(err.value)
+
+
+def test_a_job_against_an_unreachable_server_is_one_line(monkeypatch):
+    """nnsight's own NDIF client, pointed at a closed port: every kind of job builds and serialises its
+    request for the server, then fails with one line."""
+    import nnsight
+
+    monkeypatch.setattr(nnsight.CONFIG.API, "HOST", "http://127.0.0.1:9")
+    monkeypatch.setattr(nnsight.CONFIG.API, "APIKEY", "not-a-key")
+    m = _load("llama", "nnsight", None)
+    backend = NnsightBackend(m.backend.lm, "ndif")
+    backend.job_key = 'nnsight.modeling.transformers.TransformersModel:{"repo_id": "org/model"}'  # no hub here
+    ids = torch.tensor([[256, 1, 2, 3]])
+    jobs = [lambda: backend.run(ids), lambda: backend.run_group([Trace(ids), Trace(ids)]),
+            lambda: backend.call(lambda lm: 1)]
+    for job in jobs:
+        with pytest.raises(BackendError, match=r"^cannot reach the NDIF server at http://127.0.0.1:9 \(") as err:
+            job()
+        assert "\n" not in str(err.value)
+    assert [j.traces for j in backend.log.jobs] == [1, 2, 0]
+    assert all(j.request_bytes > 0 for j in backend.log.jobs)
+
+
+def test_what_ndif_reports_lands_in_the_log():
+    """Each status update nnsight's NDIF client receives (its own message type) reaches the job log."""
+    from nnsight.intervention.backends.remote import RemoteError
+    from nnsight.schema.response import ResponseModel
+
+    log = JobLog("ndif")
+    remote = reporting_remote(_load("llama", "nnsight", None).backend.lm, log, 3, model_key="key")
+    for status in ("RECEIVED", "QUEUED", "RUNNING"):
+        remote.note(ResponseModel(id="job", status=status))
+    remote.note(ResponseModel(id="job", status="LOG", description="trace 1/3 done"))
+    remote.note(ResponseModel(id="job", status="COMPLETED", meta={"gpu_mem": 2.5e9, "execution_time": 0.4}))
+    summary = log.summary()
+    assert (summary["jobs"], summary["traces"], summary["peak_memory"]) == (1, 3, 2.5e9)
+    assert summary["meta"] == {"gpu_mem": 2.5e9, "execution_time": 0.4}
+    assert set(log.timings()) == {"server_queue_s", "server_run_s", "server_total_s", "server_peak_memory"}
+    assert log.timings()["server_total_s"] >= log.timings()["server_run_s"] >= 0
+    assert log.jobs[0].logs == ["trace 1/3 done"]
+    assert [s for s, _ in log.jobs[0].statuses] == ["RECEIVED", "QUEUED", "RUNNING", "COMPLETED"]
+    with pytest.raises(RemoteError):  # the backend turns it into one line (test above)
+        remote.note(ResponseModel(id="job", status="ERROR", description="Traceback ...\nCUDA out of memory"))
+
+
+def _prompts():
+    from mechkit.eval.evaluation import task_prompts
+
+    return task_prompts(["capitalize"], 6, 2, 0)["capitalize"]  # two batches of 4
+
+
+def _effects(m, prompts, step=None) -> tuple:
+    return exact_effects(m, prompts, 4, step=step), attribution_effects(m, prompts, 4, step=step)
+
+
+def test_a_sweep_is_one_remote_job_and_equal_to_trace_by_trace():
+    """Grouped into sessions (one job per method) the sweep gives exactly the trace-by-trace results, and
+    native's within float tolerance; the job streams one progress line per trace."""
+    prompts = _prompts()
+    base = _effects(_load("llama", "native", None), prompts)
+    found = {}
+    for per_job in (None, 1):
+        m = _load("llama", "nnsight", "local")
+        if per_job is not None:
+            m.backend.traces_per_job = per_job
+        found[per_job] = (*_effects(m, prompts), m.backend.log)
+    exact_traces = 2 * (1 + 2)  # per batch: the clean forward and one per layer
+    grouped, single = found[None], found[1]
+    assert [job.traces for job in grouped[2].jobs] == [exact_traces, 2]
+    assert [job.traces for job in single[2].jobs] == [1] * (exact_traces + 2)
+    assert grouped[2].jobs[0].logs == [f"trace {i}/{exact_traces} done" for i in range(1, exact_traces + 1)]
+    for i in (0, 1):
+        assert np.array_equal(grouped[i].logprob, single[i].logprob) and grouped[i].clean_logprob == single[i].clean_logprob
+        np.testing.assert_allclose(grouped[i].logprob, base[i].logprob, atol=1e-5)
+    assert np.array_equal(grouped[0].accuracy, single[0].accuracy)
+    assert np.array_equal(grouped[0].accuracy, base[0].accuracy)
+    assert grouped[2].summary()["result_bytes"] < 20_000  # per-row metrics come back, not logits
+
+
+def test_a_grouped_sweep_resumes_from_its_steps():
+    """Steps keep (batch, layer) units as natively: a sweep stopped in a job runs only what is missing."""
+    prompts = _prompts()
+    store: dict = {}
+
+    def step(key, compute):
+        if key not in store:
+            store[key] = compute()
+        return store[key]
+
+    m = _load("llama", "nnsight", "local")
+    first = _effects(m, prompts, step)
+    lost = ["exact|batch1|layer1", "attribution|batch1"]
+    for key in lost:
+        del store[key]
+    jobs = len(m.backend.log.jobs)
+    again = _effects(m, prompts, step)
+    assert [job.traces for job in m.backend.log.jobs[jobs:]] == [1, 1]
+    for a, b in zip(first, again, strict=True):
+        assert np.array_equal(a.logprob, b.logprob)
+    jobs = len(m.backend.log.jobs)
+    _effects(m, prompts, step)
+    assert len(m.backend.log.jobs) == jobs  # all stored: nothing goes to the server
+
+
+def test_remote_runs_report_the_server_timings():
+    run = mk.run("sweep", model="tiny:llama", device="cpu", write=False, backend="nnsight", remote="local",
+                 method="exact", n=4, shots=2, batch_size=4)
+    timings, server = run.report["timings"], run.report["model"]["backend"]["server"]
+    assert timings["server_total_s"] >= timings["server_run_s"] > 0 and timings["server_queue_s"] >= 0
+    assert (server["where"], server["jobs"], server["traces"]) == ("local", 1, 3)  # the runner's probes not counted
+    assert server["request_bytes"] > 0 and server["result_bytes"] > 0
+
+
+def test_weight_reads_run_where_the_weights_are():
+    """W_O norms, OV copying scores and a function vector: read on the (simulated) server, one job each."""
+    from mechkit.actvec import function_vector
+    from mechkit.heads.norms import head_out_norms
+    from mechkit.heads.scores import ov_copying_scores
+    from mechkit.model.heads import Head
+
+    native, remote = _load("llama", "native", None), _load("llama", "nnsight", "local")
+    a = native.anatomy
+    means = torch.randn(a.n_layers, a.n_heads, a.d_head, generator=torch.Generator().manual_seed(0))
+    for fn, args in ((head_out_norms, ()), (ov_copying_scores, ()), (function_vector, (means, [Head(0, 1), Head(1, 3)]))):
+        expected, got = fn(native, *args), read_weights(remote, fn, *args)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    assert [job.traces for job in remote.backend.log.jobs] == [0, 0, 0]
+
+
+EMBEDDED = [("detect", {"n_seqs": 2, "seg_len": 6, "batch_size": 2, "top_k": 3}),
+            ("ablate", {"heads": "9.3,14.1", "mode": "zero", "tasks": "capitalize", "n": 2, "shots": 1,
+                        "baseline_seeds": 1, "batch_size": 2})]
+
+
+def test_the_embedded_model_is_equal_on_every_backend(embedded):
+    """detect and ablate on the embedded model (30 layers): native, nnsight and --remote local agree."""
+    handles = {RUNS[0]: embedded, **{run: mk.load_model("llama", device="cpu", backend=run[0], remote=run[1])
+                                     for run in RUNS[1:]}}
+    for plugin, options in EMBEDDED:
+        runs = {run: mk.run(plugin, model=h, write=False, backend=run[0], **options) for run, h in handles.items()}
+        for run in RUNS[1:]:
+            largest, mismatches = _diffs(dict(runs[run].results), dict(runs[RUNS[0]].results))
+            assert not mismatches, (plugin, run, mismatches[:5])
+            assert largest <= 1e-4, (plugin, run, largest)
+    assert handles[RUNS[2]].backend.log.summary()["jobs"] > 0

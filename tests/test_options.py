@@ -22,6 +22,7 @@ from mechkit.errors import MechkitError, PluginError
 from mechkit.options import (
     Bounds,
     Choices,
+    ExecutorChoice,
     ExistingPath,
     Grid,
     HeadSpec,
@@ -30,6 +31,7 @@ from mechkit.options import (
     Option,
     OptionError,
     Paths,
+    RayAddress,
     TaskList,
     parse_lambdas,
 )
@@ -374,10 +376,14 @@ def bad_values(opt: Option) -> list[str]:
     elif isinstance(p, SparsityLevels):
         bad += [GARBAGE, "", ",", "1", "1.5", "-0.1", "nan", "inf", "0.2,x", "neurons=", "bogus=0.2",
                 "neurons=1", "neurons=0.2,0.3"]
+    elif isinstance(p, RayAddress):
+        bad += [GARBAGE, "", "head-node", "host:", ":6379", "host:0", "host:70000", "ray://host"]
+    # ExecutorChoice refuses only "ray" where Ray is not installed: its bad values are the choices' own
     return list(dict.fromkeys(bad))
 
 
-PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Choices, HeadSpec, Paths, ExistingPath, GuideList, TargetList, SparsityLevels)
+PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Choices, HeadSpec, Paths, ExistingPath, GuideList, TargetList, SparsityLevels,
+                RayAddress, ExecutorChoice)
 """Every kind of parser :func:`bad_values` derives cases for; a declaration with another kind fails the fuzz."""
 
 

@@ -31,6 +31,7 @@ from mechkit.actvec.task_vectors import icl_task_vectors
 from mechkit.actvec.vector import METHODS, ActivationVector
 from mechkit.errors import MechkitError
 from mechkit.model.heads import top_heads
+from mechkit.model.weight_reads import read_weights
 from mechkit.tasks import build_prompts
 from mechkit.tasks.shuffled import shuffled_label_prompts
 
@@ -86,7 +87,7 @@ def extract(handle: ModelHandle, method: str, task: str, *, n_contexts: int = 24
     corrupted = shuffled_label_prompts(task, n=n_cie, shots=shots, seed=seed + CIE_SEED)
     aie = indirect_effects(handle, corrupted, means).mean(0)
     heads = top_heads(aie, top_k)
-    fv = function_vector(handle, means, heads)
+    fv = read_weights(handle, function_vector, means, heads)  # W_O: on a remote model's server, one job
     return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie.tolist(), "n_cie": n_cie,
             "top_k": top_k, **common}
 

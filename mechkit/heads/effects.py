@@ -14,13 +14,13 @@ match. Two methods:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from mechkit.eval.scoring import Batch, batches, forward_kept, row_metrics, supports_logits_to_keep
+from mechkit.eval.scoring import batches, forward_kept, row_metrics, supports_logits_to_keep
+from mechkit.heads.sums import HeadEffects, LogprobSum
 from mechkit.hooking.core import gradients, hooks
 from mechkit.model.partial import capture_block_inputs, run_from
 
@@ -35,25 +35,25 @@ def _zero_head(h: int) -> Callable:
     return fn
 
 
-@dataclass
-class HeadEffects:
-    """Effects of ablating each head, ``[n_layers, n_heads]``: ablated − clean."""
-
-    logprob: np.ndarray
-    accuracy: np.ndarray | None
-    clean_logprob: float
-    clean_accuracy: float | None
-    method: str
-
-
 def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, on_layer=None,
-                  step: Callable[[str, Callable], object] | None = None) -> HeadEffects:
+                  step: Callable[[str, Callable], object] | None = None, map_units: Callable | None = None
+                  ) -> HeadEffects:
     """Ablate every head for real, replaying only the blocks at and above its layer.
 
     ``step(key, compute)`` (a plugin's ``ctx.step``) keeps each (batch, layer) result, so an
     interrupted sweep resumes at the first unfinished layer with identical sums; the clean forward
-    of a batch runs again only while some of its layers are unfinished.
+    of a batch runs again only while some of its layers are unfinished. On nnsight (whole forwards
+    only) the same steps are traces grouped into remote jobs (:mod:`mechkit.heads.traced_effects`).
+
+    ``map_units`` (a plugin's ``ctx.map_units``) submits the same steps as units to the run's executor
+    (:func:`exact_units`): with ``--executor ray`` the layers run on workers, with identical sums.
     """
+    if handle.backend.traced:
+        from mechkit.heads.traced_effects import exact_traced
+
+        return exact_traced(handle, prompts, batch_size, on_layer, step)
+    if map_units is not None:
+        return _exact_mapped(handle, prompts, batch_size, on_layer, map_units)
     a = handle.anatomy
     step = step or (lambda _key, compute: compute())
     lp = torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64)
@@ -88,11 +88,8 @@ class _CleanRun:
 
     def run(self) -> tuple:
         if self._done is None:
-            if "module_calls" not in self.handle.backend.serves:  # no partial forwards to replay from
-                inputs, logits = None, forward_kept(self.handle, self.batch)
-            else:
-                with capture_block_inputs(self.handle) as inputs:
-                    logits = forward_kept(self.handle, self.batch)
+            with capture_block_inputs(self.handle) as inputs:
+                logits = forward_kept(self.handle, self.batch)
             self._done = (inputs, row_metrics(logits, self.batch))
         return self._done
 
@@ -103,8 +100,6 @@ class _CleanRun:
 def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc: torch.Tensor) -> dict:
     """Summed (ablated − clean) log-prob and accuracy over the batch's rows, for each head of ``layer``."""
     handle, batch = clean.handle, clean.batch
-    if "module_calls" not in handle.backend.serves:  # nnsight: whole forwards, every head of the layer in one
-        return _layer_effects_stacked(handle, batch, layer, base_lp, base_acc)
     inputs, _ = clean.run()
     keep = batch.keep.to(handle.device)
     out = {"logprob": [], "accuracy": []}
@@ -117,25 +112,50 @@ def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc
     return out
 
 
-def _layer_effects_stacked(handle: ModelHandle, batch, layer: int, base_lp: torch.Tensor,
-                           base_acc: torch.Tensor) -> dict:
-    """:func:`_layer_effects` as one whole forward: the batch repeated once per head of ``layer``, copy h
-    with head h zeroed (for backends that run whole forwards only: one trace per batch and layer)."""
-    n_heads, rows = handle.anatomy.n_heads, len(batch.cols)
-    stacked = Batch(batch.ids.repeat(n_heads, 1), batch.mask.repeat(n_heads, 1), batch.keep,
-                    batch.cols * n_heads, batch.targets * n_heads)
+def exact_units(handle: ModelHandle, shared: tuple, units: list):
+    """The exact sweep's units, for an executor: ``("clean", b)`` gives batch b's per-row clean log-prob and
+    exact match, ``("layer", b, L)`` the summed effects of each head of layer L on batch b. ``shared`` is
+    ``(prompts, batch_size)``. A batch's clean forward runs once for its units in one call, and each
+    unit's value depends on nothing else, so any split of the units gives the same values."""
+    prompts, batch_size = shared
+    batched = batches(handle, prompts, batch_size)
+    current, clean = None, None
+    for kind, b, *layer in units:
+        if b != current:
+            current, clean = b, _CleanRun(handle, batched[b])
+        with torch.no_grad():
+            value = [t.tolist() for t in clean.metrics()] if kind == "clean" else \
+                _layer_effects(clean, layer[0], *clean.metrics())
+        yield value
 
-    def zero_each(z, _point):
-        z = z.clone()
-        for h in range(z.shape[2]):
-            z[h * rows:(h + 1) * rows, :, h] = 0.0
-        return z
 
-    with hooks(handle, {f"blocks.{layer}.attn.hook_z": zero_each}):
-        abl_lp, abl_acc = row_metrics(forward_kept(handle, stacked), stacked)
-    abl_lp, abl_acc = abl_lp.view(n_heads, rows), abl_acc.view(n_heads, rows)
-    return {"logprob": [float((abl_lp[h] - base_lp.to(abl_lp.device)).sum()) for h in range(n_heads)],
-            "accuracy": [float((abl_acc[h] - base_acc.to(abl_acc.device)).sum()) for h in range(n_heads)]}
+def _exact_mapped(handle: ModelHandle, prompts: Sequence, batch_size: int, on_layer, map_units: Callable
+                  ) -> HeadEffects:
+    """:func:`exact_effects` with its (batch, layer) steps submitted as units through ``map_units``:
+    the same keys, values and order of summation as the loop above."""
+    a = handle.anatomy
+    sizes = [len(batch.cols) for batch in batches(handle, prompts, batch_size)]
+    units = [u for b in range(len(sizes)) for u in (("clean", b), *(("layer", b, L) for L in range(a.n_layers)))]
+    keys = [f"exact|batch{u[1]}|" + ("clean" if u[0] == "clean" else f"layer{u[2]}") for u in units]
+
+    def done(i: int, _value) -> None:
+        if on_layer and units[i][0] == "layer":
+            on_layer()
+
+    values = map_units(exact_units, (list(prompts), batch_size), units, keys, on_result=done)
+    lp = torch.zeros(a.n_layers, a.n_heads, dtype=torch.float64)
+    acc = torch.zeros_like(lp)
+    clean_lp = clean_acc = 0.0
+    for unit, value in zip(units, values, strict=True):
+        if unit[0] == "clean":
+            base_lp, base_acc = (torch.tensor(v, dtype=torch.float32) for v in value)
+            clean_lp += float(base_lp.sum())
+            clean_acc += float(base_acc.sum())
+        else:
+            lp[unit[2]] += torch.tensor(value["logprob"], dtype=torch.float64)
+            acc[unit[2]] += torch.tensor(value["accuracy"], dtype=torch.float64)
+    n = sum(sizes)
+    return HeadEffects((lp / n).numpy(), (acc / n).numpy(), clean_lp / n, clean_acc / n, "exact")
 
 
 def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16,
@@ -143,8 +163,12 @@ def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int 
     """Estimate every head's zero-ablation effect from one forward and one backward pass per batch.
 
     ``step(key, compute)`` (a plugin's ``ctx.step``) keeps each batch's sums, so an interrupted run
-    resumes at the first unfinished batch.
+    resumes at the first unfinished batch. On nnsight the batches' traces are grouped into remote jobs.
     """
+    if handle.backend.traced:
+        from mechkit.heads.traced_effects import attribution_traced
+
+        return attribution_traced(handle, prompts, batch_size, step)
     a = handle.anatomy
     step = step or (lambda _key, compute: compute())
     est = np.zeros((a.n_layers, a.n_heads))
@@ -167,7 +191,7 @@ def _attribution_sums(handle: ModelHandle, batch) -> dict:
     ids, mask = batch.ids.to(handle.device), batch.mask.to(handle.device)
     kept = supports_logits_to_keep(handle.model)
     kwargs = {"attention_mask": mask, **({"logits_to_keep": batch.keep.to(handle.device)} if kept else {})}
-    metric = _LogprobSum(batch, kept)
+    metric = LogprobSum(batch, kept)
     value, found = gradients(handle, "blocks.*.attn.hook_z", ids, metric, **kwargs)
     with torch.no_grad():
         for layer in range(a.n_layers):
@@ -175,18 +199,6 @@ def _attribution_sums(handle: ModelHandle, batch) -> dict:
             valid = batch.mask.to(g.device)[:, :, None, None].to(g.dtype)
             est[layer] += ((-z.to(g.device)) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
     return {"estimate": est.tolist(), "clean_logprob": float(value)}
-
-
-class _LogprobSum:
-    """The attribution metric: summed mean answer log-prob of a batch's rows, from its logits."""
-
-    def __init__(self, batch, kept: bool) -> None:
-        self.batch, self.kept = batch, kept
-
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.kept:
-            logits = logits[:, self.batch.keep.to(logits.device)]
-        return row_metrics(logits, self.batch)[0].sum()
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float | None:

@@ -11,7 +11,10 @@ the function the native backend uses), so no server needs eager attention config
 Remote, the plan is shipped by value and runs on the server; every hook point's activation comes back
 with the result and the functions are called again here, on it, in the same order, so what they record
 or count (a cache, score sums, a random generator's state) ends up here exactly as after a local run.
-Functions marked :func:`reads_only` (``record``'s) are not shipped at all, only their activations.
+Functions marked :func:`reads_only` (``record``'s) are not shipped at all, only their activations;
+functions marked :func:`pure` (no side effects: an ablation's zeroing) are shipped and never replayed, so
+their activations stay on the server. A plan's ``reduce`` turns the output into what comes back (per-row
+metrics instead of logits), so a remote job returns kilobytes, not the vocabulary at every position.
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ def reads_only(fn: Callable) -> Callable:
     """Mark a hook function that only reads (never returns a replacement): a remote trace sends its
     activation back instead of shipping the function."""
     fn.mechkit_reads_only = True
+    return fn
+
+
+def pure(fn: Callable) -> Callable:
+    """Mark a hook function without side effects (it only returns a replacement): where every function
+    of a hook point is pure, a remote trace runs them on the server and neither sends the activation
+    back nor calls them again here."""
+    fn.mechkit_pure = True
     return fn
 
 
@@ -88,7 +99,9 @@ class Site:
 
     def apply(self, x: torch.Tensor, store: dict, replay: bool) -> torch.Tensor | None:
         """Run the functions on ``x`` (a replacement or None); remote, keep ``x`` for the replay here."""
-        if replay:
+        # A site of pure functions only stays on the server; any other (read-only ones were not even
+        # shipped, so a site with none left had only those) sends its activation back for the replay.
+        if replay and not (self.fns and all(getattr(fn, "mechkit_pure", False) for fn in self.fns)):
             store[self.point.name] = x.detach().clone()
         changed = False
         for fn in self.fns:
@@ -129,17 +142,19 @@ class Plan:
 
     sites: list[Site]
     replay: bool = False
+    reduce: Callable | None = None  # logits -> what comes back instead of the model output
 
     def modules(self) -> set[str]:
         """The Python modules the shipped functions come from (packages a server lacks go by value)."""
-        return {getattr(fn, "__module__", None) or "" for site in self.sites for fn in site.fns}
+        fns = [fn for site in self.sites for fn in site.fns] + [self.reduce]
+        return {_module_of(fn) for fn in fns if fn is not None}
 
     def run(self, root: Any, store: dict) -> None:
         for site in self.sites:
             site.visit(root, store, self.replay)
 
     def finish(self, output: Any, store: dict) -> Any:
-        return output
+        return output if self.reduce is None else self.reduce(output.logits)
 
     def after(self, store: dict, output: Any) -> Any:
         if self.replay:
@@ -154,9 +169,10 @@ class GradPlan(Plan):
     inside the trace (on the server when remote): what attribution patching needs."""
 
     metric: Callable | None = None
+    reduce_grads: Callable | None = None  # (value, {name: (activation, gradient)}) -> what comes back
 
     def modules(self) -> set[str]:
-        return {getattr(self.metric, "__module__", None) or ""}
+        return {_module_of(fn) for fn in (self.metric, self.reduce_grads) if fn is not None}
 
     def run(self, root: Any, store: dict) -> None:
         acts = store.setdefault("acts", {})
@@ -172,13 +188,21 @@ class GradPlan(Plan):
         acts = store.pop("acts")
         value = self.metric(output.logits)
         grads = torch.autograd.grad(value, [acts[s.point.name] for s in self.sites])
-        store["value"] = value.detach()
-        store["grads"] = {s.point.name: (s.view(acts[s.point.name]).detach(), s.view(g))
-                          for s, g in zip(self.sites, grads, strict=True)}
+        found = {s.point.name: (s.view(acts[s.point.name]).detach(), s.view(g))
+                 for s, g in zip(self.sites, grads, strict=True)}
+        if self.reduce_grads is not None:  # only the reduction travels back
+            store["reduced"] = self.reduce_grads(value.detach(), found)
+        else:
+            store["value"], store["grads"] = value.detach(), found
         return None  # the logits stay where they are
 
     def after(self, store: dict, output: Any) -> Any:
-        return store["value"], store["grads"]
+        return store["reduced"] if self.reduce_grads is not None else (store["value"], store["grads"])
+
+
+def _module_of(fn: Any) -> str:
+    """The module a shipped callable (a function or an instance of a class) comes from."""
+    return getattr(fn, "__module__", None) or getattr(type(fn), "__module__", None) or ""
 
 
 class Planner:

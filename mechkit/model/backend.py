@@ -2,28 +2,33 @@
 
 ``native`` is PyTorch hooks on the local HuggingFace model. ``nnsight`` runs every forward as one
 nnsight trace over the same model: mechkit's hook functions (:mod:`mechkit.hooking`) become operations
-inside that trace. With ``remote`` the trace is serialised and run where the model is:
+inside that trace. With ``remote`` each *job* — one trace, or several grouped into one ``model.session``
+(:meth:`NnsightBackend.run_group`: a sweep's traces; :meth:`NnsightBackend.call`: a step reading weights,
+:mod:`mechkit.model.weight_reads`) — is serialised and run where the model is:
 
 - ``remote="ndif"`` ships it to an NDIF server (``NDIF_API_KEY``; the model must be a hub id the
   server hosts). The client holds only the model's structure (meta weights).
-- ``remote="local"`` runs nnsight's own local simulation of that path, made strict: the trace is
-  serialised exactly as for the server, then deserialised with ``mechkit`` (and every other package a
-  server lacks) unimportable, and run on the local model. A run that passes here ships everything it
-  needs by value.
+- ``remote="local"`` runs a strict offline simulation of that path (:mod:`mechkit.model.simulation`):
+  the job is serialised exactly as for the server, then deserialised and executed with ``mechkit`` (and
+  every other package a server lacks) unimportable, on the local model. A run that passes here ships
+  everything it needs by value.
 
-What a backend can do is a set of *needs* plugins declare (:attr:`mechkit.plugin.Plugin.needs`); the
-runner refuses an impossible pairing before any work (:func:`refusal`).
+Remote, every job's lifecycle (queued, running, completed; what it printed; what the server says it
+cost) goes to the backend's :class:`~mechkit.model.jobs.JobLog`, which the runner shows live and puts in
+the report. What a backend can do is a set of *needs* plugins declare
+(:attr:`mechkit.plugin.Plugin.needs`); the runner refuses an impossible pairing before any work
+(:func:`refusal`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mechkit.errors import MechkitError, ModelLoadError, first_line
+from mechkit.model.nnsight_lm import BackendError, nnsight_model
 
 if TYPE_CHECKING:
     import torch
@@ -39,15 +44,14 @@ NEEDS = {
     "patterns": "attention patterns",
     "generation": "generation",
     "module_calls": "partial forwards (calling the model's blocks one by one)",
+    # reading weights in the client's process; steps that go through mechkit.model.weight_reads.read_weights
+    # run where the weights are and need nothing
+    "weight_reads": "reading weights here (not through mechkit.model.weight_reads.read_weights)",
 }
 
 # Import roots an NDIF server has (its environment), so they are never shipped by value.
 SERVER_PACKAGES = frozenset({"torch", "numpy", "transformers", "accelerate", "diffusers", "einops", "peft",
                              "nnsight", "safetensors", "tokenizers", "huggingface_hub"})
-
-
-class BackendError(MechkitError):
-    """A backend, a remote or a pairing of plugin and backend that cannot work."""
 
 
 def check_backend(name: str | None) -> str:
@@ -94,6 +98,8 @@ def check_remote(remote: str | bool | None, backend: str, spec: Any) -> str | No
     if remote == "ndif" and builtin:
         raise BackendError(f"{spec} is a mechkit built-in model, not hosted on NDIF",
                            "pass the hub id of a model NDIF hosts, or use --remote local to simulate")
+    from mechkit.model.ndif import api_key
+
     if remote == "ndif" and not api_key():
         raise BackendError("no NDIF API key", "set NDIF_API_KEY (get one at https://login.ndif.us) or run "
                            "`python -m nnsight login`; --remote local simulates a server offline")
@@ -102,10 +108,10 @@ def check_remote(remote: str | bool | None, backend: str, spec: Any) -> str | No
 
 def serves(backend: str, remote: str | None) -> frozenset[str]:
     """The needs a backend serves: native all; nnsight all but partial forwards (the trace runs whole
-    forwards), and remotely no weight writes either (the weights are the server's)."""
+    forwards), and remotely no weight writes or reads here either (the weights are the server's)."""
     if backend == "native":
         return frozenset(NEEDS)
-    return frozenset({"gradients", "patterns", "generation"} | (set() if remote else {"weight_writes"}))
+    return frozenset({"gradients", "patterns", "generation"} | (set() if remote else {"weight_writes", "weight_reads"}))
 
 
 def refusal(needs: frozenset[str] | set[str], backend: str, remote: str | None, plugin: str) -> str | None:
@@ -119,7 +125,7 @@ def refusal(needs: frozenset[str] | set[str], backend: str, remote: str | None, 
         return None
     what = ", ".join(NEEDS.get(n, n) for n in missing)
     where = backend + (f" --remote {remote}" if remote else "")
-    why = " (the weights live on the server)" if "weight_writes" in missing and remote else ""
+    why = " (the weights live on the server)" if {"weight_writes", "weight_reads"} & set(missing) and remote else ""
     return (f"plugin {plugin!r} needs {what}, which the {where} backend cannot do{why} — "
             f"run it with --backend native on a local model")
 
@@ -142,117 +148,72 @@ class Backend:
 NATIVE = Backend()
 
 
-class _Unimportable(importlib.abc.MetaPathFinder):
-    """Makes packages a server lacks unimportable while a simulated request deserialises."""
+@dataclass
+class Trace:
+    """One forward of a group (:meth:`NnsightBackend.run_group`): its inputs and forward options, the
+    plan it runs (:mod:`mechkit.hooking.traced`), whether it takes gradients, and how many stacked copies
+    of the batch it runs (made where it runs, so the request carries the batch once)."""
 
-    def __init__(self, roots: set[str]) -> None:
-        self.roots = roots
+    input_ids: torch.Tensor
+    plan: Any = None
+    kwargs: dict = field(default_factory=dict)
+    grad: bool = False
+    repeat: int = 1
 
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.roots:
-            raise ModuleNotFoundError(f"No module named {name!r} (not installed on the server)", name=name)
-        return None
+    def inputs(self) -> tuple[torch.Tensor, dict]:
+        """The ids and forward options as the forward takes them (the batch and its mask repeated)."""
+        if self.repeat == 1:
+            return self.input_ids, self.kwargs
+        kwargs = dict(self.kwargs)
+        if kwargs.get("attention_mask") is not None:
+            kwargs["attention_mask"] = kwargs["attention_mask"].repeat(self.repeat, 1)
+        return self.input_ids.repeat(self.repeat, 1), kwargs
 
 
-def strict_simulation(lm: Any, roots: set[str]) -> Any:
-    """An nnsight backend that does offline what an NDIF server does with a request, strictly.
+def _run_traces(lm: Any, traces: list[Trace], announce: bool) -> list[tuple[dict, Any]]:
+    """Run ``traces`` one after the other: ``(store, output)`` of each, what its plan kept and finished.
 
-    nnsight's own ``remote="local"`` (``LocalSimulationBackend``) checks that the request deserialises
-    with non-installed modules hidden, then runs the *original* block and objects in place. This one
-    goes further, as a server would: the request is serialised, deserialised and *executed* with
-    ``roots`` (mechkit, plugin packages) unimportable — removed from ``sys.modules`` and blocked, since
-    an installed mechkit would otherwise stay importable — on the deserialised objects; only the saved
-    values come back, through a pickle round trip, into the caller's frame. So hook functions' side
-    effects happen on the server's copies, exactly as remotely.
+    The body of a grouped job: on a remote backend it runs *on the server*, inside one session, so it is
+    plain code shipped by value. ``announce`` prints one line per finished trace; a server streams a
+    job's prints back as its progress.
     """
-    import linecache
+    import nnsight
+    import torch
 
-    from nnsight.intervention.serialization import dumps, loads
-    from nnsight.ndif import pull_env
-    from nnsight.schema.request import RequestModel
-    from nnsight.tracing.backend import Backend as NnsightBase
-    from nnsight.tracing.tracer import mark
-    from nnsight.tracing.util import push
-
-    class StrictSimulation(NnsightBase):
-        def __call__(self, tracer: Any) -> None:
-            pull_env()
-            blob = RequestModel.serialize(tracer)
-            persistent = lm._remoteable_persistent_objects()
-            filename = tracer.info.frame.f_code.co_filename
-            cached = linecache.cache.get(filename)
-            before = _marked()
-            hidden = _hide(roots)
-            classes = _fresh_classes()
-            try:
-                server = RequestModel.deserialize(blob, persistent)
-                server.execute(server.info.code)
-                frame = server.info.frame
-                saves = _marked() - before
-                result = {k: v for k, v in frame.f_locals.items() if id(v) in saves}
-                reply = dumps(result)  # what the server sends back
-            finally:
-                _restore_classes(classes)
-                _unhide(hidden)
-                if cached is not None:
-                    linecache.cache[filename] = cached
-                else:
-                    linecache.cache.pop(filename, None)
-            result = loads(reply)
-            for value in result.values():
-                mark(value)
-            push(tracer.info.frame, result)
-
-    return StrictSimulation()
-
-
-def _marked() -> set[int]:
-    from nnsight.tracing import tracer as nnsight_tracer
-
-    return set(nnsight_tracer._saves())
-
-
-def _fresh_classes() -> dict:
-    """Let classes shipped by value be rebuilt as a server would rebuild them. In one process cloudpickle
-    would map them back to the client's own classes and overwrite their methods with the recompiled ones."""
-    from cloudpickle import cloudpickle as cp
-
-    saved = dict(cp._DYNAMIC_CLASS_TRACKER_BY_ID)
-    cp._DYNAMIC_CLASS_TRACKER_BY_ID.clear()
-    return saved
-
-
-def _restore_classes(saved: dict) -> None:
-    from cloudpickle import cloudpickle as cp
-
-    cp._DYNAMIC_CLASS_TRACKER_BY_ID.clear()
-    cp._DYNAMIC_CLASS_TRACKER_BY_ID.update(saved)
-
-
-def _hide(roots: set[str]) -> dict:
-    hidden = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] in roots}
-    blocker = _Unimportable(roots)
-    sys.meta_path.insert(0, blocker)
-    return {"modules": hidden, "blocker": blocker}
-
-
-def _unhide(hidden: dict) -> None:
-    with contextlib.suppress(ValueError):
-        sys.meta_path.remove(hidden["blocker"])
-    sys.modules.update(hidden["modules"])
+    found = []
+    for i, t in enumerate(traces):
+        input_ids, kwargs = t.inputs()
+        with torch.set_grad_enabled(t.grad):  # noqa: SIM117 - nnsight captures its own `with` block
+            with lm.trace(input_ids, **kwargs):
+                store = {}
+                if t.plan is not None:
+                    t.plan.run(lm, store)
+                output = lm.output
+                if t.plan is not None:
+                    output = t.plan.finish(output, store)
+                store = nnsight.save(store)
+                output = nnsight.save(output)
+        found.append((store, output))
+        if announce:
+            print(f"trace {i + 1}/{len(traces)} done")
+    return found
 
 
 class NnsightBackend(Backend):
     """Every forward is one nnsight trace over ``lm`` (an nnsight ``TransformersModel``).
 
     :mod:`mechkit.hooking` keeps the active hook functions in :attr:`entries` and sets :attr:`planner`,
-    which turns them into the plan a trace runs; :meth:`run` executes one trace with a plan.
+    which turns them into the plan a trace runs; :meth:`run` executes one trace with a plan,
+    :meth:`run_group` several traces as one job, :meth:`call` any function of the model where it is.
+    Remote, every job's lifecycle goes to :attr:`log` (:class:`~mechkit.model.jobs.JobLog`).
     """
 
     name = "nnsight"
     traced = True
 
     def __init__(self, lm: Any, remote: str | None = None, model_key: str | None = None) -> None:
+        from mechkit.model.jobs import JobLog
+
         self.lm = lm
         self.remote = remote
         self.model_key = model_key
@@ -260,7 +221,11 @@ class NnsightBackend(Backend):
         self.planner: Callable[[list], Any] | None = None
         self.serves = serves("nnsight", remote)
         self.traces = 0
-        self.server: dict[str, float] = {}
+        self.log = JobLog(remote) if remote else None
+        self.job_key: str | None = None  # the NDIF model key jobs name (nnsight's, asked of the hub once)
+        # Traces a caller groups into one job: remote, as many as a sweep holds (a job is a round trip and
+        # a place in the server's queue); in process one, so progress and finished steps come per trace.
+        self.traces_per_job = JOB_TRACES if remote else 1
 
     def describe(self) -> str:
         return "nnsight" + (f" --remote {self.remote}" if self.remote else " (local)")
@@ -269,8 +234,8 @@ class NnsightBackend(Backend):
         out: dict = {"name": self.name, "remote": self.remote, "traces": self.traces}
         if self.model_key:
             out["model_key"] = self.model_key
-        if self.server:
-            out["server"] = dict(self.server)
+        if self.log is not None:
+            out["server"] = self.log.summary()
         return out
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
@@ -279,14 +244,16 @@ class NnsightBackend(Backend):
         return self.run(input_ids, plan, **kwargs)
 
     def run(self, input_ids: torch.Tensor, plan: Any = None, **kwargs) -> Any:
-        """One trace. Inside it ``plan.run(model, store)`` reads and writes activations as the forward
-        reaches them and ``plan.finish(output, store)`` picks what comes back; then ``plan.after(store,
-        output)`` runs here. Returns the model output, or what ``after`` returns."""
+        """One trace (remote: one job). Inside it ``plan.run(model, store)`` reads and writes activations
+        as the forward reaches them and ``plan.finish(output, store)`` picks what comes back; then
+        ``plan.after(store, output)`` runs here. Returns the model output, or what ``after`` returns."""
         import nnsight
 
+        from mechkit.model.ndif import remote_errors
+
         lm = self.lm
-        options = self._trace_options(plan)
-        with self._shipping(plan), _remote_errors(self):  # noqa: SIM117 - nnsight captures its own `with` block
+        options = self._job_options(plan, traces=1)
+        with self._shipping(plan), remote_errors(self):  # noqa: SIM117 - nnsight captures its own `with` block
             with lm.trace(input_ids, **kwargs, **options):
                 store = {}
                 if plan is not None:
@@ -299,25 +266,59 @@ class NnsightBackend(Backend):
         self.traces += 1
         return plan.after(store, output) if plan is not None else output
 
-    def _roots(self, plan: Any) -> set[str]:
-        """Top-level packages whose code the plan carries and a server lacks: shipped by value."""
+    def run_group(self, traces: list[Trace]) -> list[Any]:
+        """Several traces as one job: remote, one ``model.session`` holding a trace per item (one request,
+        one place in the queue, one reply); in process, the same traces one after the other. Each item's
+        result is what :meth:`run` returns for it."""
+        found = self.call(_run_traces, traces, self.remote is not None, traces=len(traces))
+        self.traces += len(traces)
+        return [t.plan.after(store, output) if t.plan is not None else output
+                for t, (store, output) in zip(traces, found, strict=True)]
+
+    def call(self, fn: Callable, *args: Any, traces: int = 0) -> Any:
+        """``fn(model, *args)`` where the model is, ``model`` being the nnsight model (its ``_module`` the
+        HF model): in process here; remote, as one job (a session) on the server, ``fn`` and ``args``
+        shipped by value and only its result sent back."""
+        if not self.remote:
+            return fn(self.lm, *args)
+        import nnsight
+
+        from mechkit.model.ndif import remote_errors
+
+        lm = self.lm
+        options = self._job_options((fn, args), traces=traces)
+        with self._shipping((fn, args)), remote_errors(self):  # noqa: SIM117 - nnsight captures its own `with` block
+            with lm.session(**options):
+                result = fn(lm, *args)
+                result = nnsight.save(result)
+        return result
+
+    def _roots(self, shipped: Any) -> set[str]:
+        """Top-level packages whose code ``shipped`` carries and a server lacks: shipped by value."""
         roots = {"mechkit"}
-        for module in getattr(plan, "modules", lambda: ())():
+        for module in _modules(shipped):
             root = module.split(".")[0]
             if root and root not in SERVER_PACKAGES and root not in sys.stdlib_module_names and root != "__main__":
                 roots.add(root)
         return roots
 
-    def _trace_options(self, plan: Any) -> dict:
+    def _job_options(self, shipped: Any, traces: int) -> dict:
+        """The ``backend=`` of one remote job (a trace or a session), reporting to :attr:`log`."""
         if self.remote == "local":
-            return {"backend": strict_simulation(self.lm, self._roots(plan))}
+            from mechkit.model.simulation import strict_simulation
+
+            return {"backend": strict_simulation(self.lm, self._roots(shipped), self.log, traces)}
         if self.remote == "ndif":
-            return {"remote": True}
+            from mechkit.model.ndif import reporting_remote
+
+            if self.job_key is None:
+                self.job_key = self.lm.to_model_key()
+            return {"backend": reporting_remote(self.lm, self.log, traces, self.job_key)}
         return {}
 
     @contextlib.contextmanager
-    def _shipping(self, plan: Any) -> Iterator[None]:
-        """While a remote trace serialises: mechkit (and plugin packages) pickled by value, not by name."""
+    def _shipping(self, shipped: Any) -> Iterator[None]:
+        """While a remote job serialises: mechkit (and plugin packages) pickled by value, not by name."""
         if not self.remote:
             yield
             return
@@ -325,7 +326,7 @@ class NnsightBackend(Backend):
 
         registered = []
         try:
-            for root in sorted(self._roots(plan)):
+            for root in sorted(self._roots(shipped)):
                 module = sys.modules.get(root)
                 if module is not None and root not in cloudpickle.list_registry_pickle_by_value():
                     cloudpickle.register_pickle_by_value(module)
@@ -336,24 +337,23 @@ class NnsightBackend(Backend):
                 cloudpickle.unregister_pickle_by_value(module)
 
 
-@contextlib.contextmanager
-def _remote_errors(backend: NnsightBackend) -> Iterator[None]:
-    """A failed NDIF request is one line, never a traceback (errors of mechkit's own code pass through)."""
-    if backend.remote != "ndif":
-        yield
-        return
-    try:
-        yield
-    except MechkitError:
-        raise
-    except Exception as err:
-        name = type(err).__name__
-        if name in ("RemoteError", "ConnectError", "ConnectionError", "TimeoutException", "HTTPStatusError",
-                    "WebSocketException", "ConnectionRefusedError", "gaierror"):
-            raise BackendError(f"the NDIF request failed: {first_line(err)}",
-                               "check NDIF_API_KEY, the network and that the server hosts the model "
-                               "(python -c 'import nnsight; print(nnsight.status())')") from err
-        raise
+JOB_TRACES = 256  # at most this many traces in one remote job; a sweep's chunk (see mechkit.heads.traced_effects)
+
+
+def _modules(shipped: Any) -> set[str]:
+    """The Python modules whose code ``shipped`` (plans, traces, functions, and containers of them) carries."""
+    if shipped is None:
+        return set()
+    if isinstance(shipped, (list, tuple)):
+        return set().union(*(_modules(x) for x in shipped)) if shipped else set()
+    if isinstance(shipped, Trace):
+        return _modules(shipped.plan)
+    if hasattr(shipped, "modules") and callable(shipped.modules) and not isinstance(shipped, type):
+        with contextlib.suppress(TypeError):
+            return set(shipped.modules())
+    if callable(shipped):
+        return {getattr(shipped, "__module__", None) or ""}
+    return set()
 
 
 def wrap(model: nn.Module, tokenizer: Any, remote: str | None = None) -> NnsightBackend:
@@ -364,32 +364,11 @@ def wrap(model: nn.Module, tokenizer: Any, remote: str | None = None) -> Nnsight
     """
     import copy
 
-    lm = _nnsight_model(model, copy.deepcopy(tokenizer) if tokenizer is not None else None)
+    lm = nnsight_model(model, copy.deepcopy(tokenizer) if tokenizer is not None else None)
     return NnsightBackend(lm, remote)
 
 
-def _nnsight_model(model_or_id: Any, tokenizer: Any = None, **kwargs) -> Any:
-    import warnings
-
-    try:
-        from nnsight.modeling.transformers import TransformersModel
-    except ImportError as err:
-        raise BackendError("the nnsight backend needs the nnsight package",
-                           "pip install 'mechkit[interop]' (or pip install 'nnsight>=0.8')") from err
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if tokenizer is not None:
-            return TransformersModel(model_or_id, tokenizer=tokenizer, task="text-generation", **kwargs)
-        return TransformersModel(model_or_id, task="text-generation", **kwargs)
-
-
-def api_key() -> str | None:
-    """The NDIF API key nnsight will send (``NDIF_API_KEY`` or nnsight's config), or None."""
-    from nnsight import CONFIG
-
-    return CONFIG.API.APIKEY or None
-
-
+# NDIF's client side lives in mechkit.model.ndif; connecting builds the backend, so it lives here.
 def connect_ndif(repo_id: str) -> tuple[Any, NnsightBackend]:
     """``(meta model, backend)`` for ``repo_id`` on NDIF: the client builds the structure (no weights).
 
@@ -402,41 +381,31 @@ def connect_ndif(repo_id: str) -> tuple[Any, NnsightBackend]:
     import nnsight.ndif as ndif
     from nnsight import CONFIG
 
+    from mechkit.model import ndif as ndif_client
+
     with redirect_stderr(io.StringIO()):  # nnsight prints its own "service down" message
         state = ndif.status(raw=True)
     if not state:
         raise BackendError(f"cannot reach the NDIF server at {CONFIG.API.HOST}",
                            "check your network (or NDIF_HOST); --remote local simulates a server offline")
-    hosted = sorted({str(d.get("repo_id")) for d in (state.get("deployments") or {}).values()
-                     if d.get("application_state") == "RUNNING"})
-    if hosted and repo_id not in hosted:
-        shown = ", ".join(hosted[:12]) + (" …" if len(hosted) > 12 else "")
-        raise BackendError(f"NDIF does not host {repo_id} right now", f"use one it hosts: {shown}")
-    try:
-        lm = _nnsight_model(repo_id)
-    except Exception as err:
-        raise ModelLoadError(f"cannot build {repo_id} for NDIF: {first_line(err)}",
-                             "the client reads the model's config from the hub: check the id and your network") from err
-    backend = NnsightBackend(lm, "ndif", model_key=repo_id)
+    ndif_client.check_hosted(repo_id, state)
+    backend = NnsightBackend(ndif_client.client_model(repo_id), "ndif", model_key=repo_id)
+    lm = backend.lm
     model = lm._module
     for module in model.modules():  # the client's copy holds no weights: say so where one is read
         module.__dict__["_mechkit_remote"] = repo_id
     return model, backend
 
 
-def refuse_remote_weights(module: Any) -> None:
-    """One line, where a step reads a weight of a model on NDIF locally (the client has structure only)."""
-    repo = module.__dict__.get("_mechkit_remote")
-    if repo is not None:
-        raise BackendError(f"this step reads weights of {repo}, which stay on the NDIF server (the client holds "
-                           "its structure only)", "run it on a local copy of the model (without --remote)")
-
-
 def client_tokenizer(backend: NnsightBackend) -> Any:
-    """The tokenizer mechkit uses beside an NDIF model: nnsight's, copied, padding on the right again."""
-    import copy
+    """:func:`mechkit.model.ndif.client_tokenizer`."""
+    from mechkit.model import ndif
 
-    tok = copy.deepcopy(backend.lm.tokenizer)
-    if tok is not None:
-        tok.padding_side = "right"
-    return tok
+    return ndif.client_tokenizer(backend)
+
+
+def refuse_remote_weights(module: Any) -> None:
+    """:func:`mechkit.model.ndif.refuse_remote_weights`."""
+    from mechkit.model import ndif
+
+    ndif.refuse_remote_weights(module)

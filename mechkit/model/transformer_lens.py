@@ -78,9 +78,11 @@ def _unwrap(module: Any) -> None:
 
 def check_bridgeable(handle: Any) -> None:
     """Refuse (one line, before any work) a model :func:`to_transformer_lens` cannot bridge."""
-    if getattr(handle.backend, "remote", None) == "ndif":
-        raise ModelLoadError("a model on NDIF has no local weights to build a TransformerBridge from",
-                             "load the model locally for TransformerLens")
+    remote = getattr(handle.backend, "remote", None)
+    if remote:  # --remote local simulates a server: its weights are not the client's either
+        where = "NDIF" if remote == "ndif" else "a (simulated) remote server"
+        raise ModelLoadError(f"a model on {where} has no local weights to build a TransformerBridge from",
+                             "load the model locally for TransformerLens (drop --remote)")
     try:
         check_version()
     except PackageNotFoundError:

@@ -12,6 +12,7 @@ is one line naming the flag, the value and the fix:
 ('--sweep', ['each x>=1'])
 """
 
+from mechkit.options.execution import EXECUTION, ExecutorChoice, RayAddress
 from mechkit.options.option import Bounds, Option, OptionError
 from mechkit.options.parsers import (
            Choices,
@@ -26,5 +27,5 @@ from mechkit.options.parsers import (
            parse_lambdas,
 )
 
-__all__ = ["Bounds", "Choices", "ExistingPath", "Grid", "HeadSpec", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
-           "TaskList", "parse_lambdas"]
+__all__ = ["EXECUTION", "Bounds", "Choices", "ExistingPath", "Grid", "HeadSpec", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
+           "RayAddress", "ExecutorChoice", "TaskList", "parse_lambdas"]

@@ -130,7 +130,10 @@ class Option:
       ``ValueError`` or :class:`~mechkit.errors.MechkitError`; the plugin reads its result from
       ``ctx.parsed[name]`` while ``ctx.params[name]`` (and the report) keep the text as given;
     - ``required``: ``None`` is refused (for options with no sensible default);
-    - ``metavar``: what ``--help`` shows for the value (default: the parser's, else the type's).
+    - ``metavar``: what ``--help`` shows for the value (default: the parser's, else the type's);
+    - ``execution``: the option says how the run executes, never what it computes (``--executor``,
+      ``--workers``): the report records it, but it is left out of the run's resume key, so a run
+      stopped under one executor resumes under another.
 
     >>> Option("lr", float, 1e-4, min=0, min_exclusive=True).check("0.001")
     (0.001, 0.001)
@@ -155,6 +158,7 @@ class Option:
     parse: Callable[[str], Any] | None = None
     required: bool = False
     metavar: str | None = None
+    execution: bool = False
 
     @property
     def flag(self) -> str:
