@@ -62,7 +62,7 @@ def check_backend(name: str | None) -> str:
     >>> check_backend("jax")
     Traceback (most recent call last):
     ...
-    mechkit.model.backend.BackendError: unknown backend 'jax' — use --backend native or --backend nnsight
+    mechkit.model.nnsight_lm.BackendError: unknown backend 'jax' — use --backend native or --backend nnsight
     """
     name = "native" if name is None else name
     if name not in BACKENDS:

@@ -126,7 +126,7 @@ def check_hosted(repo_id: str, state: dict) -> None:
     >>> check_hosted("org/x", {"deployments": {"a": {"repo_id": "org/y", "deployment_level": "HOT"}}})
     Traceback (most recent call last):
     ...
-    mechkit.model.backend.BackendError: NDIF does not host org/x right now — use one it hosts: org/y
+    mechkit.model.nnsight_lm.BackendError: NDIF does not host org/x right now — use one it hosts: org/y
     """
     hosted = hosted_models(state)
     if hosted and repo_id not in hosted:
