@@ -25,29 +25,12 @@ so a resumed run and an uninterrupted one give the same values.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from mechkit.errors import MechkitError
 from mechkit.executors.base import Executor, OnResult, UnitFn
-
-Step = Callable[[str, Callable[[], Any]], Any]
-
-
-class _Pending(Exception):
-    """Raised in place of a step's compute: the step is not kept yet."""
-
-
-def stored(step: Step, key: str) -> tuple[bool, Any]:
-    """``(True, value)`` where ``step`` already keeps ``key``, else ``(False, None)``, computing nothing
-    (a step calls ``compute`` only for a key it does not keep, and keeps nothing when it raises)."""
-    def pending():
-        raise _Pending
-
-    try:
-        return True, step(key, pending)
-    except _Pending:
-        return False, None
+from mechkit.io.steps import Step, stored
 
 
 def map_units(executor: Executor, step: Step | None, fn: UnitFn, shared: Any, units: Sequence[Any],

@@ -27,28 +27,14 @@ from mechkit.eval.scoring import Batch, batches, row_metrics, supports_logits_to
 from mechkit.heads.sums import HeadEffects, LogprobSum
 from mechkit.hooking.points import resolve
 from mechkit.hooking.traced import GradPlan, Plan, planner
+from mechkit.io.steps import Step, stored
 from mechkit.model.backend import Trace
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
-Step = Callable[[str, Callable], Any]
 
 
-class _Pending(Exception):
-    """Raised in place of a step's compute: the step is not stored yet."""
-
-
-def _stored(step: Step, key: str) -> tuple[bool, Any]:
-    """``(True, value)`` where ``step`` already holds ``key``, else ``(False, None)`` — without computing it
-    (a step calls ``compute`` only for a key it does not hold, and stores nothing when it raises)."""
-    def pending():
-        raise _Pending
-
-    try:
-        return True, step(key, pending)
-    except _Pending:
-        return False, None
 
 
 @dataclass
@@ -66,7 +52,7 @@ def run_units(handle: ModelHandle, units: Sequence[_Unit], step: Step, done: Cal
     follows each unit, stored or run."""
     values: dict = {}
     for unit in units:
-        found, value = _stored(step, unit.key)
+        found, value = stored(step, unit.key)
         if found:
             values[unit.key] = value
             done(unit)
