@@ -1,8 +1,9 @@
-"""Ray fan-out: wall time of the exact sweep and the ablation-baseline grid with 1 and 2 Ray workers,
-as ratios to the serial run of the same work.
+"""Ray fan-out: wall time of the exact sweep, the ablation-baseline grid and the prune grid with 1 and 2
+Ray workers, as ratios to the serial run of the same work.
 
 For each grid (``sweep``: the exact head sweep, units = (batch, layer); ``ablate``: clean, target and
-random-head baselines, units = conditions), on the same model, prompts and seed:
+random-head baselines, units = conditions; ``prune``: guide × sparsity rows, each a refit, an evaluation
+and its own timed forwards), on the same model, prompts and seed:
 
 - ``serial``: the plugin's run time (``timings.run_s``: the model already loaded) with ``--executor serial``;
 - ``ray W warm``: the same with ``--executor ray --workers W``, workers already up holding the model
@@ -10,7 +11,8 @@ random-head baselines, units = conditions), on the same model, prompts and seed:
 - ``ray W cold``: the first such run, which starts the workers: each imports torch and loads the model.
 
 Every worker runs torch on the run's ``--threads`` (default 1, so two workers fit two cores and the
-serial baseline uses the same single thread): results are checked identical to the serial run's.
+serial baseline uses the same single thread): results are checked identical to the serial run's (for
+``prune``, all but the latencies each row measures, which differ between any two runs).
 Startup (``ray.init``, then the workers' spawn + import + load, in parallel) is timed on its own, and
 so is how many cores W busy processes get on the machine at the time (``cores free for W``: W on an
 idle machine, less where other work holds cores): the most W workers can gain, whatever the executor.
@@ -39,20 +41,38 @@ GRIDS = {
     # clean + target + 9 random draws of 10 heads: 11 units of one evaluation each
     "ablate": lambda q: {"tasks": "capitalize", "n": 2 if q else 8, "shots": 1 if q else 4, "heads": "random",
                          "top_k": 2 if q else 10, "baseline_seeds": 3 if q else 9, "batch_size": 8},
+    # 2 guides × 2 levels: 4 rows, each a refit, held-out accuracy and perplexity, and 16 timed forwards
+    "prune": lambda q: {"guide": "wanda,magnitude", "sparsity": "0.2,0.4", "tasks": "capitalize",
+                        "n": 2 if q else 8, "calib": 2 if q else 4, "shots": 1 if q else 4, "repeats": 1 if q else 3,
+                        "timing_batch": 2 if q else 8},
 }
+TIMING = {"latency_s", "dense_latency_s", "latency_ratio", "speedup", "speedup_other_timing", "reconstruct_s"}
 
 
 def units_of(grid: str, options: dict, n_layers: int) -> int:
     if grid == "sweep":
         return -(-options["n"] // options["batch_size"]) * (1 + n_layers)
+    if grid == "prune":
+        return len(options["guide"].split(",")) * len(options["sparsity"].split(","))
     return 2 + options["baseline_seeds"]
+
+
+def untimed(grid: str, results: dict) -> dict:
+    """What must be identical to the serial run's: everything, except the prune rows' own timings (and the
+    summary lines quoting them), which no two runs share."""
+    if grid != "prune":
+        return results
+    rows = [{k: v for k, v in r.items() if k not in TIMING} for r in results["rows"]]
+    dense = {k: v for k, v in results["dense"].items() if k not in TIMING}
+    return {**results, "rows": rows, "dense": dense,
+            "summary": {k: v.rpartition(" | speedup")[0] for k, v in results["summary"].items()}}
 
 
 def run_s(plugin: str, model: str, options: dict, **execution) -> tuple[float, dict]:
     import mechkit as mk
 
     run = mk.run(plugin, model=model, device="cpu", write=False, **options, **execution)
-    return run.report["timings"]["run_s"], run.results
+    return run.report["timings"]["run_s"], untimed(plugin, run.results)
 
 
 def measure(grid: str, model: str, options: dict, workers: list[int], repeats: int) -> dict:
@@ -118,7 +138,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="model spec (default llama; quick tiny:llama)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per setting (default 3; quick 2)")
     p.add_argument("--workers", default="1,2", help="worker counts to time, comma-separated")
-    p.add_argument("--grids", default="sweep,ablate", help=f"which of {', '.join(GRIDS)}")
+    p.add_argument("--grids", default="sweep,ablate,prune", help=f"which of {', '.join(GRIDS)}")
     args = p.parse_args()
     model = args.model or ("tiny:llama" if args.quick else "llama")
     repeats = args.repeats or (2 if args.quick else 3)

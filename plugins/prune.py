@@ -11,6 +11,13 @@ within 70% of the dense latency (or FLOPs). ``--save-model`` writes the pruned m
 guide at the last sparsity, or the budget plan) as ``model/`` in the run directory, in safetensors;
 ``mechkit.load_model(DIR/model)`` reloads it exactly.
 
+With ``--executor ray`` the rows of the guide × sparsity grid are units measured on Ray workers
+(:mod:`mechkit.pruning.grid`): the guides' scores are computed here once and shipped; each row's
+latency is timed on the worker that measured it, against the dense model in the same process, so
+``latency_ratio`` and ``speedup`` stay same-process ratios; workers sharing CPUs time at the same time,
+which makes the absolute latencies longer than a serial run's. The ``--budget`` search is sequential
+(each bisection step depends on the last) and always runs here.
+
 The measurements are :class:`mechkit.pruning.PruneStudy`'s; this plugin checks the options, runs the
 rows or the budget search, and shapes the summary lines and the accuracy-vs-speedup figure.
 """
@@ -20,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mechkit.options import OptionError, TaskList
+from mechkit.options import EXECUTION, OptionError, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 if TYPE_CHECKING:
@@ -127,7 +134,8 @@ class PrunePlugin(Plugin):
                parse=TargetList()),
         Option("sparsity", str, "0.2", "Fractions (0.1,0.2,0.3: each for every target) or neurons=0.3,heads=0.2.",
                parse=SparsityLevels()),
-        Option("budget", float, None, "Instead of --sparsity: at most this fraction of the dense cost.",
+        Option("budget", float, None, "Instead of --sparsity: at most this fraction of the dense cost (a "
+                                      "sequential search: it runs in this process, also with --executor ray).",
                min=0, min_exclusive=True, max=1, max_exclusive=True),
         Option("budget_unit", str, "latency", "What --budget limits.", choices=("latency", "flops")),
         Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
@@ -163,6 +171,7 @@ class PrunePlugin(Plugin):
                                       "is the speedup and the budget.", choices=("last", "all")),
         Option("timing_batch", int, 8, "Prompts in the timed batch.", min=1),
         Option("batch_size", int, 16, "Prompts per forward pass when scoring.", min=1),
+        *EXECUTION,  # the rows of the guide × sparsity grid can run on Ray workers (the budget search cannot)
     )
 
     def run(self, ctx: RunContext) -> Result:
@@ -188,6 +197,11 @@ class PrunePlugin(Plugin):
                 budget = study.budget(guides[0], p["budget"], p["budget_unit"],
                                       on_step=lambda mix, s, r: bar.update(job, description=f"budget {mix} {r:.2f}"))
                 rows.append(budget["chosen_row"])
+            elif p["executor"] == "ray":  # scores here, rows on the workers, each timed where it ran
+                from mechkit.pruning.grid import grid_rows
+
+                job = bar.add_task("prune", total=len(guides) * len(levels))
+                rows = grid_rows(study, guides, levels, ctx.map_units, on_row=lambda: bar.advance(job))
             else:
                 job = bar.add_task("prune", total=len(guides) * len(levels))
                 for guide in guides:

@@ -13,6 +13,11 @@ on what guided it), held-out text for perplexity, and the timed batch — and me
   its row, re-measured with a little more pruning while timing noise puts it over the budget;
 - :meth:`~PruneStudy.save`: the pruned copy of a row, written in safetensors.
 
+Rows are independent once the guides' scores are known: :meth:`~PruneStudy.shared` gives what a
+grid of rows shares (the scores, measured sensitivities, the study's :attr:`~PruneStudy.config` and a
+fingerprint of its calibration), so another process holding the same model rebuilds the study and
+measures rows (:mod:`mechkit.pruning.grid`, the ``prune`` plugin's ``--executor ray``).
+
 Expensive steps go through ``step(key, compute)``, by default just ``compute()``; a plugin passes
 its resumable ``RunContext.step``, so an interrupted run resumes at the last finished step. What a
 step returns may come back through JSON (lists for arrays), so values are normalised after it.
@@ -90,6 +95,12 @@ class PruneStudy:
                  text_weight: float = 0.5, guide_text_weight: float = 0.5, protect_top_k: int = 10,
                  repeats: int = 7, timing: str = "last", timing_batch: int = 8, batch_size: int = 16,
                  step: Step = compute_now):
+        # the arguments that rebuild this study on the same model elsewhere (a Ray worker): PruneStudy(m, **config)
+        self.config = {"tasks": list(tasks), "targets": list(targets), "n_calib": n_calib, "n": n, "shots": shots,
+                       "seed": seed, "allocation": allocation, "gqa": gqa, "reconstruct": reconstruct,
+                       "sequential": sequential, "ridge": ridge, "text_weight": text_weight,
+                       "guide_text_weight": guide_text_weight, "protect_top_k": protect_top_k, "repeats": repeats,
+                       "timing": timing, "timing_batch": timing_batch, "batch_size": batch_size}
         self.handle, self.tasks, self.targets = handle, list(tasks), list(targets)
         self.seed, self.allocation, self.gqa = seed, allocation, gqa
         self.reconstruct, self.sequential, self.ridge = _method(reconstruct), sequential, ridge
@@ -105,6 +116,7 @@ class PruneStudy:
         self.text, self.text_source = heldout_text()
         self.timing_texts = [q.text for ps in self.test.values() for q in ps][:timing_batch]
         self._scores: dict[str, Scores] = {}
+        self._sensitivity: dict[str, np.ndarray] = {}
         self._attribution: Scores | None = None
         self._circuit: dict | None = None
 
@@ -136,10 +148,56 @@ class PruneStudy:
                             circuit=self._circuit, attribution=self._attribution, text_weight=self.guide_text_weight)
 
     def sensitivity(self, guide: str) -> np.ndarray:
-        """Measured per-layer MLP sensitivity under ``guide``'s channel order (a step)."""
-        values = self.step(f"sensitivity|{guide}", lambda: layer_sensitivity(
-            self.handle, self.scores(guide).mlp, self.calib).tolist())
-        return _array(values)
+        """Measured per-layer MLP sensitivity under ``guide``'s channel order (a step, computed once)."""
+        if guide not in self._sensitivity:
+            values = self.step(f"sensitivity|{guide}", lambda: layer_sensitivity(
+                self.handle, self.scores(guide).mlp, self.calib).tolist())
+            self._sensitivity[guide] = _array(values)
+        return self._sensitivity[guide]
+
+    def shared(self, guides: Sequence[str], levels: Sequence[dict[str, float]]) -> dict:
+        """What every row of ``guides`` × ``levels`` shares, computed here once, as plain lists: the
+        study's :attr:`config`, each guide's scores, the measured sensitivities the allocation needs,
+        and the calibration's :meth:`fingerprint`. :meth:`adopt` takes them in another process.
+
+        >>> import mechkit as mk
+        >>> m = mk.load_model("tiny:llama")
+        >>> study = PruneStudy(m, ["capitalize"], n_calib=2, n=2, shots=2)
+        >>> sorted(study.shared(["random", "wanda@uniform"], [{"neurons": 0.2}])["scores"])
+        ['random', 'wanda']
+        """
+        scores, sensitivity = {}, {}
+        for guide in guides:
+            name, _, alloc = guide.partition("@")
+            scores[name] = _scores_lists(self.scores(name))
+            if (alloc or self.allocation) == "sensitivity" and any(level.get("neurons") for level in levels):
+                sensitivity[name] = self.sensitivity(name).tolist()
+        return {"config": self.config, "scores": scores, "sensitivity": sensitivity,
+                "calibration": self.fingerprint()}
+
+    def adopt(self, shared: dict) -> None:
+        """Take the scores and sensitivities of :meth:`shared` (computed by the study it came from) as this
+        study's own; one line when this study calibrated differently (another model, other weights)."""
+        if shared["calibration"] != self.fingerprint():
+            raise MechkitError("this process calibrated the pruning study differently from the run (other "
+                               "weights, or torch on another number of threads)",
+                               "load the same model with the same torch threads as the run")
+        self._scores.update({name: _scores_from(raw) for name, raw in shared["scores"].items()})
+        self._sensitivity.update({name: _array(v) for name, v in shared["sensitivity"].items()})
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the calibration prompts and their unit statistics: equal wherever the study is built
+        from the same model, options and seed (calibration is deterministic)."""
+        import hashlib
+
+        import torch
+
+        stats = self.calib.stats
+        digest = hashlib.sha256("\n".join(self.calib.texts + self.calib.generic).encode())
+        for tensor in (stats.mlp_mean, stats.mlp_sq, stats.head_mean, stats.head_sq, stats.block_influence):
+            digest.update(tensor.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+        digest.update(str(stats.n_tokens).encode())
+        return digest.hexdigest()
 
     def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> PrunePlan:
         """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``;
@@ -192,29 +250,39 @@ class PruneStudy:
         interleaved on the same batch — ``latency_ratio`` and ``speedup`` at the study's timing,
         ``speedup_other_timing`` at the other — and ``reconstruct_s``, the seconds the least-squares
         refit took. ``reconstruct`` overrides the study's method for this row."""
-        label = self.reconstruction(reconstruct)
-        key = f"row|{guide}|{self.allocation}|{sorted(level.items())}|{label}"
+        measured = self.step(self.row_key(guide, level, reconstruct),
+                             lambda: self.measure_row(guide, level, reconstruct))
+        return self.labelled(guide, level, measured, reconstruct)
 
-        def compute() -> dict:
-            import time
+    def row_key(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> str:
+        """The step key of :meth:`row`: the same wherever the row is measured, so a run resumes across
+        executors."""
+        return f"row|{guide}|{self.allocation}|{sorted(level.items())}|{self.reconstruction(reconstruct)}"
 
-            plan = self.plan(guide, level, reconstruct)
-            start = time.perf_counter()
-            fits = self.fits(plan, reconstruct)
-            took = time.perf_counter() - start
-            pruned = prune_copy(self.handle, plan, self.calib.stats, fits)
-            out = self.measure(pruned, plan)
-            out["reconstruct_s"] = took
-            last = self.timing == "last"
-            dense_t, pruned_t = latency([self.handle, pruned], self.timing_texts, repeats=self.repeats,
-                                        last=last)
-            other_d, other_p = latency([self.handle, pruned], self.timing_texts,
-                                       repeats=max(3, self.repeats // 2), last=not last)
-            out.update(latency_s=pruned_t, dense_latency_s=dense_t, latency_ratio=pruned_t / dense_t,
-                       speedup=dense_t / pruned_t, timing=self.timing, speedup_other_timing=other_d / other_p)
-            return out
+    def labelled(self, guide: str, level: dict[str, float], measured: dict, reconstruct: str | None = None) -> dict:
+        """A row as :meth:`row` reports it: ``guide``, ``sparsity``, ``reconstruct``, then ``measured``."""
+        return {"guide": guide, "sparsity": level, "reconstruct": self.reconstruction(reconstruct), **measured}
 
-        return {"guide": guide, "sparsity": level, "reconstruct": label, **self.step(key, compute)}
+    def measure_row(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> dict:
+        """What :meth:`row` keeps as its step: the pruned copy's :meth:`measure`, its latency interleaved
+        with the dense model's in this process (so the ratios hold wherever it runs) and the refit's
+        seconds."""
+        import time
+
+        plan = self.plan(guide, level, reconstruct)
+        start = time.perf_counter()
+        fits = self.fits(plan, reconstruct)
+        took = time.perf_counter() - start
+        pruned = prune_copy(self.handle, plan, self.calib.stats, fits)
+        out = self.measure(pruned, plan)
+        out["reconstruct_s"] = took
+        last = self.timing == "last"
+        dense_t, pruned_t = latency([self.handle, pruned], self.timing_texts, repeats=self.repeats, last=last)
+        other_d, other_p = latency([self.handle, pruned], self.timing_texts,
+                                   repeats=max(3, self.repeats // 2), last=not last)
+        out.update(latency_s=pruned_t, dense_latency_s=dense_t, latency_ratio=pruned_t / dense_t,
+                   speedup=dense_t / pruned_t, timing=self.timing, speedup_other_timing=other_d / other_p)
+        return out
 
     def budget(self, guide: str, budget: float, unit: str = "latency",
                on_step: Callable[[str, dict, float], None] | None = None) -> dict:
@@ -289,3 +357,15 @@ def _array(value) -> np.ndarray:
 
 def _scores_dict(s: Scores) -> dict:
     return {"mlp": s.mlp.tolist(), "heads": s.heads.tolist(), "layers": s.layers.tolist()}
+
+
+def _scores_lists(s: Scores) -> dict:
+    """Every field of ``s`` as plain lists, with the arrays' dtypes (:func:`_scores_from` undoes it exactly)."""
+    return {**_scores_dict(s), "dtypes": [str(s.mlp.dtype), str(s.heads.dtype), str(s.layers.dtype)],
+            "guide": s.guide, "protected_heads": [list(h) for h in s.protected_heads]}
+
+
+def _scores_from(raw: dict) -> Scores:
+    mlp, heads, layers = (np.asarray(raw[k], dtype=d) for k, d in zip(("mlp", "heads", "layers"), raw["dtypes"],
+                                                                      strict=True))
+    return Scores(mlp, heads, layers, raw["guide"], tuple(tuple(h) for h in raw["protected_heads"]))

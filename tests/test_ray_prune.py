@@ -1,0 +1,179 @@
+"""``prune --executor ray`` on a real local Ray cluster (2 CPUs): the guide × sparsity grid's rows equal
+the serial run's in everything but timing, a worker killed mid-run included, and rows kept by a serial
+run are read back, not measured again, by a Ray run (one step key for both).
+
+Timing fields are measured on whichever worker ran the row (dense and pruned interleaved there), so
+only they may differ. The cluster fixture is test_ray.py's pattern: torch on one thread, two
+single-thread workers on the cluster's two CPUs, every worker process gone after teardown.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from rich.console import Console
+
+import mechkit as mk
+from mechkit.errors import MechkitError
+
+TINY = {"model": "tiny:llama", "device": "cpu"}
+RAY = {"executor": "ray", "workers": 2}
+GRID = {"guide": "wanda,attribution@sensitivity", "sparsity": "0.2,0.4", "tasks": "capitalize", "n": 4,
+        "calib": 3, "shots": 2, "repeats": 1, "timing_batch": 2}
+TIMING = {"latency_s", "dense_latency_s", "latency_ratio", "speedup", "speedup_other_timing", "reconstruct_s"}
+
+
+def _ray_workers(title: str = "ray::UnitWorker") -> list[int]:
+    """PIDs of this session's mechkit Ray workers whose process title starts with ``title``
+    (Ray titles a busy one ``ray::UnitWorker.run``)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if " ".join(proc.cmdline()).startswith(title):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    import torch
+
+    from mechkit.executors.ray_pool import release_workers
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        yield ray
+    finally:
+        release_workers()
+        ray.shutdown()
+        torch.set_num_threads(threads)
+    deadline = time.monotonic() + 15
+    while _ray_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ray_workers() == [], "Ray worker processes outlived the cluster"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh step cache per test: serial and Ray runs share a resume key (executor options are not part
+    of it), so each must compute, not read the other's steps."""
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def serial(cluster, tmp_path_factory) -> dict:
+    """The serial run's results (torch on the cluster fixture's one thread, as the workers run)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MECHKIT_CACHE", str(tmp_path_factory.mktemp("serial-cache")))
+        return mk.run("prune", **TINY, **GRID, write=False).results
+
+
+def _untimed(results: dict) -> dict:
+    """The results without what depends on where and when forwards were timed."""
+    rows = [{k: v for k, v in r.items() if k not in TIMING} for r in results["rows"]]
+    dense = {k: v for k, v in results["dense"].items() if k not in TIMING}
+    summary = {k: v.rpartition(" | speedup")[0] for k, v in results["summary"].items()}
+    return {**results, "rows": rows, "dense": dense, "summary": summary}
+
+
+def _timed_in_one_process(row: dict) -> bool:
+    """The row's ratios are its own latencies' (both timed on the worker that measured it)."""
+    return row["latency_s"] > 0 and row["latency_ratio"] == pytest.approx(row["latency_s"] / row["dense_latency_s"]) \
+        and row["speedup"] == pytest.approx(1 / row["latency_ratio"])
+
+
+def test_the_prune_grid_on_two_workers_is_the_serial_run_but_timing(cluster, cache, serial):
+    spread = mk.run("prune", **TINY, **GRID, **RAY, write=False)
+    assert spread.report["params"]["executor"] == "ray" and len(_ray_workers()) == 2  # ran on two workers
+    assert [(r["guide"], r["sparsity"]) for r in spread.results["rows"]] == \
+           [(r["guide"], r["sparsity"]) for r in serial["rows"]]  # the serial order
+    assert _untimed(spread.results) == _untimed(serial)  # accuracy, perplexity, params, FLOPs, plans: all equal
+    assert all(_timed_in_one_process(r) for r in spread.results["rows"])
+
+
+def test_a_worker_killed_mid_grid_costs_only_its_row(cluster, cache, serial):
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_a_busy_worker():
+        while not done.is_set():
+            busy = _ray_workers("ray::UnitWorker.run")
+            if busy:
+                os.kill(busy[0], signal.SIGKILL)
+                killed.append(busy[0])
+                return
+            time.sleep(0.002)
+
+    log = io.StringIO()
+    killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
+    killer.start()
+    try:
+        spread = mk.run("prune", **TINY, **GRID, **RAY, write=False, console=Console(file=log, width=200))
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no worker was caught measuring a row"
+    assert f"(pid {killed[0]}) died running chunk" in log.getvalue()
+    assert _untimed(spread.results) == _untimed(serial)
+
+
+def test_rows_a_serial_run_kept_are_read_back_by_a_ray_run(cluster):
+    """One step key for a row wherever it runs: a run stopped serially resumes on Ray (and back)."""
+    from mechkit.executors import LoadSpec, map_units
+    from mechkit.executors.ray_pool import RayExecutor
+    from mechkit.pruning import PruneStudy
+    from mechkit.pruning.grid import grid_rows
+
+    handle = mk.load_model("tiny:llama", device="cpu")
+    kept: dict = {}
+    computed: list[str] = []
+
+    def step(key, compute):
+        if key not in kept:
+            kept[key] = compute()  # map_units asks first with a compute that raises: nothing is kept then
+            computed.append(key)
+        return kept[key]
+
+    sizes = {"n_calib": 3, "n": 4, "shots": 2, "repeats": 1, "timing_batch": 2}
+    levels = [{"neurons": 0.2}, {"neurons": 0.4}]
+    first = PruneStudy(handle, ["capitalize"], step=step, **sizes).row("wanda", levels[0])  # then "killed"
+    executor = RayExecutor(LoadSpec.of(handle), workers=2, chunk_size=1)
+    computed.clear()
+    try:
+        study = PruneStudy(handle, ["capitalize"], step=step, **sizes)
+        rows = grid_rows(study, ["wanda"], levels, lambda *a, **k: map_units(executor, step, *a, **k))
+    finally:
+        executor.close()
+    assert rows[0] == first  # read back, timing included
+    assert computed == [study.row_key("wanda", levels[1])]  # only the missing row was measured
+
+
+def test_a_study_calibrated_on_other_weights_refuses_the_shared_scores():
+    from mechkit.pruning import PruneStudy
+
+    sizes = {"n_calib": 2, "n": 2, "shots": 2}
+    handle = mk.load_model("tiny:llama", device="cpu")
+    study = PruneStudy(handle, ["capitalize"], **sizes)
+    shared = study.shared(["wanda"], [{"neurons": 0.2}])
+    again = PruneStudy(mk.load_model("tiny:llama", device="cpu"), **shared["config"])
+    again.adopt(shared)  # the same model, options and seed: the same calibration
+    assert np.array_equal(again.scores("wanda").mlp, study.scores("wanda").mlp)
+    other = mk.load_model("tiny:llama", device="cpu")
+    with torch.no_grad():
+        other.anatomy.mlp_out(0).weight.mul_(1.5)  # other weights than the run's
+    with pytest.raises(MechkitError, match="calibrated the pruning study differently"):
+        PruneStudy(other, **shared["config"]).adopt(shared)
