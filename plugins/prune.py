@@ -209,7 +209,7 @@ class PrunePlugin(Plugin):
                         bar.update(job, description=f"{guide} {level}")
                         rows.append(study.row(guide, level))
                         bar.advance(job)
-        dense.update(latency_s=study.dense_latency(), latency_ratio=1.0, speedup=1.0)
+        dense.update(latency_s=study.dense_latency(), latency_ratio=1.0, speedup=1.0, timed_as=study.dense_timing)
         files = {}
         if p["save_model"]:  # the budget plan, or the first guide at the last level; the writer moves it to model/
             saved = rows[-1] if budget else [r for r in rows if r["guide"] == guides[0]][-1]

@@ -20,7 +20,7 @@ load the weights (:func:`build_pruned`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -255,18 +255,30 @@ def _out_width(module: nn.Module) -> int:
 # --- a whole model --------------------------------------------------------------------------------
 
 def apply_structure(model: nn.Module, structure: Structure, compensation: Mapping[str, torch.Tensor] | None = None,
-                    n_heads: int | None = None, n_kv: int | None = None) -> Structure:
+                    n_heads: int | None = None, n_kv: int | None = None,
+                    materialize: Callable[[nn.Module], None] | None = None) -> Structure:
     """Slice ``model`` in place to ``structure``; ``compensation`` maps parameter-less module names
     (``model.layers.3.mlp.down_proj``) to bias deltas added after slicing. Returns the structure with
-    ``biased`` and ``config_restore`` filled in."""
+    ``biased`` and ``config_restore`` filled in.
+
+    ``materialize(module)``, where given, gives a module whose tensors are still on ``meta`` its
+    weights (:class:`mechkit.model.dispatch.PlainCopy`): each sliced block just before it is sliced,
+    the rest of the model once the removed blocks are gone — so a copy of a dispatched model is sliced
+    holding one dense block at a time, and removed blocks are never read.
+    """
     anatomy = discover_anatomy(model)
     n_heads, n_kv = n_heads or anatomy.n_heads, n_kv or anatomy.n_kv_heads
-    for layer, keep in structure.mlp_keep.items():
-        slice_mlp(anatomy, layer, keep)
-    for layer, keep in structure.head_keep.items():
-        slice_heads(anatomy, layer, keep, n_heads, n_kv)
+    for layer in sorted(set(structure.mlp_keep) | set(structure.head_keep)):
+        if materialize is not None:
+            materialize(anatomy.layers[layer])
+        if layer in structure.mlp_keep:
+            slice_mlp(anatomy, layer, structure.mlp_keep[layer])
+        if layer in structure.head_keep:
+            slice_heads(anatomy, layer, structure.head_keep[layer], n_heads, n_kv)
     biased = list(structure.biased)
     for name, delta in (compensation or {}).items():
+        if materialize is not None:
+            materialize(model.get_submodule(name))
         if add_output_bias(model.get_submodule(name), delta):
             biased.append(f"{name}.bias")
     restore = dict(structure.config_restore)
@@ -274,6 +286,8 @@ def apply_structure(model: nn.Module, structure: Structure, compensation: Mappin
         restore.update(drop_layers(model, anatomy, structure.layers_removed))
         new = [renamed_after_drop(b, anatomy.family.layers, structure.layers_removed) for b in biased[len(structure.biased):]]
         biased = biased[:len(structure.biased)] + new
+    if materialize is not None:
+        materialize(model)
     return Structure(structure.n_layers, structure.mlp_keep, structure.head_keep, structure.layers_removed,
                      sorted(set(biased)), restore)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mechkit.pruning.cost import flops_per_token, latency
+from mechkit.pruning.cost import flops_per_token, latency, timing_reference
 from mechkit.pruning.masking import masked
 from mechkit.pruning.plan import PrunePlan
 from mechkit.pruning.slicing import prune_copy
@@ -43,14 +43,18 @@ class Candidate:
 
 def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], repeats: int = 5,
                   last: bool = True) -> Callable:
-    """A function plan → cost of the pruned model as a fraction of the dense model's."""
+    """A function plan → cost of the pruned model as a fraction of the dense model's (latency against
+    :func:`~mechkit.pruning.cost.timing_reference`: a dispatched model's plain copy where it fits)."""
     dense_flops = flops_per_token(handle)
+    timed: list = []
 
     def ratio(plan: PrunePlan, stats) -> float:
         pruned = prune_copy(handle, plan, stats)
         if unit == "flops":
             return flops_per_token(pruned) / dense_flops
-        dense_t, pruned_t = latency([handle, pruned], timing_texts, repeats=repeats, last=last)
+        if not timed:
+            timed.append(timing_reference(handle)[0])
+        dense_t, pruned_t = latency([timed[0], pruned], timing_texts, repeats=repeats, last=last)
         return pruned_t / dense_t
 
     return ratio

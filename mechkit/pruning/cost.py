@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 
 
 def n_params(handle: ModelHandle) -> int:
-    """Distinct parameters (a tied embedding counts once)."""
-    return sum(p.numel() for p in {id(p): p for p in handle.model.parameters()}.values())
+    """Distinct parameters (a tied embedding counts once, also where accelerate's offload hooks gave
+    each tied module its own ``meta`` parameter)."""
+    from mechkit.model.dispatch import distinct_parameters
+
+    return sum(p.numel() for p in distinct_parameters(handle.model).values())
 
 
 def flops_per_token(handle: ModelHandle, context: int = 128) -> float:
@@ -37,6 +40,35 @@ def flops_per_token(handle: ModelHandle, context: int = 128) -> float:
         width = out.weight.shape[0] if is_transposed(out) else out.weight.shape[1]
         total += 2 * 2 * width * context / 2
     return total
+
+
+def timing_reference(handle: ModelHandle) -> tuple[ModelHandle, str]:
+    """The dense model that pruned copies of ``handle`` are timed against, and a note of how it runs.
+
+    The pruned copy of a dispatched model is an ordinary model on its main device
+    (:func:`~mechkit.pruning.slicing.prune_copy`); timed against the dispatched dense model, whose
+    offloaded weights stream in at every forward, it would be credited with the offload's cost as
+    well as the pruning's. So a dispatched dense model is timed as a plain copy on the same device
+    where that fits, else as dispatched, and the note says which.
+
+    >>> import mechkit as mk
+    >>> timing_reference(mk.load_model("tiny:llama"))[1]
+    'as loaded'
+    """
+    from mechkit.errors import MechkitError
+    from mechkit.model.anatomy import discover_anatomy
+    from mechkit.model.dispatch import is_dispatched, plain_copy
+    from mechkit.model.handle import ModelHandle
+
+    if not is_dispatched(handle.model):
+        return handle, "as loaded"
+    try:
+        model = plain_copy(handle.model, purpose="timing the dense model", fix="")
+    except MechkitError:
+        return handle, "dispatched: its offloaded weights stream in at every forward, so speedups include the offload"
+    return (ModelHandle(model=model, tokenizer=handle.tokenizer, anatomy=discover_anatomy(model), spec=handle.spec,
+                        name=handle.name),
+            "a plain copy on the main device, where the pruned copies run")
 
 
 def _time(handle: ModelHandle, ids: torch.Tensor, mask: torch.Tensor, last: bool) -> float:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.eval.scoring import last_logits_only
+from mechkit.model.dispatch import module_tensor
 from mechkit.model.linear import weight_out_in
 from mechkit.model.partial import capture_block_inputs
 from mechkit.pruning.stats import encode
@@ -189,6 +190,13 @@ def solve(weight: torch.Tensor, keep: torch.Tensor, mom: Moments, ridge: float) 
     return a, mu_y - a @ mu[k]
 
 
+def _bias(module: nn.Module) -> torch.Tensor | None:
+    """The module's bias, also where accelerate offloaded it (its forward hooks run after the offload
+    hook has put the parameter back on ``meta``)."""
+    bias = getattr(module, "bias", None)
+    return module_tensor(module, "bias") if bias is not None and bias.device.type == "meta" else bias
+
+
 @contextlib.contextmanager
 def _edited(edits: dict[nn.Module, Fit]) -> Iterator[None]:
     """Run dense modules as their fits: output ``x[..., keep] @ Aᵀ + bias`` (plus their own bias)."""
@@ -198,8 +206,8 @@ def _edited(edits: dict[nn.Module, Fit]) -> Iterator[None]:
         def hook(module, args, _output):
             x = args[0]
             out = x[..., fit.keep.to(x.device)] @ fit.weight.to(x).T + fit.bias.to(x)
-            bias = getattr(module, "bias", None)
-            return out + bias if bias is not None else out
+            bias = _bias(module)
+            return out + bias.to(out) if bias is not None else out
 
         return hook
 
@@ -222,8 +230,8 @@ def _recording(keep: dict[nn.Module, torch.Tensor], inputs: dict | None, outputs
         inputs[module] = args[0].detach()[..., keep[module].to(args[0].device)]
 
     def post(module, _args, output):
-        bias = getattr(module, "bias", None)
-        outputs[module] = (output - bias if bias is not None else output).detach()
+        bias = _bias(module)
+        outputs[module] = (output - bias.to(output) if bias is not None else output).detach()
 
     try:
         for module in keep:

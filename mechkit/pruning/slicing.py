@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.io import atomic_dir, check_out, refuse_non_finite
+from mechkit.model.dispatch import is_dispatched
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
 from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
@@ -65,6 +66,10 @@ def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = N
                fits: dict[str, Fit] | None = None) -> ModelHandle:
     """A new handle holding a physically pruned deep copy; ``handle`` is left untouched.
 
+    From a model accelerate dispatched (offloaded to CPU or disk), the copy is built from the stored
+    weights block by block on the main device (:func:`_pruned_from_stored`): the same weights, so
+    the same numbers, as pruning the undispatched model.
+
     ``fits`` (:func:`~mechkit.pruning.reconstruct.reconstruct`) replace the kept input columns of the
     projections they name and give them their bias (created where the dense model has none, the
     mechanism mean compensation uses, so a saved copy reloads with it); they take precedence over
@@ -73,9 +78,12 @@ def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = N
     fits = fits or {}
     comp = compensation(handle, plan, stats, skip=fits) if plan.compensate else {}
     comp.update({name: fit.bias for name, fit in fits.items()})
-    model = copy.deepcopy(handle.model)
-    structure = apply_structure(model, plan.structure(handle.anatomy), comp,
-                                handle.anatomy.n_heads, handle.anatomy.n_kv_heads)
+    if is_dispatched(handle.model):
+        model, structure = _pruned_from_stored(handle, plan, comp)
+    else:
+        model = copy.deepcopy(handle.model)
+        structure = apply_structure(model, plan.structure(handle.anatomy), comp,
+                                    handle.anatomy.n_heads, handle.anatomy.n_kv_heads)
     with torch.no_grad():
         for name, fit in fits.items():
             module = model.get_submodule(renamed_after_drop(name, handle.anatomy.family.layers, plan.layers))
@@ -89,6 +97,37 @@ def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = N
     anatomy = discover_anatomy(model)
     return ModelHandle(model=model, tokenizer=handle.tokenizer, anatomy=anatomy, spec=f"{handle.spec} (pruned)",
                        name=f"{handle.name} (pruned)", source=None)
+
+
+def _pruned_from_stored(handle: ModelHandle, plan: PrunePlan, comp: dict[str, torch.Tensor]):
+    """The pruned copy of a dispatched model, built from its stored weights on its main device.
+
+    Deep-copying a dispatched model would slice its ``meta`` parameters and copy accelerate's weights
+    maps; instead a :class:`~mechkit.model.dispatch.PlainCopy` reads each kept block from where
+    accelerate keeps it just before slicing it (:func:`~mechkit.model.surgery.apply_structure`'s
+    ``materialize``): memory holds the pruned copy and one dense block, never the whole dense model,
+    and removed blocks are never read.
+
+    Why an ordinary model on the main device (the device that already runs every offloaded block)
+    rather than one dispatched again: the copy is smaller than the dense model by what was pruned,
+    it is what ``prune`` measures (accuracy, perplexity, FLOPs and forward latency: a copy streaming
+    its weights from disk would time the disk, not the pruning) and what ``--save-model`` writes, and
+    it equals the undispatched model's copy tensor for tensor. Its size is known before any weight
+    is read (the same slicing done on ``meta``): one that does not fit the main device's free memory
+    is one line saying so. (Dispatching it again — each sliced block written to an offload folder,
+    then ``dispatch_model`` with that index — would lift that limit; it is not done yet.)
+    """
+    from mechkit.model.dispatch import PlainCopy, check_fits
+
+    a, device = handle.anatomy, handle.device
+    structure = plan.structure(a)
+    shapes = PlainCopy(handle.model, device)  # never filled: the pruned shapes, on meta
+    apply_structure(shapes.model, structure, {k: v.to("meta") for k, v in comp.items()}, a.n_heads, a.n_kv_heads)
+    check_fits(shapes.nbytes(), device, f"the pruned copy of the dispatched model {handle.name}",
+               f"prune more (a higher --sparsity or --budget lower), or free memory on {device}")
+    del shapes
+    plain = PlainCopy(handle.model, device)
+    return plain.model, apply_structure(plain.model, structure, comp, a.n_heads, a.n_kv_heads, materialize=plain.fill)
 
 
 def structure_of(model) -> Structure | None:

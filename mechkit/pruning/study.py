@@ -45,7 +45,14 @@ from mechkit.errors import MechkitError
 from mechkit.eval.evaluation import evaluate, task_prompts
 from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
 from mechkit.pruning.calibration import calibrate
-from mechkit.pruning.cost import flops_per_token, heldout_text, latency, n_params, perplexity
+from mechkit.pruning.cost import (
+    flops_per_token,
+    heldout_text,
+    latency,
+    n_params,
+    perplexity,
+    timing_reference,
+)
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.pipeline import circuit_scores, guide_scores
 from mechkit.pruning.plan import PrunePlan
@@ -119,6 +126,7 @@ class PruneStudy:
         self._sensitivity: dict[str, np.ndarray] = {}
         self._attribution: Scores | None = None
         self._circuit: dict | None = None
+        self._timed: tuple[ModelHandle, str] | None = None
 
     def scores(self, guide: str) -> Scores:
         """The scores of ``guide`` (a name, no ``@allocation``) on the calibration prompts, computed once.
@@ -241,9 +249,22 @@ class PruneStudy:
         """The dense model's :meth:`measure` (a step); its latency is :meth:`dense_latency`."""
         return self.step("dense", lambda: self.measure(self.handle))
 
+    @property
+    def timed(self) -> ModelHandle:
+        """The dense model as timed (:func:`~mechkit.pruning.cost.timing_reference`: for a dispatched model a
+        plain copy on its main device where that fits, as its pruned copies); :attr:`dense_timing` says how."""
+        if self._timed is None:
+            self._timed = timing_reference(self.handle)
+        return self._timed[0]
+
+    @property
+    def dense_timing(self) -> str:
+        self.timed  # noqa: B018 - computed once
+        return self._timed[1]
+
     def dense_latency(self) -> float:
         """The dense model's median forward seconds on the timed batch, at the study's timing."""
-        return latency([self.handle], self.timing_texts, repeats=self.repeats, last=self.timing == "last")[0]
+        return latency([self.timed], self.timing_texts, repeats=self.repeats, last=self.timing == "last")[0]
 
     def row(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> dict:
         """One measured pruned copy (a step): :meth:`measure` plus latency against the dense model,
@@ -277,8 +298,8 @@ class PruneStudy:
         out = self.measure(pruned, plan)
         out["reconstruct_s"] = took
         last = self.timing == "last"
-        dense_t, pruned_t = latency([self.handle, pruned], self.timing_texts, repeats=self.repeats, last=last)
-        other_d, other_p = latency([self.handle, pruned], self.timing_texts,
+        dense_t, pruned_t = latency([self.timed, pruned], self.timing_texts, repeats=self.repeats, last=last)
+        other_d, other_p = latency([self.timed, pruned], self.timing_texts,
                                    repeats=max(3, self.repeats // 2), last=not last)
         out.update(latency_s=pruned_t, dense_latency_s=dense_t, latency_ratio=pruned_t / dense_t,
                    speedup=dense_t / pruned_t, timing=self.timing, speedup_other_timing=other_d / other_p)

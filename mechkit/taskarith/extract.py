@@ -1,7 +1,8 @@
 """Extract ΔΨ = Ψ_ft − Ψ0 tensor by tensor, streaming the fine-tuned weights from safetensors.
 
-The base comes from a loaded handle (its ``named_parameters()``, so tied weights are counted once)
-or from a model directory, which is then streamed too. The fine-tuned model is always read one
+The base comes from a loaded handle (its ``named_parameters()``, so tied weights are counted once;
+from a model accelerate offloaded, its stored weights, read one at a time) or from a model
+directory, which is then streamed too. The fine-tuned model is always read one
 tensor at a time with ``safe_open``: the two full models are never in memory together, only the
 base and the growing delta. Before any arithmetic the configs are compared (model type, hidden size,
 layer and head counts) and so are the vocabularies; a vocabulary or embedding-shape mismatch is an
@@ -17,13 +18,14 @@ fine-tuned or base tensor holding NaN or inf is refused, naming the tensor.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mechkit.errors import MechkitError, first_line
+from mechkit.model.dispatch import StateView, distinct_parameters, is_dispatched, tied_names
 from mechkit.model.names import checkpoint_renamer
 from mechkit.taskarith.checks import architecture, non_finite
 from mechkit.taskarith.vector import TaskVector
@@ -110,10 +112,16 @@ def _vocab(source: Any) -> dict | None:
     return tok.get_vocab() if tok is not None else None
 
 
-def _base_tensors(base: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _base_tensors(base: Any) -> tuple[Mapping[str, torch.Tensor], dict[str, str]]:
     """Base parameters by name, plus aliases of tied names (``lm_head.weight`` → the embedding's name)."""
     if isinstance(base, Path):
         return dict(stream_tensors(base)), {}
+    if is_dispatched(base.model):  # offloaded weights on meta: ties by name, values where accelerate keeps them
+        params = distinct_parameters(base.model)
+        ties = tied_names(base.model)
+        aliases = {n: next(t for t in ties[n] if t in params) for n in base.model.state_dict()
+                   if n not in params and any(t in params for t in ties.get(n, ()))}
+        return StateView(base.model, params), aliases  # read one tensor at a time
     params = dict(base.model.named_parameters())
     by_ptr = {p.data_ptr(): n for n, p in params.items()}
     aliases = {n: by_ptr[t.data_ptr()] for n, t in base.model.state_dict().items()
@@ -182,9 +190,10 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
                                "a task vector needs the fine-tuned model of this very base model")
         if target in deltas or (vocab_differs and embeddings == "skip" and is_embedding(target)):
             continue  # a tied alias already counted, or an embedding the user chose to skip
-        delta = _delta(target, ft, base_tensors[target], embeddings)
+        base_t = base_tensors[target].detach().cpu()
+        delta = _delta(target, ft, base_t, embeddings)
         if delta is not None:
-            _refuse_non_finite(name, ft, base_tensors[target], ft_dir)
+            _refuse_non_finite(name, ft, base_t, ft_dir)
             deltas[target] = delta
     missing = sorted(set(base_tensors) - set(deltas) - ({n for n in base_tensors if is_embedding(n)}
                                                        if embeddings != "error" else set()))

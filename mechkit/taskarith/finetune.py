@@ -180,7 +180,7 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     torch.manual_seed(recipe.seed)
     # Train (and save) in float32: AdamW steps of lr·1e-3 vanish when rounded into bf16 weights, and a
     # float32 fine-tune minus the base is exactly the update.
-    model = _trainable(copy.deepcopy(handle.model).float(), recipe, lora_targets(handle))
+    model = _trainable(_float_copy(handle, recipe), recipe, lora_targets(handle))
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([p for _, p in named], lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -209,6 +209,26 @@ def finetune(handle: ModelHandle, recipe: Recipe,
         if on_step is not None:
             on_step(step, losses[-1])
     return _finish(model, losses, recipe)
+
+
+def _float_copy(handle: ModelHandle, recipe: Recipe) -> nn.Module:
+    """The float32 copy that trains, on the model's (main) device.
+
+    A model accelerate dispatched is copied from its stored weights onto its main device
+    (:func:`~mechkit.model.dispatch.plain_copy`): training needs every weight, its gradient and AdamW's
+    moments in memory at once, so streaming weights from disk or CPU would not save memory, only
+    time; the same float32 weights then train to the same losses as the undispatched model's copy.
+    Where the copy would not fit, one line says so before anything is copied.
+    """
+    from mechkit.model.dispatch import is_dispatched, plain_copy
+
+    if not is_dispatched(handle.model):
+        return copy.deepcopy(handle.model).float()
+    full = recipe.method == "full"  # weights, gradients, AdamW's two moments; LoRA: the weights
+    return plain_copy(handle.model, handle.device, torch.float32, factor=4.0 if full else 1.1,
+                      purpose=f"fine-tuning ({recipe.method}) the dispatched model {handle.name}",
+                      fix="fine-tune with --method lora (the weights alone), or on a device with more memory"
+                      if full else "fine-tune on a device with more memory, or a smaller model")
 
 
 def _finite(x) -> bool:
