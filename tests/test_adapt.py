@@ -374,17 +374,26 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
 
     run = mk.run(AdaptPlugin, model="tiny:llama", out=tmp_path / "run", tasks="capitalize,past-tense",
                  budgets="0.7,1.0", calib=3, n=2, shots=1, token_layers="0", token_keep="0.5", signal_layer=0, repeats=1,
-                 prune_budgets="0.7")
+                 prune_budgets="0.7", adherence=0.5, margin_prompts=1, margin_plans=2)
     res = run.results
     assert [r["budget"] for r in res["rows"]] == [0.7, 1.0]
     row = res["rows"][0]
     for kind in ("adaptive", "static"):
         assert set(row[kind]["accuracy"]) == {"capitalize", "past-tense"} and 0 <= row[kind]["adherence"] <= 1
+        assert row[kind]["adherence"] <= row[kind]["adherence_dense_met"] and 0 <= row[kind]["coverage"] <= 1
+    cal = res["margin_calibration"]
+    assert cal["method"] == "conformal" and cal["q"] == 0.5 and res["margin"] == cal["value"] >= 0
+    assert cal["n"] == 2 * len(cal["plans"]) and res["adherence_target"] == 0.5
+    assert res["infeasible_budgets"] == [r["budget"] for r in res["rows"] if not r["feasible"]]
     assert row["prune"] is not None and res["cost"]["validation"]["rows"]
     # on a tiny model the pruned copy may not reach the budget in time measured: then it says why
     assert ("error" in row["prune"]) == (not res["same_latency"]) and res["cost"]["clock"] in ("cpu", "wall")
     assert (tmp_path / "run" / "scheduler.json").exists() and (tmp_path / "run" / "frontier.png").exists()
-    assert "0.70" in run.report["finding"]
+    assert "0.70" in run.report["finding"] and "margin" in run.report["finding"]
+    from mechkit.plugins.adapt import finding
+
+    said = finding({**res, "infeasible_budgets": [0.7], "rows": [{**res["rows"][0], "feasible": False}, *res["rows"][1:]]})
+    assert "no plan fits it: the cheapest plan ran" in said and "Infeasible at 50% adherence" in said
     titles = [t.title for t in AdaptPlugin.tables(res)]
     assert any("budget" in t for t in titles)
 
@@ -428,3 +437,107 @@ def test_the_cost_table_is_fitted_and_validated_on_measured_plans(deep):
     assert kinds <= {k for k, v in saving.items() if v > 0} and all(i >= 2 for _, i in units)
     assert ("mlp" in kinds) == (table.beta_mlp > 0)  # MLPs are never protected
     assert table.beta_attn >= 0 and table.beta_mlp >= 0 and table.gamma >= 0 and table.eta >= 0
+
+
+# --- the budget margin: split-conformal ---------------------------------------------------------------------
+
+def test_the_conformal_quantile_is_exact_clamped_and_checks_q():
+    from mechkit.adapt.conformal import calibrate_margin, conformal_quantile, residuals_needed
+
+    scores = np.random.default_rng(0).permutation(np.arange(1.0, 21.0))  # 1..20, shuffled
+    assert conformal_quantile(scores, 0.9) == 19.0  # k = ⌈21·0.9⌉ = 19
+    assert conformal_quantile(scores, 0.5) == 11.0 and conformal_quantile(scores, 0.95) == 20.0
+    assert conformal_quantile(scores, 0.99) == float("inf")  # 20 scores cannot certify 99 %
+    assert residuals_needed(0.99) == 99 and conformal_quantile(np.arange(99.0), 0.99) == 98.0
+    m = calibrate_margin(-scores, 0.9)  # a table that over-predicts every plan: no negative margin
+    assert m.value == 0.0 and m.quantile == -2.0 and (m.n, m.k) == (20, 19)
+    assert calibrate_margin(scores, 0.9, predicted=scores / 40).bins[-1]["max"] == 20.0
+    for bad in (0, 1, -0.1, 1.5, float("nan"), "x"):
+        with pytest.raises(MechkitError, match="adherence"):
+            conformal_quantile(scores, bad)
+    # what it promises: a new exchangeable residual stays under the bound at least q of the time
+    rng = np.random.default_rng(1)
+    draws = rng.standard_normal((4000, 100))
+    covered = np.mean([row[-1] <= conformal_quantile(row[:-1], 0.9) for row in draws])
+    assert 0.88 <= covered <= 0.93
+
+
+def test_the_scheduler_keeps_the_margin_and_says_when_a_budget_is_infeasible():
+    skip2, skip3 = ExecutionPlan(layers=(2, 3)), ExecutionPlan(layers=(2, 3, 4))  # predicted 2/3 and 1/2
+    cands = [Candidate(ExecutionPlan(), "static", {"a": 1.0}), Candidate(skip2, "static", {"a": 0.8}),
+             Candidate(skip3, "static", {"a": 0.3})]
+    assert Scheduler(cands, _table(6), ["a"], margin=0.0).decide(None, 50, 0.7).plan == skip2
+    tight = Scheduler(cands, _table(6), ["a"], margin=0.05, adherence=0.99)
+    d = tight.decide(None, 50, 0.7)  # 2/3 + 0.05 > 0.7: the better plan is not chosen
+    assert d.plan == skip3 and d.fits and "infeasible" not in d.reason
+    wide = Scheduler(cands, _table(6), ["a"], margin=0.25)
+    d = wide.decide(None, 50, 0.7)  # 1/2 + 0.25 > 0.7: nothing fits — the cheapest runs, and it says so
+    assert d.plan == skip3 and not d.fits and "infeasible" in d.reason and not wide.feasible(0.7, 50)
+    assert wide.decide(None, 50, 1.0).plan == ExecutionPlan() and wide.feasible(1.0, 50)  # dense at 1: the reference
+    assert Scheduler.from_dict(tight.as_dict()).adherence == 0.99 and Scheduler.from_dict(tight.as_dict()).margin == 0.05
+    with pytest.raises(MechkitError, match="margin"):
+        Scheduler(cands, _table(6), ["a"], margin=-0.1)
+
+
+def test_adherence_counts_the_dense_plan_at_budget_one_as_met_and_reports_both():
+    from mechkit.adapt.scheduler import Decision
+    from mechkit.adapt.study import adherence
+
+    dense = Decision(ExecutionPlan(), None, "static scheduler", 1.0, True)
+    cut = Decision(ExecutionPlan(layers=(2,)), None, "static scheduler", 0.9, True)
+    over = Decision(ExecutionPlan(layers=(2, 3)), None, "static scheduler; infeasible", 0.8, False)
+    a = adherence(1.0, [1.06, 0.99, 1.02], [dense, dense, cut], noise=0.05, margin=0.1)
+    assert a["adherence"] == pytest.approx(1 / 3) and a["adherence_dense_met"] == pytest.approx(2 / 3)
+    assert a["adherence_with_noise"] == pytest.approx(2 / 3) and a["dense_inputs"] == 2
+    assert a["coverage"] == pytest.approx(2 / 3) and a["infeasible_inputs"] == 0
+    b = adherence(0.9, [1.01, 0.85], [dense, over], noise=0.0, margin=0.0)  # below 1 dense is measured
+    assert b["adherence"] == b["adherence_dense_met"] == 0.5 and b["dense_inputs"] == 0
+    assert b["infeasible_inputs"] == 1
+
+
+def test_the_margin_is_calibrated_on_calibration_prompts_timed_like_heldout_ones(deep):
+    from mechkit.adapt import AdaptStudy
+
+    study = AdaptStudy(deep, ["capitalize", "past-tense"], n_calib=2, n=2, shots=1, repeats=1,
+                       token_options=((2, 0.5),), signal_layer=1, adherence=0.6, margin_prompts=2, margin_plans=3)
+    heldout = {p.text for ps in study.test.values() for p in ps}
+    fitted = set(study.timing_texts())
+    texts = [x for xs in study.margin_texts.values() for x in xs]
+    assert len(texts) == 4 and not set(texts) & (heldout | fitted)
+    plans = study.margin_plan_set([0.7, 1.0])
+    table = study.cost_table()
+    ratios = [table.predict(p, study.typical_tokens) for p in plans]
+    assert 1 <= len(plans) <= 3 and ratios == sorted(ratios) and ratios[-1] == pytest.approx(1.0)  # dense: the top
+    value = study.margin_value([0.7, 1.0])  # calibrated once, then kept
+    report = study.margin_report
+    assert report["method"] == "conformal" and report["n"] == 4 * len(plans) and report["value"] == value >= 0
+    assert report["forwards"] == 4 * (len(plans) + 1) and study.margin_value([0.5]) == value
+    assert len(report["plans"]) == len(plans) and report["k"] == {4: 3, 8: 6, 12: 8}[report["n"]]  # ⌈(n + 1)·0.6⌉
+    given = AdaptStudy(deep, ["capitalize"], n_calib=2, n=1, shots=1, repeats=1, token_options=(), margin=0.03)
+    assert given.margin_calibration([0.7]) == (None, {"method": "given", "value": 0.03, "q": None})
+    few = AdaptStudy(deep, ["capitalize", "past-tense"], n_calib=2, n=1, shots=1, token_options=(), adherence=0.99,
+                     margin_prompts=2, margin_plans=10)
+    with pytest.raises(MechkitError, match="margin-prompts"):
+        few.margin_calibration([0.7])  # 4 prompts × 10 plans cannot certify 99 %, refused before any timing
+
+
+def test_the_adherence_option_parses_and_refuses_bad_values_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+    from mechkit.options import OptionError
+    from mechkit.plugins.adapt import AdaptPlugin
+    from mechkit.runner import resolve_options
+
+    params, _ = resolve_options(AdaptPlugin, {"adherence": "0.95", "margin_prompts": "5"})
+    assert params["adherence"] == 0.95 and params["margin_prompts"] == 5 and params["margin_plans"] == 10
+    for bad in ("0", "1", "1.5", "-0.2", "nan", "x"):
+        result = CliRunner().invoke(cli, ["adapt", "--model", "tiny:llama", "--adherence", bad,
+                                          "--out", str(tmp_path / "out")])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and "--adherence" in lines[0], (bad, result.stderr)
+        assert not (tmp_path / "out").exists()
+        with pytest.raises(OptionError, match="--adherence"):
+            mk.run(AdaptPlugin, model="tiny:llama", write=False, adherence=bad)
+    with pytest.raises(OptionError, match="--margin-prompts"):
+        resolve_options(AdaptPlugin, {"margin_prompts": "0"})

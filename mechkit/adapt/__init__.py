@@ -11,6 +11,7 @@ fallback. :func:`adaptive` runs a model within a budget; :class:`AdaptStudy` mea
 - :mod:`~mechkit.adapt.plan` — plans and their run-time application;
 - :mod:`~mechkit.adapt.tokens` — token selection after layer K (FastV-style);
 - :mod:`~mechkit.adapt.cost` — measured latencies and the calibrated cost table;
+- :mod:`~mechkit.adapt.conformal` — the budget margin, calibrated split-conformally for a target adherence;
 - :mod:`~mechkit.adapt.scheduler` — budget → plan, the task signal, :func:`adaptive`;
 - :mod:`~mechkit.adapt.study` — calibration and held-out measurement (the ``adapt`` plugin's).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from mechkit.adapt.conformal import ConformalMargin, calibrate_margin, conformal_quantile
 from mechkit.adapt.cost import CostTable, measure
 from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
 from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
@@ -48,6 +50,6 @@ def calibrate(handle: ModelHandle, tasks: Sequence[str], budgets: Sequence[float
     return AdaptStudy(handle, tasks, **options).scheduler(budgets)
 
 
-__all__ = ["DEFAULT_BUDGETS", "AdaptStudy", "Candidate", "CostTable", "Decision", "ExecutionPlan", "PlanRunner",
-           "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "channel_groups", "measure",
-           "run_plan", "score_plan", "signal_features"]
+__all__ = ["DEFAULT_BUDGETS", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision", "ExecutionPlan",
+           "PlanRunner", "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "calibrate_margin",
+           "channel_groups", "conformal_quantile", "measure", "run_plan", "score_plan", "signal_features"]

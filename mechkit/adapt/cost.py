@@ -33,10 +33,11 @@ for budgets in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -141,6 +142,24 @@ def time_plans(handle: ModelHandle, plans: Sequence[ExecutionPlan], text: str, r
     return [statistics.median(t) for t in times]
 
 
+def time_interleaved(handle: ModelHandle, ids: torch.Tensor,
+                     makers: Sequence[tuple[str, Callable[[], contextlib.AbstractContextManager]]], repeats: int = 3,
+                     clock: str = "wall") -> tuple[dict[str, float], dict[str, dict]]:
+    """How one input is timed wherever a measured ratio is reported (held-out inputs and the
+    calibration of the budget margin alike): each ``(name, make)`` opens a context (a plan, the
+    adaptive scheduler) around one forward of ``ids``, round-robin for ``repeats`` rounds so machine
+    noise hits them alike; returns the median seconds per name and each runner's last log entry."""
+    times: dict[str, list[float]] = {name: [] for name, _ in makers}
+    logs: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, make in makers:
+            with make() as runner:
+                times[name].append(time_forward(handle, ids, clock))
+            if getattr(runner, "log", None):
+                logs[name] = runner.log[-1]
+    return {name: statistics.median(v) for name, v in times.items()}, logs
+
+
 @dataclass
 class Measured:
     """One plan timed on one prompt: its seconds, the dense seconds beside it, and their ratio."""
@@ -180,7 +199,7 @@ class CostTable:
     rho: float = 1.0  # the token-proportional share of a block's cost
     noise: float = 0.0  # spread of repeated dense/dense ratios: what one measurement cannot resolve
     fit_error: float = 0.0  # largest |predicted − measured| ratio on the fitting plans
-    under: float = 0.0  # largest measured − predicted on the fitting plans (0 if never under-predicted)
+    under: float = 0.0  # largest measured − predicted on the fitting plans (reported; the margin: conformal)
 
     def predict(self, plan: ExecutionPlan, n_tokens: int) -> float:
         """Predicted latency of ``plan`` as a fraction of the dense model's on a prompt of ``n_tokens``."""

@@ -13,6 +13,13 @@ It falls back to the static plan whenever the signal cannot be trusted: when its
 accuracy on the calibration prompts is below ``min_cv``, when a row's top probability is below
 ``min_confidence``, or when the rows of one batch disagree (a batch runs one plan).
 
+The margin is what makes "fits" mean "measures within the budget": :class:`AdaptStudy
+<mechkit.adapt.study.AdaptStudy>` sets it by split-conformal calibration
+(:mod:`mechkit.adapt.conformal`) for a target adherence. The dense plan fits every budget ≥ 1: it
+*is* the reference, whatever one measurement of it says. When no plan fits a budget, the budget is
+infeasible at that adherence on this machine: the scheduler runs the cheapest plan and its
+:class:`Decision` says so (``fits`` false, the reason naming it) — never silently over budget.
+
 The signal costs nothing extra: the early blocks it reads run anyway (no plan skips them), and the
 plan is chosen *inside* the forward, right after the signal block (:func:`adaptive`).
 
@@ -136,25 +143,30 @@ class Decision:
     task: str | None  # the task the plan was chosen for (None: the static plan)
     reason: str
     predicted: float  # predicted latency ratio
-    fits: bool  # whether the predicted latency plus the margin is within the budget
+    fits: bool  # whether the predicted latency plus the margin is within the budget (False: infeasible)
 
 
 class Scheduler:
     """Budget → plan, statically or per input (see the module doc).
 
-    ``margin`` is subtracted from every budget before comparing predicted latencies (default: the
-    most the cost table under-predicted a measured plan it was fitted on, noise included), so
-    measured latencies stay within the budget despite prediction error.
+    ``margin`` is subtracted from every budget before comparing predicted latencies, so measured
+    latencies stay within the budget despite prediction error and noise; ``adherence`` is the share
+    of inputs it was calibrated to keep within (:func:`mechkit.adapt.conformal.calibrate_margin`;
+    ``None``: a margin given by hand, or none — ``margin`` defaults to 0, the predictions taken at
+    face value).
     """
 
     def __init__(self, candidates: Sequence[Candidate], cost: CostTable, tasks: Sequence[str],
                  signal: TaskSignal | None = None, margin: float | None = None, min_cv: float = 0.9,
-                 min_confidence: float = 0.6, select: str = "logprob"):
+                 min_confidence: float = 0.6, select: str = "logprob", adherence: float | None = None):
         if select not in SELECT:
             raise MechkitError(f"unknown selection metric {select!r}", f"use one of: {', '.join(SELECT)}")
         self.candidates, self.cost, self.tasks, self.signal = list(candidates), cost, list(tasks), signal
         self.select = select
-        self.margin = cost.under if margin is None else margin
+        self.margin = 0.0 if margin is None else float(margin)
+        if not self.margin >= 0:
+            raise MechkitError(f"margin {margin} is negative or not a number", "pass a margin of 0 or more")
+        self.adherence = adherence
         self.min_cv, self.min_confidence = min_cv, min_confidence
         if not self.candidates:
             raise MechkitError("a scheduler needs candidate plans", "calibrate with at least one plan")
@@ -172,12 +184,19 @@ class Scheduler:
     def predicted(self, plan: ExecutionPlan, n_tokens: int) -> float:
         return self.cost.predict(plan, n_tokens)
 
-    def _fits(self, plan: ExecutionPlan, budget: float, n_tokens: int) -> bool:
-        return (plan.is_dense and budget >= 1.0) or self.predicted(plan, n_tokens) <= budget - self.margin
+    def fits(self, plan: ExecutionPlan, budget: float, n_tokens: int) -> bool:
+        """Whether ``plan`` may run under ``budget``: its predicted ratio plus the margin is within
+        it, or it is the dense plan and the budget is at least the dense latency."""
+        return (plan.is_dense and budget >= 1.0) or self.predicted(plan, n_tokens) + self.margin <= budget
+
+    def feasible(self, budget: float, n_tokens: int) -> bool:
+        """Whether any candidate fits ``budget`` on a prompt of ``n_tokens`` (else it is infeasible at
+        this margin: the scheduler runs the cheapest plan and says so)."""
+        return any(self.fits(c.plan, budget, n_tokens) for c in self.candidates)
 
     def _best(self, pool: list[Candidate], key, budget: float, n_tokens: int) -> Candidate:
-        fitting = [c for c in pool if self._fits(c.plan, budget, n_tokens)]
-        if not fitting:  # nothing fits: the cheapest plan there is (reported as over budget)
+        fitting = [c for c in pool if self.fits(c.plan, budget, n_tokens)]
+        if not fitting:  # infeasible: the cheapest plan there is (the Decision says it does not fit)
             return min(pool, key=lambda c: self.predicted(c.plan, n_tokens))
         # ties go to the plan that computes more: removing units rarely helps, a tie is noise
         return max(fitting, key=lambda c: (*key(c), self.predicted(c.plan, n_tokens)))
@@ -216,13 +235,18 @@ class Scheduler:
                     reason = "rows disagree" if len(picks) > 1 else "signal not confident"
         chosen = self.for_task(task, budget, n_tokens) if task else self.static(budget, n_tokens)
         plan = chosen.plan
-        return Decision(plan, task, reason, self.predicted(plan, n_tokens), self._fits(plan, budget, n_tokens))
+        fits = self.fits(plan, budget, n_tokens)
+        if not fits:
+            reason += (f"; infeasible: no plan fits the budget {budget:g} after the margin {self.margin:.3f}, "
+                       "the cheapest ran")
+        return Decision(plan, task, reason, self.predicted(plan, n_tokens), fits)
 
     def plans(self) -> list[ExecutionPlan]:
         return [c.plan for c in self.candidates]
 
     def as_dict(self) -> dict:
         return {"schema": "mechkit.adapt.scheduler/v1", "tasks": self.tasks, "margin": self.margin,
+                "adherence": self.adherence,
                 "min_cv": self.min_cv, "min_confidence": self.min_confidence, "select": self.select,
                 "cost": self.cost.as_dict(),
                 "signal": self.signal.as_dict() if self.signal else None,
@@ -233,7 +257,7 @@ class Scheduler:
         signal = TaskSignal.from_dict(d["signal"]) if d.get("signal") else None
         return cls([Candidate.from_dict(c) for c in d["candidates"]], CostTable.from_dict(d["cost"]), d["tasks"],
                    signal, d.get("margin"), d.get("min_cv", 0.9), d.get("min_confidence", 0.6),
-                   d.get("select", "logprob"))
+                   d.get("select", "logprob"), d.get("adherence"))
 
     @classmethod
     def load(cls, path: str | Path) -> Scheduler:
