@@ -268,7 +268,7 @@ def run_plugin(
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     runs_on = _check_backend(cls, backend, remote, model)
-    check_execution(params)  # --workers without --executor ray, a Ray cluster nobody answers at: before any load
+    check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster
     if not write:
         return _run(cls, params, parsed, None, model=model, seed=seed, force=force, device=device, dtype=dtype,
                     dispatch=(device_map, max_memory, offload_folder), console=console, runs_on=runs_on)

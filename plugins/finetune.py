@@ -20,7 +20,7 @@ SHOTS = NumberList(int, min=0, example="0,3")  # what mechkit.taskarith.finetune
 class FinetunePlugin(Plugin):
     name = "finetune"
     version = "0.1.0"
-    needs = frozenset({"weight_writes", "gradients", "generation"})
+    needs = frozenset({"weight_writes", "weight_reads", "gradients", "generation"})
     summary = "Fine-tune a copy of the model on a task (full or LoRA) and save it as a model directory."
     options = (
         Option("task", str, "capitalize", "Task id to train on (see `mechkit tasks`).", parse=TaskList(count=1)),

@@ -123,7 +123,7 @@ class SparsityLevels:
 class PrunePlugin(Plugin):
     name = "prune"
     version = "0.1.0"
-    needs = frozenset({"weight_writes", "module_calls", "gradients", "generation"})
+    needs = frozenset({"weight_writes", "weight_reads", "module_calls", "gradients", "generation"})
     summary = "Prune heads, MLP channels or layers by an interpretability guide; measure accuracy and speed."
     options = (
         Option("guide", str, "attribution,wanda,magnitude,random",

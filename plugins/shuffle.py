@@ -22,7 +22,7 @@ LABELS = {"clean": "clean", "target": "selected heads permuted", "outside": "sel
 class ShufflePlugin(Plugin):
     name = "shuffle"
     version = "0.1.0"
-    needs = frozenset({"weight_writes", "generation"})
+    needs = frozenset({"weight_writes", "weight_reads", "generation"})  # it permutes the heads' weights
     summary = "Permute QK or QKOV weights among selected heads (e.g. induction) vs among random heads."
     options = (
         Option("heads", str, "induction", "Head spec (see `mechkit ablate --help`).", parse=HeadSpec()),

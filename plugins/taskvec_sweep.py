@@ -23,7 +23,7 @@ from mechkit.plugin import Option, Plugin, Result, RunContext
 class TaskvecSweepPlugin(Plugin):
     name = "taskvec-sweep"
     version = "0.1.0"
-    needs = frozenset({"weight_writes", "generation"})
+    needs = frozenset({"weight_writes", "weight_reads", "generation"})  # Ψ0 + Σ λ·τ from the base weights
     summary = "Accuracy of Ψ0 + ΔΨ_A + λ·ΔΨ_B over a λ grid on both tasks, best λ and task correlation α̂."
     options = (
         Option("vectors", str, None, "Two task-vector files A,B (from `mechkit taskvec extract`).", required=True,

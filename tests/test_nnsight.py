@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,85 @@ def test_the_simulation_is_strict():
     assert [job.statuses[-1][0] for job in m.backend.log.jobs] == ["ERROR", "COMPLETED"]
 
 
+WHITELIST_RUNS = [
+    ("detect", {"n_seqs": 4, "seg_len": 6, "batch_size": 4}),
+    *[("ablate", {"heads": "0.1,1.2", "mode": mode, "tasks": "capitalize", "n": 4, "shots": 2, "batch_size": 4,
+                  "baseline_seeds": 1}) for mode in ("zero", "mean", "resample")],
+    ("sweep", {"method": "both", "n": 4, "shots": 2, "batch_size": 4}),
+    ("icl-vectors", {"tasks": "capitalize", "n": 4, "n_dev": 3, "n_contexts": 3, "n_cie": 2, "shots": 2, "top_k": 2,
+                     "fv_scales": "1", "batch_size": 8}),
+]
+
+
+def test_requests_stay_within_the_ndif_whitelist():
+    """Every request of detect, ablate (zero, mean, resample), sweep (exact and attribution) and icl-vectors
+    is unpickled as NDIF's Protector would (mechkit.model.whitelist: any module, module object or builtin
+    outside the server's whitelist refused, no bytecode) and runs with the server's builtins only."""
+    from mechkit.model.whitelist import NNSIGHT_OWN, may_unpickle
+
+    m = _load("llama", "nnsight", "local")
+    for plugin, options in WHITELIST_RUNS:
+        mk.run(plugin, model=m, write=False, backend="nnsight", **options)
+    jobs = m.backend.log.jobs
+    assert len(jobs) > 10 and all(job.statuses[-1][0] == "COMPLETED" and job.named for job in jobs)
+    named = set().union(*(job.named for job in jobs))
+    assert all(may_unpickle(module) for module in named), named
+    assert not {"dataclasses", "nnsight", "sys", "types", "functools", "transformers"} & named
+    assert {"torch", "einops.einops"} <= named  # shipped code is torch and einops
+    assert {n for n in named if n.startswith("nnsight")} <= {n for n, _ in NNSIGHT_OWN} | {"nnsight.intervention.envoy"} \
+        | {n for n in named if n.startswith("nnsight.modeling.")}
+
+
+def _one(lm):
+    return 1
+
+
+def test_nnsight_itself_names_only_its_own_modules():
+    """What nnsight 0.8's serialiser names in every request — a bare trace, a session shipping a function —
+    is on NDIF's lists or in mechkit.model.whitelist.NNSIGHT_OWN, and NNSIGHT_OWN holds nothing it does not name."""
+    from mechkit.model.whitelist import NNSIGHT_OWN, may_unpickle
+
+    m = _load("llama", "nnsight", "local")
+    m.backend.run(torch.tensor([[256, 1, 2]]))
+    assert m.backend.call(_one) == 1
+    named = set().union(*(job.named for job in m.backend.log.jobs))
+    assert all(may_unpickle(module) for module in named), named
+    assert {n for n, _ in NNSIGHT_OWN} <= named
+
+
+@dataclass
+class _Edit:
+    scale: float
+
+
+def test_the_simulation_refuses_what_ndif_refuses():
+    """A hook shipping a dataclass, importing a module off the whitelist, or calling a builtin NDIF removes
+    fails under --remote local, as on the server; plain code over torch passes."""
+    m = _load("llama", "nnsight", "local")
+    ids = torch.tensor([[256, 104, 105, 33]])
+    edit = _Edit(2.0)
+
+    def scaled(x, _point):
+        return x * edit.scale
+
+    def imports(x, _point):
+        import functools  # noqa: F401 - not on NDIF's whitelist
+
+        return x
+
+    def opens(x, _point):
+        return x if callable(open) else None
+
+    for fn, message in ((scaled, "names dataclasses"), (imports, "functools is not whitelisted"),
+                        (opens, "'open' is not defined")):
+        with pytest.raises(Exception, match=message), mk.hooks(m, {"blocks.0.hook_resid_post": fn}):
+            m(ids)
+        assert m.backend.log.jobs[-1].statuses[-1][0] == "ERROR"
+    with torch.no_grad(), mk.hooks(m, {"blocks.0.hook_resid_post": lambda x, _point: x * 2.0}):
+        m(ids)
+    assert m.backend.log.jobs[-1].statuses[-1][0] == "COMPLETED"
+
+
 def test_refusals_name_what_is_missing():
     assert refusal({"patterns", "gradients"}, "nnsight", "local", "detect") is None
     assert refusal({"weight_writes"}, "nnsight", None, "shuffle") is None
@@ -185,10 +265,10 @@ def test_refusals_name_what_is_missing():
     with pytest.raises(BackendError, match="model object"):
         mk.run("detect", model=model, write=False, backend="nnsight", remote="local")
     remote = _load("llama", "nnsight", "local")  # a loaded handle is refused for where it runs
-    with pytest.raises(BackendError, match="plugin 'shuffle' needs weight writes, which the nnsight --remote local"):
+    with pytest.raises(BackendError, match="plugin 'shuffle' needs reading weights here, weight writes, which the nnsight --remote local"):
         mk.run("shuffle", model=remote, write=False, backend="nnsight")
     line = refusal({"weight_reads"}, "nnsight", "ndif", "my-probe")
-    assert "reading weights here" in line and "weights live on the server" in line
+    assert "needs reading weights here, which" in line and "weights live on the server" in line
     assert refusal({"weight_reads"}, "nnsight", None, "my-probe") is None
 
 
@@ -201,13 +281,14 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["detect", "--model", "tiny:llama", "--backend", "jax"], "'jax' is not one of"),
     (["detect", "--model", "tiny:llama", "--remote", "local"], "needs the nnsight backend"),
     (["detect", "--model", "{dir}", "--backend", "nnsight", "--remote", "local"], "local directory"),
-    (["prune", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local"], "needs partial forwards"),
-    (["shuffle", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local"], "needs weight writes"),
-    (["finetune", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local"], "weights live on the server"),
     (["detect", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "ndif"], "not hosted on NDIF"),
     (["detect", "--model", "org/model", "--backend", "nnsight", "--remote"], "no NDIF API key"),
     (["detect", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local", "--reference", "transformer_lens"],
      "has no local weights to build a TransformerBridge"),
+    # Ray fans out over local model copies; on nnsight the work runs as traces (one job per batch group)
+    (["sweep", "--model", "tiny:llama", "--backend", "nnsight", "--executor", "ray"], "drop --executor ray"),
+    (["ablate", "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local", "--executor", "ray",
+      "--workers", "2"], "drop --executor ray"),
 ])
 def test_bad_backend_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "run"
@@ -218,6 +299,41 @@ def test_bad_backend_input_is_one_line_and_writes_nothing(tmp_path, args, messag
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+# Every plugin that reads or writes the model's weights in this process, or calls its blocks one by one:
+# refused under --remote local (as on NDIF, where the weights are the server's) before any work.
+WEIGHT_PLUGINS = [("shuffle", "reading weights here, weight writes"),
+                  ("taskvec-sweep", "reading weights here, weight writes"),
+                  ("compose", "needs partial forwards"), ("adapt", "needs partial forwards"),
+                  ("prune", "needs partial forwards"), ("finetune", "weights live on the server")]
+
+
+@pytest.mark.parametrize(("plugin", "message"), WEIGHT_PLUGINS, ids=[p for p, _ in WEIGHT_PLUGINS])
+def test_plugins_on_the_weights_are_refused_remotely(tmp_path, plugin, message):
+    out = tmp_path / "run"
+    extra = []
+    if plugin == "taskvec-sweep":  # its required vectors (never read: the refusal comes first)
+        paths = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+        for path in paths:
+            path.write_bytes(b"")
+        extra = ["--vectors", ",".join(map(str, paths))]
+    result = _cli(plugin, "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local", *extra,
+                  "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"plugin '{plugin}' needs" in lines[0] and message in lines[0], result.stderr
+    assert "--backend native" in lines[0] and not out.exists()
+
+
+def test_a_model_loaded_on_nnsight_refuses_ray():
+    """A handle loaded on nnsight, passed to a run asking for Ray: refused when the executor opens."""
+    from mechkit.options import OptionError
+
+    handle = _load("llama", "nnsight", None)
+    with pytest.raises(OptionError, match="drop --executor ray"):
+        mk.run("ablate", model=handle, write=False, backend="nnsight", executor="ray", heads="0.1", tasks="capitalize", n=2,
+               shots=1, baseline_seeds=1, batch_size=2)
 
 
 def test_unreachable_ndif_server_is_one_line(tmp_path):

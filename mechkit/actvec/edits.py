@@ -20,13 +20,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mechkit.errors import MechkitError
 from mechkit.eval.scoring import TaskScore, aggregate, encode_rows, score_rows
 from mechkit.hooking.core import hooks
+from mechkit.hooking.traced import pure
+from mechkit.model.whitelist import plain
 
 if TYPE_CHECKING:
     from mechkit.actvec.vector import ActivationVector
@@ -59,18 +61,23 @@ def _as_tuple(edit: Edits) -> tuple[ResidEdit, ...]:
 
 
 class _Plan:
-    """Which rows of the forward now running get which edits, at which position."""
+    """Which rows of the forward now running get which edits, at which position. Its hook is shipped by
+    value on a remote model: no function here names a dataclass (nnsight ships the globals a function's
+    source names, annotations included), and the edits it holds are plain data."""
+
+    by_layer: dict[int, list[tuple[int, int, Any]]]  # layer -> (row, position, edit as plain data)
 
     def __init__(self) -> None:
-        self.by_layer: dict[int, list[tuple[int, int, ResidEdit]]] = {}
+        self.by_layer = {}
 
     def set(self, rows: Sequence[tuple[int, tuple[ResidEdit, ...]]]) -> None:
         """``rows``: per batch row, its last prompt position and its edits."""
         self.by_layer = {}
         for i, (position, edits) in enumerate(rows):
-            for e in edits:
-                self.by_layer.setdefault(e.layer, []).append((i, position, e))
+            for e in edits:  # the edit as plain data: the hook is shipped by value on a remote model
+                self.by_layer.setdefault(e.layer, []).append((i, position, plain(e)))
 
+    @pure  # only a replacement: on a remote model the residual stream stays on the server
     def hook(self, x: torch.Tensor, point) -> torch.Tensor | None:
         todo = [(i, pos, e) for i, pos, e in self.by_layer.get(point.layer, ()) if pos < x.shape[1]]
         if not todo:  # cached decoding steps (one new token) hold no prompt position

@@ -12,7 +12,9 @@
 
 Only the last token is patched, and a causal model's earlier positions do not see it, so the
 indirect effects reuse one cached prefix per prompt and batch every head as a one-token forward:
-about one full forward plus ``n_heads × n_layers`` one-token rows per prompt.
+about one full forward plus ``n_heads × n_layers`` one-token rows per prompt. On the nnsight backend
+each row runs the whole prompt instead: a cache would travel to the server and back with every trace
+(and names transformers' cache class, which NDIF's whitelist refuses: :mod:`mechkit.model.whitelist`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from einops import rearrange
 
 from mechkit.eval.scoring import encode, last_logits_only, pad_id, pad_right, prompt_ids
 from mechkit.hooking.core import hooks
+from mechkit.hooking.traced import pure
 from mechkit.model.linear import weight_out_in
 
 if TYPE_CHECKING:
@@ -64,6 +67,7 @@ class _HeadPatch:
         self.means = means
         self.heads: list[tuple[int, int] | None] = []
 
+    @pure  # only a replacement: on a remote model the head outputs stay on the server
     def hook(self, z: torch.Tensor, point) -> torch.Tensor | None:
         rows = [(i, h[1]) for i, h in enumerate(self.heads) if h is not None and h[0] == point.layer]
         if not rows:
@@ -86,19 +90,25 @@ def indirect_effects(handle: ModelHandle, prompts: Sequence, means: torch.Tensor
         for i, prompt in enumerate(prompts):
             prefix, last, target = _split(handle, prompt)
             patch.heads = []
-            cache = handle.forward(torch.tensor([prefix], device=handle.device), use_cache=True).past_key_values
+            cache = None if handle.backend.traced else \
+                handle.forward(torch.tensor([prefix], device=handle.device), use_cache=True).past_key_values
             base = None
             for start in range(0, len(every), heads_per_forward):
                 patch.heads = [None, *every[start:start + heads_per_forward]]  # row 0: unpatched
-                probs = _last_token_probs(handle, cache, last, len(patch.heads))[:, target]
+                probs = _last_token_probs(handle, prefix, cache, last, len(patch.heads))[:, target]
                 base = probs[0] if base is None else base
                 for (L, h), p in zip(patch.heads[1:], probs[1:], strict=True):
                     out[i, L, h] = p - base
     return out
 
 
-def _last_token_probs(handle: ModelHandle, cache, last: int, rows: int) -> torch.Tensor:
-    """Next-token probabilities of ``rows`` copies of one last token after a shared cached prefix."""
+def _last_token_probs(handle: ModelHandle, prefix: list[int], cache, last: int, rows: int) -> torch.Tensor:
+    """Next-token probabilities of ``rows`` copies of one last token after a shared prefix: cached, or
+    (``cache`` None: the nnsight backend) computed in the same forward."""
+    if cache is None:
+        ids = torch.tensor([[*prefix, last]] * rows, device=handle.device)
+        logits = handle.forward(ids, use_cache=False, **last_logits_only(handle)).logits[:, -1]
+        return logits.float().softmax(-1).cpu()
     batch_cache = copy.deepcopy(cache)
     batch_cache.batch_repeat_interleave(rows)
     ids = torch.full((rows, 1), last, device=handle.device)

@@ -1,8 +1,9 @@
 """From a run's execution options to its executor: checked before the model loads, opened at first use.
 
 :func:`check_execution` refuses, in one line and before any work, what cannot run: ``--workers`` or
-``--ray-address`` without ``--executor ray``, a cluster address nobody answers at. :func:`open_executor`
-makes the executor once the model is loaded (a Ray worker loads what the run loaded).
+``--ray-address`` without ``--executor ray``, a cluster address nobody answers at, ``--executor ray`` with
+the nnsight backend (:data:`RAY_WITH_NNSIGHT`). :func:`open_executor` makes the executor once the model is
+loaded (a Ray worker loads what the run loaded), and refuses Ray for a model loaded on nnsight too.
 
 >>> check_execution({"executor": "serial", "workers": None, "ray_address": None})
 >>> try:
@@ -26,18 +27,31 @@ if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 CONNECT_TIMEOUT_S = 5.0
+# Ray fans units out over model copies that workers load and hook natively; on nnsight the work runs as
+# traces instead, grouped into one job per batch group remotely (mechkit.heads.traced_effects), and a
+# remote model's workers would each be one more NDIF client. Refused rather than silently run serially.
+RAY_WITH_NNSIGHT = ("--executor ray fans work out over local model copies; with --backend nnsight the work "
+                    "already runs as nnsight traces (remote: one job per batch group)", "drop --executor ray")
 NO_CLUSTER_FIX = ("start one with `ray start --head`, pass its HOST:PORT, or leave out --ray-address to run a "
                   "local one")
 
 
-def check_execution(params: dict[str, Any]) -> None:
+def check_execution(params: dict[str, Any], backend: str | None = "native", remote: str | None = None) -> None:
     """Refuse impossible execution options in one line (exit 2), before the model loads.
 
     A plugin without the options (no ``executor`` key) passes untouched.
+
+    >>> try:
+    ...     check_execution({"executor": "ray", "workers": None, "ray_address": None}, "nnsight")
+    ... except MechkitError as err:
+    ...     print(err)
+    --executor ray fans work out over local model copies; with --backend nnsight the work already runs as nnsight traces (remote: one job per batch group) — drop --executor ray
     """
     kind = params.get("executor")
     if kind is None:
         return
+    if kind == "ray" and (backend == "nnsight" or remote):
+        raise OptionError(*RAY_WITH_NNSIGHT)
     if kind != "ray":
         for name, flag in (("workers", "--workers"), ("ray_address", "--ray-address")):
             if params.get(name) is not None:
@@ -76,6 +90,8 @@ def open_executor(params: dict[str, Any], handle: ModelHandle, console=None) -> 
 
     if params.get("executor", "serial") != "ray":
         return SerialExecutor(handle)
+    if handle is not None and getattr(handle.backend, "traced", False):  # a handle loaded on nnsight
+        raise OptionError(*RAY_WITH_NNSIGHT)
     from mechkit.executors.load import LoadSpec
     from mechkit.executors.ray_pool import RayExecutor
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def run_units(handle: ModelHandle, units: Sequence[_Unit], step: Step, done: Cal
 class _RowMetrics:
     """Reduces a forward's logits to per-row (answer log-prob, exact match), inside the trace."""
 
-    def __init__(self, batch: Batch, kept: bool) -> None:
+    def __init__(self, batch: SimpleNamespace, kept: bool) -> None:
         self.batch, self.kept = batch, kept
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,11 +108,11 @@ def _clean_trace(handle: ModelHandle, batch: Batch) -> Trace:
                                         reduce=_RowMetrics(_answers(batch), kept)), kept)
 
 
-def _answers(batch: Batch, copies: int = 1) -> Batch:
+def _answers(batch: Batch, copies: int = 1) -> SimpleNamespace:
     """What per-row metrics read of a batch — answer positions and tokens — for ``copies`` stacked copies
-    of it; its ids stay out (they travel once, as the trace's input)."""
-    empty = batch.ids[:0]
-    return Batch(empty, empty, batch.keep, batch.cols * copies, batch.targets * copies)
+    of it, as plain data (a :class:`Batch` is a dataclass, which NDIF refuses to unpickle: see
+    :mod:`mechkit.model.whitelist`); its ids stay out (they travel once, as the trace's input)."""
+    return SimpleNamespace(keep=batch.keep, cols=batch.cols * copies, targets=batch.targets * copies)
 
 
 def _ablated_trace(handle: ModelHandle, batch: Batch, layer: int) -> Trace:
@@ -188,7 +189,7 @@ class _AttributionSums:
 def _attribution_trace(handle: ModelHandle, batch: Batch) -> Trace:
     a = handle.anatomy
     kept = supports_logits_to_keep(handle.model)
-    plan = GradPlan(planner(handle).sites(resolve(a, "blocks.*.attn.hook_z")), metric=LogprobSum(batch, kept),
+    plan = GradPlan(planner(handle).sites(resolve(a, "blocks.*.attn.hook_z")), metric=LogprobSum(_answers(batch), kept),
                     reduce_grads=_AttributionSums(batch.mask, a.n_layers, a.n_heads))
     return _forward(handle, batch, plan, kept, grad=True)
 

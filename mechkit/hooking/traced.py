@@ -5,8 +5,8 @@ order the forward reaches them (per layer: block input, attention pattern, head 
 output, MLP neurons, MLP output, block output), each read from the module it names — an input, an
 output, or for patterns the attention call inside the attention module, reached through nnsight's
 ``.source`` — and written back where a function returns a replacement. Patterns are computed there
-from post-RoPE q and k by the family's eager attention (:func:`~mechkit.hooking.attention.eager_attention`,
-the function the native backend uses), so no server needs eager attention configured.
+from post-RoPE q and k by the family's eager attention (the function the native backend uses, found in
+the model where it runs), so no server needs eager attention configured.
 
 Remote, the plan is shipped by value and runs on the server; every hook point's activation comes back
 with the result and the functions are called again here, on it, in the same order, so what they record
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 
-from mechkit.hooking.attention import attend, eager_attention
+from mechkit.hooking.attention import additive_mask, attend
 from mechkit.hooking.points import HookPoint
 
 if TYPE_CHECKING:
@@ -40,7 +40,11 @@ ORDER = {"hook_resid_pre": 0, "attn.hook_pattern": 1, "attn.hook_z": 2, "hook_at
 
 def reads_only(fn: Callable) -> Callable:
     """Mark a hook function that only reads (never returns a replacement): a remote trace sends its
-    activation back instead of shipping the function."""
+    activation back instead of shipping the function.
+
+    Marks are read here when a plan is shipped (:meth:`Site.__getstate__`), never on the server: nnsight
+    0.8 ships a function as its source and globals, without its attributes (and has no purity mark of
+    its own; its ``nnsight.register`` is by-value shipping, which :mod:`mechkit.model.backend` does)."""
     fn.mechkit_reads_only = True
     return fn
 
@@ -57,21 +61,32 @@ def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     return new if new.device == old.device else new.to(old.device)
 
 
-@dataclass
 class Site:
-    """One hook point as a trace reaches it: the module (by path), what of it, and its functions."""
+    """One hook point as a trace reaches it: the module (by path), what of it, and its functions.
 
-    point: HookPoint
-    path: str
-    where: str  # "input", "output" or "pattern"
-    d_head: int | None = None  # split the input into heads (hook_z)
-    op: str | None = None  # the attention call inside the attention module (patterns)
-    fns: list = field(default_factory=list)
+    Plain classes (this, :class:`Plan`, :class:`GradPlan`), never dataclasses: they are shipped by value
+    and NDIF refuses a request naming ``dataclasses`` (:mod:`mechkit.model.whitelist`)."""
+
+    def __init__(self, point: HookPoint, path: str, where: str, d_head: int | None = None, op: str | None = None,
+                 lookup: str | None = None, fns: list | None = None) -> None:
+        self.point, self.path, self.where = point, path, where  # where: "input", "output" or "pattern"
+        self.d_head = d_head  # split the input into heads (hook_z)
+        self.op = op  # patterns: the attention call inside the attention module
+        self.lookup = lookup  # patterns: the lookup of that function, whose default is the eager one
+        self.fns = [] if fns is None else fns
+
+    def __repr__(self) -> str:
+        return f"Site({self.point.name!r}, {self.path!r}, {self.where!r}, fns={len(self.fns)})"
 
     def __getstate__(self) -> dict:
-        """What is shipped: functions that only read stay here (their activation comes back instead)."""
+        """What is shipped: the hook point as plain data (the functions get it as their ``point``), and
+        no function that only reads (its activation comes back instead)."""
         state = dict(self.__dict__)
-        state["fns"] = [fn for fn in self.fns if not getattr(fn, "mechkit_reads_only", False)]
+        state["point"] = SimpleNamespace(name=self.point.name, layer=self.point.layer, suffix=self.point.suffix)
+        shipped = [fn for fn in self.fns if not getattr(fn, "mechkit_reads_only", False)]
+        state["fns"] = shipped
+        # Read the marks here: nnsight ships a function as its source and globals, not its attributes.
+        state["pure"] = bool(shipped) and all(getattr(fn, "mechkit_pure", False) for fn in shipped)
         return state
 
     def visit(self, root: Any, store: dict, replay: bool) -> None:
@@ -99,9 +114,9 @@ class Site:
 
     def apply(self, x: torch.Tensor, store: dict, replay: bool) -> torch.Tensor | None:
         """Run the functions on ``x`` (a replacement or None); remote, keep ``x`` for the replay here."""
-        # A site of pure functions only stays on the server; any other (read-only ones were not even
-        # shipped, so a site with none left had only those) sends its activation back for the replay.
-        if replay and not (self.fns and all(getattr(fn, "mechkit_pure", False) for fn in self.fns)):
+        # A site of pure functions only (``pure``, set when shipped) stays on the server; any other (read-only
+        # ones were not even shipped, so a site with none left had only those) sends its activation back.
+        if replay and not getattr(self, "pure", False):
             store[self.point.name] = x.detach().clone()
         changed = False
         for fn in self.fns:
@@ -113,13 +128,22 @@ class Site:
         return x if changed else None
 
     def _pattern(self, module: Any, store: dict, replay: bool) -> None:
-        call = getattr(module.source, self.op)
+        """The pattern by the family's eager attention on the call's post-RoPE q, k, v, as natively
+        (:func:`~mechkit.hooking.attention.eager_attention`). That function is found where the model is:
+        the default the attention forward passes to its attention-function lookup (transformers'
+        ``ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)``), so the request
+        names nothing of transformers and needs no eager attention configured on the server."""
+        source = module.source
+        found, named = getattr(source, self.lookup).inputs
+        eager = found[1] if len(found) > 1 else named["default"]
+        call = getattr(source, self.op)
         args, kwargs = call.inputs
         args, kwargs = list(args), dict(kwargs)
         names = ("module", "query", "key", "value", "attention_mask")
         parts = [args[i] if i < len(args) else kwargs.pop(names[i], None) for i in range(5)]
         attn_module, query, key, value, mask = parts
-        out, weights = eager_attention(attn_module, query, key, value, mask, **kwargs)
+        kwargs.pop("is_causal", None)
+        out, weights = eager(attn_module, query, key, value, additive_mask(mask, query, key), **kwargs)
         new = self.apply(weights, store, replay)
         if new is not None:
             weights, out = new, attend(new, query, value)
@@ -136,13 +160,12 @@ class Site:
                 x = new
 
 
-@dataclass
 class Plan:
-    """The sites of one forward, in the order the forward reaches them; shipped by value when remote."""
+    """The sites of one forward, in the order the forward reaches them; shipped by value when remote.
+    ``reduce`` turns the logits into what comes back instead of the model output."""
 
-    sites: list[Site]
-    replay: bool = False
-    reduce: Callable | None = None  # logits -> what comes back instead of the model output
+    def __init__(self, sites: list[Site], replay: bool = False, reduce: Callable | None = None) -> None:
+        self.sites, self.replay, self.reduce = sites, replay, reduce
 
     def modules(self) -> set[str]:
         """The Python modules the shipped functions come from (packages a server lacks go by value)."""
@@ -163,13 +186,15 @@ class Plan:
         return output
 
 
-@dataclass
 class GradPlan(Plan):
     """Activations at the sites and the gradient of ``metric(logits)`` with respect to them, taken
-    inside the trace (on the server when remote): what attribution patching needs."""
+    inside the trace (on the server when remote): what attribution patching needs. ``reduce_grads``
+    maps ``(value, {name: (activation, gradient)})`` to what comes back instead."""
 
-    metric: Callable | None = None
-    reduce_grads: Callable | None = None  # (value, {name: (activation, gradient)}) -> what comes back
+    def __init__(self, sites: list[Site], replay: bool = False, reduce: Callable | None = None,
+                 metric: Callable | None = None, reduce_grads: Callable | None = None) -> None:
+        self.sites, self.replay, self.reduce = sites, replay, reduce
+        self.metric, self.reduce_grads = metric, reduce_grads
 
     def modules(self) -> set[str]:
         return {_module_of(fn) for fn in (self.metric, self.reduce_grads) if fn is not None}
@@ -220,31 +245,34 @@ class Planner:
                                    ("hook_resid_post", a.block(layer))):
                 self.paths[f"blocks.{layer}.{suffix}"] = names[id(module)]
         self.remote = handle.backend.remote is not None
-        self._op: str | None = None
+        self._ops: tuple[str, str] | None = None
         self._backend = handle.backend
 
-    def attention_call(self) -> str:
-        """The name nnsight gives the attention-function call inside an attention forward (the last
-        ``attention_interface_N``: ``_0`` is its lookup, the call comes after)."""
-        if self._op is None:
+    def attention_call(self) -> tuple[str, str]:
+        """The names nnsight gives, inside an attention forward, the lookup of the attention function
+        (``ALL_ATTENTION_FUNCTIONS_get_interface_0``: its default is the family's eager attention) and the
+        call of it (the last ``attention_interface_N``: ``_0`` is the lookup's result, the call comes after)."""
+        if self._ops is None:
             envoy = self._backend.lm.get(self.paths["blocks.0.attn.hook_pattern"])
-            calls = [n for n in envoy.source.names if n.startswith("attention_interface_")]
-            if not calls:
+            names = envoy.source.names
+            calls = [n for n in names if n.startswith("attention_interface_")]
+            lookups = [n for n in names if "get_interface" in n]
+            if not calls or not lookups:
                 from mechkit.errors import MechkitError
 
                 raise MechkitError(f"{type(self.anatomy.attn(0)).__name__} calls no attention function nnsight can reach",
                                    "read patterns with --backend native")
-            self._op = max(calls, key=lambda n: int(n.rsplit("_", 1)[1]))
-        return self._op
+            self._ops = (lookups[0], max(calls, key=lambda n: int(n.rsplit("_", 1)[1])))
+        return self._ops
 
     def sites(self, points: list[HookPoint]) -> list[Site]:
         out = []
         for point in sorted(points, key=lambda p: (p.layer, ORDER[p.suffix])):
             where = {"hook_resid_pre": "input", "attn.hook_z": "input", "mlp.hook_post": "input",
                      "attn.hook_pattern": "pattern"}.get(point.suffix, "output")
+            lookup, op = self.attention_call() if where == "pattern" else (None, None)
             out.append(Site(point, self.paths[point.name], where,
-                            d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None,
-                            op=self.attention_call() if where == "pattern" else None))
+                            d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
         return out
 
     def __call__(self, entries: list[tuple[HookPoint, Callable]]) -> Plan:

@@ -7,6 +7,12 @@ Modes:
   activation on-distribution.
 - ``resample``: replaced, at each position, by the same head's output at the same position of a
   randomly drawn reference sequence (a random position where the reference is shorter), seeded.
+
+On a remote nnsight model the hook functions are shipped by value and run where the model is: each is
+self-contained (it closes over tensors only and names nothing but ``torch``, which NDIF's whitelist
+allows, :mod:`mechkit.model.whitelist`). Zero and mean are :func:`~mechkit.hooking.traced.pure` (no side
+effects), so their activations stay on the server; resample draws from a generator, so it runs again
+here on the activation the server saw (the generator here moves on as after a local run).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks, record
+from mechkit.hooking.traced import pure
 from mechkit.model.heads import Head, heads_by_layer, parse_heads
 
 if TYPE_CHECKING:
@@ -35,6 +42,7 @@ def _reference_z(handle: ModelHandle, layers: list[int], reference: torch.Tensor
 
 
 def _zero_fn(idx: torch.Tensor):
+    @pure
     def fn(z, _point):
         return z.index_fill(2, idx.to(z.device), 0.0)
 
@@ -44,6 +52,7 @@ def _zero_fn(idx: torch.Tensor):
 def _mean_fn(idx: torch.Tensor, ref: torch.Tensor):
     mean = ref[:, :, idx].mean(dim=(0, 1))  # [k, d_head]
 
+    @pure
     def fn(z, _point):
         z = z.clone()
         z[:, :, idx.to(z.device)] = mean.to(z)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mechkit.model.nnsight_lm import BackendError, nnsight_model
@@ -46,7 +45,7 @@ NEEDS = {
     "module_calls": "partial forwards (calling the model's blocks one by one)",
     # reading weights in the client's process; steps that go through mechkit.model.weight_reads.read_weights
     # run where the weights are and need nothing
-    "weight_reads": "reading weights here (not through mechkit.model.weight_reads.read_weights)",
+    "weight_reads": "reading weights here",
 }
 
 # Import roots an NDIF server has (its environment), so they are never shipped by value.
@@ -148,17 +147,16 @@ class Backend:
 NATIVE = Backend()
 
 
-@dataclass
 class Trace:
     """One forward of a group (:meth:`NnsightBackend.run_group`): its inputs and forward options, the
     plan it runs (:mod:`mechkit.hooking.traced`), whether it takes gradients, and how many stacked copies
-    of the batch it runs (made where it runs, so the request carries the batch once)."""
+    of the batch it runs (made where it runs, so the request carries the batch once). A plain class, not
+    a dataclass: it is shipped by value, and NDIF refuses ``dataclasses`` (:mod:`mechkit.model.whitelist`)."""
 
-    input_ids: torch.Tensor
-    plan: Any = None
-    kwargs: dict = field(default_factory=dict)
-    grad: bool = False
-    repeat: int = 1
+    def __init__(self, input_ids: torch.Tensor, plan: Any = None, kwargs: dict | None = None, grad: bool = False,
+                 repeat: int = 1) -> None:
+        self.input_ids, self.plan, self.kwargs = input_ids, plan, dict(kwargs or {})
+        self.grad, self.repeat = grad, repeat
 
     def inputs(self) -> tuple[torch.Tensor, dict]:
         """The ids and forward options as the forward takes them (the batch and its mask repeated)."""
@@ -170,14 +168,14 @@ class Trace:
         return self.input_ids.repeat(self.repeat, 1), kwargs
 
 
-def _run_traces(lm: Any, traces: list[Trace], announce: bool) -> list[tuple[dict, Any]]:
+def _run_traces(lm: Any, traces: list[Trace], announce: bool, save: Callable) -> list[tuple[dict, Any]]:
     """Run ``traces`` one after the other: ``(store, output)`` of each, what its plan kept and finished.
 
     The body of a grouped job: on a remote backend it runs *on the server*, inside one session, so it is
     plain code shipped by value. ``announce`` prints one line per finished trace; a server streams a
-    job's prints back as its progress.
+    job's prints back as its progress. ``save`` is nnsight's (passed in: the server refuses ``import
+    nnsight`` inside a request, :mod:`mechkit.model.whitelist`).
     """
-    import nnsight
     import torch
 
     found = []
@@ -191,12 +189,23 @@ def _run_traces(lm: Any, traces: list[Trace], announce: bool) -> list[tuple[dict
                 output = lm.output
                 if t.plan is not None:
                     output = t.plan.finish(output, store)
-                store = nnsight.save(store)
-                output = nnsight.save(output)
+                store = save(store)
+                output = save(output)
         found.append((store, output))
         if announce:
             print(f"trace {i + 1}/{len(traces)} done")
     return found
+
+
+class Prefix:
+    """Stands for the KV cache of ``ids`` on a remote model (:meth:`NnsightBackend.forward`)."""
+
+    def __init__(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        self.ids, self.mask = ids, mask
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """As a transformers cache answers it."""
+        return int(self.ids.shape[1])
 
 
 class NnsightBackend(Backend):
@@ -239,15 +248,44 @@ class NnsightBackend(Backend):
         return out
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
-        """The model output of one forward under the active hook functions (one trace)."""
+        """The model output of one forward under the active hook functions (one trace). Remote, a KV cache
+        never travels: ``use_cache=True`` returns a :class:`Prefix` as ``past_key_values``, and a forward
+        given one runs the prefix again with the new ids (:meth:`_continued`)."""
         plan = self.planner(self.entries) if self.planner is not None and self.entries else None
+        if self.remote and (kwargs.get("use_cache") or isinstance(kwargs.get("past_key_values"), Prefix)):
+            return self._continued(input_ids, plan, **kwargs)
         return self.run(input_ids, plan, **kwargs)
+
+    def _continued(self, input_ids: torch.Tensor, plan: Any, **kwargs) -> Any:
+        """One decoding step on a remote model: the whole sequence (prefix and ``input_ids``) in one trace,
+        the logits of the new positions back. A cache would go to the server and back with every step,
+        and it names transformers' cache classes, which NDIF's whitelist refuses (:mod:`mechkit.model.whitelist`).
+        Hook functions see the whole sequence at every step, as in a forward without a cache: the same
+        for position-wise edits and edits at fixed positions, not for a function that tells decoding
+        steps by their length."""
+        import torch
+
+        prefix = kwargs.pop("past_key_values", None)
+        kwargs["use_cache"] = False
+        mask = kwargs.get("attention_mask")
+        ids = input_ids
+        if prefix is not None:
+            ids = torch.cat([prefix.ids.to(input_ids.device), input_ids], dim=1)
+            if mask is not None or prefix.mask is not None:
+                before = prefix.mask if prefix.mask is not None else torch.ones_like(prefix.ids)
+                after = mask if mask is not None else torch.ones_like(input_ids)
+                kwargs["attention_mask"] = mask = torch.cat([before.to(after.device), after], dim=1)
+        output = self.run(ids, plan, **kwargs)
+        if prefix is not None and getattr(output, "logits", None) is not None:
+            output.logits = output.logits[:, -input_ids.shape[1]:]
+        output.past_key_values = Prefix(ids, mask)
+        return output
 
     def run(self, input_ids: torch.Tensor, plan: Any = None, **kwargs) -> Any:
         """One trace (remote: one job). Inside it ``plan.run(model, store)`` reads and writes activations
         as the forward reaches them and ``plan.finish(output, store)`` picks what comes back; then
         ``plan.after(store, output)`` runs here. Returns the model output, or what ``after`` returns."""
-        import nnsight
+        from nnsight import save  # the block names nnsight's save only, never the nnsight package
 
         from mechkit.model.ndif import remote_errors
 
@@ -261,8 +299,8 @@ class NnsightBackend(Backend):
                 output = lm.output
                 if plan is not None:
                     output = plan.finish(output, store)
-                store = nnsight.save(store)
-                output = nnsight.save(output)
+                store = save(store)
+                output = save(output)
         self.traces += 1
         return plan.after(store, output) if plan is not None else output
 
@@ -270,7 +308,9 @@ class NnsightBackend(Backend):
         """Several traces as one job: remote, one ``model.session`` holding a trace per item (one request,
         one place in the queue, one reply); in process, the same traces one after the other. Each item's
         result is what :meth:`run` returns for it."""
-        found = self.call(_run_traces, traces, self.remote is not None, traces=len(traces))
+        from nnsight import save
+
+        found = self.call(_run_traces, traces, self.remote is not None, save, traces=len(traces))
         self.traces += len(traces)
         return [t.plan.after(store, output) if t.plan is not None else output
                 for t, (store, output) in zip(traces, found, strict=True)]
@@ -281,7 +321,7 @@ class NnsightBackend(Backend):
         shipped by value and only its result sent back."""
         if not self.remote:
             return fn(self.lm, *args)
-        import nnsight
+        from nnsight import save
 
         from mechkit.model.ndif import remote_errors
 
@@ -290,7 +330,7 @@ class NnsightBackend(Backend):
         with self._shipping((fn, args)), remote_errors(self):  # noqa: SIM117 - nnsight captures its own `with` block
             with lm.session(**options):
                 result = fn(lm, *args)
-                result = nnsight.save(result)
+                result = save(result)
         return result
 
     def _roots(self, shipped: Any) -> set[str]:

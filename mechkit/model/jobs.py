@@ -36,6 +36,7 @@ class Job:
     meta: dict | None = None
     request_bytes: int | None = None
     result_bytes: int | None = None
+    named: set[str] | None = None  # --remote local: the modules the request named (each on NDIF's whitelist)
 
     def at(self, status: str) -> float | None:
         """When ``status`` first arrived (None if it never did)."""

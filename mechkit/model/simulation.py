@@ -7,7 +7,10 @@ session) is serialised, deserialised and *executed* with ``roots`` (mechkit, plu
 unimportable — removed from ``sys.modules`` and blocked, since an installed mechkit would otherwise stay
 importable — on the deserialised objects; only the saved values come back, through a pickle round trip,
 into the caller's frame. So hook functions' side effects happen on the server's copies, exactly as
-remotely. Like NDIF it reports the job's lifecycle to a :class:`~mechkit.model.jobs.JobLog` and turns
+remotely. It also holds the request to NDIF's whitelist (:mod:`mechkit.model.whitelist`): unpickling
+refuses any module, module object or builtin the server would refuse to import (a dataclass shipped by
+value names ``dataclasses``) and any function shipped as bytecode, and shipped functions and the block
+run with the server's builtins only (imports of non-whitelisted modules refused). Like NDIF it reports the job's lifecycle to a :class:`~mechkit.model.jobs.JobLog` and turns
 what the job prints into ``LOG`` updates (NDIF redirects a job's stdout the same way).
 """
 
@@ -20,6 +23,7 @@ import sys
 from typing import Any
 
 from mechkit.model.jobs import Job, JobLog
+from mechkit.model.whitelist import server_builtins, server_unpickler
 
 
 class _Unimportable(importlib.abc.MetaPathFinder):
@@ -57,7 +61,7 @@ def strict_simulation(lm: Any, roots: set[str], log: JobLog | None = None, trace
     its lifecycle goes to ``log`` as one job of ``traces`` traces."""
     import linecache
 
-    from nnsight.intervention.serialization import dumps, loads
+    from nnsight.intervention.serialization import CustomCloudUnpickler, dumps, loads
     from nnsight.ndif import pull_env
     from nnsight.schema.request import RequestModel
     from nnsight.tracing.backend import Backend as NnsightBase
@@ -84,7 +88,11 @@ def strict_simulation(lm: Any, roots: set[str], log: JobLog | None = None, trace
             hidden = _hide(roots)
             classes = _fresh_classes()
             try:
-                server = RequestModel.deserialize(blob, persistent)
+                named: set[str] = set()
+                if job is not None:
+                    job.named = named  # as it fills: a refused request keeps what it named up to the refusal
+                server = RequestModel.deserialize(blob, persistent, unpickler=server_unpickler(CustomCloudUnpickler, named))
+                server.info.frame.f_locals["__builtins__"] = server_builtins()  # the block's, as the server's
                 note("RUNNING")
                 with contextlib.redirect_stdout(_LogLines(log, job)):
                     server.execute(server.info.code)
