@@ -123,20 +123,32 @@ def _diffs(a, b, path="results"):
 
 
 SMALL = {"n": 6, "shots": 2, "batch_size": 4}
-PLUGINS = [
-    ("inspect", "tiny:gpt2", {"repeats": 1, "seq_len": 16}),
-    ("detect", "tiny:llama", {"n_seqs": 6, "seg_len": 8, "batch_size": 4}),
-    ("detect", "tiny:gpt2", {"n_seqs": 6, "seg_len": 8, "batch_size": 4}),
-    ("ablate", "tiny:llama", {**SMALL, "heads": "0.1,1.2", "mode": "zero", "baseline_seeds": 2,
-                              "tasks": "capitalize,past-tense"}),
-    ("ablate", "tiny:qwen2", {**SMALL, "heads": "induction", "top_k": 2, "mode": "mean", "baseline_seeds": 2,
-                              "tasks": "capitalize", "n_seqs": 4, "seg_len": 6}),
-    ("ablate", "tiny:gpt2", {**SMALL, "heads": "random", "top_k": 2, "mode": "resample", "baseline_seeds": 2,
-                             "tasks": "capitalize"}),
-    ("sweep", "tiny:llama", {**SMALL, "method": "both"}),
-    ("icl-vectors", "tiny:llama", {"tasks": "capitalize", "n": 4, "n_dev": 3, "n_contexts": 3, "n_cie": 2,
-                                   "shots": 2, "top_k": 2, "fv_scales": "1,2", "batch_size": 8}),
+ABLATE = [  # every mode and head selection, rotated over the families
+    {"heads": "0.1,1.2", "mode": "zero"},
+    {"heads": "induction", "top_k": 2, "mode": "mean", "n_seqs": 4, "seg_len": 6},
+    {"heads": "random", "top_k": 2, "mode": "resample"},
 ]
+
+
+def _every_family() -> list[tuple[str, str, dict]]:
+    """inspect, detect, ablate, sweep (exact and attribution) and icl-vectors on the tiny model of every family."""
+    runs = []
+    for i, family in enumerate(tiny_families()):
+        model = f"tiny:{family}"
+        runs += [
+            ("inspect", model, {"repeats": 1, "seq_len": 16}),
+            ("detect", model, {"n_seqs": 6, "seg_len": 8, "batch_size": 4}),
+            ("ablate", model, {**SMALL, **ABLATE[i % len(ABLATE)], "baseline_seeds": 2, "tasks": "capitalize"}),
+            ("sweep", model, {**SMALL, "method": "both"}),
+            ("icl-vectors", model, {"tasks": "capitalize", "n": 4, "n_dev": 3, "n_contexts": 3, "n_cie": 2,
+                                    "shots": 2, "top_k": 2, "fv_scales": "1,2", "batch_size": 8}),
+        ]
+    return runs
+
+
+PLUGINS = [*_every_family(),
+           ("ablate", "tiny:llama", {**SMALL, "heads": "0.1,1.2", "mode": "zero", "baseline_seeds": 2,
+                                     "tasks": "capitalize,past-tense"})]
 
 
 @pytest.mark.parametrize(("plugin", "model", "options"), PLUGINS, ids=[f"{p}-{m}" for p, m, _ in PLUGINS])
@@ -529,7 +541,8 @@ EMBEDDED = [("detect", {"n_seqs": 2, "seg_len": 6, "batch_size": 2, "top_k": 3})
 
 
 def test_the_embedded_model_is_equal_on_every_backend(embedded):
-    """detect and ablate on the embedded model (30 layers): native, nnsight and --remote local agree."""
+    """detect and ablate on the embedded model (30 layers): native, nnsight and --remote local agree (the
+    sweep and icl-vectors take minutes there: bench/nnsight.py checks them on the embedded model)."""
     handles = {RUNS[0]: embedded, **{run: mk.load_model("llama", device="cpu", backend=run[0], remote=run[1])
                                      for run in RUNS[1:]}}
     for plugin, options in EMBEDDED:
