@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import click
 
+from mechkit.cli.plugin_command import dispatch_options
 from mechkit.errors import MechkitError
 
 MERGE_METHODS = ("task_arithmetic", "ties", "dare", "dare_ties")
@@ -67,8 +68,12 @@ def taskvec() -> None:
               help="When vocabularies differ: fail, use the shared rows, or leave embeddings out.")
 @click.option("--task", "tasks", default=None, help="Task id(s) to record (default: from the fine-tune report).")
 @click.option("--force", is_flag=True, help="Overwrite --out.")
-def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str | None, force: bool) -> None:
-    """ΔΨ = Ψ_ft − Ψ0, streamed tensor by tensor from the fine-tuned safetensors."""
+def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str | None, force: bool,
+                device_map=None, max_memory=None, offload_folder=None) -> None:
+    """ΔΨ = Ψ_ft − Ψ0, streamed tensor by tensor from the fine-tuned safetensors.
+
+    A base larger than memory can be dispatched (--device-map, --max-memory, --offload-folder, as for
+    every plugin): its stored weights are read one tensor at a time."""
     from pathlib import Path
 
     from mechkit.io import check_out
@@ -79,10 +84,15 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     from mechkit.model import load_model
     from mechkit.taskarith import extract
 
-    handle = load_model(base, device="cpu", dtype="float32")
+    dispatched = device_map is not None or max_memory is not None or offload_folder is not None
+    handle = load_model(base, device=None if dispatched else "cpu", dtype="float32", device_map=device_map,
+                        max_memory=max_memory, offload_folder=offload_folder)
     tv = extract(handle, Path(finetuned), embeddings=embeddings, tasks=task_ids)
     tv.save(out)
     _print_summary(tv, out)
+
+
+extract_cmd.params.extend(dispatch_options())
 
 
 def _load_named(vectors: tuple[str, ...]) -> dict:

@@ -205,6 +205,20 @@ def test_task_vector_of_a_tied_model_from_its_offloaded_base(models, tmp_path):
         got = extract(models["gpt2"][kind], ft)
         assert got.deltas.keys() == want.deltas.keys()
         assert all(torch.equal(got.deltas[n], want.deltas[n]) for n in want.deltas)
+    # the command line: `mechkit taskvec extract --device-map ... --offload-folder ...` writes the same vector
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+    from mechkit.taskarith import TaskVector
+
+    pairs = ",".join(f"{module}={device}" for module, device in GPT2_DISK.items())
+    out = tmp_path / "tv.safetensors"
+    result = CliRunner().invoke(cli, ["taskvec", "extract", "--base", "tiny:gpt2", "--finetuned", str(ft), "--out",
+                                      str(out), "--device-map", pairs, "--offload-folder", str(tmp_path / "off")])
+    assert result.exit_code == 0, result.output
+    got = TaskVector.load(out)
+    assert got.deltas.keys() == want.deltas.keys()
+    assert all(torch.equal(got.deltas[n], want.deltas[n]) for n in want.deltas)
 
 
 def test_a_copy_that_cannot_fit_is_one_line():
