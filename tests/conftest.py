@@ -12,6 +12,8 @@ import torch
 import mechkit as mk
 from mechkit.model.tiny import tiny_families
 
+pytest_plugins = ["tests.ray_cluster"]  # the local Ray cluster of the executor tests
+
 FAMILIES = tiny_families()
 
 

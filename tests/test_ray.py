@@ -9,57 +9,20 @@ it), and two single-thread workers fit the cluster's two CPUs.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import sys
-import threading
 import time
 
-import psutil
 import pytest
 from rich.console import Console
 
 import mechkit as mk
+from tests.ray_cluster import killing_a_busy_worker, ray_workers
 
 TINY = {"model": "tiny:llama", "device": "cpu"}
 RAY = {"executor": "ray", "workers": 2}
 SWEEP = {"tasks": "capitalize", "n": 6, "shots": 1, "batch_size": 2}
-
-
-def _ray_workers(title: str = "ray::UnitWorker") -> list[int]:
-    """PIDs of this session's mechkit Ray workers whose process title starts with ``title``
-    (Ray titles a busy one ``ray::UnitWorker.run``)."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if " ".join(proc.cmdline()).startswith(title):
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    import torch
-
-    from mechkit.executors.ray_pool import release_workers
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    try:
-        yield ray
-    finally:
-        release_workers()
-        ray.shutdown()
-        torch.set_num_threads(threads)
-    deadline = time.monotonic() + 15
-    while _ray_workers() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _ray_workers() == [], "Ray worker processes outlived the cluster"
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +38,6 @@ def vectors(tmp_path_factory) -> str:
     return ",".join(map(str, files))
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh step cache per test: the serial and the Ray run share a resume key (executor options are
-    not part of it), so each must compute, not read the other's steps."""
-    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 PLUGINS = {
     "sweep": SWEEP,
     "ablate": {"tasks": "capitalize", "n": 4, "shots": 1, "heads": "random", "top_k": 2, "baseline_seeds": 3,
@@ -94,43 +49,25 @@ PLUGINS = {
 
 
 @pytest.mark.parametrize("plugin", list(PLUGINS))
-def test_a_ray_run_reports_what_the_serial_run_reports(cluster, cache, vectors, plugin):
+def test_a_ray_run_reports_what_the_serial_run_reports(cluster, ray_cache, vectors, plugin):
     options = {**PLUGINS[plugin], **({"vectors": vectors} if plugin == "taskvec-sweep" else {})}
     serial = mk.run(plugin, **TINY, **options, write=False)
     spread = mk.run(plugin, **TINY, **options, **RAY, write=False)
     assert spread.results == serial.results
-    assert spread.report["params"]["executor"] == "ray" and len(_ray_workers()) == 2  # the work ran on two workers
+    assert spread.report["params"]["executor"] == "ray" and len(ray_workers()) == 2  # the work ran on two workers
 
 
-def test_a_worker_killed_mid_run_costs_nothing_but_its_chunk(cluster, cache):
+def test_a_worker_killed_mid_run_costs_nothing_but_its_chunk(cluster, ray_cache):
     options = {"tasks": "capitalize", "n": 16, "shots": 4, "batch_size": 1}  # 48 units in chunks of 6
     serial = mk.run("sweep", **TINY, **options, write=False)
-    killed: list[int] = []
-    done = threading.Event()
-
-    def kill_a_busy_worker():
-        while not done.is_set():
-            busy = _ray_workers("ray::UnitWorker.run")
-            if busy:
-                os.kill(busy[0], signal.SIGKILL)
-                killed.append(busy[0])
-                return
-            time.sleep(0.002)
-
-    log = io.StringIO()
-    killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
-    killer.start()
-    try:
+    with killing_a_busy_worker() as (killed, log):
         spread = mk.run("sweep", **TINY, **options, **RAY, write=False, console=Console(file=log, width=200))
-    finally:
-        done.set()
-        killer.join()
     assert killed, "no worker was caught running a chunk"
     assert f"(pid {killed[0]}) died running chunk" in log.getvalue()
     assert spread.results == serial.results
 
 
-def test_finished_units_of_a_ray_run_are_resumed_not_redone(cluster, cache):
+def test_finished_units_of_a_ray_run_are_resumed_not_redone(cluster, ray_cache):
     from mechkit.executors import LoadSpec, map_units
     from mechkit.executors.ray_pool import RayExecutor
     from mechkit.heads.effects import exact_units
@@ -164,7 +101,7 @@ def test_finished_units_of_a_ray_run_are_resumed_not_redone(cluster, cache):
     assert sorted(arrived) == list(range(6))  # every unit reported, the kept ones read back
 
 
-def test_a_killed_ray_driver_resumes_from_its_finished_chunks(cluster, cache, tmp_path):
+def test_a_killed_ray_driver_resumes_from_its_finished_chunks(cluster, ray_cache, tmp_path):
     """The driver (a `mechkit sweep` joined to the cluster) is SIGKILLed once some chunks are kept; the
     same command, run again serially (executor options are not part of the resume key), finishes it."""
     import subprocess
@@ -176,19 +113,19 @@ def test_a_killed_ray_driver_resumes_from_its_finished_chunks(cluster, cache, tm
     args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
     address = cluster.get_runtime_context().gcs_address
     code = "import sys; from mechkit.cli.main import main; main(sys.argv[1:])"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MECHKIT_CACHE": str(cache)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MECHKIT_CACHE": str(ray_cache)}
     driver = subprocess.Popen([sys.executable, "-c", code, "sweep", "--model", "tiny:llama", "--device", "cpu", *args,
                                "--executor", "ray", "--workers", "1", "--ray-address", address,
                                "--out", str(tmp_path / "run")], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
-        while len(list(cache.glob("runs/*/*.json"))) < 6 and driver.poll() is None and time.monotonic() < deadline:
+        while len(list(ray_cache.glob("runs/*/*.json"))) < 6 and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         driver.send_signal(signal.SIGKILL)
     finally:
         driver.wait()
-    kept = len(list(cache.glob("runs/*/*.json")))
+    kept = len(list(ray_cache.glob("runs/*/*.json")))
     assert 6 <= kept < 48 and not (tmp_path / "run" / "report.json").exists(), kept
     resumed = mk.run("sweep", **TINY, **options, out=tmp_path / "run")
     fresh = mk.run("sweep", **TINY, **options, write=False)  # the steps are gone now: computed afresh

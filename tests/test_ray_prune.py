@@ -9,69 +9,20 @@ single-thread workers on the cluster's two CPUs, every worker process gone after
 
 from __future__ import annotations
 
-import io
-import os
-import signal
-import threading
-import time
-
 import numpy as np
-import psutil
 import pytest
 import torch
 from rich.console import Console
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from tests.ray_cluster import killing_a_busy_worker, ray_workers
 
 TINY = {"model": "tiny:llama", "device": "cpu"}
 RAY = {"executor": "ray", "workers": 2}
 GRID = {"guide": "wanda,attribution@sensitivity", "sparsity": "0.2,0.4", "tasks": "capitalize", "n": 4,
         "calib": 3, "shots": 2, "repeats": 1, "timing_batch": 2}
 TIMING = {"latency_s", "dense_latency_s", "latency_ratio", "speedup", "speedup_other_timing", "reconstruct_s"}
-
-
-def _ray_workers(title: str = "ray::UnitWorker") -> list[int]:
-    """PIDs of this session's mechkit Ray workers whose process title starts with ``title``
-    (Ray titles a busy one ``ray::UnitWorker.run``)."""
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if " ".join(proc.cmdline()).startswith(title):
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    import torch
-
-    from mechkit.executors.ray_pool import release_workers
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    try:
-        yield ray
-    finally:
-        release_workers()
-        ray.shutdown()
-        torch.set_num_threads(threads)
-    deadline = time.monotonic() + 15
-    while _ray_workers() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _ray_workers() == [], "Ray worker processes outlived the cluster"
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh step cache per test: serial and Ray runs share a resume key (executor options are not part
-    of it), so each must compute, not read the other's steps."""
-    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="module")
@@ -96,36 +47,18 @@ def _timed_in_one_process(row: dict) -> bool:
         and row["speedup"] == pytest.approx(1 / row["latency_ratio"])
 
 
-def test_the_prune_grid_on_two_workers_is_the_serial_run_but_timing(cluster, cache, serial):
+def test_the_prune_grid_on_two_workers_is_the_serial_run_but_timing(cluster, ray_cache, serial):
     spread = mk.run("prune", **TINY, **GRID, **RAY, write=False)
-    assert spread.report["params"]["executor"] == "ray" and len(_ray_workers()) == 2  # ran on two workers
+    assert spread.report["params"]["executor"] == "ray" and len(ray_workers()) == 2  # ran on two workers
     assert [(r["guide"], r["sparsity"]) for r in spread.results["rows"]] == \
            [(r["guide"], r["sparsity"]) for r in serial["rows"]]  # the serial order
     assert _untimed(spread.results) == _untimed(serial)  # accuracy, perplexity, params, FLOPs, plans: all equal
     assert all(_timed_in_one_process(r) for r in spread.results["rows"])
 
 
-def test_a_worker_killed_mid_grid_costs_only_its_row(cluster, cache, serial):
-    killed: list[int] = []
-    done = threading.Event()
-
-    def kill_a_busy_worker():
-        while not done.is_set():
-            busy = _ray_workers("ray::UnitWorker.run")
-            if busy:
-                os.kill(busy[0], signal.SIGKILL)
-                killed.append(busy[0])
-                return
-            time.sleep(0.002)
-
-    log = io.StringIO()
-    killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
-    killer.start()
-    try:
+def test_a_worker_killed_mid_grid_costs_only_its_row(cluster, ray_cache, serial):
+    with killing_a_busy_worker() as (killed, log):
         spread = mk.run("prune", **TINY, **GRID, **RAY, write=False, console=Console(file=log, width=200))
-    finally:
-        done.set()
-        killer.join()
     assert killed, "no worker was caught measuring a row"
     assert f"(pid {killed[0]}) died running chunk" in log.getvalue()
     assert _untimed(spread.results) == _untimed(serial)
