@@ -9,7 +9,8 @@ and static pruning (``mechkit prune --budget``) at the same budget; latency meas
 against the dense model and the share of inputs within the budget; the plans chosen per task and
 the tokens kept; the accuracy–latency frontier. The budget margin is calibrated split-conformally
 for ``--adherence`` (the share of inputs meant to measure within budget) on calibration prompts timed
-as held-out ones are; a budget no plan fits after it is reported infeasible, and the dense plan
+as held-out ones are, then (``--debias``) on the plans the scheduler chooses, whose predictions carry
+their median residual; a budget no plan fits after it is reported infeasible, and the dense plan
 counts as within any budget ≥ 1 (the strict measured adherence is reported beside it). The
 scheduler is saved as ``scheduler.json``, for
 ``mechkit.adapt.adaptive(model, budget=0.7, scheduler="DIR/scheduler.json")``.
@@ -61,6 +62,10 @@ class AdaptPlugin(Plugin):
                                          "under --margin-plans plans (not the cost table's fitting prompts); "
                                          "tasks × prompts × plans must reach q/(1−q) residuals (99 for 0.99).", min=1),
         Option("margin_plans", int, 10, "Plans spanning the predicted ratios timed on each margin prompt.", min=1),
+        Option("debias", bool, True, "Time the plans the scheduler chooses on the margin prompts too: each gets "
+                                     "its median residual added to its prediction, and the margin is recalibrated "
+                                     "on the de-biased residuals (--no-debias: the first margin, as before).",
+               is_flag=True),
         Option("margin", float, None, "Safety margin subtracted from each budget, given by hand (skips the "
                                       "conformal calibration; default: calibrated for --adherence).", min=0, max=1),
         Option("calib", int, 8, "Calibration prompts per task (guides, candidate scores, signal).", min=2),
@@ -92,7 +97,7 @@ class AdaptPlugin(Plugin):
                            timing_prompts=p["timing_prompts"], margin=p["margin"], min_cv=p["min_cv"],
                            batch_size=p["batch_size"], clock=p["clock"], select=p["select"],
                            adherence=p["adherence"], margin_prompts=p["margin_prompts"],
-                           margin_plans=p["margin_plans"], step=ctx.step)
+                           margin_plans=p["margin_plans"], debias=p["debias"], step=ctx.step)
         study.check_margin_sample()  # too few residuals for --adherence: say so before any work
         results = study.run(parsed["budgets"], parsed["prune_budgets"], parsed["prune_targets"])
         scheduler = results.pop("scheduler")
@@ -163,6 +168,16 @@ def _feasible(row: dict) -> str:
 def _margin_note(results: dict) -> str:
     cal = results.get("margin_calibration") or {}
     if cal.get("method") == "conformal":
+        chosen = cal.get("chosen_plans")
+        if chosen and chosen.get("margin"):
+            m = chosen["margin"]
+            return (f"margin {results['margin']:.3f}: split-conformal for {m['q']:g} adherence, the {m['k']}th of "
+                    f"{m['n']} de-biased residuals on {cal['prompts']} calibration prompts × {len(cal['plans'])} "
+                    f"spanning plans and {sum((x['timed_in_round'] or 0) > 0 for x in chosen['plans'])} "
+                    f"chosen plans ({chosen['rounds']} round{'s' if chosen['rounds'] != 1 else ''}, "
+                    f"{chosen['forwards']} forwards, {chosen['seconds']:.0f} s); each chosen plan's prediction "
+                    f"carries its median residual as a bias (margin_calibration.chosen_plans; first margin "
+                    f"{cal['value']:.3f})")
         return (f"margin {results['margin']:.3f}: split-conformal for {cal['q']:g} adherence, the {cal['k']}th of "
                 f"{cal['n']} residuals (measured − predicted) on {cal['prompts']} calibration prompts × "
                 f"{len(cal['plans'])} plans")

@@ -19,6 +19,23 @@ one input share its dense timing, so the sample is less independent than ``n`` s
 machine whose load changes between calibration and use breaks exchangeability. The held-out
 report therefore says how many inputs did measure within ``predicted + m`` (the coverage).
 
+**Selection bias.** A scheduler that picks, within a budget, the best plan whose prediction fits
+prefers the plans the table *under*-predicts, and may pick plan types the spanning set never timed:
+the plans it runs are not exchangeable with the calibration plans. :func:`plan_biases` and
+:func:`debiased_residuals` correct for it on the plans actually chosen: each timed plan gets a
+bias ``b_p`` (the median of its residuals, added to its prediction), and the margin becomes the
+conformal quantile of the residuals with that bias removed. The median of ``k`` prompts is itself
+noisy (its standard error is about ``1.25·σ/√k``), and removing a plan's in-sample median from its
+own residuals shrinks them: each residual is therefore de-biased by the median of the plan's
+*other* residuals (leave-one-out), as a new input is by the median of all ``k``; a plan timed on
+fewer than :data:`MIN_BIAS_RESIDUALS` prompts keeps bias 0 and its raw residual.
+
+>>> groups = {"a": [0.05, 0.06, 0.04], "b": [-0.02, 0.0, 0.01], "c": [0.3]}
+>>> plan_biases(groups)
+{'a': 0.05, 'b': 0.0}
+>>> [round(x, 3) for x in debiased_residuals(groups)]  # a: r − median(others); c: one residual, raw
+[0.0, 0.015, -0.015, -0.025, 0.005, 0.02, 0.3]
+
 >>> conformal_quantile([0.3, -0.1, 0.0, 0.1, 0.2, -0.2, 0.05, 0.15, -0.05], 0.8)  # k = ⌈10·0.8⌉ = 8th
 0.2
 >>> margin = calibrate_margin([-0.3, -0.2, -0.1] * 3, 0.7)  # the table over-predicts: clamped to 0
@@ -29,12 +46,15 @@ report therefore says how many inputs did measure within ``predicted + m`` (the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mechkit.errors import MechkitError
+
+MIN_BIAS_RESIDUALS = 2
+"""A plan's bias needs residuals from at least this many prompts (a leave-one-out median needs two)."""
 
 
 def check_adherence(q: float) -> float:
@@ -127,3 +147,25 @@ def calibrate_margin(residuals: Sequence[float], q: float, predicted: Sequence[f
                          "n": int(part.size), "median": float(np.median(r[part])), "max": float(r[part].max()),
                          "quantile": b if math.isfinite(b) else None})
     return ConformalMargin(max(0.0, quantile), quantile, q, n, math.ceil((n + 1) * q - 1e-9), bins)
+
+
+def plan_biases(groups: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Per plan (key → its residuals on the calibration prompts): the median residual, the amount the
+    cost table under-predicts that plan; plans with fewer than :data:`MIN_BIAS_RESIDUALS` are left out
+    (bias 0)."""
+    return {key: float(np.median(r)) for key, r in groups.items() if len(r) >= MIN_BIAS_RESIDUALS}
+
+
+def debiased_residuals(groups: Mapping[str, Sequence[float]]) -> list[float]:
+    """Every residual less its plan's bias estimated without it (the median of the plan's other
+    residuals: leave-one-out, so the pooled scores keep the noise of a median from a finite sample);
+    a plan with fewer than :data:`MIN_BIAS_RESIDUALS` residuals contributes them raw. The pooled
+    list has one score per residual, so the conformal count is unchanged."""
+    out: list[float] = []
+    for r in groups.values():
+        r = [float(x) for x in r]
+        if len(r) < MIN_BIAS_RESIDUALS:
+            out += r
+            continue
+        out += [x - float(np.median(r[:i] + r[i + 1:])) for i, x in enumerate(r)]
+    return out

@@ -15,7 +15,9 @@ accuracy on the calibration prompts is below ``min_cv``, when a row's top probab
 
 The margin is what makes "fits" mean "measures within the budget": :class:`AdaptStudy
 <mechkit.adapt.study.AdaptStudy>` sets it by split-conformal calibration
-(:mod:`mechkit.adapt.conformal`) for a target adherence. The dense plan fits every budget ≥ 1: it
+(:mod:`mechkit.adapt.conformal`) for a target adherence, and gives each candidate it timed among the
+plans the scheduler chooses a ``bias`` (its median under-prediction) that :meth:`Scheduler.predicted`
+adds to the cost table's prediction. The dense plan fits every budget ≥ 1: it
 *is* the reference, whatever one measurement of it says. When no plan fits a budget, the budget is
 infeasible at that adherence on this machine: the scheduler runs the cheapest plan and its
 :class:`Decision` says so (``fits`` false, the reason naming it) — never silently over budget.
@@ -63,20 +65,24 @@ the other breaks ties."""
 class Candidate:
     """A plan the scheduler may choose: where it came from (``"static"``: the guide's order pooled
     over tasks, or a task id: that task's order) and its calibration accuracy (and answer
-    log-prob) on each task it was scored on."""
+    log-prob) on each task it was scored on. ``bias`` is added to the cost table's prediction of
+    the plan: the median amount the table under-predicted it when the plan was timed on calibration
+    prompts (0: never timed, or not corrected; see :mod:`mechkit.adapt.conformal`)."""
 
     plan: ExecutionPlan
     source: str
     accuracy: dict[str, float]
     logprob: dict[str, float] = field(default_factory=dict)
+    bias: float = 0.0
 
     def as_dict(self) -> dict:
         return {"plan": self.plan.as_dict(), "source": self.source, "accuracy": self.accuracy,
-                "logprob": self.logprob}
+                "logprob": self.logprob, "bias": self.bias}
 
     @classmethod
     def from_dict(cls, d: dict) -> Candidate:
-        return cls(ExecutionPlan.from_dict(d["plan"]), d["source"], dict(d["accuracy"]), dict(d.get("logprob", {})))
+        return cls(ExecutionPlan.from_dict(d["plan"]), d["source"], dict(d["accuracy"]), dict(d.get("logprob", {})),
+                   float(d.get("bias", 0.0)))
 
 
 @dataclass
@@ -170,6 +176,7 @@ class Scheduler:
         self.min_cv, self.min_confidence = min_cv, min_confidence
         if not self.candidates:
             raise MechkitError("a scheduler needs candidate plans", "calibrate with at least one plan")
+        self.bias = {c.plan.key(): c.bias for c in self.candidates if c.bias}
 
     @property
     def signal_layer(self) -> int:
@@ -182,7 +189,8 @@ class Scheduler:
         return self.signal is not None and self.signal.cv_accuracy >= self.min_cv
 
     def predicted(self, plan: ExecutionPlan, n_tokens: int) -> float:
-        return self.cost.predict(plan, n_tokens)
+        """The cost table's latency ratio for ``plan`` plus the plan's calibrated bias (if a candidate has one)."""
+        return self.cost.predict(plan, n_tokens) + self.bias.get(plan.key(), 0.0)
 
     def fits(self, plan: ExecutionPlan, budget: float, n_tokens: int) -> bool:
         """Whether ``plan`` may run under ``budget``: its predicted ratio plus the margin is within

@@ -15,7 +15,9 @@ held-out prompts never used for calibration):
    table was not fitted on are timed against the dense model exactly as held-out inputs are, each
    under plans spanning the predicted ratios; the margin is the ``⌈(n+1)·q⌉/n`` quantile of
    measured − predicted, so a share ``q`` (``adherence``) of inputs measure within their budget;
-   ``margin`` given by hand skips this;
+   ``margin`` given by hand skips this; then (``debias``) the plans the scheduler chooses on the
+   calibration prompts are timed the same way, each gets its median residual as a bias added to its
+   prediction, and the margin is recalibrated on the de-biased residuals (:meth:`AdaptStudy.debiased`);
 4. **candidates** — units ranked by importance per saved latency (static and per task); for every
    budget, order and token option (none, or keep a share after layer K) the plan that bypasses the
    fewest of the order's units to fit the budget minus the margin; each scored on the calibration
@@ -57,6 +59,8 @@ from mechkit.adapt.conformal import (
     ConformalMargin,
     calibrate_margin,
     check_adherence,
+    debiased_residuals,
+    plan_biases,
     require_residuals,
     residuals_needed,
 )
@@ -138,7 +142,9 @@ class AdaptStudy:
     ``margin_plans`` plans (:meth:`margin_calibration`); ``margin`` given skips that calibration and
     is the scheduler's safety margin; ``select`` is its ranking metric
     (:data:`mechkit.adapt.scheduler.SELECT`); ``clock`` the timing clock
-    (:func:`mechkit.adapt.cost.resolve_clock`).
+    (:func:`mechkit.adapt.cost.resolve_clock`); ``debias`` corrects the predictions of the plans the
+    scheduler chooses and recalibrates the margin on them (:meth:`debiased`; off: the first margin
+    and the table's predictions, as before).
     """
 
     def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, guide: str = "attribution", n_calib: int = 8,
@@ -148,7 +154,7 @@ class AdaptStudy:
                  signal_layer: int = 1, protect_top_k: int = 10, repeats: int = 2, timing_prompts: int = 1,
                  margin: float | None = None, min_cv: float = 0.9, batch_size: int = 8, clock: str = "auto",
                  select: str = "logprob", adherence: float = 0.99, margin_prompts: int = 4, margin_plans: int = 10,
-                 step: Step = compute_now):
+                 debias: bool = True, step: Step = compute_now):
         if guide not in GUIDES:
             raise MechkitError(f"unknown adapt guide {guide!r}", f"use one of: {', '.join(GUIDES)}")
         self.adherence = check_adherence(adherence)
@@ -169,7 +175,7 @@ class AdaptStudy:
         self.token_options = [(int(k), float(keep)) for k, keep in token_options]
         self.signal_layer, self.protect_top_k = signal_layer, protect_top_k
         self.repeats, self.timing_prompts, self.margin, self.min_cv = repeats, timing_prompts, margin, min_cv
-        self.batch_size, self.step = batch_size, step
+        self.batch_size, self.step, self.debias = batch_size, step, bool(debias)
         self.clock = resolve_clock(handle, clock)
         self.select = select
         self.calib = task_prompts(self.tasks, n_calib, shots, seed + CALIB_SEED_OFFSET)
@@ -346,28 +352,17 @@ class AdaptStudy:
         self.check_margin_sample()
         table = self.cost_table()
         plans = self.margin_plan_set(budgets)
-        digest = hashlib.sha256("|".join(p.key() for p in plans).encode()).hexdigest()[:12]
-        residuals, predicted, spent, forwards = [], [], 0.0, 0
-        per_plan: list[list[float]] = [[] for _ in plans]
-        for task in self.tasks:
-            for i, text in enumerate(self.margin_texts[task]):
-                timed = self.step(f"adapt|margin-time|{task}|{i}|{self.repeats}|{self.clock}|{digest}",
-                                  lambda text=text: self._time_margin_input(plans, text))
-                spent += timed["spent_s"]
-                forwards += (len(plans) + 1) * self.repeats
-                dense = timed["seconds"]["dense"]
-                for j, plan in enumerate(plans):
-                    pred = table.predict(plan, timed["n_tokens"])
-                    r = timed["seconds"][f"plan {j}"] / dense - pred
-                    residuals.append(r)
-                    predicted.append(pred)
-                    per_plan[j].append(r)
+        per_plan, forwards, spent = self._time_plans(plans, "margin-time")
+        residuals = [r for v in per_plan for r in v]
+        lengths = [n for t in self.tasks for n in self.margin_lengths()[t]]
+        predicted = [table.predict(p, n) for p in plans for n in lengths]
         margin = calibrate_margin(residuals, self.adherence, predicted)
         if not margin.finite:
             raise MechkitError(f"{margin.n} calibration residuals ({len(plans)} plans on "
                                f"{sum(map(len, self.margin_texts.values()))} prompts) cannot give a conformal margin "
                                f"for {self.adherence:g} adherence: it needs at least {residuals_needed(self.adherence)}",
                                "raise --margin-prompts, lower --adherence, or give --margin")
+        self._memo["margin-groups"] = {p.key(): v for p, v in zip(plans, per_plan, strict=True)}
         r = np.asarray(residuals)
         report = {"method": "conformal", **margin.as_dict(), "prompts": sum(map(len, self.margin_texts.values())),
                   "plans": [{"plan": p.label(), "predicted": table.predict(p, self.typical_tokens),
@@ -377,6 +372,24 @@ class AdaptStudy:
                                 "p95": float(np.percentile(r, 95)), "max": float(r.max())},
                   "forwards": forwards, "seconds": spent}
         return margin, report
+
+    def _time_plans(self, plans: Sequence[ExecutionPlan], kind: str) -> tuple[list[list[float]], int, float]:
+        """``plans`` timed on every margin prompt against dense (one resumable step per prompt, keyed by
+        the plan set): per plan its residuals (measured − table-predicted ratio), the forwards and seconds."""
+        table = self.cost_table()
+        digest = hashlib.sha256("|".join(p.key() for p in plans).encode()).hexdigest()[:12]
+        per_plan: list[list[float]] = [[] for _ in plans]
+        spent, forwards = 0.0, 0
+        for task in self.tasks:
+            for i, text in enumerate(self.margin_texts[task]):
+                timed = self.step(f"adapt|{kind}|{task}|{i}|{self.repeats}|{self.clock}|{digest}",
+                                  lambda text=text: self._time_margin_input(plans, text))
+                spent += timed["spent_s"]
+                forwards += (len(plans) + 1) * self.repeats
+                dense = timed["seconds"]["dense"]
+                for j, plan in enumerate(plans):
+                    per_plan[j].append(timed["seconds"][f"plan {j}"] / dense - table.predict(plan, timed["n_tokens"]))
+        return per_plan, forwards, spent
 
     def check_margin_sample(self) -> None:
         """Refuse, before any timing, margin prompts × plans too few for a finite conformal margin."""
@@ -402,12 +415,14 @@ class AdaptStudy:
 
     # --- 4. candidates -------------------------------------------------------------------------------
 
-    def candidate_plans(self, budgets: Sequence[float]) -> list[tuple[str, ExecutionPlan]]:
+    def candidate_plans(self, budgets: Sequence[float], margin: float | None = None,
+                        bias: dict[str, float] | None = None) -> list[tuple[str, ExecutionPlan]]:
         """``(source, plan)`` for every budget < 1, order and token option: the fewest of the order's
         units bypassed that fit the budget at the typical prompt length (after the scheduler's
-        margin); and the dense plan."""
+        margin, default the first calibrated one; a plan's prediction plus its ``bias``, by key)."""
         table = self.cost_table()
-        margin = self.margin_value(budgets)
+        margin = self.margin_value(budgets) if margin is None else margin
+        bias = bias or {}
         n = self.typical_tokens
         out: dict[str, tuple[str, ExecutionPlan]] = {}
         options: list[TokenSelection | None] = [None, *(TokenSelection(k, keep) for k, keep in self.token_options)]
@@ -420,16 +435,18 @@ class AdaptStudy:
                     usable = [u for u in order if t is None or u[1] != t.layer or u[0] == "mlp"]
                     for s in range(len(usable) + 1):
                         plan = _plan(usable[:s], t, source)
-                        if table.predict(plan, n) <= budget - margin:
+                        if table.predict(plan, n) + bias.get(plan.key(), 0.0) <= budget - margin:
                             out.setdefault(f"{source}|{plan.key()}", (source, plan))
                             break
         out["static|dense"] = ("static", ExecutionPlan(name="dense"))
         return list(out.values())
 
-    def candidates(self, budgets: Sequence[float]) -> list[Candidate]:
-        """Every candidate plan scored on the calibration prompts (static plans on every task)."""
-        out = []
-        for source, plan in self.candidate_plans(budgets):
+    def candidates(self, budgets: Sequence[float], margin: float | None = None,
+                   bias: dict[str, float] | None = None) -> list[Candidate]:
+        """Every candidate plan scored on the calibration prompts (static plans on every task), with
+        its ``bias`` (by plan key) where it has one."""
+        out, bias = [], bias or {}
+        for source, plan in self.candidate_plans(budgets, margin, bias):
             tasks = self.tasks if source == "static" else [source]
             acc, lp = {}, {}
             for task in tasks:
@@ -437,7 +454,7 @@ class AdaptStudy:
                               lambda plan=plan, task=task: _scored(score_plan(self.handle, plan, self.calib[task],
                                                                               self.batch_size)))
                 acc[task], lp[task] = s["accuracy"], s["logprob"]
-            out.append(Candidate(plan, source, acc, lp))
+            out.append(Candidate(plan, source, acc, lp, bias.get(plan.key(), 0.0)))
         return out
 
     # --- 5. signal -----------------------------------------------------------------------------------
@@ -453,12 +470,94 @@ class AdaptStudy:
         return TaskSignal.fit(np.asarray(feats), labels, self.signal_layer, self.seed)
 
     def scheduler(self, budgets: Sequence[float]) -> Scheduler:
+        """The scheduler on the first margin's candidates; with ``debias`` (and a calibrated margin),
+        rebuilt on the plans it chooses (:meth:`debiased`)."""
         if self._scheduler is None:
-            table = self.cost_table()
-            self._scheduler = Scheduler(self.candidates(budgets), table, self.tasks, self.signal(),
-                                        self.margin_value(budgets), self.min_cv, select=self.select,
-                                        adherence=self.adherence if self.margin is None else None)
+            sched = self._build(budgets, self.margin_value(budgets), {})
+            if self.debias and self.margin is None:
+                sched = self.debiased(sched, budgets)
+            self._scheduler = sched
         return self._scheduler
+
+    def _build(self, budgets: Sequence[float], margin: float, bias: dict[str, float]) -> Scheduler:
+        return Scheduler(self.candidates(budgets, margin, bias), self.cost_table(), self.tasks, self.signal(),
+                         margin, self.min_cv, select=self.select,
+                         adherence=self.adherence if self.margin is None else None)
+
+    def chosen_plans(self, sched: Scheduler, budgets: Sequence[float]) -> dict[str, ExecutionPlan]:
+        """The plans ``sched`` chooses for the margin prompts (at their lengths) at every budget: the
+        static choice and, when its task signal is trusted, the prompt's task's choice; by key,
+        without the dense plan (the reference: its residual is timing noise)."""
+        out: dict[str, ExecutionPlan] = {}
+        for task in self.tasks:
+            for n in self.margin_lengths()[task]:
+                for budget in budgets:
+                    picks = [sched.static(budget, n)]
+                    if sched.adaptive_ok and task in sched.tasks:
+                        picks.append(sched.for_task(task, budget, n))
+                    for c in picks:
+                        if not c.plan.is_dense:
+                            out.setdefault(c.plan.key(), c.plan)
+        return out
+
+    def margin_lengths(self) -> dict[str, list[int]]:
+        """Each task's margin prompts' token counts."""
+        if "margin-lengths" not in self._memo:
+            self._memo["margin-lengths"] = {t: [int(prompt_ids(self.handle, x).shape[1]) for x in xs]
+                                            for t, xs in self.margin_texts.items()}
+        return self._memo["margin-lengths"]
+
+    def debiased(self, sched: Scheduler, budgets: Sequence[float], rounds: int = 2) -> Scheduler:
+        """Calibrate on the plans that get chosen. The first margin comes from plans spanning the
+        predicted ratios, but the scheduler picks, within a budget, the best plan whose prediction
+        fits — preferentially the plans the table under-predicts, and plan types the spanning set may
+        lack — so the chosen plans are not exchangeable with the timed ones. Here the plans ``sched``
+        chooses (:meth:`chosen_plans`) are timed on the margin prompts exactly as the first set
+        (:meth:`_time_margin_input`, one resumable step per prompt, keyed by the plan set); every
+        timed plan gets a bias, its median residual (:func:`~mechkit.adapt.conformal.plan_biases`),
+        added to its prediction; the margin becomes the conformal quantile of all residuals, both
+        sets, de-biased leave-one-out (:func:`~mechkit.adapt.conformal.debiased_residuals`); and the
+        candidates and scheduler are rebuilt. If the rebuilt scheduler then chooses a plan not yet
+        timed, that is timed and the step repeats, at most ``rounds`` times; a plan still untimed
+        keeps bias 0 under the pooled margin (the report lists it).
+
+        A bias is the median of ``tasks × margin_prompts`` residuals: its own error (about
+        ``1.25·σ/√k``) is what the leave-one-out de-biasing keeps in the pooled scores. The pooled
+        count is the first calibration's plus the chosen plans', so a margin finite before stays finite.
+        """
+        table = self.cost_table()
+        groups: dict[str, list[float]] = {k: list(v) for k, v in self._memo["margin-groups"].items()}
+        seen: dict[str, tuple[ExecutionPlan, int, int | None]] = {}  # key: plan, round first chosen, round timed
+        forwards, spent, done, margin = 0, 0.0, 0, None
+        for round_ in range(1, rounds + 2):
+            chosen = self.chosen_plans(sched, budgets)
+            for k, p in chosen.items():
+                seen.setdefault(k, (p, round_, 0 if k in groups else None))
+            new = {k: p for k, p in chosen.items() if k not in groups}
+            if (round_ > 1 and not new) or round_ > rounds:
+                break
+            if new:
+                plans = list(new.values())
+                per_plan, f, sec = self._time_plans(plans, "margin-chosen")
+                forwards, spent, done = forwards + f, spent + sec, round_
+                for p, r in zip(plans, per_plan, strict=True):
+                    groups[p.key()] = r
+                    seen[p.key()] = (p, seen[p.key()][1], round_)
+            margin = calibrate_margin(debiased_residuals(groups), self.adherence)
+            require_residuals(margin.n, self.adherence, "the first and the chosen plans' timings")
+            sched = self._build(budgets, margin.value, plan_biases(groups))
+        bias = plan_biases(groups)
+        final = self.chosen_plans(sched, budgets)
+        self.margin_report["chosen_plans"] = {
+            "rounds": done, "first_margin": self.margin_report.get("value"),
+            "margin": margin.as_dict() if margin else None, "forwards": forwards, "seconds": spent,
+            "plans": [{"plan": p.label(), "predicted": table.predict(p, self.typical_tokens),
+                       "bias": bias.get(k, 0.0), "chosen_in_round": r, "timed_in_round": t,
+                       "chosen": k in final,
+                       "median_residual": float(np.median(groups[k])) if k in groups else None}
+                      for k, (p, r, t) in seen.items()],
+            "untimed_chosen": [p.label() for k, p in final.items() if k not in groups]}
+        return sched
 
     # --- 6. held-out ---------------------------------------------------------------------------------
 
@@ -515,7 +614,10 @@ class AdaptStudy:
                     "kept": {name: float(np.mean(entry["kept"])) for name, entry in logs.items()},
                     "label": {name: entry["label"] for name, entry in logs.items()}}
 
-        return self.step(f"adapt|time|{task}|{index}|{self.repeats}|{self.clock}|{sorted(budgets)}", compute)
+        # keyed by what decides the plans too: a resumed run with another margin or biases times afresh
+        plans = hashlib.sha256(f"{sched.margin}|{sorted(sched.bias.items())}|{[c.plan.key() for c in sched.candidates]}"
+                               .encode()).hexdigest()[:12]
+        return self.step(f"adapt|time|{task}|{index}|{self.repeats}|{self.clock}|{sorted(budgets)}|{plans}", compute)
 
     @staticmethod
     def input_noise(timings: list[dict]) -> dict:
@@ -629,7 +731,7 @@ class AdaptStudy:
             "protected_layers": self.protected_layers(),
             "orders": {src: [f"{k} {i}" for k, i in units] for src, units in self.orders().items()},
             "candidates": [{"plan": c.plan.label(), "source": c.source, "accuracy": c.accuracy,
-                            "predicted_ratio": sched.predicted(c.plan, self.typical_tokens)}
+                            "predicted_ratio": sched.predicted(c.plan, self.typical_tokens), "bias": c.bias}
                            for c in sched.candidates],
             "scheduler": sched.as_dict(),
         }
