@@ -200,7 +200,8 @@ SLOW_SWEEP = """
 import sys, time
 import mechkit.heads.effects as effects
 real = effects._layer_effects
-def slow(*args, **kwargs):  # each (batch, layer) step takes a while, so the run is stopped midway
+def slow(*args, **kwargs):  # each (batch, layer) step takes a while (1 s: a parent starved on a loaded
+    # machine still finds the run midway), so the run is stopped midway
     time.sleep(float(sys.argv[1]))
     return real(*args, **kwargs)
 effects._layer_effects = slow
@@ -216,7 +217,7 @@ def test_ctrl_c_keeps_finished_steps_and_the_rerun_resumes(tmp_path, cache, monk
     args = ["sweep", "--model", "tiny:llama", "--out", str(out), "--tasks", "capitalize", "--n", "4",
             "--shots", "2", "--batch-size", "1"]
     env = {**os.environ, "MECHKIT_CACHE": str(cache), "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SWEEP, "0.4", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SWEEP, "1.0", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 240
