@@ -42,6 +42,7 @@ def cluster():
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         yield ray
@@ -49,6 +50,8 @@ def cluster():
         release_workers()
         ray.shutdown()
         torch.set_num_threads(threads)
+        for sig, handler in handlers.items():  # Ray installs its own: later tests (and their children) get ours back
+            signal.signal(sig, handler)
     deadline = time.monotonic() + 15
     while ray_workers() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -197,7 +197,8 @@ def test_an_interrupted_batch_loop_resumes_at_the_first_unfinished_batch(tmp_pat
 # --- a real SIGINT to a real mechkit process ---------------------------------------------------------------
 
 SLOW_SWEEP = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a parent that ignores SIGINT (Ray can leave it so) passes that on
 import mechkit.heads.effects as effects
 real = effects._layer_effects
 def slow(*args, **kwargs):  # each (batch, layer) step takes a while (1 s: a parent starved on a loaded
