@@ -89,3 +89,17 @@ def killing_a_busy_worker() -> Iterator[tuple[list[int], io.StringIO]]:
     finally:
         done.set()
         killer.join()
+
+
+class KeptSteps:
+    """An in-memory step cache (``step(key, compute)``) that records the keys it computed, in order."""
+
+    def __init__(self) -> None:
+        self.kept: dict = {}
+        self.computed: list[str] = []
+
+    def __call__(self, key, compute):
+        if key not in self.kept:
+            self.kept[key] = compute()  # map_units asks first with a compute that raises: nothing is kept then
+            self.computed.append(key)
+        return self.kept[key]

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 import mechkit as mk
-from tests.ray_cluster import killing_a_busy_worker, ray_workers
+from tests.ray_cluster import KeptSteps, killing_a_busy_worker, ray_workers
 
 TINY = {"model": "tiny:llama", "device": "cpu"}
 RAY = {"executor": "ray", "workers": 2}
@@ -76,14 +76,8 @@ def test_finished_units_of_a_ray_run_are_resumed_not_redone(cluster, ray_cache):
     prompts = mk.build_prompts("capitalize", n=4, shots=1, seed=0)
     units = [("clean", 0), ("layer", 0, 0), ("layer", 0, 1), ("clean", 1), ("layer", 1, 0), ("layer", 1, 1)]
     keys = [str(u) for u in units]
-    kept: dict = {}
-    computed: list[str] = []
-
-    def step(key, compute):
-        if key not in kept:
-            kept[key] = compute()  # map_units asks first with a compute that raises: nothing is kept then
-            computed.append(key)
-        return kept[key]
+    step = KeptSteps()
+    kept, computed = step.kept, step.computed
 
     executor = RayExecutor(LoadSpec.of(handle), workers=2, chunk_size=1)
     try:

@@ -16,7 +16,7 @@ from rich.console import Console
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.ray_cluster import killing_a_busy_worker, ray_workers
+from tests.ray_cluster import KeptSteps, killing_a_busy_worker, ray_workers
 
 TINY = {"model": "tiny:llama", "device": "cpu"}
 RAY = {"executor": "ray", "workers": 2}
@@ -72,14 +72,8 @@ def test_rows_a_serial_run_kept_are_read_back_by_a_ray_run(cluster):
     from mechkit.pruning.grid import grid_rows
 
     handle = mk.load_model("tiny:llama", device="cpu")
-    kept: dict = {}
-    computed: list[str] = []
-
-    def step(key, compute):
-        if key not in kept:
-            kept[key] = compute()  # map_units asks first with a compute that raises: nothing is kept then
-            computed.append(key)
-        return kept[key]
+    step = KeptSteps()
+    computed = step.computed
 
     sizes = {"n_calib": 3, "n": 4, "shots": 2, "repeats": 1, "timing_batch": 2}
     levels = [{"neurons": 0.2}, {"neurons": 0.4}]
