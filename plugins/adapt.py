@@ -71,9 +71,9 @@ class AdaptPlugin(Plugin):
         Option("calib", int, 8, "Calibration prompts per task (guides, candidate scores, signal).", min=2),
         Option("n", int, 10, "Held-out prompts per task.", min=1),
         Option("shots", int, 10, "Demonstrations per prompt.", min=0),
-        Option("repeats", int, 3, "Timed runs per plan and input (medians).", min=1),
-        Option("clock", str, "auto", "Latency clock: wall (elapsed), cpu (process CPU time: latency on an idle "
-                                     "core, immune to other jobs on a shared machine) or auto (cpu on a one-thread "
+        Option("repeats", int, 3, "Timed runs per plan and input, each between two dense runs (medians).", min=1),
+        Option("clock", str, "auto", "Latency clock: wall (elapsed), cpu (the timing thread's CPU time: latency on an idle "
+                                     "core, less sensitive to other jobs on a shared machine) or auto (cpu on a one-thread "
                                      "CPU run, else wall).", choices=("auto", "wall", "cpu")),
         Option("timing_prompts", int, 1, "Calibration prompts per task timed for the cost table.", min=1),
         Option("prune_budgets", str, "0.7", "Budgets at which to run static pruning for comparison (blank: none).",

@@ -5,7 +5,7 @@ carries the table's error and the machine's noise (the same input timed twice di
 scheduler subtracts a margin ``m`` from every budget, choosing only plans with
 ``predicted + m ≤ budget``. Split conformal prediction (Vovk et al.; Lei et al. 2018) sets ``m``
 from data the table was not fitted on: calibration prompts are timed against the dense model
-exactly as held-out inputs are (interleaved, medians), each under a set of plans spanning the
+exactly as held-out inputs are (paired with dense forwards, medians), each under a set of plans spanning the
 predicted ratios, and the residuals ``r = measured − predicted`` are sorted. With ``n`` residuals
 and the target ``q``, the margin is the ``k = ⌈(n + 1)·q⌉``-th smallest (the
 ``⌈(n + 1)·q⌉/n`` empirical quantile): for a new (input, plan) pair exchangeable with the

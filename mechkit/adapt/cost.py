@@ -1,9 +1,10 @@
 """What a plan costs on this machine: measured latencies and a calibrated cost table that predicts them.
 
 A plan's latency is measured, never assumed: :func:`measure` times the forward that answers a
-prompt (its prefill, logits of the last position only) under each plan, interleaved round-robin
-with the dense model on the same input so machine noise hits both alike, and reports the median
-ratio to dense. The clock is elapsed time, or on a one-thread CPU run the process's CPU time
+prompt (its prefill, logits of the last position only) under each plan, interleaved
+with the dense model on the same input — each plan's forward between two dense ones
+(:func:`time_paired`), so the drift of a shared machine's speed cancels — and reports the median
+ratio to dense. The clock is elapsed time, or on a one-thread CPU run the timing thread's CPU time
 (:func:`resolve_clock`): on a shared machine elapsed time also counts other jobs.
 
 The scheduler must know a plan's cost *before* running it, so :class:`CostTable` fits, on measured
@@ -34,6 +35,7 @@ for budgets in seconds.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import statistics
 import time
@@ -98,11 +100,12 @@ CLOCKS = ("auto", "wall", "cpu")
 
 
 def resolve_clock(handle: ModelHandle, clock: str = "auto") -> str:
-    """``"wall"`` (elapsed seconds, synchronised on CUDA) or ``"cpu"`` (this process's CPU seconds).
+    """``"wall"`` (elapsed seconds, synchronised on CUDA) or ``"cpu"`` (the timing thread's CPU seconds).
 
-    ``auto`` takes ``cpu`` on a CPU model computed by one thread: the forward's CPU time is then its
-    latency on an idle core, and unlike elapsed time it does not count the time other jobs on a
-    shared machine held the core. Everywhere else (a GPU, several threads) it takes ``wall``."""
+    ``auto`` takes ``cpu`` on a CPU model computed by one thread: the forward runs on the calling
+    thread, so that thread's CPU time is its latency on an idle core, and unlike elapsed time it does
+    not count the time other jobs on a shared machine held the core (nor a progress bar's thread).
+    Everywhere else (a GPU, several threads) it takes ``wall``."""
     if clock not in CLOCKS:
         raise ValueError(f"unknown clock {clock!r}; use one of {CLOCKS}")
     if clock != "auto":
@@ -116,7 +119,7 @@ def time_forward(handle: ModelHandle, ids: torch.Tensor, clock: str = "wall") ->
     from mechkit.eval.scoring import last_logits_only
 
     extra = last_logits_only(handle)
-    now = time.process_time if clock == "cpu" else time.perf_counter
+    now = time.thread_time if clock == "cpu" else time.perf_counter
     if ids.device.type == "cuda":
         torch.cuda.synchronize()
     start = now()
@@ -127,37 +130,85 @@ def time_forward(handle: ModelHandle, ids: torch.Tensor, clock: str = "wall") ->
     return now() - start
 
 
-def time_plans(handle: ModelHandle, plans: Sequence[ExecutionPlan], text: str, repeats: int = 3,
-               clock: str = "wall") -> list[float]:
-    """Median seconds of the prefill of ``text`` under each plan (dense = ``ExecutionPlan()``),
-    interleaved round-robin after one warm-up each."""
-    ids = prompt_ids(handle, text)
-    times: list[list[float]] = [[] for _ in plans]
-    for round_ in range(repeats + 1):
-        for i, plan in enumerate(plans):
-            with run_plan(handle, plan):
-                t = time_forward(handle, ids, clock)
-            if round_:
-                times[i].append(t)
-    return [statistics.median(t) for t in times]
+Timer = Callable[[], "tuple[float, dict | None]"]
+"""One timed forward: its seconds and the runner's last log entry (``None`` without one)."""
+
+
+def forward_timer(handle: ModelHandle, ids: torch.Tensor, make: Callable[[], contextlib.AbstractContextManager],
+                  clock: str = "wall") -> Timer:
+    """A :data:`Timer` for one forward of ``ids`` on ``handle`` inside ``make()`` (a plan, the adaptive
+    scheduler, or ``contextlib.nullcontext`` for the model as it is)."""
+    def run() -> tuple[float, dict | None]:
+        with make() as runner:
+            seconds = time_forward(handle, ids, clock)
+        log = getattr(runner, "log", None)
+        return seconds, (log[-1] if log else None)
+    return run
+
+
+def time_paired(timers: Sequence[tuple[str, Timer]], repeats: int = 3,
+                warmup: bool = False) -> tuple[dict[str, float], dict[str, dict]]:
+    """How every measured ratio is timed (held-out inputs, the budget margin's calibration, the cost
+    table's fit, static pruning): the first timer is the reference (dense), and each round runs it
+    before and after every other timer — ``D t1 D t2 D … tk D`` — so each forward is compared with the
+    reference forwards just beside it. On a shared machine the speed of a core drifts over seconds (one
+    forward's time correlates 0.8 with the next one's, 0.4 ten forwards later), so a ratio of two
+    medians taken a round apart carries the drift, and a ratio to the reference beside it cancels it.
+
+    Returns per name the median seconds — the reference's own median, and for every other timer the
+    reference's median × the median over rounds of (its seconds / the mean of its two neighbours), so
+    ``seconds[t] / seconds[ref]`` is the paired ratio — and each timer's last log entry. The garbage
+    collector is off while timing, as :mod:`timeit` does; ``warmup`` first runs every timer once untimed."""
+    (ref_name, ref), *others = timers
+    logs: dict[str, dict] = {}
+    ref_times: list[float] = []
+    ratios: dict[str, list[float]] = {name: [] for name, _ in others}
+
+    def run(name: str, timer: Timer) -> float:
+        seconds, log = timer()
+        if log:
+            logs[name] = log
+        return seconds
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if warmup:
+            for name, timer in timers:
+                run(name, timer)
+        for _ in range(repeats):
+            before = run(ref_name, ref)
+            ref_times.append(before)
+            for name, timer in others:
+                seconds = run(name, timer)
+                after = run(ref_name, ref)
+                ref_times.append(after)
+                ratios[name].append(seconds / ((before + after) / 2))
+                before = after
+    finally:
+        if was_enabled:
+            gc.enable()
+    ref_s = statistics.median(ref_times)
+    out = {ref_name: ref_s} | {name: ref_s * statistics.median(r) for name, r in ratios.items()}
+    return out, logs
 
 
 def time_interleaved(handle: ModelHandle, ids: torch.Tensor,
                      makers: Sequence[tuple[str, Callable[[], contextlib.AbstractContextManager]]], repeats: int = 3,
                      clock: str = "wall") -> tuple[dict[str, float], dict[str, dict]]:
-    """How one input is timed wherever a measured ratio is reported (held-out inputs and the
-    calibration of the budget margin alike): each ``(name, make)`` opens a context (a plan, the
-    adaptive scheduler) around one forward of ``ids``, round-robin for ``repeats`` rounds so machine
-    noise hits them alike; returns the median seconds per name and each runner's last log entry."""
-    times: dict[str, list[float]] = {name: [] for name, _ in makers}
-    logs: dict[str, dict] = {}
-    for _ in range(repeats):
-        for name, make in makers:
-            with make() as runner:
-                times[name].append(time_forward(handle, ids, clock))
-            if getattr(runner, "log", None):
-                logs[name] = runner.log[-1]
-    return {name: statistics.median(v) for name, v in times.items()}, logs
+    """One input timed under each ``(name, make)`` context (a plan, the adaptive scheduler), the first
+    being the reference (dense): :func:`time_paired` of their forwards of ``ids``."""
+    return time_paired([(name, forward_timer(handle, ids, make, clock)) for name, make in makers], repeats)
+
+
+def time_plans(handle: ModelHandle, plans: Sequence[ExecutionPlan], text: str, repeats: int = 3,
+               clock: str = "wall") -> list[float]:
+    """Seconds of the prefill of ``text`` under each plan, paired with the first (dense =
+    ``ExecutionPlan()``) as :func:`time_paired` does, after one warm-up each."""
+    ids = prompt_ids(handle, text)
+    timers = [(str(i), forward_timer(handle, ids, lambda p=p: run_plan(handle, p), clock)) for i, p in enumerate(plans)]
+    seconds, _ = time_paired(timers, repeats, warmup=True)
+    return [seconds[str(i)] for i in range(len(plans))]
 
 
 @dataclass
@@ -176,7 +227,7 @@ class Measured:
 
 def measure(handle: ModelHandle, plans: Sequence[ExecutionPlan], texts: Sequence[str],
             repeats: int = 3, clock: str = "wall") -> list[Measured]:
-    """Every plan timed on every text, each interleaved with the dense model (see :func:`time_plans`)."""
+    """Every plan timed on every text, each paired with the dense model (see :func:`time_paired`)."""
     out = []
     for text in texts:
         n = prompt_ids(handle, text).shape[1]
@@ -281,7 +332,7 @@ def _least_squares(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
 
 def dense_noise(handle: ModelHandle, texts: Sequence[str], repeats: int = 3, clock: str = "wall") -> float:
     """How far apart two identical dense runs measure: the largest |1 − ratio| of the dense model
-    timed against itself, interleaved, over ``texts`` — the resolution of any measured ratio."""
+    timed against itself, paired, over ``texts`` — the resolution of any measured ratio."""
     worst = 0.0
     for text in texts:
         a, b = time_plans(handle, [ExecutionPlan(), ExecutionPlan()], text, repeats, clock)

@@ -68,11 +68,12 @@ from mechkit.adapt.cost import (
     CostTable,
     Measured,
     dense_noise,
+    forward_timer,
     measure,
     prompt_ids,
     resolve_clock,
-    time_forward,
     time_interleaved,
+    time_paired,
 )
 from mechkit.adapt.plan import ExecutionPlan, run_plan
 from mechkit.adapt.scheduler import Candidate, Scheduler, TaskSignal, adaptive
@@ -269,6 +270,11 @@ class AdaptStudy:
 
     # --- 2. cost table -------------------------------------------------------------------------------
 
+    @property
+    def timing_tag(self) -> str:
+        """What every timing step's key carries: timings taken another way are not reused."""
+        return f"{self.repeats}|{self.clock}|paired"
+
     def timing_texts(self, offset: int = 0) -> list[str]:
         texts = []
         for ps in self.calib.values():
@@ -300,7 +306,7 @@ class AdaptStudy:
             return [{"plan": m.plan.as_dict(), "n_tokens": m.n_tokens, "seconds": m.seconds, "dense_s": m.dense_s}
                     for m in measure(self.handle, plans, texts, self.repeats, self.clock)]
 
-        tag = f"{self.repeats}|{self.clock}"
+        tag = self.timing_tag
         fit_rows = self.step(f"adapt|cost-fit|{tag}", lambda: rows(fit_plans, self.timing_texts()))
         check_texts = self.timing_texts(self.timing_prompts)
         check_rows = self.step(f"adapt|cost-check|{tag}", lambda: rows(check_plans, check_texts))
@@ -344,7 +350,7 @@ class AdaptStudy:
 
     def margin_calibration(self, budgets: Sequence[float]) -> tuple[ConformalMargin | None, dict]:
         """The split-conformal margin and its report: each margin prompt timed dense and under
-        :meth:`margin_plan_set`, interleaved, exactly as a held-out input is timed
+        :meth:`margin_plan_set`, paired with dense, exactly as a held-out input is timed
         (:func:`~mechkit.adapt.cost.time_interleaved`); residual = measured − predicted ratio. With
         ``margin`` given: that value, nothing timed. One resumable step per prompt."""
         if self.margin is not None:
@@ -382,7 +388,7 @@ class AdaptStudy:
         spent, forwards = 0.0, 0
         for task in self.tasks:
             for i, text in enumerate(self.margin_texts[task]):
-                timed = self.step(f"adapt|{kind}|{task}|{i}|{self.repeats}|{self.clock}|{digest}",
+                timed = self.step(f"adapt|{kind}|{task}|{i}|{self.timing_tag}|{digest}",
                                   lambda text=text: self._time_margin_input(plans, text))
                 spent += timed["spent_s"]
                 forwards += (len(plans) + 1) * self.repeats
@@ -598,7 +604,7 @@ class AdaptStudy:
 
     def _time_input(self, sched: Scheduler, budgets: Sequence[float], task: str, index: int, text: str) -> dict:
         """One held-out prompt timed (prefill, last-position logits) dense, under the adaptive scheduler
-        and under the static plan at every budget, interleaved (:func:`~mechkit.adapt.cost.time_interleaved`,
+        and under the static plan at every budget, each forward between two dense ones (:func:`~mechkit.adapt.cost.time_paired`,
         as the margin's calibration prompts); medians of ``repeats``."""
         def compute() -> dict:
             ids = prompt_ids(self.handle, text)
@@ -617,7 +623,7 @@ class AdaptStudy:
         # keyed by what decides the plans too: a resumed run with another margin or biases times afresh
         plans = hashlib.sha256(f"{sched.margin}|{sorted(sched.bias.items())}|{[c.plan.key() for c in sched.candidates]}"
                                .encode()).hexdigest()[:12]
-        return self.step(f"adapt|time|{task}|{index}|{self.repeats}|{self.clock}|{sorted(budgets)}|{plans}", compute)
+        return self.step(f"adapt|time|{task}|{index}|{self.timing_tag}|{sorted(budgets)}|{plans}", compute)
 
     @staticmethod
     def input_noise(timings: list[dict]) -> dict:
@@ -683,7 +689,7 @@ class AdaptStudy:
                 rows.append({"budget": budget, "error": str(err)})
                 continue
             r = found["chosen_row"]
-            ratio = self.step(f"adapt|prune-time|{budget}|{self.repeats}|{self.clock}",
+            ratio = self.step(f"adapt|prune-time|{budget}|{self.timing_tag}",
                               lambda r=r: self._time_pruned(study.pruned(r)))
             rows.append({"budget": budget, "accuracy": r["accuracy"], "mean_accuracy": r["mean_accuracy"],
                          "latency_ratio": ratio, "search_latency_ratio": r["latency_ratio"], "met": found["met"],
@@ -693,17 +699,14 @@ class AdaptStudy:
 
     def _time_pruned(self, pruned: ModelHandle) -> float:
         """The pruned copy's latency / dense, timed as the plans are (this study's clock, per input,
-        interleaved): the median over the first held-out prompt of each task."""
+        each pruned forward between two dense ones): the median over the first held-out prompt of each task."""
         ratios = []
         for task in self.tasks:
             ids = prompt_ids(self.handle, self.test[task][0].text)
-            times: dict[int, list[float]] = {0: [], 1: []}
-            for round_ in range(self.repeats + 1):
-                for i, h in enumerate((self.handle, pruned)):
-                    t = time_forward(h, ids, self.clock)
-                    if round_:
-                        times[i].append(t)
-            ratios.append(statistics.median(times[1]) / statistics.median(times[0]))
+            timers = [(name, forward_timer(h, ids, contextlib.nullcontext, self.clock))
+                      for name, h in (("dense", self.handle), ("pruned", pruned))]
+            seconds, _ = time_paired(timers, self.repeats, warmup=True)
+            ratios.append(seconds["pruned"] / seconds["dense"])
         return float(np.median(ratios))
 
     # --- everything ----------------------------------------------------------------------------------
