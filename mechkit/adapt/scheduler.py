@@ -177,6 +177,11 @@ class Scheduler:
         if not self.candidates:
             raise MechkitError("a scheduler needs candidate plans", "calibrate with at least one plan")
         self.bias = {c.plan.key(): c.bias for c in self.candidates if c.bias}
+        # decide() runs inside the forward it schedules, so its cost is latency: a candidate's predicted
+        # ratio (per prompt length) and ranking key (per task set) are computed once, not per decision
+        self._cost_memo: dict[tuple[int, int], float] = {}
+        self._key_memo: dict[tuple[int, tuple[str, ...]], tuple[float, float]] = {}
+        self._pools: dict[str | None, list[Candidate]] = {}
 
     @property
     def signal_layer(self) -> int:
@@ -202,27 +207,46 @@ class Scheduler:
         this margin: the scheduler runs the cheapest plan and says so)."""
         return any(self.fits(c.plan, budget, n_tokens) for c in self.candidates)
 
-    def _best(self, pool: list[Candidate], key, budget: float, n_tokens: int) -> Candidate:
-        fitting = [c for c in pool if self.fits(c.plan, budget, n_tokens)]
-        if not fitting:  # infeasible: the cheapest plan there is (the Decision says it does not fit)
-            return min(pool, key=lambda c: self.predicted(c.plan, n_tokens))
-        # ties go to the plan that computes more: removing units rarely helps, a tie is noise
-        return max(fitting, key=lambda c: (*key(c), self.predicted(c.plan, n_tokens)))
+    def _cost(self, c: Candidate, n_tokens: int) -> float:
+        """:meth:`predicted` for a candidate, memoised."""
+        memo = (id(c), n_tokens)
+        if memo not in self._cost_memo:
+            self._cost_memo[memo] = self.predicted(c.plan, n_tokens)
+        return self._cost_memo[memo]
 
-    def _key(self, c: Candidate, tasks: Sequence[str]) -> tuple[float, float]:
-        acc = float(np.mean([c.accuracy[t] for t in tasks]))
-        lp = float(np.mean([c.logprob.get(t, 0.0) for t in tasks]))
-        return (lp, acc) if self.select == "logprob" else (acc, lp)
+    def _fits(self, c: Candidate, budget: float, n_tokens: int) -> bool:
+        """:meth:`fits` for a candidate, on the memoised prediction."""
+        return (c.plan.is_dense and budget >= 1.0) or self._cost(c, n_tokens) + self.margin <= budget
+
+    def _best(self, pool: list[Candidate], tasks: tuple[str, ...], budget: float, n_tokens: int) -> Candidate:
+        fitting = [c for c in pool if self._fits(c, budget, n_tokens)]
+        if not fitting:  # infeasible: the cheapest plan there is (the Decision says it does not fit)
+            return min(pool, key=lambda c: self._cost(c, n_tokens))
+        # ties go to the plan that computes more: removing units rarely helps, a tie is noise
+        return max(fitting, key=lambda c: (*self._key(c, tasks), self._cost(c, n_tokens)))
+
+    def _key(self, c: Candidate, tasks: tuple[str, ...]) -> tuple[float, float]:
+        memo = (id(c), tasks)
+        if memo not in self._key_memo:
+            acc = float(np.mean([c.accuracy[t] for t in tasks]))
+            lp = float(np.mean([c.logprob.get(t, 0.0) for t in tasks]))
+            self._key_memo[memo] = (lp, acc) if self.select == "logprob" else (acc, lp)
+        return self._key_memo[memo]
+
+    def _pool(self, task: str | None) -> list[Candidate]:
+        """The candidates scored on ``task`` (``None``: on every task)."""
+        if task not in self._pools:
+            need = self.tasks if task is None else [task]
+            self._pools[task] = [c for c in self.candidates if all(t in c.accuracy for t in need)]
+        return self._pools[task]
 
     def static(self, budget: float, n_tokens: int) -> Candidate:
         """The best plan on all tasks (mean calibration ``select`` metric, then the other) that fits ``budget``."""
-        pool = [c for c in self.candidates if all(t in c.accuracy for t in self.tasks)]
-        return self._best(pool, lambda c: self._key(c, self.tasks), budget, n_tokens)
+        return self._best(self._pool(None), tuple(self.tasks), budget, n_tokens)
 
     def for_task(self, task: str, budget: float, n_tokens: int) -> Candidate:
         """The best plan on ``task`` (its calibration ``select`` metric, then the other) that fits ``budget``."""
-        pool = [c for c in self.candidates if task in c.accuracy]
-        return self._best(pool, lambda c: self._key(c, [task]), budget, n_tokens)
+        return self._best(self._pool(task), (task,), budget, n_tokens)
 
     def decide(self, features: torch.Tensor | np.ndarray | None, n_tokens: int, budget: float,
                input_adaptive: bool = True) -> Decision:
@@ -242,12 +266,11 @@ class Scheduler:
                 else:
                     reason = "rows disagree" if len(picks) > 1 else "signal not confident"
         chosen = self.for_task(task, budget, n_tokens) if task else self.static(budget, n_tokens)
-        plan = chosen.plan
-        fits = self.fits(plan, budget, n_tokens)
+        fits = self._fits(chosen, budget, n_tokens)
         if not fits:
             reason += (f"; infeasible: no plan fits the budget {budget:g} after the margin {self.margin:.3f}, "
                        "the cheapest ran")
-        return Decision(plan, task, reason, self.predicted(plan, n_tokens), fits)
+        return Decision(chosen.plan, task, reason, self._cost(chosen, n_tokens), fits)
 
     def plans(self) -> list[ExecutionPlan]:
         return [c.plan for c in self.candidates]
