@@ -652,3 +652,80 @@ def test_debiasing_times_the_chosen_plans_and_a_second_round_the_newly_chosen(de
     for b in budgets:
         for n in (study.typical_tokens, 2 * study.typical_tokens):
             assert s0.decide(None, n, b).plan == ref.decide(None, n, b).plan
+
+
+def _drifting(speed: list[float], cost: float, calls: list[str], name: str):
+    """A fake timer: ``cost`` seconds at the machine's current speed, which slows 5 % per forward."""
+    def run():
+        calls.append(name)
+        speed[0] *= 1.05
+        return cost * speed[0], ({"name": name, "n": len(calls)} if name != "dense" else None)
+    return run
+
+
+def test_paired_timing_cancels_drift_and_keeps_logs():
+    """Each forward is compared with the reference forwards beside it, so a machine slowing steadily
+    still gives a plan of half the work a ratio of ~0.5 (medians a round apart would be ~15 % off),
+    the reference's seconds are its own median, logs are the last per timer, the warm-up is untimed
+    and the garbage collector is back on afterwards."""
+    import gc
+
+    from mechkit.adapt.cost import time_paired
+
+    speed, calls = [1.0], []
+    timers = [(n, _drifting(speed, c, calls, n)) for n, c in (("dense", 1.0), ("half", 0.5), ("same", 1.0))]
+    seconds, logs = time_paired(timers, repeats=3, warmup=True)
+    assert calls[:3] == ["dense", "half", "same"] and calls[3:8] == ["dense", "half", "dense", "same", "dense"]
+    assert len(calls) == 3 + 3 * 5
+    half, same = seconds["half"] / seconds["dense"], seconds["same"] / seconds["dense"]
+    assert abs(half - 0.5) < 0.002 and abs(same - 1.0) < 0.002  # drift: 1.05 per call, cancelled to O(0.05²)
+    dense_times = [1.05 ** (i + 1) for i, c in enumerate(calls) if c == "dense" and i >= 3]
+    assert seconds["dense"] == pytest.approx(sorted(dense_times)[len(dense_times) // 2])
+    assert logs["half"]["n"] == len(calls) - 3 and logs["same"]["n"] == len(calls) - 1 and "dense" not in logs
+    assert gc.isenabled()
+
+
+def test_paired_timing_restores_gc_on_error():
+    import gc
+
+    from mechkit.adapt.cost import time_paired
+
+    def boom():
+        raise RuntimeError("forward failed")
+
+    with pytest.raises(RuntimeError, match="forward failed"):
+        time_paired([("dense", lambda: (1.0, None)), ("plan", boom)], repeats=2)
+    assert gc.isenabled()
+
+
+def test_the_reproduce_bench_rebuilds_a_run_from_its_saved_scheduler(tmp_path):
+    """``bench/adapt_reproduce.py`` (plain transformers calls and clocks around the saved scheduler)
+    runs on a finished `mechkit adapt` output: same held-out prompts, the report's accuracy by greedy
+    decoding, and a latency ratio per input under both timing protocols."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    run = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["adapt", "--model", "tiny:llama", "--tasks", "capitalize,past-tense",
+                                      "--budgets", "0.7,1.0", "--calib", "3", "--n", "2", "--shots", "1",
+                                      "--token-layers", "0", "--token-keep", "0.5", "--signal-layer", "0",
+                                      "--repeats", "1", "--prune-budgets", "", "--margin", "0.05", "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    script = Path(__file__).resolve().parents[1] / "bench" / "adapt_reproduce.py"
+    out = tmp_path / "repro.json"
+    done = subprocess.run([sys.executable, str(script), str(run), "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())
+    report = json.loads((run / "report.json").read_text())["results"]
+    assert summary["prompts"] == sum(report["heldout_prompts"].values())
+    assert [b["budget"] for b in summary["budgets"]] == [0.7, 1.0]
+    for line, row in zip(summary["budgets"], report["rows"], strict=True):
+        assert line["accuracy"] == pytest.approx(row["adaptive"]["mean_accuracy"])
+        for proto in ("paired", "rounds"):
+            assert line[proto]["median"] > 0 and 0 <= line[proto]["strict"] <= line[proto]["dense_met"] <= 1
