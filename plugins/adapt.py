@@ -196,6 +196,11 @@ def _summary(results: dict) -> dict:
         if r.get("prune") and "mean_accuracy" in r["prune"]:
             line += f" | prune {r['prune']['mean_accuracy']:.2f} at {r['prune']['latency_ratio']:.2f}"
         out[f"budget {r['budget']:.2f}"] = line
+    pooled = (results.get("pooled_adherence") or {}).get("adaptive")
+    if pooled:
+        out["adherence, all budgets"] = (f"adaptive {pooled['within']} of {pooled['inputs']} inputs within their "
+                                         f"budget (dense = met): {pooled['share']:.3f}, supporting ≥ "
+                                         f"{pooled['lower95']:.3f} at 95 % confidence")
     sig = results["signal"]
     out["signal"] = (f"layer {sig['layer']}, cross-validated accuracy {_num(sig['cv_accuracy'])}, "
                      f"{'trusted' if sig['trusted'] else 'not trusted: static fallback'}")

@@ -383,6 +383,14 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     for kind in ("adaptive", "static"):
         assert set(row[kind]["accuracy"]) == {"capitalize", "past-tense"} and 0 <= row[kind]["adherence"] <= 1
         assert row[kind]["adherence"] <= row[kind]["adherence_dense_met"] and 0 <= row[kind]["coverage"] <= 1
+        assert row[kind]["adherence_dense_met"] == row[kind]["within"] / row[kind]["inputs"]
+        assert row[kind]["adherence_lower95"] <= row[kind]["adherence_dense_met"]
+    for kind in ("adaptive", "static"):  # pooled over budgets: the counts the rows give
+        pooled = res["pooled_adherence"][kind]
+        assert pooled["inputs"] == sum(r[kind]["inputs"] for r in res["rows"])
+        assert pooled["within"] == sum(r[kind]["within"] for r in res["rows"])
+        assert pooled["lower95"] <= pooled["share"] <= 1
+    assert "adherence, all budgets" in run.report["results"]["summary"]
     cal = res["margin_calibration"]
     assert cal["method"] == "conformal" and cal["q"] == 0.5 and cal["value"] >= 0
     assert cal["n"] == 2 * len(cal["plans"]) and res["adherence_target"] == 0.5

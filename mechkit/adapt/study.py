@@ -63,6 +63,7 @@ from mechkit.adapt.conformal import (
     plan_biases,
     require_residuals,
     residuals_needed,
+    share_lower_bound,
 )
 from mechkit.adapt.cost import (
     CostTable,
@@ -600,7 +601,7 @@ class AdaptStudy:
         for budget in budgets:
             rows.append(self._budget_row(budget, decisions[budget], timings, correct, sched.margin))
         return {"dense": {"accuracy": dense, "mean_accuracy": float(np.mean(list(dense.values())))}, "rows": rows,
-                "input_noise": self.input_noise(timings)}
+                "input_noise": self.input_noise(timings), "pooled_adherence": pooled_adherence(rows)}
 
     def _time_input(self, sched: Scheduler, budgets: Sequence[float], task: str, index: int, text: str) -> dict:
         """One held-out prompt timed (prefill, last-position logits) dense, under the adaptive scheduler
@@ -730,7 +731,7 @@ class AdaptStudy:
             "margin": sched.margin, "adherence_target": self.adherence, "margin_calibration": self.margin_report,
             "infeasible_budgets": [r["budget"] for r in held["rows"] if not r["feasible"]],
             "cost": self.cost_report, "dense": held["dense"], "rows": held["rows"],
-            "input_noise": held["input_noise"], "select": sched.select,
+            "input_noise": held["input_noise"], "pooled_adherence": held["pooled_adherence"], "select": sched.select,
             "protected_layers": self.protected_layers(),
             "orders": {src: [f"{k} {i}" for k, i in units] for src, units in self.orders().items()},
             "candidates": [{"plan": c.plan.label(), "source": c.source, "accuracy": c.accuracy,
@@ -747,7 +748,9 @@ def adherence(budget: float, ratios: Sequence[float], decisions: Sequence, noise
     the noise of timing one model twice), the others strictly; ``adherence_with_noise`` within
     ``budget + noise``; ``coverage`` the share measured within ``predicted + margin`` (what the
     conformal margin promises); ``dense_inputs`` how many ran dense under a budget ≥ 1;
-    ``infeasible_inputs`` how many had no plan that fits (the cheapest ran).
+    ``infeasible_inputs`` how many had no plan that fits (the cheapest ran); ``within`` of ``inputs``
+    the count behind ``adherence_dense_met``, and ``adherence_lower95`` the share that count supports
+    (:func:`~mechkit.adapt.conformal.share_lower_bound`).
 
     >>> from mechkit.adapt.scheduler import Decision
     >>> from mechkit.adapt.plan import ExecutionPlan
@@ -757,11 +760,26 @@ def adherence(budget: float, ratios: Sequence[float], decisions: Sequence, noise
     (0.5, 1.0, 1.0, 2)
     """
     dense = [d.plan.is_dense and budget >= 1.0 for d in decisions]
+    met = int(sum(r <= budget or x for r, x in zip(ratios, dense, strict=True)))
     return {"adherence": float(np.mean([r <= budget for r in ratios])),
-            "adherence_dense_met": float(np.mean([r <= budget or x for r, x in zip(ratios, dense, strict=True)])),
+            "adherence_dense_met": met / len(ratios), "within": met, "inputs": len(ratios),
+            "adherence_lower95": share_lower_bound(met, len(ratios)),
             "adherence_with_noise": float(np.mean([r <= budget + noise for r in ratios])),
             "coverage": float(np.mean([r <= d.predicted + margin for r, d in zip(ratios, decisions, strict=True)])),
             "dense_inputs": int(sum(dense)), "infeasible_inputs": int(sum(not d.fits for d in decisions))}
+
+
+def pooled_adherence(rows: Sequence[dict]) -> dict:
+    """Per scheduler (adaptive, static): inputs within their budget (dense = met) over every budget's
+    inputs, pooled, and the share that supports (:func:`~mechkit.adapt.conformal.share_lower_bound`):
+    one budget's few inputs cannot show 99 %, all budgets' together come closer."""
+    out = {}
+    for kind in ("adaptive", "static"):
+        within = sum(r[kind]["within"] for r in rows)
+        n = sum(r[kind]["inputs"] for r in rows)
+        out[kind] = {"within": within, "inputs": n, "share": within / n if n else None,
+                     "lower95": share_lower_bound(within, n)}
+    return out
 
 
 def _plan(units: Sequence[tuple[str, int]], tokens: TokenSelection | None, source: str) -> ExecutionPlan:
