@@ -252,7 +252,7 @@ def finding(results: dict) -> str:
     bad = results.get("infeasible_budgets") or []
     if bad:
         target = (results.get("margin_calibration") or {}).get("q")
-        at = f" at {target:.0%} adherence" if target else ""
+        at = f" at {_pct(target)} adherence" if target else ""
         text += (f" Infeasible{at} on this machine: no plan fits the {', '.join(f'{b:.2f}' for b in bad)} "
                  f"budget{'s' if len(bad) > 1 else ''} after the {results['margin']:.3f} margin, so the cheapest "
                  f"plan ran there (over budget by prediction).")
@@ -262,7 +262,7 @@ def finding(results: dict) -> str:
 def _margin_words(results: dict) -> str:
     cal = results.get("margin_calibration") or {}
     if cal.get("method") == "conformal":
-        return f" (margin {results['margin']:.3f}, calibrated for {cal['q']:.0%})"
+        return f" (margin {results['margin']:.3f}, calibrated for {_pct(cal['q'])})"
     return f" (margin {results['margin']:.3f}, given)" if "margin" in results else ""
 
 
@@ -293,3 +293,8 @@ def _per_task(results: dict):
     return line_plot([r["budget"] for r in rows], series, "Held-out accuracy per task vs latency budget "
                      "(solid: adaptive, dashed: best static)", "budget (fraction of dense latency)",
                      "exact-match accuracy", groups=groups)
+
+
+def _pct(share: float) -> str:
+    """A target share as a percentage, with the digit 99.5 % needs (not rounded up to 100 %)."""
+    return f"{100 * share:g} %"
