@@ -152,7 +152,8 @@ def time_paired(timers: Sequence[tuple[str, Timer]], repeats: int = 3,
     table's fit, static pruning): the first timer is the reference (dense), and each round runs it
     before and after every other timer — ``D t1 D t2 D … tk D`` — so each forward is compared with the
     reference forwards just beside it. On a shared machine the speed of a core drifts over seconds (one
-    forward's time correlates 0.8 with the next one's, 0.4 ten forwards later), so a ratio of two
+    forward's time correlates 0.6–0.8 with the next one's, 0.3–0.4 ten forwards later on a
+    shared 2-core machine: ``bench/timing_noise.py``), so a ratio of two
     medians taken a round apart carries the drift, and a ratio to the reference beside it cancels it.
 
     Returns per name the median seconds — the reference's own median, and for every other timer the
