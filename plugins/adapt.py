@@ -297,4 +297,4 @@ def _per_task(results: dict):
 
 def _pct(share: float) -> str:
     """A target share as a percentage, with the digit 99.5 % needs (not rounded up to 100 %)."""
-    return f"{100 * share:g} %"
+    return f"{100 * share:g}%"
