@@ -200,12 +200,15 @@ class Scheduler:
     def fits(self, plan: ExecutionPlan, budget: float, n_tokens: int) -> bool:
         """Whether ``plan`` may run under ``budget``: its predicted ratio plus the margin is within
         it, or it is the dense plan and the budget is at least the dense latency."""
-        return (plan.is_dense and budget >= 1.0) or self.predicted(plan, n_tokens) + self.margin <= budget
+        return self._admits(plan, self.predicted(plan, n_tokens), budget)
+
+    def _admits(self, plan: ExecutionPlan, predicted: float, budget: float) -> bool:
+        return (plan.is_dense and budget >= 1.0) or predicted + self.margin <= budget
 
     def feasible(self, budget: float, n_tokens: int) -> bool:
         """Whether any candidate fits ``budget`` on a prompt of ``n_tokens`` (else it is infeasible at
         this margin: the scheduler runs the cheapest plan and says so)."""
-        return any(self.fits(c.plan, budget, n_tokens) for c in self.candidates)
+        return any(self._fits(c, budget, n_tokens) for c in self.candidates)
 
     def _cost(self, c: Candidate, n_tokens: int) -> float:
         """:meth:`predicted` for a candidate, memoised."""
@@ -216,7 +219,7 @@ class Scheduler:
 
     def _fits(self, c: Candidate, budget: float, n_tokens: int) -> bool:
         """:meth:`fits` for a candidate, on the memoised prediction."""
-        return (c.plan.is_dense and budget >= 1.0) or self._cost(c, n_tokens) + self.margin <= budget
+        return self._admits(c.plan, self._cost(c, n_tokens), budget)
 
     def _best(self, pool: list[Candidate], tasks: tuple[str, ...], budget: float, n_tokens: int) -> Candidate:
         fitting = [c for c in pool if self._fits(c, budget, n_tokens)]
