@@ -5,7 +5,8 @@ guide on calibration prompts; their latency is measured on this machine and pred
 calibrated cost table; a scheduler picks, per budget, the plan with the best calibration accuracy —
 per input from an early-layer task signal (logistic regression), or one static plan. On held-out
 prompts it reports, per budget: accuracy per task for the adaptive scheduler, the best static plan
-and static pruning (``mechkit prune --budget``) at the same budget; latency measured per input
+and static pruning (``mechkit prune --budget``), both at the budget and searched to the scheduler's
+measured latency, compared at that same latency (:func:`same_latency`); latency measured per input
 against the dense model and the share of inputs within the budget; the plans chosen per task and
 the tokens kept; the accuracy–latency frontier. The budget margin is calibrated split-conformally
 for ``--adherence`` (the share of inputs meant to measure within budget) on calibration prompts timed
@@ -135,11 +136,19 @@ class AdaptPlugin(Plugin):
         checks = [[row["plan"], row["tokens"], row["measured"], row["predicted"]]
                   for part in ("fit", "validation") for row in cost[part]["rows"]]
         table = cost["table"]
+        same = [[x["budget"], x["adaptive"], x["adaptive_latency"], x["prune"], x["verdict"],
+                 "; ".join(f"{c['kind']}: {_copy_words(c)}" for c in x["copies"])]
+                for x in results.get("same_latency", [])]
         return [
             Table("Mean accuracy and measured latency by budget", ["budget", "adaptive", "best static", "static prune",
                   "adaptive latency", "static latency", "prune latency", "adherence (strict)",
                   "(dense = met)", "(±noise)", "coverage", "feasible", "tokens kept"], main,
                   note=note),
+            Table("Static pruning at the adaptive scheduler's measured latency",
+                  ["budget", "adaptive", "adaptive latency", "prune (interpolated)", "keeps more", "pruned copies"],
+                  same, note="pruned copies: `mechkit prune --budget` at the budget, and searched to the scheduler's "
+                             "measured latency (matched); each timed on every held-out input as the plans are; pruning "
+                             "at the scheduler's latency is read off the segment between the copies that bracket it"),
             Table("Held-out accuracy per task", ["budget", "task", "adaptive", "best static", "static prune"], per_task),
             Table("Plans chosen (adaptive: plan × inputs; static: the best plan over all tasks)",
                   ["budget", "task", "adaptive", "static"], plans,
@@ -207,20 +216,56 @@ def _summary(results: dict) -> dict:
     return out
 
 
+def pruned_copies(row: dict) -> list[dict]:
+    """The static-prune copies measured at one budget (at the budget, and searched to the adaptive
+    scheduler's latency), without the ones that failed, fastest first."""
+    pr = row.get("prune") or {}
+    copies = [dict(c, kind=kind) for kind, c in (("at budget", pr), ("matched", pr.get("matched") or {}))
+              if "mean_accuracy" in c]
+    return sorted(copies, key=lambda c: c["latency_ratio"])
+
+
 def same_latency(results: dict) -> list[dict]:
-    """For each static-prune row: the best adaptive and static accuracy among the budgets whose
-    measured median latency is at most the pruned copy's (the frontier at the same measured latency)."""
+    """For each static-prune budget: the adaptive scheduler's accuracy at its measured median latency
+    against static pruning at that same latency.
+
+    The pruned copies are points of pruning's accuracy–latency frontier. Where two bracket the
+    scheduler's latency, pruning's accuracy there is read off the segment between them (linear).
+    ``verdict``: ``adaptive`` where the scheduler keeps more, ``prune`` where pruning keeps as much
+    or more. Where no copy is as fast as the scheduler, a slower copy that keeps less is beaten
+    outright (on the frontier a faster copy keeps no more); where every copy is faster, one that
+    keeps as much or more wins outright. Otherwise ``undecided``: pruning was not measured near
+    that latency."""
     out = []
     for r in results["rows"]:
-        pr = r.get("prune")
-        if not pr or "mean_accuracy" not in pr:
+        copies = pruned_copies(r)
+        if not copies:
             continue
-        item = {"budget": r["budget"], "latency_ratio": pr["latency_ratio"], "prune": pr["mean_accuracy"]}
-        for kind in ("adaptive", "static"):
-            within = [x[kind]["mean_accuracy"] for x in results["rows"] if x[kind]["latency_ratio"] <= pr["latency_ratio"]]
-            item[kind] = max(within) if within else None
+        a = r["adaptive"]
+        lat, acc = a["latency_ratio"], a["mean_accuracy"]
+        item = {"budget": r["budget"], "adaptive": acc, "adaptive_latency": lat,
+                "static": r["static"]["mean_accuracy"], "static_latency": r["static"]["latency_ratio"],
+                "copies": [{k: c.get(k) for k in ("kind", "latency_ratio", "mean_accuracy", "within", "inputs")}
+                           for c in copies], "prune": None}
+        below = [c for c in copies if c["latency_ratio"] <= lat]
+        above = [c for c in copies if c["latency_ratio"] >= lat]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            span = hi["latency_ratio"] - lo["latency_ratio"]
+            w = 0.0 if span == 0 else (lat - lo["latency_ratio"]) / span
+            item["prune"] = lo["mean_accuracy"] + w * (hi["mean_accuracy"] - lo["mean_accuracy"])
+            item["verdict"] = "adaptive" if acc > item["prune"] + 1e-9 else "prune"
+        elif above:  # every copy is slower than the scheduler
+            item["verdict"] = "adaptive" if acc > above[0]["mean_accuracy"] else "undecided"
+        else:  # every copy is faster
+            item["verdict"] = "prune" if below[-1]["mean_accuracy"] >= acc else "undecided"
         out.append(item)
     return out
+
+
+def _copy_words(c: dict) -> str:
+    within = f", {c['within']}/{c['inputs']} inputs within the budget" if c.get("inputs") else ""
+    return f"{c['mean_accuracy']:.2f} at {c['latency_ratio']:.2f}{within}"
 
 
 def finding(results: dict) -> str:
@@ -236,10 +281,14 @@ def finding(results: dict) -> str:
             f"the budget{_margin_words(results)}" + ("" if r.get("feasible", True) else
                                                       ", but no plan fits it: the cheapest plan ran") + ".")
     parts = []
-    for item in results.get("same_latency", [])[:1]:
-        parts.append(f"at the pruned copy's measured {item['latency_ratio']:.2f} the plans keep "
-                     f"{_num(item['adaptive'])} (adaptive) and {_num(item['static'])} (static) against static "
-                     f"pruning's {item['prune']:.2f}")
+    same = results.get("same_latency", [])
+    for item in ([x for x in same if x["budget"] == r["budget"]] or same)[:1]:
+        copies = "; ".join(f"{c['kind']} {_copy_words(c)}" for c in item["copies"])
+        verdict = {"adaptive": "the adaptive scheduler keeps more", "prune": "static pruning keeps as much or more",
+                   "undecided": "undecided: no pruned copy was measured near that latency"}
+        at = "" if item["prune"] is None else f" static pruning keeps {item['prune']:.2f} (interpolated);"
+        parts.append(f"at the scheduler's measured {item['adaptive_latency']:.2f}{at} "
+                     f"{verdict[item['verdict']]} (pruned copies: {copies})")
     gains = [x["adaptive"]["mean_accuracy"] - x["static"]["mean_accuracy"] for x in rows]
     if not results["signal"]["trusted"]:
         parts.append("the task signal was not trusted, so every input ran the static plan")
@@ -273,7 +322,7 @@ def _frontier(results: dict):
     series = {"adaptive": ([r["adaptive"]["latency_ratio"] for r in rows], [r["adaptive"]["mean_accuracy"] for r in rows]),
               "best static plan": ([r["static"]["latency_ratio"] for r in rows],
                                    [r["static"]["mean_accuracy"] for r in rows])}
-    pruned = [r["prune"] for r in rows if r.get("prune") and "mean_accuracy" in r["prune"]]
+    pruned = sorted((c for r in rows for c in pruned_copies(r)), key=lambda c: c["latency_ratio"])
     if pruned:
         series["static prune"] = ([x["latency_ratio"] for x in pruned], [x["mean_accuracy"] for x in pruned])
     return xy_plot(series, f"Held-out accuracy vs measured latency ({', '.join(results['tasks'])})",

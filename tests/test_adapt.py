@@ -406,6 +406,11 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     assert row["prune"] is not None and res["cost"]["validation"]["rows"]
     # on a tiny model the pruned copy may not reach the budget in time measured: then it says why
     assert ("error" in row["prune"]) == (not res["same_latency"]) and res["cost"]["clock"] in ("cpu", "wall")
+    if "error" not in row["prune"]:  # timed on every held-out input, and a copy searched to the scheduler's latency
+        assert row["prune"]["inputs"] == sum(res["heldout_prompts"].values())
+        assert row["prune"]["within"] <= row["prune"]["inputs"] and "matched" in row["prune"]
+        assert row["prune"]["matched"]["target"] == row["adaptive"]["latency_ratio"]
+        assert res["same_latency"][0]["verdict"] in ("adaptive", "prune", "undecided")
     assert (tmp_path / "run" / "scheduler.json").exists() and (tmp_path / "run" / "frontier.png").exists()
     assert "0.70" in run.report["finding"] and "margin" in run.report["finding"]
     from mechkit.plugins.adapt import finding
@@ -414,6 +419,16 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     assert "no plan fits it: the cheapest plan ran" in said and "Infeasible at 50% adherence" in said
     titles = [t.title for t in AdaptPlugin.tables(res)]
     assert any("budget" in t for t in titles)
+    item = {"budget": 0.7, "adaptive": 0.22, "adaptive_latency": 0.62, "prune": 0.2, "verdict": "adaptive",
+            "copies": [{"kind": "matched", "latency_ratio": 0.57, "mean_accuracy": 0.15, "within": 60, "inputs": 60},
+                       {"kind": "at budget", "latency_ratio": 0.67, "mean_accuracy": 0.25, "within": 52, "inputs": 60}]}
+    said = finding({**res, "same_latency": [item]})
+    assert ("at the scheduler's measured 0.62 static pruning keeps 0.20 (interpolated); the adaptive scheduler "
+            "keeps more (pruned copies: matched 0.15 at 0.57, 60/60 inputs within the budget; at budget 0.25 at "
+            "0.67, 52/60 inputs within the budget)") in said.lower()
+    (same,) = [t for t in AdaptPlugin.tables({**res, "same_latency": [item]}) if "same" in t.title or
+               "scheduler's measured" in t.title]
+    assert same.rows[0][:5] == [0.7, 0.22, 0.62, 0.2, "adaptive"]
 
 
 def test_left_padded_batch_generation_under_a_plan(deep):
@@ -737,3 +752,58 @@ def test_the_reproduce_bench_rebuilds_a_run_from_its_saved_scheduler(tmp_path):
         assert line["accuracy"] == pytest.approx(row["adaptive"]["mean_accuracy"])
         for proto in ("paired", "rounds"):
             assert line[proto]["median"] > 0 and 0 <= line[proto]["strict"] <= line[proto]["dense_met"] <= 1
+
+
+def _row(budget: float, adaptive: tuple[float, float], *copies: tuple[float, float]) -> dict:
+    """A results row: the adaptive scheduler's (latency, accuracy) and pruned copies' (latency, accuracy)."""
+    def pruned(lat: float, acc: float) -> dict:
+        return {"latency_ratio": lat, "mean_accuracy": acc, "within": 60, "inputs": 60}
+    prune = pruned(*copies[0]) if copies else None
+    if len(copies) > 1:
+        prune["matched"] = pruned(*copies[1])
+    return {"budget": budget, "adaptive": {"latency_ratio": adaptive[0], "mean_accuracy": adaptive[1]},
+            "static": {"latency_ratio": adaptive[0], "mean_accuracy": 0.0}, "prune": prune}
+
+
+def test_static_pruning_is_compared_at_the_schedulers_measured_latency():
+    from mechkit.plugins.adapt import same_latency
+
+    # two copies bracket the scheduler's 0.62: pruning there is read off the segment (halfway: 0.20)
+    (item,) = same_latency({"rows": [_row(0.7, (0.62, 0.22), (0.67, 0.25), (0.57, 0.15))]})
+    assert item["prune"] == pytest.approx(0.20) and item["verdict"] == "adaptive"
+    assert [c["kind"] for c in item["copies"]] == ["matched", "at budget"]  # fastest first
+    (item,) = same_latency({"rows": [_row(0.7, (0.62, 0.20), (0.67, 0.25), (0.57, 0.15))]})
+    assert item["verdict"] == "prune"
+    # every copy slower: beaten outright only by keeping more than the fastest of them
+    (item,) = same_latency({"rows": [_row(0.7, (0.62, 0.22), (0.67, 0.20), (0.64, 0.18))]})
+    assert item["prune"] is None and item["verdict"] == "adaptive"
+    (item,) = same_latency({"rows": [_row(0.7, (0.62, 0.22), (0.67, 0.25), (0.64, 0.24))]})
+    assert item["verdict"] == "undecided"
+    # every copy faster: pruning wins outright by keeping as much
+    (item,) = same_latency({"rows": [_row(0.7, (0.62, 0.22), (0.60, 0.22))]})
+    assert item["verdict"] == "prune"
+    (item,) = same_latency({"rows": [_row(0.7, (0.62, 0.22), (0.60, 0.10))]})
+    assert item["verdict"] == "undecided"
+    assert same_latency({"rows": [_row(0.7, (0.62, 0.22))]}) == []  # no pruning run at this budget
+    failed = _row(0.7, (0.62, 0.22), (0.60, 0.10))
+    failed["prune"] = {"budget": 0.7, "error": "no plan of neurons reaches 0.7 of the dense latency"}
+    assert same_latency({"rows": [failed]}) == []
+
+
+def test_pruned_copies_are_timed_on_every_heldout_input_and_matched_to_the_scheduler(deep):
+    from mechkit.adapt import AdaptStudy
+
+    study = AdaptStudy(deep, ["capitalize", "past-tense"], n_calib=2, n=2, shots=1, repeats=1, token_options=(),
+                       margin=0.03)
+    ids = deep.to_tokens(TEXTS[0])
+    before = _logits(deep, ids)
+    (row,) = study.prune_rows([0.9], targets=("layers",), matched={0.9: 1.1})
+    inputs = sum(len(ps) for ps in study.test.values())
+    for copy in (row, row["matched"]):
+        assert copy["inputs"] == inputs and 0 <= copy["within"] <= inputs
+        assert copy["adherence"] == copy["within"] / inputs and copy["adherence_lower95"] <= copy["adherence"]
+        assert 0 < copy["latency_ratio"] <= copy["latency_ratio_max"] and copy["budget"] == 0.9
+    # the matched copy's search aims at the scheduler's latency itself (the search aims under its budget)
+    assert row["matched"]["target"] == 1.1 and row["matched"]["search_budget"] > 1.1
+    assert row["matched"]["sparsity"]["layers"] < row["sparsity"]["layers"]  # a slower target prunes less
+    assert torch.equal(before, _logits(deep, ids))  # the copies leave the model as it was

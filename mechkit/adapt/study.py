@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -668,12 +669,17 @@ class AdaptStudy:
         out["feasible"] = not (out["adaptive"]["infeasible_inputs"] or out["static"]["infeasible_inputs"])
         return out
 
-    # --- 7. static pruning at the same budget ------------------------------------------------------
+    # --- 7. static pruning: at the budget, and at the adaptive scheduler's measured latency --------
 
     def prune_rows(self, budgets: Sequence[float], targets: Sequence[str] = ("neurons",), n: int | None = None,
-                   timing_batch: int = 2) -> list[dict]:
-        """``mechkit prune --budget B`` (attribution guide, mean compensation) at each budget: the
-        pruned copy's held-out accuracy on the same prompts and its measured latency ratio."""
+                   timing_batch: int = 2, matched: dict[float, float] | None = None) -> list[dict]:
+        """``mechkit prune --budget B`` (attribution guide, mean compensation) at each budget: the pruned
+        copy's held-out accuracy on the same prompts, and its latency timed on every held-out input as
+        the plans are (so its adherence to the budget is measured as theirs is). ``matched`` maps a
+        budget to the adaptive scheduler's measured median latency there: a second copy is searched to
+        that latency (``row["matched"]``), so pruning is compared with the scheduler at the latency the
+        scheduler actually ran at, not only at the budget — the scheduler keeps a margin under every
+        budget for adherence, and a copy chosen on its median latency alone does not."""
         from mechkit.pruning import PruneStudy
 
         if not budgets:
@@ -684,31 +690,50 @@ class AdaptStudy:
                            timing_batch=timing_batch, step=self.step)
         rows = []
         for budget in budgets:
-            try:
-                found = study.budget("attribution", budget)
-            except MechkitError as err:
-                rows.append({"budget": budget, "error": str(err)})
-                continue
-            r = found["chosen_row"]
-            ratio = self.step(f"adapt|prune-time|{budget}|{self.timing_tag}",
-                              lambda r=r: self._time_pruned(study.pruned(r)))
-            rows.append({"budget": budget, "accuracy": r["accuracy"], "mean_accuracy": r["mean_accuracy"],
-                         "latency_ratio": ratio, "search_latency_ratio": r["latency_ratio"], "met": found["met"],
-                         "mix": found["chosen"]["mix"], "sparsity": found["chosen"]["sparsity"],
-                         "targets": list(targets)})
+            row = self._pruned_copy(study, budget, budget, targets)
+            target = (matched or {}).get(budget)
+            if "error" not in row and target is not None:
+                from mechkit.pruning.study import LATENCY_AIM
+
+                # the search aims at LATENCY_AIM × its budget: aim it at the scheduler's latency itself
+                row["matched"] = {**self._pruned_copy(study, target / LATENCY_AIM, budget, targets), "target": target}
+            rows.append(row)
         return rows
 
-    def _time_pruned(self, pruned: ModelHandle) -> float:
-        """The pruned copy's latency / dense, timed as the plans are (this study's clock, per input,
-        each pruned forward between two dense ones): the median over the first held-out prompt of each task."""
+    def _pruned_copy(self, study, search_budget: float, budget: float, targets: Sequence[str]) -> dict:
+        """The copy ``study`` finds within ``search_budget`` of the dense latency: accuracy, search
+        figures, and its latency per held-out input with adherence to ``budget``."""
+        try:
+            found = study.budget("attribution", search_budget)
+        except MechkitError as err:
+            return {"budget": budget, "search_budget": search_budget, "error": str(err)}
+        r = found["chosen_row"]
+        key = hashlib.sha256(json.dumps(r["plan"], sort_keys=True).encode()).hexdigest()[:12]
+        ratios = self._time_pruned(study.pruned(r), key)
+        met = int(sum(x <= budget for x in ratios))
+        return {"budget": budget, "search_budget": search_budget, "accuracy": r["accuracy"],
+                "mean_accuracy": r["mean_accuracy"], "latency_ratio": float(np.median(ratios)),
+                "latency_ratio_max": float(np.max(ratios)), "within": met, "inputs": len(ratios),
+                "adherence": met / len(ratios), "adherence_lower95": share_lower_bound(met, len(ratios)),
+                "search_latency_ratio": r["latency_ratio"], "met": found["met"], "mix": found["chosen"]["mix"],
+                "sparsity": found["chosen"]["sparsity"], "targets": list(targets)}
+
+    def _time_pruned(self, pruned: ModelHandle, key: str) -> list[float]:
+        """The pruned copy's latency / dense on every held-out input, timed as the plans are (this
+        study's clock, each pruned forward between two dense ones, median of ``repeats``); one step
+        per input, keyed by the copy's plan."""
         ratios = []
-        for task in self.tasks:
-            ids = prompt_ids(self.handle, self.test[task][0].text)
-            timers = [(name, forward_timer(h, ids, contextlib.nullcontext, self.clock))
-                      for name, h in (("dense", self.handle), ("pruned", pruned))]
-            seconds, _ = time_paired(timers, self.repeats, warmup=True)
-            ratios.append(seconds["pruned"] / seconds["dense"])
-        return float(np.median(ratios))
+        for task, prompts in self.test.items():
+            for i, p in enumerate(prompts):
+                def compute(text: str = p.text) -> float:
+                    ids = prompt_ids(self.handle, text)
+                    timers = [(name, forward_timer(h, ids, contextlib.nullcontext, self.clock))
+                              for name, h in (("dense", self.handle), ("pruned", pruned))]
+                    seconds, _ = time_paired(timers, self.repeats, warmup=True)
+                    return seconds["pruned"] / seconds["dense"]
+
+                ratios.append(self.step(f"adapt|prune-time|{key}|{task}|{i}|{self.timing_tag}", compute))
+        return ratios
 
     # --- everything ----------------------------------------------------------------------------------
 
@@ -717,7 +742,8 @@ class AdaptStudy:
         budgets = sorted(float(b) for b in budgets)
         sched = self.scheduler(budgets)
         held = self.heldout(budgets)
-        prune = self.prune_rows(prune_budgets, prune_targets) if prune_budgets else []
+        matched = {r["budget"]: r["adaptive"]["latency_ratio"] for r in held["rows"]}
+        prune = self.prune_rows(prune_budgets, prune_targets, matched=matched) if prune_budgets else []
         by_budget = {r["budget"]: r for r in prune}
         for row in held["rows"]:
             row["prune"] = by_budget.get(row["budget"])
