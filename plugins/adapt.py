@@ -82,6 +82,9 @@ class AdaptPlugin(Plugin):
                                 allow_empty=True)),
         Option("prune_targets", str, "neurons", "Units static pruning may remove: neurons, heads, layers.",
                parse=TargetList()),
+        Option("prune_reconstruct", str, "lsq", "What replaces the units static pruning removes (as `mechkit prune "
+                                                "--reconstruct`, whose default this is): none, mean or lsq.",
+               choices=("none", "mean", "lsq")),
         Option("protect_top_k", int, 10, "induction guide: top-k induction and previous-token heads whose "
                                          "blocks always run.", min=0),
         Option("batch_size", int, 8, "Prompts per forward pass when scoring.", min=1),
@@ -100,7 +103,8 @@ class AdaptPlugin(Plugin):
                            adherence=p["adherence"], margin_prompts=p["margin_prompts"],
                            margin_plans=p["margin_plans"], debias=p["debias"], step=ctx.step)
         study.check_margin_sample()  # too few residuals for --adherence: say so before any work
-        results = study.run(parsed["budgets"], parsed["prune_budgets"], parsed["prune_targets"])
+        results = study.run(parsed["budgets"], parsed["prune_budgets"], parsed["prune_targets"],
+                            p["prune_reconstruct"])
         scheduler = results.pop("scheduler")
         results["same_latency"] = same_latency(results)
         results["summary"] = _summary(results)

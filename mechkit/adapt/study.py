@@ -672,8 +672,10 @@ class AdaptStudy:
     # --- 7. static pruning: at the budget, and at the adaptive scheduler's measured latency --------
 
     def prune_rows(self, budgets: Sequence[float], targets: Sequence[str] = ("neurons",), n: int | None = None,
-                   timing_batch: int = 2, matched: dict[float, float] | None = None) -> list[dict]:
-        """``mechkit prune --budget B`` (attribution guide, mean compensation) at each budget: the pruned
+                   timing_batch: int = 2, matched: dict[float, float] | None = None,
+                   reconstruct: str = "lsq") -> list[dict]:
+        """``mechkit prune --budget B`` (attribution guide; ``reconstruct`` as ``prune``'s option, by default
+        its default, the least-squares refit) at each budget: the pruned
         copy's held-out accuracy on the same prompts, and its latency timed on every held-out input as
         the plans are (so its adherence to the budget is measured as theirs is). ``matched`` maps a
         budget to the adaptive scheduler's measured median latency there: a second copy is searched to
@@ -686,7 +688,7 @@ class AdaptStudy:
             return []
         n_test = n if n is not None else max(len(ps) for ps in self.test.values())
         study = PruneStudy(self.handle, self.tasks, targets=list(targets), n_calib=self.n_calib, n=n_test,
-                           shots=self.shots, seed=self.seed, reconstruct="mean", repeats=max(3, self.repeats),
+                           shots=self.shots, seed=self.seed, reconstruct=reconstruct, repeats=max(3, self.repeats),
                            timing_batch=timing_batch, step=self.step)
         rows = []
         for budget in budgets:
@@ -716,7 +718,7 @@ class AdaptStudy:
                 "latency_ratio_max": float(np.max(ratios)), "within": met, "inputs": len(ratios),
                 "adherence": met / len(ratios), "adherence_lower95": share_lower_bound(met, len(ratios)),
                 "search_latency_ratio": r["latency_ratio"], "met": found["met"], "mix": found["chosen"]["mix"],
-                "sparsity": found["chosen"]["sparsity"], "targets": list(targets)}
+                "sparsity": found["chosen"]["sparsity"], "targets": list(targets), "reconstruct": r["reconstruct"]}
 
     def _time_pruned(self, pruned: ModelHandle, key: str) -> list[float]:
         """The pruned copy's latency / dense on every held-out input, timed as the plans are (this
@@ -738,12 +740,13 @@ class AdaptStudy:
     # --- everything ----------------------------------------------------------------------------------
 
     def run(self, budgets: Sequence[float], prune_budgets: Sequence[float] = (),
-            prune_targets: Sequence[str] = ("neurons",)) -> dict:
+            prune_targets: Sequence[str] = ("neurons",), prune_reconstruct: str = "lsq") -> dict:
         budgets = sorted(float(b) for b in budgets)
         sched = self.scheduler(budgets)
         held = self.heldout(budgets)
         matched = {r["budget"]: r["adaptive"]["latency_ratio"] for r in held["rows"]}
-        prune = self.prune_rows(prune_budgets, prune_targets, matched=matched) if prune_budgets else []
+        prune = (self.prune_rows(prune_budgets, prune_targets, matched=matched, reconstruct=prune_reconstruct)
+                 if prune_budgets else [])
         by_budget = {r["budget"]: r for r in prune}
         for row in held["rows"]:
             row["prune"] = by_budget.get(row["budget"])
