@@ -33,7 +33,7 @@ DEFAULT_TASKS = "capitalize,past-tense,country-capital"
 
 class AdaptPlugin(Plugin):
     name = "adapt"
-    version = "0.1.0"
+    version = "0.2.0"  # 0.2: same_latency compares at the scheduler's latency (pruned copies bracketing it)
     needs = frozenset({"module_calls", "patterns", "generation", "gradients", "weight_writes"})
     summary = "Adaptive inference under a latency budget: per-input execution plans and token selection."
     options = (
@@ -233,13 +233,14 @@ def same_latency(results: dict) -> list[dict]:
     """For each static-prune budget: the adaptive scheduler's accuracy at its measured median latency
     against static pruning at that same latency.
 
-    The pruned copies are points of pruning's accuracy–latency frontier. Where two bracket the
-    scheduler's latency, pruning's accuracy there is read off the segment between them (linear).
-    ``verdict``: ``adaptive`` where the scheduler keeps more, ``prune`` where pruning keeps as much
-    or more. Where no copy is as fast as the scheduler, a slower copy that keeps less is beaten
-    outright (on the frontier a faster copy keeps no more); where every copy is faster, one that
-    keeps as much or more wins outright. Otherwise ``undecided``: pruning was not measured near
-    that latency."""
+    The pruned copies are points of pruning's accuracy–latency frontier, and pruning at a latency
+    keeps at least what any copy at least as fast keeps. Where two copies bracket the scheduler's
+    latency, pruning there is read off the segment between them (linear), or is the best faster
+    copy where that keeps more. ``verdict``: ``adaptive`` where the scheduler keeps more, ``prune``
+    where pruning keeps as much or more. With no copy as fast as the scheduler, a slower copy that
+    keeps less is beaten outright; with every copy faster, one that keeps as much wins outright;
+    otherwise ``undecided``. ``gap_prompts`` is the difference in held-out prompts (of
+    ``inputs``), since a verdict by one or two prompts is within sampling noise."""
     out = []
     for r in results["rows"]:
         copies = pruned_copies(r)
@@ -249,20 +250,24 @@ def same_latency(results: dict) -> list[dict]:
         lat, acc = a["latency_ratio"], a["mean_accuracy"]
         item = {"budget": r["budget"], "adaptive": acc, "adaptive_latency": lat,
                 "static": r["static"]["mean_accuracy"], "static_latency": r["static"]["latency_ratio"],
+                "inputs": a.get("inputs"),
                 "copies": [{k: c.get(k) for k in ("kind", "latency_ratio", "mean_accuracy", "within", "inputs")}
-                           for c in copies], "prune": None}
+                           for c in copies], "prune": None, "gap_prompts": None}
         below = [c for c in copies if c["latency_ratio"] <= lat]
         above = [c for c in copies if c["latency_ratio"] >= lat]
+        faster = max((c["mean_accuracy"] for c in below), default=None)
         if below and above:
             lo, hi = below[-1], above[0]
             span = hi["latency_ratio"] - lo["latency_ratio"]
             w = 0.0 if span == 0 else (lat - lo["latency_ratio"]) / span
-            item["prune"] = lo["mean_accuracy"] + w * (hi["mean_accuracy"] - lo["mean_accuracy"])
+            item["prune"] = max(lo["mean_accuracy"] + w * (hi["mean_accuracy"] - lo["mean_accuracy"]), faster)
             item["verdict"] = "adaptive" if acc > item["prune"] + 1e-9 else "prune"
+            if item["inputs"]:
+                item["gap_prompts"] = round((acc - item["prune"]) * item["inputs"], 1)
         elif above:  # every copy is slower than the scheduler
-            item["verdict"] = "adaptive" if acc > above[0]["mean_accuracy"] else "undecided"
+            item["verdict"] = "adaptive" if acc > above[0]["mean_accuracy"] + 1e-9 else "undecided"
         else:  # every copy is faster
-            item["verdict"] = "prune" if below[-1]["mean_accuracy"] >= acc else "undecided"
+            item["verdict"] = "prune" if faster >= acc - 1e-9 else "undecided"
         out.append(item)
     return out
 
@@ -289,8 +294,10 @@ def finding(results: dict) -> str:
     for item in ([x for x in same if x["budget"] == r["budget"]] or same)[:1]:
         copies = "; ".join(f"{c['kind']} {_copy_words(c)}" for c in item["copies"])
         verdict = {"adaptive": "the adaptive scheduler keeps more", "prune": "static pruning keeps as much or more",
-                   "undecided": "undecided: no pruned copy was measured near that latency"}
+                   "undecided": "undecided: the pruned copies do not bracket that latency and none decides it"}
         at = "" if item["prune"] is None else f" static pruning keeps {item['prune']:.2f} (interpolated);"
+        if item.get("gap_prompts") is not None:
+            at += f" a difference of {item['gap_prompts']:+g} of {item['inputs']} prompts;"
         parts.append(f"at the scheduler's measured {item['adaptive_latency']:.2f}{at} "
                      f"{verdict[item['verdict']]} (pruned copies: {copies})")
     gains = [x["adaptive"]["mean_accuracy"] - x["static"]["mean_accuracy"] for x in rows]
