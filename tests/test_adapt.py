@@ -577,6 +577,12 @@ def test_the_adherence_option_parses_and_refuses_bad_values_in_one_line(tmp_path
             mk.run(AdaptPlugin, model="tiny:llama", write=False, adherence=bad)
     with pytest.raises(OptionError, match="--margin-prompts"):
         resolve_options(AdaptPlugin, {"margin_prompts": "0"})
+    # pruning at a budget the scheduler does not run could not be compared: refused before any work
+    result = CliRunner().invoke(cli, ["adapt", "--model", "tiny:llama", "--budgets", "0.7,1.0", "--prune-budgets",
+                                      "0.65", "--out", str(tmp_path / "out")])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code != 0 and len(lines) == 1 and "--prune-budgets 0.65 not among --budgets" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_plan_bias_moves_an_under_predicted_plan_out_of_a_budget_and_round_trips():
