@@ -212,6 +212,12 @@ class Plugin:
         raise NotImplementedError
 
     @classmethod
+    def check_options(cls, parsed: dict[str, Any]) -> None:
+        """Checks that span several options (each option's own type, bounds and choices are checked
+        already), run with the others before any model loads: raise
+        :class:`~mechkit.options.OptionError` with one line. The default has none."""
+
+    @classmethod
     def tables(cls, results: dict) -> list[Table]:
         """The tables a reader sees, pivoted the natural way for this analysis, built from a report's
         JSON ``results`` at render time (``report.html``, ``mechkit report show`` and ``compare``).

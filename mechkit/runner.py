@@ -41,7 +41,8 @@ def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[st
 
     Each value (given, else the default) is coerced to the option's declared type (text from the
     command line and numbers from Python alike), checked against its bounds and choices, and run
-    through its parser. ``params`` keeps the values as given (typed): what the report records and
+    through its parser, then the plugin's :meth:`~mechkit.plugin.Plugin.check_options` sees them
+    together. ``params`` keeps the values as given (typed): what the report records and
     what reruns it; ``parsed`` holds the parsers' results (``ctx.parsed``). Unknown options and bad
     values raise :class:`~mechkit.options.OptionError` (a ``PluginError``) with one line.
     """
@@ -53,6 +54,7 @@ def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[st
     params, parsed = {}, {}
     for name, opt in known.items():
         params[name], parsed[name] = opt.check(options.get(name, opt.default))
+    cls.check_options(parsed)
     return params, parsed
 
 

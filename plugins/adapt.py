@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import json
 
-from mechkit.errors import MechkitError
-from mechkit.options import NumberList, TaskList
+from mechkit.options import NumberList, OptionError, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 from mechkit.plugins.prune import TargetList
 
@@ -95,10 +94,6 @@ class AdaptPlugin(Plugin):
         from mechkit.adapt import AdaptStudy
 
         p, parsed = ctx.params, ctx.parsed
-        missing = [b for b in parsed["prune_budgets"] if b not in parsed["budgets"]]
-        if missing:  # pruning is compared with the scheduler at the same budget: it must run there too
-            raise MechkitError(f"--prune-budgets {','.join(f'{b:g}' for b in missing)} not among --budgets",
-                               "add them to --budgets or drop them from --prune-budgets")
         study = AdaptStudy(ctx.model, parsed["tasks"], guide=p["guide"], n_calib=p["calib"], n=p["n"],
                            shots=p["shots"], seed=ctx.seed,
                            token_options=[(k, keep) for k in parsed["token_layers"] for keep in parsed["token_keep"]],
@@ -116,6 +111,13 @@ class AdaptPlugin(Plugin):
         figures = {"frontier": _frontier(results), "accuracy_vs_budget": _per_task(results)}
         return Result(results=results, figures=figures,
                       files={"scheduler.json": json.dumps(scheduler, indent=1)}, finding=finding(results))
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        missing = [b for b in parsed["prune_budgets"] if b not in parsed["budgets"]]
+        if missing:  # pruning is compared with the scheduler at the same budget: it must run there too
+            raise OptionError(f"--prune-budgets {','.join(f'{b:g}' for b in missing)} not among --budgets",
+                              "add them to --budgets or drop them from --prune-budgets")
 
     @classmethod
     def tables(cls, results: dict) -> list:

@@ -581,8 +581,11 @@ def test_the_adherence_option_parses_and_refuses_bad_values_in_one_line(tmp_path
     result = CliRunner().invoke(cli, ["adapt", "--model", "tiny:llama", "--budgets", "0.7,1.0", "--prune-budgets",
                                       "0.65", "--out", str(tmp_path / "out")])
     lines = result.stderr.strip().splitlines()
-    assert result.exit_code != 0 and len(lines) == 1 and "--prune-budgets 0.65 not among --budgets" in lines[0]
+    assert result.exit_code == 2 and len(lines) == 1 and "--prune-budgets 0.65 not among --budgets" in lines[0]
     assert not (tmp_path / "out").exists()
+    with pytest.raises(OptionError, match="--prune-budgets 0.65"):  # with the other options: no model loaded
+        resolve_options(AdaptPlugin, {"budgets": "0.7,1.0", "prune_budgets": "0.65"})
+    assert not resolve_options(AdaptPlugin, {"budgets": "0.7,1.0", "prune_budgets": ""})[1]["prune_budgets"]
 
 
 def test_a_plan_bias_moves_an_under_predicted_plan_out_of_a_budget_and_round_trips():
