@@ -7,6 +7,8 @@ error (an unknown option, a value click cannot convert) becomes one line on stde
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Any
 
@@ -16,6 +18,7 @@ from mechkit import __version__
 from mechkit.cli.plugin_command import plugin_command
 from mechkit.cli.taskvec import taskvec
 from mechkit.errors import MechkitError
+from mechkit.io.quiet import ENV, quiet, set_verbose
 
 
 def _echo_err(message: str) -> None:
@@ -67,6 +70,26 @@ def run_one_line(call) -> Any:
         sys.exit(err.exit_code)
 
 
+@contextlib.contextmanager
+def verbosity(argv: list[str]):
+    """``--verbose`` anywhere on the command line turns third-party output back on for this command
+    (:mod:`mechkit.io.quiet`). Read before click parses, because everything the command does, parsing
+    included, runs inside :func:`~mechkit.io.quiet.quiet`."""
+    before = os.environ.get(ENV)
+    if "--verbose" in argv:
+        set_verbose(True)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
+VERBOSE_HELP = "Show third-party libraries' progress bars, warnings and log lines (also MECHKIT_VERBOSE=1)."
+
+
 class MechkitGroup(click.Group):
     """Built-in commands plus one subcommand per installed plugin."""
 
@@ -74,8 +97,9 @@ class MechkitGroup(click.Group):
         """In standalone mode (the console script, ``CliRunner``) every user error is one line, exit 2."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        code = run_one_line(lambda: super(MechkitGroup, self).main(args, prog_name, complete_var,
-                                                                    standalone_mode=False, **extra))
+        with verbosity(sys.argv[1:] if args is None else list(args)), quiet():
+            code = run_one_line(lambda: super(MechkitGroup, self).main(args, prog_name, complete_var,
+                                                                        standalone_mode=False, **extra))
         sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -94,7 +118,8 @@ class MechkitGroup(click.Group):
 
 @click.group(cls=MechkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mechkit")
-def cli() -> None:
+@click.option("--verbose", is_flag=True, help=VERBOSE_HELP)
+def cli(verbose: bool) -> None:
     """mechkit: find the components that matter, prove it causally, edit and prune models."""
 
 
@@ -220,7 +245,8 @@ def tasks_cmd() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one clear line and exit code 2 for any user error."""
-    code = run_one_line(lambda: cli.main(args=argv, prog_name="mechkit", standalone_mode=False))
+    with verbosity(sys.argv[1:] if argv is None else list(argv)), quiet():
+        code = run_one_line(lambda: cli.main(args=argv, prog_name="mechkit", standalone_mode=False))
     if isinstance(code, int) and not isinstance(code, bool) and code != 0:
         sys.exit(code)
 

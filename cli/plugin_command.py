@@ -114,6 +114,8 @@ def plugin_command(name: str) -> click.Command:
         click.Option(["--dtype"], default=None, help="float32, bfloat16 or float16 (default: bf16 on cuda, fp32 on cpu)."),
         *dispatch_options(),
         *backend_options(),
+        click.Option(["--verbose"], is_flag=True, help="Show third-party libraries' progress bars, warnings and log "
+                                                       "lines (also MECHKIT_VERBOSE=1)."),
     ]
     params += [declared_option(opt) for opt in cls.options]
 
@@ -123,6 +125,7 @@ def plugin_command(name: str) -> click.Command:
         from mechkit.report import print_summary
         from mechkit.runner import report_tables, run_plugin
 
+        kwargs.pop("verbose")  # read from the command line before parsing (mechkit.cli.main.verbosity)
         common = {k: kwargs.pop(k) for k in COMMON}
         run = run_plugin(cls, **common, **kwargs)
         console = Console()

@@ -146,8 +146,9 @@ class RunContext:
         self.console.print(f"mechkit: warning: {message}", markup=False, highlight=False, soft_wrap=True)
 
     def progress(self):
-        """A rich progress bar on the run's console (stderr), transient so reports stay clean; off where
-        the console is neither a terminal nor a notebook (a log file, a pipe).
+        """A rich progress bar on the run's console (stderr), transient so reports stay clean. Where the
+        console is neither a terminal nor a notebook (a log file, a pipe) a bar would draw nothing: plain
+        lines stand in, one per task at least every 30 s (:class:`mechkit.io.progress.PlainProgress`).
 
         >>> import io
         >>> from rich.console import Console
@@ -158,9 +159,12 @@ class RunContext:
         """
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        live = self.console.is_terminal or self.console.is_jupyter  # elsewhere a bar is only a stray blank line
+        from mechkit.io.progress import PlainProgress
+
+        if not (self.console.is_terminal or self.console.is_jupyter):  # a bar would draw nothing there
+            return PlainProgress(self.console.file)
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=self.console, transient=True, disable=not live)
+                        console=self.console, transient=True)
 
     def map_units(self, fn: Callable, shared: Any, units: list, keys: list[str],
                   on_result: Callable[[int, Any], None] | None = None) -> list:

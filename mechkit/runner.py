@@ -21,6 +21,7 @@ from typing import Any
 
 from mechkit.errors import MechkitError, PluginError, ReportExistsError
 from mechkit.executors import check_execution
+from mechkit.io.quiet import quiet
 from mechkit.plugin import Plugin, RunContext
 
 
@@ -458,7 +459,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, *,
     with _claimed(resume_dir(cls, model_key, params, seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=seed, console=console, resume_dir=resume, parsed=parsed)
         t1 = time.perf_counter()
-        with remote_progress(handle, console):  # a remote model's jobs, live on a terminal
+        with remote_progress(handle, console), quiet():  # a remote model's jobs, live on a terminal
             try:
                 result = cls().run(ctx)
             finally:

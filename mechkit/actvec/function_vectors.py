@@ -29,6 +29,7 @@ from einops import rearrange
 from mechkit.eval.scoring import encode, last_logits_only, pad_id, pad_right, prompt_ids
 from mechkit.hooking.core import hooks
 from mechkit.hooking.traced import pure
+from mechkit.model.compat import cache_kwargs, cache_of
 from mechkit.model.linear import weight_out_in
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def indirect_effects(handle: ModelHandle, prompts: Sequence, means: torch.Tensor
             prefix, last, target = _split(handle, prompt)
             patch.heads = []
             cache = None if handle.backend.traced else \
-                handle.forward(torch.tensor([prefix], device=handle.device), use_cache=True).past_key_values
+                cache_of(handle.forward(torch.tensor([prefix], device=handle.device), use_cache=True))
             base = None
             for start in range(0, len(every), heads_per_forward):
                 patch.heads = [None, *every[start:start + heads_per_forward]]  # row 0: unpatched
@@ -112,7 +113,7 @@ def _last_token_probs(handle: ModelHandle, prefix: list[int], cache, last: int, 
     batch_cache = copy.deepcopy(cache)
     batch_cache.batch_repeat_interleave(rows)
     ids = torch.full((rows, 1), last, device=handle.device)
-    logits = handle.forward(ids, past_key_values=batch_cache, use_cache=True).logits[:, -1]
+    logits = handle.forward(ids, **cache_kwargs(batch_cache), use_cache=True).logits[:, -1]
     return logits.float().softmax(-1).cpu()
 
 

@@ -58,6 +58,7 @@ from mechkit.adapt.tokens import (
 from mechkit.errors import MechkitError
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.core import hooks
+from mechkit.model.compat import cache_in
 
 if TYPE_CHECKING:
     from mechkit.model.anatomy import Anatomy
@@ -247,7 +248,7 @@ class PlanRunner:
         x = kwargs.get("input_ids")
         if x is None:
             x = args[0] if args else kwargs.get("inputs_embeds")
-        past = kwargs.get("past_key_values")
+        past = cache_in(kwargs)
         seen = past.get_seq_length() if past is not None and hasattr(past, "get_seq_length") else 0
         self._narrowed = {}
         b, p = x.shape[:2]

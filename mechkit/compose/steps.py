@@ -45,6 +45,7 @@ import torch
 
 from mechkit.compose.settings import composite_task
 from mechkit.errors import MechkitError
+from mechkit.model.compat import cache_kwargs, cache_of
 from mechkit.tasks import Example, Prompt
 from mechkit.tasks.logic import LOGIC_STEPS
 from mechkit.tasks.number_words import WORD_TO_NUMBER, number_to_words
@@ -189,7 +190,7 @@ def greedy_line(handle: ModelHandle, text: str, max_new_tokens: int) -> str:
             if "\n" in tok.decode(written) or nxt == tok.eos_token_id:
                 break
             out = handle.model(input_ids=torch.tensor([[nxt]], device=handle.device),
-                               past_key_values=out.past_key_values, use_cache=True)
+                               **cache_kwargs(cache_of(out)), use_cache=True)
     return tok.decode(written).split("\n")[0]
 
 

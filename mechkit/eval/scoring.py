@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.model.compat import cache_kwargs, cache_of
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -242,7 +243,7 @@ def greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
             return True
         if not row.continuation.startswith(text):
             return False
-        out = handle.forward(torch.tensor([[nxt]], device=handle.device), past_key_values=out.past_key_values,
+        out = handle.forward(torch.tensor([[nxt]], device=handle.device), **cache_kwargs(cache_of(out)),
                              use_cache=True)
     return False
 

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from mechkit.model.compat import cache_in, pop_cache, set_cache
 from mechkit.model.nnsight_lm import BackendError, nnsight_model
 
 if TYPE_CHECKING:
@@ -249,10 +250,10 @@ class NnsightBackend(Backend):
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
         """The model output of one forward under the active hook functions (one trace). Remote, a KV cache
-        never travels: ``use_cache=True`` returns a :class:`Prefix` as ``past_key_values``, and a forward
+        never travels: ``use_cache=True`` returns a :class:`Prefix` as its cache (:mod:`mechkit.model.compat`), and a forward
         given one runs the prefix again with the new ids (:meth:`_continued`)."""
         plan = self.planner(self.entries) if self.planner is not None and self.entries else None
-        if self.remote and (kwargs.get("use_cache") or isinstance(kwargs.get("past_key_values"), Prefix)):
+        if self.remote and (kwargs.get("use_cache") or isinstance(cache_in(kwargs), Prefix)):
             return self._continued(input_ids, plan, **kwargs)
         return self.run(input_ids, plan, **kwargs)
 
@@ -265,7 +266,7 @@ class NnsightBackend(Backend):
         steps by their length."""
         import torch
 
-        prefix = kwargs.pop("past_key_values", None)
+        prefix = pop_cache(kwargs)
         kwargs["use_cache"] = False
         mask = kwargs.get("attention_mask")
         ids = input_ids
@@ -278,7 +279,7 @@ class NnsightBackend(Backend):
         output = self.run(ids, plan, **kwargs)
         if prefix is not None and getattr(output, "logits", None) is not None:
             output.logits = output.logits[:, -input_ids.shape[1]:]
-        output.past_key_values = Prefix(ids, mask)
+        set_cache(output, Prefix(ids, mask))
         return output
 
     def run(self, input_ids: torch.Tensor, plan: Any = None, **kwargs) -> Any:

@@ -97,7 +97,8 @@ class ModelHandle:
         return self.forward(input_ids, use_cache=False, **kwargs).logits
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
-        """The model's whole output (logits, ``past_key_values`` with ``use_cache=True``…) of one forward
+        """The model's whole output (logits, the KV cache with ``use_cache=True``: read it with
+        :func:`mechkit.model.compat.cache_of`…) of one forward
         through the backend: what code that decodes step by step calls instead of ``handle.model``."""
         if self.backend.traced:
             return self.backend.forward(input_ids.to(self.device), **kwargs)

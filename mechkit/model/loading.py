@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
+from mechkit.io.quiet import quietly
 from mechkit.model import dispatch
 from mechkit.model.anatomy import discover_anatomy
 from mechkit.model.backend import check_backend, check_remote, client_tokenizer, connect_ndif, wrap
@@ -44,6 +45,7 @@ def _dtype(dtype: Any, device: str):
     return dtype
 
 
+@quietly  # transformers' progress bars and deprecation notes are not the user's output
 def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenizer: Any = None, *,
                device_map: Any = None, max_memory: Any = None, offload_folder: Any = None,
                backend: str = "native", remote: str | None = None) -> ModelHandle:
