@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
@@ -168,7 +168,7 @@ def _build(path: Path, sha: str, target: Path) -> None:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         meta = {"format": CACHE_FORMAT, "name": path.stem, "source": str(path.resolve()),
                 "size": path.stat().st_size, "sha256": sha, "dtype": "float32",
-                "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "converted_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "convert_s": round(time.perf_counter() - start, 2), "files": files}
         write_atomic(tmp / META, json.dumps(meta, indent=2))  # last: only a whole entry has it
 

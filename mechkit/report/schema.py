@@ -16,7 +16,7 @@ import enum
 import math
 import platform
 from collections.abc import Mapping
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from importlib import metadata
 from pathlib import PurePath
 from typing import Any
@@ -159,7 +159,7 @@ def build_report(
         "plugin": plugin,
         "plugin_version": str(plugin_version),
         "mechkit_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "model": to_jsonable(model, keep),
         "params": to_jsonable(params, keep),
         "seed": int(seed),
