@@ -109,8 +109,7 @@ def test_progress_prints_plain_lines_at_least_every_interval_off_a_terminal():
         bar.advance(job)
         bar.advance(job)
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("mechkit: slow step 0/2 (elapsed")
-    assert sum(line.startswith("mechkit: slow step 0/2") for line in lines) >= 3
+    assert sum(line.startswith("mechkit: slow step 0/2 (elapsed") for line in lines) >= 3
     assert lines[-1].startswith("mechkit: slow step 2/2 done")
 
 

@@ -2,8 +2,9 @@
 
 A rich bar is drawn only on a terminal or in a notebook: redirected to a file, it draws nothing, and a
 long run looks hung. :class:`PlainProgress` stands in there with the same calls (``add_task``,
-``advance``, ``update``), printing one plain line per task at its start, at least every ``every``
-seconds while it runs (a timer thread, so a single slow step still reports), and at its end.
+``advance``, ``update``), printing one plain line per unfinished task every ``every`` seconds (a timer
+thread, so a single slow step still reports) and one when it ends. A task shorter than ``every`` prints
+only its end: a run that stops early on bad input still says so in one line.
 
 >>> import io
 >>> out = io.StringIO()
@@ -12,7 +13,6 @@ seconds while it runs (a timer thread, so a single slow step still reports), and
 ...     bar.advance(job)
 ...     bar.advance(job)
 >>> print(out.getvalue().replace("0s", "Ns"), end="")
-mechkit: ablate 0/2 (elapsed Ns)
 mechkit: ablate 2/2 done (elapsed Ns)
 """
 
@@ -62,8 +62,7 @@ class PlainProgress:
     def add_task(self, description: str, total: float | None = None, **_ignored) -> int:
         with self._lock:
             task_id = len(self.tasks)
-            self.tasks[task_id] = task = _Task(description, total)
-            self._line(task)
+            self.tasks[task_id] = _Task(description, total)
         return task_id
 
     def advance(self, task_id: int, advance: float = 1) -> None:

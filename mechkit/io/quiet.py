@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 
 ENV = "MECHKIT_VERBOSE"
-NOISY_LOGGERS = ("transformers", "accelerate", "peft", "nnsight", "torch", "huggingface_hub", "datasets",
+NOISY_LOGGERS = ("transformers", "accelerate", "peft", "nnsight", "torch", "huggingface_hub", "datasets", "ray",
                  "transformer_lens", "filelock", "urllib3", "httpx")
 NOISY_WARNINGS = (FutureWarning, DeprecationWarning, PendingDeprecationWarning)
 LOAD_REPORT = "transformers.utils.loading_report"  # logs missing (randomly initialised) weights: kept
