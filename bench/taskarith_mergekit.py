@@ -49,7 +49,7 @@ def _import_mergekit():
 
 
 def _checkpoints(root: Path) -> tuple[Path, list[Path]]:
-    from mechkit.model.tiny import byte_tokenizer, tiny_model
+    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
 
     dirs = []
     for i in range(3):
