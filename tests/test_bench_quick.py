@@ -47,7 +47,7 @@ ABSENT = {"taskarith_mergekit": "mergekit is not importable"}
 # 85 s, prune_reproduce 63 s)
 HEAVY = {
     "adapt_reproduce": "runs a whole `mechkit adapt` study first (85 s)",
-    "detect": "five worker processes, each loading the embedded model (and a TransformerLens bridge)",
+    "detect": "five worker processes, each loading the embedded model (and a TransformerLens bridge): 240 s",
     "gpu": "a GPU bench; on a CPU its tiny shape still takes 46 s (15 s of CPU)",
     "icl_vectors": "extracts task and function vectors on the embedded model (7 min)",
     "load": "times fresh-process loads of the embedded model, several times",
