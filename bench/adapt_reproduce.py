@@ -3,6 +3,7 @@ scheduler through the public ``mechkit.adapt.adaptive`` context, and everything 
 plain ``transformers`` calls and ``time`` clocks — no mechkit timing or scoring code.
 
     python bench/adapt_reproduce.py RUN_DIR [--threads 1] [--repeats 3] [--out FILE]
+    python bench/adapt_reproduce.py --quick      # a tiny run made here: a smoke test, not a measurement
 
 ``RUN_DIR`` holds the run's ``report.json`` and ``scheduler.json``. The held-out prompts are rebuilt
 from the report's parameters (the same seeded prompts the run scored; the calibration ones excluded).
@@ -39,13 +40,32 @@ os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZE
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="a `mechkit adapt` output directory")
+    ap.add_argument("run", type=Path, nargs="?", help="a `mechkit adapt` output directory (required)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke test, not a measurement: run a tiny `mechkit adapt` here and reproduce that")
     ap.add_argument("--model", default=None, help="model to load (default: the report's)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=None, help="held-out prompts per task (default: all)")
     ap.add_argument("--out", type=Path, default=None)
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.quick:
+        args.run, args.repeats = quick_run(), 1
+    if args.run is None:
+        ap.error("RUN_DIR is required (or --quick)")
+    return args
+
+
+def quick_run() -> Path:
+    """A tiny ``mechkit adapt`` run (``tiny:llama``, two budgets, a few prompts) to reproduce for ``--quick``."""
+    import tempfile
+
+    import mechkit as mk
+
+    out = Path(tempfile.mkdtemp(prefix="adapt-reproduce-quick-")) / "run"
+    mk.run("adapt", model="tiny:llama", tasks="capitalize,past-tense", budgets="0.7,1.0", calib=3, n=2, shots=1,
+           token_layers="0", token_keep="0.5", signal_layer=0, repeats=1, prune_budgets="", margin=0.05, out=out)
+    return out
 
 
 def main() -> None:

@@ -6,21 +6,16 @@ minutes on the embedded model, so they are checked here: each plugin runs once p
 options, and the script prints, per plugin and backend, the largest difference of any float in the
 results from native's, the values that differ otherwise (exact-match accuracies, head rankings,
 chosen layers) and the traces and remote jobs. Seconds are kept in the JSON only: the cost ratios are
-``bench/nnsight.py``'s, measured with warm-up and repeats.
+``bench/nnsight_backend.py``'s, measured with warm-up and repeats.
 
-    python bench/backend_equality.py [--model llama] [--plugins sweep,icl-vectors] [--threads 1]
+    python bench/backend_equality.py [--quick] [--model llama] [--plugins sweep,icl-vectors] [--threads 1]
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import common
-
-# bench/nnsight.py is named like the package: with this folder first on sys.path, `import nnsight` would find it
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 RUNS = {"native": ("native", None), "nnsight": ("nnsight", None), "remote-local": ("nnsight", "local")}
 OPTIONS = {  # small enough to finish in minutes on one CPU thread, large enough to rank heads and layers
@@ -52,9 +47,11 @@ def differences(a, b, path: str = "results") -> tuple[float, list[str]]:
 
 def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama")
-    parser.add_argument("--plugins", default="sweep,icl-vectors")
+    parser.add_argument("--model", default=None, help="model spec (default llama; quick tiny:llama)")
+    parser.add_argument("--plugins", default=None, help="default sweep,icl-vectors; quick detect")
     args = parser.parse_args()
+    args.model = args.model or ("tiny:llama" if args.quick else "llama")
+    args.plugins = args.plugins or ("detect" if args.quick else "sweep,icl-vectors")
     common.go_offline()
     threads = common.set_threads(args.threads)
     import mechkit as mk

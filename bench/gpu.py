@@ -39,7 +39,7 @@ def build(shape: str, device: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import mechkit as mk
-    from mechkit.model.tiny import byte_tokenizer
+    from mechkit.model.sources.tiny import byte_tokenizer
 
     config = LlamaConfig(max_position_embeddings=8192, tie_word_embeddings=False, **SHAPES[shape])
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

@@ -15,6 +15,7 @@ dense model (a plain HF directory):
   (``logits_to_keep=1``, what answering a prompt or a generation's prefill computes) and all logits.
 
     python bench/prune_reproduce.py PRUNED_DIR --dense DENSE_DIR [--threads 1] [--repeats 9]
+    python bench/prune_reproduce.py --quick     # prunes tiny:llama itself: a smoke test, not a measurement
 
 Only Llama-style models (``nn.Linear`` projections, ``q/k/v/o_proj``) are rebuilt here; that is
 what the bench saves. Prints a JSON summary (also written with ``--out``).
@@ -95,10 +96,32 @@ def forward_times(models: list[nn.Module], tok, texts: list[str], repeats: int, 
     return [statistics.median(t) for t in times]
 
 
+def quick_inputs(root: Path) -> tuple[Path, Path]:
+    """``(pruned, dense)`` directories for ``--quick``: ``tiny:llama`` pruned by ``mechkit prune`` (the
+    only place mechkit is used here), its held-out prompts, and the dense model as a plain HF directory."""
+    import mechkit as mk
+    from mechkit.model.sources.tiny import tiny_model
+
+    run = mk.run("prune", model="tiny:llama", out=root / "run", tasks="capitalize", guide="magnitude",
+                 sparsity="0.3", calib=2, n=2, shots=1, repeats=1, timing_batch=2, save_model=True)
+    pruned = run.out_dir / "model"
+    prompts = mk.build_prompts("capitalize", n=2, shots=1, seed=0)
+    held = {"prompts": {"capitalize": [{"text": q.text, "answer": q.answer, "terminator": q.terminator}
+                                       for q in prompts]}, "timing_texts": [q.text for q in prompts]}
+    (pruned / "heldout.json").write_text(json.dumps(held))
+    dense, _ = tiny_model("llama")
+    dense.save_pretrained(root / "dense")
+    return pruned, root / "dense"
+
+
 def main() -> None:
+    import tempfile
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("pruned", type=Path)
-    p.add_argument("--dense", type=Path, required=True, help="the dense model, a plain HF directory")
+    p.add_argument("pruned", type=Path, nargs="?")
+    p.add_argument("--dense", type=Path, default=None, help="the dense model, a plain HF directory (required)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke test, not a measurement: prune tiny:llama here and reproduce that (2 repeats)")
     p.add_argument("--prompts", type=Path, default=None, help="default: PRUNED/heldout.json")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeats", type=int, default=9)
@@ -107,6 +130,11 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.quick:
+        args.pruned, args.dense = quick_inputs(Path(tempfile.mkdtemp(prefix="prune-reproduce-quick-")))
+        args.repeats = 2
+    if args.pruned is None or args.dense is None:
+        p.error("PRUNED and --dense are required (or --quick)")
     held = json.loads((args.prompts or args.pruned / "heldout.json").read_text())
     tok = AutoTokenizer.from_pretrained(args.pruned)
     dense = AutoModelForCausalLM.from_pretrained(args.dense, dtype=torch.float32).eval()

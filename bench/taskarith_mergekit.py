@@ -49,7 +49,7 @@ def _import_mergekit():
 
 
 def _checkpoints(root: Path) -> tuple[Path, list[Path]]:
-    from mechkit.model.tiny import byte_tokenizer, tiny_model
+    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
 
     dirs = []
     for i in range(3):
@@ -107,9 +107,15 @@ def _dare_stats(out: Path, base: Path, deltas_sum: dict[str, torch.Tensor]) -> t
 
 
 def main() -> None:
+    import argparse
+
     import mechkit as mk
     from mechkit.taskarith import extract
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="accepted for every bench's smoke test: the checkpoints are tiny already")
+    parser.parse_args()
     tools, error = _import_mergekit()
     if tools is None:
         print(f"mergekit is not importable ({error}); see this script's docstring to install it. Nothing compared.")

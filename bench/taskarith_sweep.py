@@ -15,7 +15,10 @@ learning and unlearning, α̂ for each pair, and the time to extract / apply a t
 to ``load_model("llama")``. Everything is written under ``bench/results/taskarith/``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/taskarith_sweep.py [--steps 120] [--lambdas -1:1.5:0.25]
-        [--pairs irrelevant-fewshot] [--merges-only]
+        [--pairs irrelevant-fewshot] [--merges-only] [--quick]
+
+``--quick`` is a smoke test, not a measurement: ``tiny:llama``, two fine-tunes of 2 steps, the
+irrelevant pair at three λ on 2 prompts, everything under a temporary folder.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).parent / "results" / "taskarith"
+MODEL = "llama"  # the base every fine-tune starts from (--quick: tiny:llama)
 MODELS = {  # name: (task, data seed, demonstrations per training prompt)
     "capitalize": ("capitalize", 1000, "0"),
     "past-tense": ("past-tense", 1000, "0"),
@@ -52,7 +56,7 @@ def ensure_finetuned(name: str, steps: int, lr: float) -> Path:
     out = ROOT / f"ft-{name}"
     if not (out / "report.json").exists():
         task, data_seed, shots = MODELS[name]
-        mk.run("finetune", model="llama", task=task, steps=steps, lr=lr, data_seed=data_seed, shots=shots,
+        mk.run("finetune", model=MODEL, task=task, steps=steps, lr=lr, data_seed=data_seed, shots=shots,
                out=out, force=True)
     report = json.loads((out / "report.json").read_text())["results"]
     print(f"fine-tuned {name:13s} loss {report['summary']['loss']:>15s}  zero-shot "
@@ -72,7 +76,7 @@ def timed(fn, repeats: int = 3) -> tuple[float, object]:
 def extract_all(handle, dirs: dict[str, Path]) -> dict[str, Path]:
     from mechkit import taskarith as ta
 
-    load_s, _ = timed(lambda: __import__("mechkit").load_model("llama"))
+    load_s, _ = timed(lambda: __import__("mechkit").load_model(MODEL))
     paths, extract_times = {}, []
     for name, d in dirs.items():
         t, tv = timed(lambda d=d: ta.extract(handle, d), repeats=1)
@@ -86,7 +90,7 @@ def extract_all(handle, dirs: dict[str, Path]) -> dict[str, Path]:
 
     apply_s, _ = timed(apply_once)
     ext = statistics.median(extract_times)
-    print(f"\nload_model('llama') {load_s:.2f} s | extract {ext:.2f} s ({ext / load_s:.2f}x load) | "
+    print(f"\nload_model({MODEL!r}) {load_s:.2f} s | extract {ext:.2f} s ({ext / load_s:.2f}x load) | "
           f"apply+restore {apply_s:.2f} s ({apply_s / load_s:.2f}x load)")
     return paths
 
@@ -130,8 +134,11 @@ def merges(handle, paths: dict[str, Path], n: int) -> None:
 
 
 def main() -> None:
+    import tempfile
+
     import mechkit as mk
 
+    global ROOT, MODEL, MODELS
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--lr", type=float, default=5e-5)
@@ -139,10 +146,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--pairs", default="", help="comma list of pair labels to sweep (default: all)")
     parser.add_argument("--merges-only", action="store_true", help="only the multi-task merge table")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
     args = parser.parse_args()
+    if args.quick:
+        ROOT, MODEL = Path(tempfile.mkdtemp(prefix="taskarith-quick-")), "tiny:llama"
+        MODELS = {k: MODELS[k] for k in ("capitalize", "past-tense")}
+        args.steps, args.n, args.lambdas, args.pairs = 2, 2, "0:1:0.5", "irrelevant"
     ROOT.mkdir(parents=True, exist_ok=True)
     dirs = {name: ensure_finetuned(name, args.steps, args.lr) for name in MODELS}
-    handle = mk.load_model("llama")
+    handle = mk.load_model(MODEL)
     paths = extract_all(handle, dirs)
     if not args.pairs:
         merges(handle, paths, args.n)

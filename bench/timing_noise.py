@@ -13,7 +13,7 @@ then replays that series as if some forwards were a plan identical to dense, so 
 Prints the autocorrelation of the series (how slowly the machine's speed drifts) and, per protocol and
 number of rounds, the median / 95th / 99th percentile / max of |1 − ratio|.
 
-    python bench/timing_noise.py [--model llama] [--threads 1] [--forwards 600] [--out FILE]
+    python bench/timing_noise.py [--quick] [--model llama] [--threads 1] [--forwards 600] [--out FILE]
 """
 
 from __future__ import annotations
@@ -72,13 +72,15 @@ def deviations(ts: np.ndarray, rounds: int, runners: int, paired: bool) -> np.nd
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llama")
+    ap.add_argument("--model", default=None, help="model spec (default llama; quick tiny:llama)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--forwards", type=int, default=600)
+    ap.add_argument("--forwards", type=int, default=None, help="forwards timed (default 600; quick 60)")
     ap.add_argument("--runners", type=int, default=14, help="dense + the runners timed per input (adapt: 14)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    ts = series(args.model, args.threads, args.forwards)
+    model = args.model or ("tiny:llama" if args.quick else "llama")
+    ts = series(model, args.threads, args.forwards or (60 if args.quick else 600))
     lags = [k for k in (1, 2, 5, 10, 50) if k < len(ts)]
     auto = {k: float(np.corrcoef(ts[:-k], ts[k:])[0, 1]) for k in lags}
     print(f"{len(ts)} forwards, mean {1000 * ts.mean():.1f} ms, cv {ts.std() / ts.mean():.3f}; autocorrelation "

@@ -203,7 +203,7 @@ def _human_size(n: int) -> str:
 @cache.command("list")
 def cache_list() -> None:
     """Every cached model (converted GGUF files, the toy model) and the run-step cache."""
-    from mechkit.model.cache import cache_root, list_cache
+    from mechkit.io.disk_cache import cache_root, list_cache
 
     root = cache_root()
     entries = list_cache(root)
@@ -225,7 +225,7 @@ def cache_list() -> None:
 @click.option("--all", "all_entries", is_flag=True, help="Remove every model and run step mechkit cached.")
 def cache_clear(names: tuple[str, ...], all_entries: bool) -> None:
     """Remove cached entries by NAME (as `mechkit cache list` shows them: gguf/…, toy/…, runs), or --all."""
-    from mechkit.model.cache import clear_cache
+    from mechkit.io.disk_cache import clear_cache
 
     removed = clear_cache(names, all_entries=all_entries)
     for name, size in removed:

@@ -51,7 +51,7 @@ class ParsedType(click.ParamType):
 def dispatch_options() -> list[click.Option]:
     """``--device-map``, ``--max-memory`` and ``--offload-folder``: one model over several devices, CPU
     memory and disk (accelerate). Their syntax is checked while parsing; the devices before the model loads."""
-    from mechkit.model.dispatch import parse_device_map, parse_max_memory
+    from mechkit.model.placement.request import parse_device_map, parse_max_memory
 
     return [
         click.Option(["--device-map"], type=ParsedType("map", parse_device_map), default=None,

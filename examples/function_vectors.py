@@ -24,7 +24,7 @@ from mechkit.actvec import (
     mean_head_outputs,
     score_edited,
 )
-from mechkit.model.heads import top_heads
+from mechkit.model.headspec import top_heads
 from mechkit.tasks.shuffled import shuffled_label_prompts
 
 

@@ -11,90 +11,53 @@ Attributes load lazily, so ``import mechkit`` (and ``mechkit --help``) never imp
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError
 
 __version__ = "0.1.0"
 
-_LAZY = {
+# The public API, listed once: each name and where it lives ("module" when the name is the same there,
+# "module:name" when it is not). Nothing is imported until a name is first used.
+_API = {
     "load_model": "mechkit.model.loading",
     "ModelHandle": "mechkit.model.handle",
     "Anatomy": "mechkit.model.anatomy",
+    "Head": "mechkit.model.headspec",
+    "parse_heads": "mechkit.model.headspec",
+    "to_transformer_lens": "mechkit.model.transformer_lens",
     "hooks": "mechkit.hooking.core",
     "record": "mechkit.hooking.core",
     "run_with_cache": "mechkit.hooking.core",
     "gradients": "mechkit.hooking.core",
-    "to_transformer_lens": "mechkit.model.transformer_lens",
-    "adaptive": "mechkit.adapt.scheduler",
     "pattern_hooks": "mechkit.hooking.attention",
     "ablate": "mechkit.interventions.ablation",
     "edit_weights": "mechkit.interventions.weights",
-    "Head": "mechkit.model.heads",
-    "parse_heads": "mechkit.model.heads",
-    "score_prompts": "mechkit.eval.scoring",
     "build_prompts": "mechkit.tasks",
     "list_tasks": "mechkit.tasks",
+    "score_prompts": "mechkit.eval.scoring",
+    "adaptive": "mechkit.adapt.scheduler",
+    "Table": "mechkit.report",
     "Plugin": "mechkit.plugin",
     "Option": "mechkit.plugin",
     "Result": "mechkit.plugin",
     "RunContext": "mechkit.plugin",
-    "Table": "mechkit.report",
-    "run_plugin": "mechkit.runner",
+    "run": "mechkit.runner:run_plugin",  # run a plugin by name or class, as the CLI does
 }
-
-if TYPE_CHECKING:
-    from mechkit.eval.scoring import score_prompts
-    from mechkit.hooking.attention import pattern_hooks
-    from mechkit.hooking.core import gradients, hooks, record, run_with_cache
-    from mechkit.interventions.ablation import ablate
-    from mechkit.interventions.weights import edit_weights
-    from mechkit.model.anatomy import Anatomy
-    from mechkit.model.handle import ModelHandle
-    from mechkit.model.heads import Head, parse_heads
-    from mechkit.model.loading import load_model
-    from mechkit.model.transformer_lens import to_transformer_lens
-    from mechkit.plugin import Option, Plugin, Result, RunContext
-    from mechkit.report import Table
-    from mechkit.runner import run_plugin
-    from mechkit.tasks import build_prompts, list_tasks
+# Subpackages reachable as attributes before they are imported (``hooks_api``: an older name).
+_SUBPACKAGES = {"interventions": "mechkit.interventions", "hooks_api": "mechkit.interventions"}
 
 
 def __getattr__(name: str):
-    if name == "run":
-        return importlib.import_module("mechkit.runner").run_plugin
-    if name in ("interventions", "hooks_api"):
-        return importlib.import_module("mechkit.interventions")
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(_SUBPACKAGES[name])
+    if name in _API:
+        module, _, attr = _API[name].partition(":")
+        return getattr(importlib.import_module(module), attr or name)
     raise AttributeError(f"module 'mechkit' has no attribute {name!r}")
 
 
-__all__ = [
-    "Anatomy",
-    "Head",
-    "MechkitError",
-    "ModelHandle",
-    "Option",
-    "Plugin",
-    "Result",
-    "RunContext",
-    "Table",
-    "__version__",
-    "ablate",
-    "adaptive",
-    "build_prompts",
-    "edit_weights",
-    "gradients",
-    "hooks",
-    "list_tasks",
-    "load_model",
-    "parse_heads",
-    "pattern_hooks",
-    "record",
-    "run",
-    "run_plugin",
-    "run_with_cache",
-    "score_prompts",
-    "to_transformer_lens",
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})
+
+
+__all__ = ["MechkitError", "__version__", *_API]

@@ -207,7 +207,7 @@ class Plugin:
     needs_model: ClassVar[bool] = True
     # What the run needs beyond forward passes with hooks: any of "weight_writes", "gradients",
     # "patterns", "generation", "module_calls" (partial forwards calling blocks one by one),
-    # "weight_reads" (reading weights in this process rather than through mechkit.model.weight_reads.
+    # "weight_reads" (reading weights in this process rather than through mechkit.model.backends.weight_reads.
     # read_weights). A backend that cannot serve one (nnsight on a remote model cannot write weights)
     # refuses before any work.
     needs: ClassVar[frozenset[str]] = frozenset()

@@ -108,7 +108,7 @@ def _probe_logits(handle):
 
 def resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Path:
     """Where finished steps of this exact run (plugin, options, seed, model weights) are kept."""
-    from mechkit.model.cache import cache_root
+    from mechkit.io.disk_cache import cache_root
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
@@ -289,7 +289,8 @@ def run_plugin(
 
 def _check_backend(cls: type[Plugin], backend: str | None, remote: str | None, model: Any) -> tuple[str, str | None]:
     """``(backend, remote)`` checked (names, the model spec, an API key) and the plugin's needs served."""
-    from mechkit.model.backend import BackendError, check_backend, check_remote, refusal
+    from mechkit.model.backends.base import BackendError, check_backend, refusal
+    from mechkit.model.backends.remotes import check_remote
 
     backend = check_backend(backend)
     remote = check_remote(remote, backend, model) if cls.needs_model else None
@@ -381,8 +382,8 @@ def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -
 
 
 def remote_progress(handle, console):
-    """Live progress of a remote model's jobs (:func:`mechkit.model.jobs.progress`); nothing otherwise."""
-    from mechkit.model.jobs import progress
+    """Live progress of a remote model's jobs (:func:`mechkit.model.backends.jobs.progress`); nothing otherwise."""
+    from mechkit.model.backends.jobs import progress
 
     return progress(getattr(handle.backend, "log", None) if handle is not None else None, console)
 

@@ -44,7 +44,7 @@ class AblatePlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.evaluation import reference_tokens, task_prompts
         from mechkit.heads.scores import load_scores
-        from mechkit.model.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
+        from mechkit.model.headspec import SCORE_KINDS, needs_scores, parse_heads, random_heads
         from mechkit.report import load_report
 
         p, m = ctx.params, ctx.model

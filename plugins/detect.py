@@ -22,7 +22,7 @@ def detect_heads(ctx: RunContext, n_seqs: int, seg_len: int, batch_size: int):
 
 
 def ranked(scores, k: int) -> list[dict]:
-    from mechkit.model.heads import top_heads
+    from mechkit.model.headspec import top_heads
 
     return [{**h.to_dict(), "score": float(scores[h.layer][h.head])} for h in top_heads(scores, k)]
 
@@ -45,8 +45,8 @@ class DetectPlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.heads.scores import KINDS, ov_copying_scores
-        from mechkit.model.heads import top_heads
-        from mechkit.model.weight_reads import read_weights
+        from mechkit.model.backends.weight_reads import read_weights
+        from mechkit.model.headspec import top_heads
         from mechkit.report import head_heatmap, line_plot
 
         p = ctx.params

@@ -51,7 +51,7 @@ class InspectPlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.scoring import check_context
         from mechkit.heads.norms import head_out_norms
-        from mechkit.model.weight_reads import read_weights
+        from mechkit.model.backends.weight_reads import read_weights
         from mechkit.report import head_heatmap
 
         handle, p = ctx.model, ctx.params

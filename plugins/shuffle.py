@@ -49,7 +49,7 @@ class ShufflePlugin(Plugin):
         from mechkit.eval.evaluation import evaluate, task_prompts
         from mechkit.heads.scores import copy_loss, load_scores, repeated_tokens, token_loss
         from mechkit.interventions import permutation, shuffle_heads
-        from mechkit.model.heads import SCORE_KINDS, needs_scores, parse_heads, random_heads
+        from mechkit.model.headspec import SCORE_KINDS, needs_scores, parse_heads, random_heads
         from mechkit.report import load_report
 
         p, m = ctx.params, ctx.model

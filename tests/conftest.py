@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mechkit as mk
-from mechkit.model.tiny import tiny_families
+from mechkit.model.sources.tiny import tiny_families
 
 pytest_plugins = ["tests.ray_cluster"]  # the local Ray cluster of the executor tests
 
@@ -46,7 +46,7 @@ def logits_of(handle, ids):
 
 def noisy_model_dir(path, family: str = "llama", seed: int = 1, base_seed: int = 0, **overrides):
     """A "fine-tuned" tiny model: the family's base (``base_seed``) plus seeded noise, as a model directory."""
-    from mechkit.model.tiny import byte_tokenizer, tiny_model
+    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
 
     model, _ = tiny_model(family, seed=base_seed, **overrides)
     gen = torch.Generator().manual_seed(seed)

@@ -30,7 +30,7 @@ from mechkit.adapt import (
 from mechkit.adapt.cost import Measured
 from mechkit.adapt.tokens import keep_positions
 from mechkit.errors import MechkitError
-from mechkit.model.tiny import tiny_model
+from mechkit.model.sources.tiny import tiny_model
 from mechkit.pruning import PrunePlan, masked
 
 TEXTS = ["input: cat\noutput: CAT\ninput: dog\noutput: DOG\ninput: emu\noutput:", "input: a\noutput:"]

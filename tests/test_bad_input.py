@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.model.tiny import byte_tokenizer, tiny_model
+from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
 from tests.conftest import noisy_model_dir
 
 

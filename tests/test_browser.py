@@ -75,7 +75,7 @@ def artifacts(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """One report directory per built-in plugin, plus ``ablate-demo`` and a ``compare`` page of the two ablates."""
-    from mechkit.model.tiny import tiny_model
+    from mechkit.model.sources.tiny import tiny_model
     from mechkit.taskarith import extract
     from tests.conftest import noisy_model_dir
 

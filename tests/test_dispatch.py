@@ -18,9 +18,10 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.model.dispatch import DispatchError, module_tensor, stored_tensor
-from mechkit.model.heads import Head
-from mechkit.model.tiny import tiny_model
+from mechkit.model.headspec import Head
+from mechkit.model.placement.request import DispatchError
+from mechkit.model.placement.stored import module_tensor, stored_tensor
+from mechkit.model.sources.tiny import tiny_model
 
 # the second layer and the unembedding on disk, the rest in memory
 LLAMA_DISK = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
@@ -97,7 +98,7 @@ def test_dispatched_forward_and_weights_hash_equal_the_plain_model(base, disk, c
 def test_max_memory_puts_what_does_not_fit_on_disk(tmp_path, ids, family, source):
     """A strategy under a memory limit; a directory loads straight into the map (from_pretrained), GPT-2's
     tied embedding and unembedding planned onto one device."""
-    from mechkit.model.tiny import byte_tokenizer
+    from mechkit.model.sources.tiny import byte_tokenizer
 
     spec = f"tiny:{family}"
     if source == "directory":

@@ -16,8 +16,9 @@ import torch
 import mechkit as mk
 from mechkit import pruning
 from mechkit.errors import MechkitError
-from mechkit.model.dispatch import check_fits, is_dispatched, stored_tensor
-from mechkit.model.tiny import tiny_model
+from mechkit.model.placement.copies import check_fits
+from mechkit.model.placement.stored import is_dispatched, stored_tensor
+from mechkit.model.sources.tiny import tiny_model
 from mechkit.pruning.cost import n_params
 
 # as in tests/test_dispatch.py: the second layer and the unembedding on disk, the rest in memory

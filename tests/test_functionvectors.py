@@ -9,7 +9,7 @@ import mechkit as mk
 from mechkit.actvec import function_vector, head_contributions, indirect_effects, mean_head_outputs
 from mechkit.errors import MechkitError
 from mechkit.eval.scoring import encode
-from mechkit.model.heads import Head, top_heads
+from mechkit.model.headspec import Head, top_heads
 from mechkit.tasks import build_prompts
 from mechkit.tasks.shuffled import shuffle_labels, shuffled_label_prompts, split_demos
 

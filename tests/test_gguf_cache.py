@@ -24,10 +24,10 @@ from safetensors import safe_open
 
 import mechkit as mk
 from mechkit.errors import ModelLoadError
-from mechkit.model import gguf as gguf_mod
-from mechkit.model.cache import cache_root, clear_cache, list_cache
-from mechkit.model.embedded import gguf_path
-from mechkit.model.tiny import tiny_model
+from mechkit.io.disk_cache import cache_root, clear_cache, list_cache
+from mechkit.model.sources import gguf as gguf_mod
+from mechkit.model.sources.embedded import gguf_path
+from mechkit.model.sources.tiny import tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def _logits(handle):
 
 
 class Spy:
-    """Counts calls to ``mechkit.model.gguf.load_gguf``, passing them on to ``convert``."""
+    """Counts calls to ``mechkit.model.sources.gguf.load_gguf``, passing them on to ``convert``."""
 
     def __init__(self, convert):
         self.convert, self.calls = convert, 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mechkit.errors import HeadSpecError
-from mechkit.model.heads import Head, parse_heads, random_heads, top_heads
+from mechkit.model.headspec import Head, parse_heads, random_heads, top_heads
 
 
 def test_explicit_and_layer_specs():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mechkit as mk
-from mechkit.model.heads import Head
+from mechkit.model.headspec import Head
 from tests.conftest import logits_of
 
 

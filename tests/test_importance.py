@@ -9,7 +9,7 @@ import torch
 import mechkit as mk
 from mechkit.eval.scoring import score_prompts
 from mechkit.heads.effects import attribution_effects, exact_effects, spearman
-from mechkit.model.heads import Head
+from mechkit.model.headspec import Head
 from mechkit.tasks import build_prompts
 
 

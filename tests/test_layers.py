@@ -1,10 +1,13 @@
 """The import contract: each layer imports only itself and the layers below it, no module imports
-itself back through others (no cycles), and no code reaches into another module's private names.
+itself back through others (no cycles, of any length), and no code reaches into another module's private
+names.
 
     model → hooking → interventions → tasks → eval → analyses → report → runtime → plugins → cli
 
 (``mechkit.errors`` sits under everything, ``mechkit.io`` writes files for every layer above it).
-Imports inside functions count: a lazy import is still a dependency.
+Imports inside functions count: a lazy import is still a dependency. So do imports under
+``if TYPE_CHECKING:`` and any other import made only for annotations: a module that names another in
+its signatures depends on it as much as one that calls it.
 """
 
 from __future__ import annotations
@@ -102,14 +105,13 @@ def _resolve(target: str, names: list[str], modules: dict[str, Path]) -> list[st
     return reached
 
 
-def _graph(include_typing: bool) -> dict[str, set[str]]:
+def _graph() -> dict[str, set[str]]:
+    """Every import edge between project modules, annotation-only imports included."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
         edges = graph.setdefault(module, set())
-        for target, names, typing_only in _imports(path, module, path.name == "__init__.py"):
-            if typing_only and not include_typing:
-                continue
+        for target, names, _ in _imports(path, module, path.name == "__init__.py"):
             edges.update(t for t in _resolve(target, names, modules) if t != module)
     return graph
 
@@ -126,7 +128,7 @@ def test_only_entry_points_sit_outside_a_subpackage():
 
 def test_layers_import_only_downwards():
     upward = []
-    for module, targets in _graph(include_typing=True).items():
+    for module, targets in _graph().items():
         if module == "mechkit":
             continue  # the package facade: lazy attributes for the public API
         for target in targets:
@@ -135,8 +137,17 @@ def test_layers_import_only_downwards():
     assert not upward, "imports that reach up a layer:\n" + "\n".join(sorted(upward))
 
 
+def test_typing_imports_are_seen():
+    """The graph keeps imports made only for annotations (a guard for the two tests above and below)."""
+    typing_only = [(m, t) for m, p in _modules().items() for t, _, typing in _imports(p, m, p.name == "__init__.py")
+                   if typing and t.startswith("mechkit")]
+    assert typing_only, "no TYPE_CHECKING import found: the parser no longer sees them"
+    graph = _graph()
+    assert all(t in graph[m] or t not in graph for m, t in typing_only)
+
+
 def test_no_import_cycles():
-    graph = _graph(include_typing=False)
+    graph = _graph()
     graph.pop("mechkit", None)
     for targets in graph.values():
         targets.discard("mechkit")
@@ -176,3 +187,19 @@ def test_no_private_names_imported_from_other_modules(folder):
                 reach_ins += [f"{path.relative_to(ROOT)}: {target}.{n}" for n in names
                               if n.startswith("_") and not n.startswith("__")]
     assert not reach_ins, "private names imported across modules:\n" + "\n".join(reach_ins)
+
+
+def test_the_model_layer_keeps_few_modules_at_its_top():
+    """``mechkit/model/`` answers its questions in subpackages; at most eight modules sit directly in it."""
+    top = sorted(p.stem for p in (ROOT / "mechkit" / "model").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 8, f"{len(top)} modules directly in mechkit/model (at most 8): {top}"
+
+
+def test_no_backend_file_imports_another():
+    """One backend per file behind ``base``: a backend reaches the others only through the registry of
+    servers (``remotes``), never by importing their files (support modules beside them are shared)."""
+    package = "mechkit.model.backends"
+    backends = {f"{package}.{name}" for name in ("nnsight_backend", "ndif", "simulation")}
+    graph = _graph()
+    crossing = sorted(f"{m} -> {t}" for m in backends for t in graph[m] if t in backends)
+    assert not crossing, "backend files importing each other:\n" + "\n".join(crossing)

@@ -183,7 +183,7 @@ def test_default_run_directories_of_the_same_second_do_not_collide(tmp_path, mon
 
 STARTER = """
 import pathlib, sys, time
-import mechkit.cli.main, mechkit.model.loading, mechkit.model.tiny, mechkit.runner, transformers  # before the barrier
+import mechkit.cli.main, mechkit.model.loading, mechkit.model.sources.tiny, mechkit.runner, transformers  # before the barrier
 ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 ready.touch()
 while not go.exists():

@@ -22,11 +22,12 @@ import mechkit as mk
 from mechkit.heads.effects import attribution_effects, exact_effects
 from mechkit.hooking import gradients
 from mechkit.interventions import ablate
-from mechkit.model.backend import BackendError, NnsightBackend, Trace, refusal
-from mechkit.model.jobs import JobLog
-from mechkit.model.ndif import check_hosted, client_model, hosted_models, reporting_remote
-from mechkit.model.tiny import tiny_families
-from mechkit.model.weight_reads import read_weights
+from mechkit.model.backends.base import BackendError, refusal
+from mechkit.model.backends.jobs import JobLog
+from mechkit.model.backends.ndif import check_hosted, client_model, hosted_models, reporting_remote
+from mechkit.model.backends.nnsight_backend import NnsightBackend, Trace
+from mechkit.model.backends.weight_reads import read_weights
+from mechkit.model.sources.tiny import tiny_families
 
 pytest.importorskip("nnsight")
 
@@ -196,9 +197,9 @@ WHITELIST_RUNS = [
 
 def test_requests_stay_within_the_ndif_whitelist():
     """Every request of detect, ablate (zero, mean, resample), sweep (exact and attribution) and icl-vectors
-    is unpickled as NDIF's Protector would (mechkit.model.whitelist: any module, module object or builtin
+    is unpickled as NDIF's Protector would (mechkit.model.backends.whitelist: any module, module object or builtin
     outside the server's whitelist refused, no bytecode) and runs with the server's builtins only."""
-    from mechkit.model.whitelist import NNSIGHT_OWN, may_unpickle
+    from mechkit.model.backends.whitelist import NNSIGHT_OWN, may_unpickle
 
     m = _load("llama", "nnsight", "local")
     for plugin, options in WHITELIST_RUNS:
@@ -219,8 +220,8 @@ def _one(lm):
 
 def test_nnsight_itself_names_only_its_own_modules():
     """What nnsight 0.8's serialiser names in every request — a bare trace, a session shipping a function —
-    is on NDIF's lists or in mechkit.model.whitelist.NNSIGHT_OWN, and NNSIGHT_OWN holds nothing it does not name."""
-    from mechkit.model.whitelist import NNSIGHT_OWN, may_unpickle
+    is on NDIF's lists or in mechkit.model.backends.whitelist.NNSIGHT_OWN, and NNSIGHT_OWN holds nothing it does not name."""
+    from mechkit.model.backends.whitelist import NNSIGHT_OWN, may_unpickle
 
     m = _load("llama", "nnsight", "local")
     m.backend.run(torch.tensor([[256, 1, 2]]))
@@ -271,7 +272,7 @@ def test_refusals_name_what_is_missing():
     assert "\n" not in line
     with pytest.raises(BackendError, match="unknown backend 'jax'"):
         mk.load_model("tiny:llama", backend="jax")
-    from mechkit.model.tiny import tiny_model
+    from mechkit.model.sources.tiny import tiny_model
 
     model, tok = tiny_model("llama")
     with pytest.raises(BackendError, match="model object"):
@@ -372,7 +373,7 @@ def test_weights_of_a_model_on_ndif_are_refused_in_one_line():
 
     from mechkit.model.anatomy import discover_anatomy
     from mechkit.model.linear import weight_out_in
-    from mechkit.model.tiny import tiny_model
+    from mechkit.model.sources.tiny import tiny_model
 
     config = tiny_model("llama")[0].config
     with torch.device("meta"):
@@ -524,7 +525,7 @@ def test_weight_reads_run_where_the_weights_are():
     from mechkit.actvec import function_vector
     from mechkit.heads.norms import head_out_norms
     from mechkit.heads.scores import ov_copying_scores
-    from mechkit.model.heads import Head
+    from mechkit.model.headspec import Head
 
     native, remote = _load("llama", "native", None), _load("llama", "nnsight", "local")
     a = native.anatomy

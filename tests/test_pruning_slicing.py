@@ -7,8 +7,8 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.model.surgery import slice_heads
-from mechkit.model.tiny import tiny_families
+from mechkit.model.edit.surgery import slice_heads
+from mechkit.model.sources.tiny import tiny_families
 from mechkit.pruning.masking import masked
 from mechkit.pruning.plan import PrunePlan
 from mechkit.pruning.slicing import prune_copy, save_pruned

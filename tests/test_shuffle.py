@@ -7,7 +7,7 @@ import torch
 
 import mechkit as mk
 from mechkit.interventions import permutation, shuffle_heads
-from mechkit.model.heads import Head
+from mechkit.model.headspec import Head
 
 
 def record(handle, ids, name):

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.model.tiny import byte_tokenizer
+from mechkit.model.sources.tiny import byte_tokenizer
 from mechkit.taskarith import (
     TaskVector,
     analogy,

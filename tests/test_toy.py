@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mechkit as mk
-import mechkit.model.toy as toy
+import mechkit.model.sources.toy as toy
 from mechkit.tasks import repeated_random_tokens
 
 pytestmark = pytest.mark.slow
@@ -171,7 +171,7 @@ def test_detect_plugin_recovers_the_known_circuit():
 @pytest.mark.slow
 def test_ablating_the_circuit_breaks_copying_and_random_heads_do_not():
     from mechkit.heads.scores import copy_loss, head_scores, repeated_tokens, token_loss
-    from mechkit.model.heads import Head, top_heads
+    from mechkit.model.headspec import Head, top_heads
 
     handle = mk.load_model("toy:induction", device="cpu")
     scores = head_scores(handle, repeated_tokens(handle, 16, 15, seed=0), 15).scores

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -28,10 +28,9 @@ from mechkit.errors import MechkitError
 from mechkit.eval.scoring import TaskScore, aggregate, encode_rows, score_rows
 from mechkit.hooking.core import hooks
 from mechkit.hooking.traced import pure
-from mechkit.model.whitelist import plain
+from mechkit.model.backends.whitelist import plain
 
 if TYPE_CHECKING:
-    from mechkit.actvec.vector import ActivationVector
     from mechkit.model.handle import ModelHandle
 
 
@@ -54,13 +53,20 @@ class ResidEdit:
 Edits = ResidEdit | Sequence[ResidEdit] | None
 
 
+class SavedVector(Protocol):
+    """A vector that knows its own edits: a :class:`mechkit.actvec.vector.ActivationVector`. Named by its
+    shape, since the vector builds :class:`ResidEdit` from this module."""
+
+    def edits(self, layer: int | None = None, scale: float | None = None) -> tuple[ResidEdit, ...]: ...
+
+
 def _as_tuple(edit: Edits) -> tuple[ResidEdit, ...]:
     if edit is None:
         return ()
     return (edit,) if isinstance(edit, ResidEdit) else tuple(edit)
 
 
-class _Plan:
+class _RowEdits:
     """Which rows of the forward now running get which edits, at which position. Its hook is shipped by
     value on a remote model: no function here names a dataclass (nnsight ships the globals a function's
     source names, annotations included), and the edits it holds are plain data."""
@@ -102,7 +108,7 @@ def score_edited(handle: ModelHandle, prompts: Sequence, edits: Sequence[Edits],
     :func:`mechkit.score_prompts` (including its greedy check of other spellings).
     """
     edits = [_as_tuple(e) for e in edits]
-    plan = _Plan()
+    plan = _RowEdits()
     base = encode_rows(handle.tokenizer, prompts, None)
     rows = [(k, r) for k in range(len(edits)) for r in base]
 
@@ -142,7 +148,7 @@ def patched_accuracy(handle: ModelHandle, prompts: Sequence, vectors: torch.Tens
 
 
 @contextlib.contextmanager
-def apply_vector(handle: ModelHandle, vector: ActivationVector | Edits, layer: int | None = None,
+def apply_vector(handle: ModelHandle, vector: SavedVector | Edits, layer: int | None = None,
                  scale: float | None = None) -> Iterator[None]:
     """Apply a vector at the last position of every multi-token forward inside the context.
 

@@ -8,13 +8,13 @@
 3. :func:`function_vector` — the sum over the top-k heads of ``ā[L, h]`` projected through that
    head's slice of the attention output projection: the head's contribution to the residual
    stream. It is *added* at one layer's last token (:class:`mechkit.actvec.ResidEdit`); the top-k
-   heads are :func:`mechkit.model.heads.top_heads` of the indirect effects.
+   heads are :func:`mechkit.model.headspec.top_heads` of the indirect effects.
 
 Only the last token is patched, and a causal model's earlier positions do not see it, so the
 indirect effects reuse one cached prefix per prompt and batch every head as a one-token forward:
 about one full forward plus ``n_heads × n_layers`` one-token rows per prompt. On the nnsight backend
 each row runs the whole prompt instead: a cache would travel to the server and back with every trace
-(and names transformers' cache class, which NDIF's whitelist refuses: :mod:`mechkit.model.whitelist`).
+(and names transformers' cache class, which NDIF's whitelist refuses: :mod:`mechkit.model.backends.whitelist`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from mechkit.model.linear import weight_out_in
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-    from mechkit.model.heads import Head
+    from mechkit.model.headspec import Head
 
 
 def mean_head_outputs(handle: ModelHandle, prompts: Sequence, batch_size: int = 8) -> torch.Tensor:

@@ -30,8 +30,8 @@ from mechkit.actvec.select import choose
 from mechkit.actvec.task_vectors import icl_task_vectors
 from mechkit.actvec.vector import METHODS, ActivationVector
 from mechkit.errors import MechkitError
-from mechkit.model.heads import top_heads
-from mechkit.model.weight_reads import read_weights
+from mechkit.model.backends.weight_reads import read_weights
+from mechkit.model.headspec import top_heads
 from mechkit.tasks import build_prompts
 from mechkit.tasks.shuffled import shuffled_label_prompts
 

@@ -44,7 +44,7 @@ from mechkit.errors import MechkitError
 from mechkit.eval import batches, forward_kept, row_metrics
 from mechkit.heads import Head, all_heads, exact_effects, top_heads
 from mechkit.hooking.core import hooks
-from mechkit.model.partial import capture_block_inputs, run_from
+from mechkit.model.edit.partial import capture_block_inputs, run_from
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

@@ -38,7 +38,7 @@ from mechkit.actvec import ResidEdit, head_contributions
 from mechkit.errors import MechkitError
 from mechkit.heads import Head, random_heads
 from mechkit.hooking.core import hooks
-from mechkit.model.heads import heads_by_layer
+from mechkit.model.headspec import heads_by_layer
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

@@ -7,7 +7,7 @@
   backward), and their rank agreement.
 
 Head names and the ``--heads`` grammar are a primitive the interventions use too, so they live
-in :mod:`mechkit.model.heads` and are re-exported here.
+in :mod:`mechkit.model.headspec` and are re-exported here.
 
 >>> import mechkit as mk
 >>> from mechkit import heads
@@ -31,7 +31,7 @@ from mechkit.heads.scores import (
     scores_from_report,
     token_loss,
 )
-from mechkit.model.heads import Head, all_heads, parse_heads, random_heads, top_heads
+from mechkit.model.headspec import Head, all_heads, parse_heads, random_heads, top_heads
 
 __all__ = [
     "KINDS",

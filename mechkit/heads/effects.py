@@ -5,7 +5,7 @@ match. Two methods:
 
 - ``exact``: every head is really ablated. A head at layer L cannot change layers below L, so
   the clean forward's block inputs are captured once and each ablated run replays only blocks
-  L…end (:func:`mechkit.model.partial.run_from`), unembedding only the answer positions.
+  L…end (:func:`mechkit.model.edit.partial.run_from`), unembedding only the answer positions.
 - ``attribution`` (attribution patching): one forward and one backward pass give ∂metric/∂z for
   every head output z; zero-ablation's effect is estimated as (0 − z)·∂metric/∂z. A first-order
   approximation, so the report gives its rank agreement with ``exact``.
@@ -22,7 +22,7 @@ import torch
 from mechkit.eval.scoring import batches, forward_kept, row_metrics, supports_logits_to_keep
 from mechkit.heads.sums import HeadEffects, LogprobSum
 from mechkit.hooking.core import gradients, hooks
-from mechkit.model.partial import capture_block_inputs, run_from
+from mechkit.model.edit.partial import capture_block_inputs, run_from
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

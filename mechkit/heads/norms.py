@@ -13,7 +13,7 @@ from mechkit.model.linear import weight_out_in
 def head_out_norms(handle: Any) -> list[list[float]]:
     """``[n_layers][n_heads]``: the Frobenius norm of each head's block of W_O (its input columns).
 
-    Reads weights: on a remote model run it through :func:`mechkit.model.weight_reads.read_weights`.
+    Reads weights: on a remote model run it through :func:`mechkit.model.backends.weight_reads.read_weights`.
 
     >>> import mechkit as mk
     >>> norms = head_out_norms(mk.load_model("tiny:gpt2"))

@@ -18,7 +18,7 @@ import torch
 
 from mechkit.heads.effects import spearman
 from mechkit.hooking.transformer_lens import bridge_for
-from mechkit.model.heads import top_heads
+from mechkit.model.headspec import top_heads
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

@@ -29,7 +29,7 @@ from mechkit.heads.sums import HeadEffects, LogprobSum
 from mechkit.hooking.points import resolve
 from mechkit.hooking.traced import GradPlan, Plan, planner
 from mechkit.io.steps import Step, stored
-from mechkit.model.backend import Trace
+from mechkit.model.backends.nnsight_backend import Trace
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -111,7 +111,7 @@ def _clean_trace(handle: ModelHandle, batch: Batch) -> Trace:
 def _answers(batch: Batch, copies: int = 1) -> SimpleNamespace:
     """What per-row metrics read of a batch — answer positions and tokens — for ``copies`` stacked copies
     of it, as plain data (a :class:`Batch` is a dataclass, which NDIF refuses to unpickle: see
-    :mod:`mechkit.model.whitelist`); its ids stay out (they travel once, as the trace's input)."""
+    :mod:`mechkit.model.backends.whitelist`); its ids stay out (they travel once, as the trace's input)."""
     return SimpleNamespace(keep=batch.keep, cols=batch.cols * copies, targets=batch.targets * copies)
 
 

@@ -44,7 +44,7 @@ def reads_only(fn: Callable) -> Callable:
 
     Marks are read here when a plan is shipped (:meth:`Site.__getstate__`), never on the server: nnsight
     0.8 ships a function as its source and globals, without its attributes (and has no purity mark of
-    its own; its ``nnsight.register`` is by-value shipping, which :mod:`mechkit.model.backend` does)."""
+    its own; its ``nnsight.register`` is by-value shipping, which :mod:`mechkit.model.backends.nnsight_backend` does)."""
     fn.mechkit_reads_only = True
     return fn
 
@@ -65,7 +65,7 @@ class Site:
     """One hook point as a trace reaches it: the module (by path), what of it, and its functions.
 
     Plain classes (this, :class:`Plan`, :class:`GradPlan`), never dataclasses: they are shipped by value
-    and NDIF refuses a request naming ``dataclasses`` (:mod:`mechkit.model.whitelist`)."""
+    and NDIF refuses a request naming ``dataclasses`` (:mod:`mechkit.model.backends.whitelist`)."""
 
     def __init__(self, point: HookPoint, path: str, where: str, d_head: int | None = None, op: str | None = None,
                  lookup: str | None = None, fns: list | None = None) -> None:

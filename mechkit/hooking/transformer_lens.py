@@ -10,14 +10,25 @@ TL's logit lens (``accumulated_resid``), direct logit attribution (``decompose_r
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mechkit.errors import MechkitError
 from mechkit.model.transformer_lens import to_transformer_lens
 
 if TYPE_CHECKING:
-    from mechkit.hooking.core import Cache
+    import torch
+
     from mechkit.model.handle import ModelHandle
+
+
+class Recording(Protocol):
+    """What a conversion reads of a recording (a :class:`mechkit.hooking.core.Cache`): its activations by
+    hook name and the model recorded. Named by its shape, since ``Cache`` converts itself through this module."""
+
+    handle: ModelHandle | None
+
+    def items(self) -> Iterable[tuple[str, torch.Tensor]]: ...
 
 _BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -30,7 +41,7 @@ def bridge_for(handle: ModelHandle) -> Any:
     return bridge
 
 
-def activation_cache(cache: Cache, model: Any = None) -> Any:
+def activation_cache(cache: Recording, model: Any = None) -> Any:
     """``cache`` as a TL ``ActivationCache`` over ``model`` (default: the bridge of the recorded model).
     (The example needs TransformerLens, the ``interop`` extra, so it is not run by the doctest suite.)
 

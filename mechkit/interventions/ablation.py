@@ -10,7 +10,7 @@ Modes:
 
 On a remote nnsight model the hook functions are shipped by value and run where the model is: each is
 self-contained (it closes over tensors only and names nothing but ``torch``, which NDIF's whitelist
-allows, :mod:`mechkit.model.whitelist`). Zero and mean are :func:`~mechkit.hooking.traced.pure` (no side
+allows, :mod:`mechkit.model.backends.whitelist`). Zero and mean are :func:`~mechkit.hooking.traced.pure` (no side
 effects), so their activations stay on the server; resample draws from a generator, so it runs again
 here on the activation the server saw (the generator here moves on as after a local run).
 """
@@ -26,7 +26,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks, record
 from mechkit.hooking.traced import pure
-from mechkit.model.heads import Head, heads_by_layer, parse_heads
+from mechkit.model.headspec import Head, heads_by_layer, parse_heads
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

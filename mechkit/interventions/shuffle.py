@@ -23,7 +23,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits, edit_weights
-from mechkit.model.heads import Head
+from mechkit.model.headspec import Head
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

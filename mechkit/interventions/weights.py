@@ -3,7 +3,7 @@
 Edits reach every weight wherever it lives: on the model's device, spread over several devices, or
 offloaded by accelerate to CPU memory or disk (then the edit is made in a copy the module's hook
 loads instead of the stored weight, and the stored weight is never written — see
-:class:`mechkit.model.dispatch.WeightSlot`).
+:class:`mechkit.model.placement.slots.WeightSlot`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mechkit.model.dispatch import WeightSlot, tied_names
-from mechkit.model.heads import Head
+from mechkit.model.headspec import Head
 from mechkit.model.linear import is_transposed
+from mechkit.model.placement.slots import WeightSlot
+from mechkit.model.placement.ties import tied_names
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -99,7 +100,7 @@ def edit_weights(handle: ModelHandle) -> Iterator[WeightEdits]:
     """Edit weights in place for the duration of the context.
 
     >>> import mechkit as mk
-    >>> from mechkit.model.heads import Head
+    >>> from mechkit.model.headspec import Head
     >>> m = mk.load_model("tiny:llama")
     >>> with mk.edit_weights(m) as w:
     ...     w.zero_head_output(Head(0, 1))

@@ -150,7 +150,7 @@ class Anatomy:
         """The final norm's effective per-channel scale (None if it has no weight)."""
         gamma = getattr(self.final_norm, "weight", None)
         if gamma is not None and gamma.device.type == "meta":  # offloaded by accelerate
-            from mechkit.model.dispatch import module_tensor
+            from mechkit.model.placement.stored import module_tensor
 
             gamma = module_tensor(self.final_norm)
         return None if gamma is None else gamma + self.family.norm_offset

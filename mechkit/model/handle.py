@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechkit.model.anatomy import Anatomy
-from mechkit.model.backend import NATIVE, Backend
+from mechkit.model.backends.base import NATIVE, Backend
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +47,7 @@ class ModelHandle:
 
             return torch.device("cpu")
         if getattr(self.model, "hf_device_map", None) is not None or hasattr(self.model, "_hf_hook"):
-            from mechkit.model.dispatch import input_device
+            from mechkit.model.placement.stored import input_device
 
             return input_device(self.model)
         return next(self.model.parameters()).device
@@ -56,7 +56,7 @@ class ModelHandle:
     def device_map(self) -> dict[str, str] | None:
         """``{module: device}`` where accelerate placed the model (``cpu``/``disk`` entries may be
         offloaded), None for a model on one device."""
-        from mechkit.model.dispatch import device_summary
+        from mechkit.model.placement.stored import device_summary
 
         return device_summary(self.model)
 
@@ -119,7 +119,7 @@ class ModelHandle:
         if self._sha256 is None and self.backend.remote == "ndif":  # the weights never leave the server
             self._sha256 = "ndif:" + hashlib.sha256(str(self.backend.model_key).encode()).hexdigest()
         if self._sha256 is None:
-            from mechkit.model.dispatch import state_items
+            from mechkit.model.placement.stored import state_items
 
             digest = hashlib.sha256()
             for name, tensor in sorted(state_items(self.model), key=lambda item: item[0]):

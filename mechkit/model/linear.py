@@ -24,8 +24,8 @@ def weight_out_in(module: nn.Module) -> torch.Tensor:
     """
     w = module.weight
     if w.device.type == "meta":
-        from mechkit.model.backend import refuse_remote_weights
-        from mechkit.model.dispatch import module_tensor
+        from mechkit.model.backends.ndif import refuse_remote_weights
+        from mechkit.model.placement.stored import module_tensor
 
         refuse_remote_weights(module)
 

@@ -13,12 +13,16 @@ from typing import Any
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.io.quiet import quietly
-from mechkit.model import dispatch
 from mechkit.model.anatomy import discover_anatomy
-from mechkit.model.backend import check_backend, check_remote, client_tokenizer, connect_ndif, wrap
-from mechkit.model.dispatch import check_device
-from mechkit.model.gguf import cached_gguf
+from mechkit.model.backends import ndif
+from mechkit.model.backends.base import check_backend
+from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
+from mechkit.model.backends.remotes import check_remote
 from mechkit.model.handle import ModelHandle
+from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
+from mechkit.model.placement.spread import dispatch_in_memory, load_pretrained
+from mechkit.model.placement.stored import is_dispatched
+from mechkit.model.sources.gguf import cached_gguf
 from mechkit.model.transformer_lens import from_bridge
 
 EMBEDDED_ALIASES = ("llama", "smollm2")
@@ -57,7 +61,7 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     ``"sequential"`` or ``{module: device}`` with devices such as ``"cuda:0"``, ``"cpu"``, ``"disk"``),
     ``max_memory`` (``{device: size}``, e.g. ``{"cuda:0": "10GiB", "cpu": "30GiB"}``) and
     ``offload_folder`` (where disk-offloaded weights go) spread it with accelerate (see
-    :mod:`mechkit.model.dispatch`); ``max_memory`` or ``offload_folder`` alone mean ``device_map="auto"``.
+    :mod:`mechkit.model.placement`); ``max_memory`` or ``offload_folder`` alone mean ``device_map="auto"``.
     A model object accelerate already dispatched is used as it is.
 
     >>> import mechkit as mk
@@ -67,7 +71,7 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     >>> str(m.device)
     'cpu'
 
-    ``backend="nnsight"`` runs every forward as an nnsight trace (:mod:`mechkit.model.backend`), with
+    ``backend="nnsight"`` runs every forward as an nnsight trace (:mod:`mechkit.model.backends.nnsight_backend`), with
     ``remote="ndif"`` on an NDIF server (``spec`` a hub id it hosts) or ``remote="local"`` in nnsight's
     offline simulation of that path. A TransformerLens ``TransformerBridge`` is accepted as ``spec``
     (its HF model and tokenizer are used).
@@ -80,22 +84,23 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
         return spec
     remote = check_remote(remote, backend, spec)  # before anything loads
     if remote == "ndif":
-        model, runner = connect_ndif(str(spec))
-        return ModelHandle(model=model, tokenizer=client_tokenizer(runner), anatomy=discover_anatomy(model),
-                           spec=str(spec), name=str(spec), backend=runner)
-    plan = dispatch.request(device_map, max_memory, offload_folder, device=device)
-    if plan is None:
+        lm = ndif.connect(str(spec))
+        model = lm._module
+        return ModelHandle(model=model, tokenizer=ndif.client_tokenizer(lm), anatomy=discover_anatomy(model),
+                           spec=str(spec), name=str(spec), backend=NnsightBackend(lm, "ndif", model_key=str(spec)))
+    placed = request(device_map, max_memory, offload_folder, device=device)
+    if placed is None:
         device = check_device(device or default_device())
         torch_dtype = _dtype(dtype, device)
     else:
-        torch_dtype = _dtype(dtype, "cuda" if plan.uses_accelerator() else "cpu")
-    model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer, plan)
-    if dispatch.is_dispatched(model):
-        if plan is not None and not hasattr(model, "hf_device_map"):
+        torch_dtype = _dtype(dtype, "cuda" if placed.uses_accelerator() else "cpu")
+    model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer, placed)
+    if is_dispatched(model):
+        if placed is not None and not hasattr(model, "hf_device_map"):
             raise ModelLoadError("the model object is already dispatched by accelerate",
                                  "pass it without device_map/max_memory/offload_folder")
-    elif plan is not None:
-        dispatch.dispatch_in_memory(model, plan, torch_dtype)
+    elif placed is not None:
+        dispatch_in_memory(model, placed, torch_dtype)
     else:
         model.to(device=device, dtype=torch_dtype)
     model.eval()
@@ -106,8 +111,8 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     return handle
 
 
-def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | None = None):
-    """``(model, tokenizer, name, source, spec)``; directories and hub ids load straight into ``plan``'s
+def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = None):
+    """``(model, tokenizer, name, source, spec)``; directories and hub ids load straight into ``placed``'s
     device map, everything else loads into CPU memory (and is dispatched by the caller)."""
     if not isinstance(spec, (str, Path)):
         bridge = from_bridge(spec)
@@ -116,7 +121,7 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | N
             name = getattr(model.config, "_name_or_path", "") or type(model).__name__
             return model, tokenizer or tok, name, None, f"<TransformerBridge {type(model).__name__}>"
         if hasattr(spec, "config") and hasattr(spec, "forward"):
-            if plan is not None and dispatch.is_dispatched(spec):
+            if placed is not None and is_dispatched(spec):
                 raise ModelLoadError("the model object is already dispatched by accelerate",
                                      "pass it without device_map/max_memory/offload_folder")
             name = getattr(spec.config, "_name_or_path", "") or type(spec).__name__
@@ -125,19 +130,19 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | N
                              "pass a spec string, a path or a transformers model object")
     text = str(spec)
     if text in EMBEDDED_ALIASES:
-        from mechkit.model.embedded import NAME, gguf_path
+        from mechkit.model.sources.embedded import NAME, gguf_path
 
         gguf = gguf_path()
         cached, model, tok = load_gguf_cached(gguf, torch_dtype, label=f"the embedded {NAME} from {gguf.name}",
-                                              plan=plan)
+                                              placed=placed)
         return model, tok, NAME, cached, text
     if text == "toy:induction":
-        from mechkit.model.toy import toy_model
+        from mechkit.model.sources.toy import toy_model
 
         model, tok = toy_model()
         return model, tok, "toy-induction (2-layer, self-trained)", None, text
     if text.startswith("tiny:"):
-        from mechkit.model.tiny import tiny_model
+        from mechkit.model.sources.tiny import tiny_model
 
         model, tok = tiny_model(text.removeprefix("tiny:"))
         return model, tok, text, None, text
@@ -145,16 +150,16 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | N
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
-        cached, model, tok = load_gguf_cached(path, torch_dtype, plan=plan)
+        cached, model, tok = load_gguf_cached(path, torch_dtype, placed=placed)
         return model, tok, path.stem, cached, text
     if path.is_dir():
-        model, tok = load_directory(path, torch_dtype, plan=plan)
+        model, tok = load_directory(path, torch_dtype, placed=placed)
         return model, tok, path.name, path, text
     if path.exists():
         raise ModelLoadError(f"{path} is a file but not a .gguf model",
                              "pass a model directory (config.json + weights) or a .gguf file")
     if _HUB_ID.match(text):
-        model, tok = _load_hub(text, torch_dtype, plan)
+        model, tok = _load_hub(text, torch_dtype, placed)
         return model, tok, text, None, text
     raise ModelLoadError(
         f"unknown model {text!r}",
@@ -163,41 +168,41 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, plan: dispatch.Dispatch | N
     )
 
 
-def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, plan: dispatch.Dispatch | None = None):
+def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, placed: Dispatch | None = None):
     """``(cache directory, model, tokenizer)`` for a GGUF file: dequantized on first use of its content,
-    read back from the safetensors cache (converted to ``torch_dtype``, into ``plan``'s device map) ever after.
+    read back from the safetensors cache (converted to ``torch_dtype``, into ``placed``'s device map) ever after.
 
     The first load also reads the freshly written cache, so every load of a file gives the same model.
     An entry that passes the cheap checks but still fails to load is rebuilt once.
     """
     cached, built = cached_gguf(gguf, label=label)
     try:
-        return cached, *load_directory(cached, torch_dtype, plan=plan)
-    except dispatch.DispatchError:
+        return cached, *load_directory(cached, torch_dtype, placed=placed)
+    except DispatchError:
         raise  # the device map or memory limits, not the cache
     except ModelLoadError:
         if built:
             raise
     cached, _ = cached_gguf(gguf, label=label, rebuild=True)
-    return cached, *load_directory(cached, torch_dtype, plan=plan)
+    return cached, *load_directory(cached, torch_dtype, placed=placed)
 
 
-def load_directory(path: Path, torch_dtype=None, plan: dispatch.Dispatch | None = None):
-    """A local HF model directory: safetensors weights, no remote code; straight into ``plan``'s device
+def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None):
+    """A local HF model directory: safetensors weights, no remote code; straight into ``placed``'s device
     map when given (a pruned directory loads into memory and is dispatched by :func:`load_model`)."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"no model in {path}: config.json is missing",
                              "point --model at a directory written by save_pretrained (config.json + weights)")
     from transformers import AutoModelForCausalLM
 
-    from mechkit.model.surgery import CONFIG_KEY, load_pruned_directory
+    from mechkit.model.edit.surgery import CONFIG_KEY, load_pruned_directory
 
     pruned = CONFIG_KEY in (path / "config.json").read_text()
     try:
         if pruned:
             return load_pruned_directory(path, torch_dtype), _tokenizer(path)
-        if plan is not None:
-            model = dispatch.load_pretrained(path, plan, torch_dtype, local_files_only=True, trust_remote_code=False)
+        if placed is not None:
+            model = load_pretrained(path, placed, torch_dtype, local_files_only=True, trust_remote_code=False)
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 path, dtype=torch_dtype, local_files_only=True, trust_remote_code=False)
@@ -218,12 +223,12 @@ def _tokenizer(path: Path):
         return None  # a model without tokenizer files still supports token-level analyses
 
 
-def _load_hub(repo_id: str, torch_dtype, plan: dispatch.Dispatch | None = None):
+def _load_hub(repo_id: str, torch_dtype, placed: Dispatch | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        if plan is not None:
-            model = dispatch.load_pretrained(repo_id, plan, torch_dtype, trust_remote_code=False)
+        if placed is not None:
+            model = load_pretrained(repo_id, placed, torch_dtype, trust_remote_code=False)
         else:
             model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, trust_remote_code=False)
         tok = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=False)

@@ -280,7 +280,7 @@ class HeadSpec:
 
     def __call__(self, text: str) -> str:
         from mechkit.errors import HeadSpecError
-        from mechkit.model.heads import check_spec_syntax
+        from mechkit.model.headspec import check_spec_syntax
 
         try:
             return check_spec_syntax(text)

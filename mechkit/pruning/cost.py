@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def n_params(handle: ModelHandle) -> int:
     """Distinct parameters (a tied embedding counts once, also where accelerate's offload hooks gave
     each tied module its own ``meta`` parameter)."""
-    from mechkit.model.dispatch import distinct_parameters
+    from mechkit.model.placement.ties import distinct_parameters
 
     return sum(p.numel() for p in distinct_parameters(handle.model).values())
 
@@ -57,8 +57,9 @@ def timing_reference(handle: ModelHandle) -> tuple[ModelHandle, str]:
     """
     from mechkit.errors import MechkitError
     from mechkit.model.anatomy import discover_anatomy
-    from mechkit.model.dispatch import is_dispatched, plain_copy
     from mechkit.model.handle import ModelHandle
+    from mechkit.model.placement.copies import plain_copy
+    from mechkit.model.placement.stored import is_dispatched
 
     if not is_dispatched(handle.model):
         return handle, "as loaded"

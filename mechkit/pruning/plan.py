@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mechkit.model.surgery import Structure
+from mechkit.model.edit.surgery import Structure
 
 if TYPE_CHECKING:
     from mechkit.model.anatomy import Anatomy

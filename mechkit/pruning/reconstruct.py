@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.eval.scoring import last_logits_only
-from mechkit.model.dispatch import module_tensor
+from mechkit.model.edit.partial import capture_block_inputs
 from mechkit.model.linear import weight_out_in
-from mechkit.model.partial import capture_block_inputs
+from mechkit.model.placement.stored import module_tensor
 from mechkit.pruning.stats import encode
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ scores are estimated loss changes in the same units everywhere, so layers that m
 more. ``"global-z"`` ranks per-layer z-scores (the combined guide's habit).
 
 Heads under grouped-query attention are removed in *slots*: slot k of a layer removes the k-th
-least important query head of every KV group (see :mod:`mechkit.model.surgery` for why the count
+least important query head of every KV group (see :mod:`mechkit.model.edit.surgery` for why the count
 must match across groups). ``gqa="group"`` removes whole KV groups instead. At least one slot (or
 group) per layer and one MLP channel per layer always stay: a layer with nothing left should be
 removed as a layer.

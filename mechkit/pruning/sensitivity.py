@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from mechkit.eval.scoring import batches, forward_kept, row_metrics
-from mechkit.model.partial import capture_block_inputs, run_from
+from mechkit.model.edit.partial import capture_block_inputs, run_from
 from mechkit.pruning.masking import masked
 from mechkit.pruning.plan import PrunePlan
 

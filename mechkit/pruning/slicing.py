@@ -4,7 +4,7 @@ A saved pruned model is an ordinary HF directory (``config.json``, ``model.safet
 files) whose config is the *dense* config plus a ``mechkit_pruning`` entry holding the per-layer
 structure. The installed transformers builds every layer with one width, so
 :func:`mechkit.load_model` rebuilds the dense modules from that config, slices them to the recorded
-structure and then loads the weights strictly (:func:`mechkit.model.surgery.build_pruned`).
+structure and then loads the weights strictly (:func:`mechkit.model.edit.surgery.build_pruned`).
 A model holding NaN or inf weights (say, from a compensation over degenerate statistics) is refused
 before anything is written.
 """
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from mechkit.io import atomic_dir, check_out, refuse_non_finite
-from mechkit.model.dispatch import is_dispatched
+from mechkit.model.edit.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
-from mechkit.model.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
+from mechkit.model.placement.stored import is_dispatched
 
 if TYPE_CHECKING:
     from mechkit.pruning.plan import PrunePlan
@@ -103,8 +103,8 @@ def _pruned_from_stored(handle: ModelHandle, plan: PrunePlan, comp: dict[str, to
     """The pruned copy of a dispatched model, built from its stored weights on its main device.
 
     Deep-copying a dispatched model would slice its ``meta`` parameters and copy accelerate's weights
-    maps; instead a :class:`~mechkit.model.dispatch.PlainCopy` reads each kept block from where
-    accelerate keeps it just before slicing it (:func:`~mechkit.model.surgery.apply_structure`'s
+    maps; instead a :class:`~mechkit.model.placement.copies.PlainCopy` reads each kept block from where
+    accelerate keeps it just before slicing it (:func:`~mechkit.model.edit.surgery.apply_structure`'s
     ``materialize``): memory holds the pruned copy and one dense block, never the whole dense model,
     and removed blocks are never read.
 
@@ -117,7 +117,7 @@ def _pruned_from_stored(handle: ModelHandle, plan: PrunePlan, comp: dict[str, to
     is one line saying so. (Dispatching it again — each sliced block written to an offload folder,
     then ``dispatch_model`` with that index — would lift that limit; it is not done yet.)
     """
-    from mechkit.model.dispatch import PlainCopy, check_fits
+    from mechkit.model.placement.copies import PlainCopy, check_fits
 
     a, device = handle.anatomy, handle.device
     structure = plan.structure(a)

@@ -37,8 +37,8 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
 from mechkit.io import atomic_dir, check_out
-from mechkit.model.dispatch import StateView, state_items
 from mechkit.model.names import checkpoint_renamer
+from mechkit.model.placement.stored import StateView, state_items
 from mechkit.taskarith.checks import (
     architecture,
     base_label,
@@ -208,7 +208,7 @@ def _offloaded_state(model: nn.Module) -> dict:
 
     transformers reads disk/CPU-offloaded weights back through accelerate's hooks when the model has
     a device map saying so; a model offloaded by other means (``accelerate.cpu_offload``) gets its
-    weights, edits included, from :func:`mechkit.model.dispatch.state_items`.
+    weights, edits included, from :func:`mechkit.model.placement.stored.state_items`.
     """
     placed = getattr(model, "hf_device_map", None) or {}
     if not any(p.device.type == "meta" for p in model.parameters()) or {"cpu", "disk"} & set(placed.values()):

@@ -10,15 +10,28 @@ A vector holding NaN or inf (a scale that overflowed) is refused: its SVD or ran
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
 
 from mechkit.errors import MechkitError
 from mechkit.taskarith.checks import non_finite
 
-if TYPE_CHECKING:  # the vector calls these functions; they only use its methods
-    from mechkit.taskarith.vector import TaskVector
+
+class Deltas(Protocol):
+    """What compression reads of a :class:`mechkit.taskarith.vector.TaskVector`: its deltas, its metadata,
+    and how it makes a new vector. Named by its shape, since the vector's own methods call this module."""
+
+    deltas: dict[str, torch.Tensor]
+    meta: dict
+
+    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor], op: str) -> Deltas: ...
+
+    def derive(self, deltas: dict[str, torch.Tensor], op: str, *others: Deltas) -> Deltas: ...
+
+
+TaskVector = TypeVar("TaskVector", bound=Deltas)  # what goes in comes out: a TaskVector gives a TaskVector
 
 
 def rank_for_energy(singular: torch.Tensor, energy: float) -> int:

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechkit.errors import MechkitError, first_line
-from mechkit.model.dispatch import StateView, distinct_parameters, is_dispatched, tied_names
 from mechkit.model.names import checkpoint_renamer
+from mechkit.model.placement.stored import StateView, is_dispatched
+from mechkit.model.placement.ties import distinct_parameters, tied_names
 from mechkit.taskarith.checks import architecture, non_finite
 from mechkit.taskarith.vector import TaskVector
 

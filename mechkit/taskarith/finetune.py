@@ -215,12 +215,13 @@ def _float_copy(handle: ModelHandle, recipe: Recipe) -> nn.Module:
     """The float32 copy that trains, on the model's (main) device.
 
     A model accelerate dispatched is copied from its stored weights onto its main device
-    (:func:`~mechkit.model.dispatch.plain_copy`): training needs every weight, its gradient and AdamW's
+    (:func:`~mechkit.model.placement.copies.plain_copy`): training needs every weight, its gradient and AdamW's
     moments in memory at once, so streaming weights from disk or CPU would not save memory, only
     time; the same float32 weights then train to the same losses as the undispatched model's copy.
     Where the copy would not fit, one line says so before anything is copied.
     """
-    from mechkit.model.dispatch import is_dispatched, plain_copy
+    from mechkit.model.placement.copies import plain_copy
+    from mechkit.model.placement.stored import is_dispatched
 
     if not is_dispatched(handle.model):
         return copy.deepcopy(handle.model).float()

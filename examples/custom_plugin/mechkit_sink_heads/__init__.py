@@ -26,7 +26,7 @@ class SinkHeads(mk.Plugin):
     def run(self, ctx: mk.RunContext) -> mk.Result:
         import torch
 
-        from mechkit.model.heads import top_heads
+        from mechkit.model.headspec import top_heads
         from mechkit.report import head_heatmap
         from mechkit.tasks import parse_tasks
 

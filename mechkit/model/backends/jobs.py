@@ -1,7 +1,7 @@
 """What remote jobs report: each job's status updates, the server's own figures, and live progress.
 
 A remote run is a series of jobs (one per trace, or one per group of traces: :meth:`NnsightBackend.run_group
-<mechkit.model.backend.NnsightBackend.run_group>`). NDIF streams each job's lifecycle over a websocket —
+<mechkit.model.backends.nnsight_backend.NnsightBackend.run_group>`). NDIF streams each job's lifecycle over a websocket —
 ``RECEIVED``, ``QUEUED`` (and ``PROVISIONING``/``DEPLOYING``/``DISPATCHED`` while a model is being placed),
 ``RUNNING``, ``COMPLETED`` or ``ERROR`` — plus ``LOG`` lines (whatever the job printed on the server), and
 may attach ``meta``: what the job cost the server, in the server's own names. Nothing else is timed there,

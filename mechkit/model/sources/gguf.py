@@ -28,7 +28,7 @@ from pathlib import Path
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.io import atomic_dir, write_atomic
-from mechkit.model.cache import cache_root
+from mechkit.io.disk_cache import cache_root
 
 CACHE_FORMAT = 2  # bump when the entry layout or the conversion changes meaning
 META = "mechkit-cache.json"

@@ -18,22 +18,17 @@ so is how many cores W busy processes get on the machine at the time (``cores fr
 idle machine, less where other work holds cores): the most W workers can gain, whatever the executor.
 Medians over ``--repeats``; the cost model in ``bench/README.md`` is fitted from these figures.
 
-    python bench/ray.py [--quick] [--model llama] [--threads 1] [--repeats 3] [--workers 1,2]
+    python bench/ray_executor.py [--quick] [--model llama] [--threads 1] [--repeats 3] [--workers 1,2]
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import common
-
-# This file is named like the package it measures: once ``common`` is in, take bench/ off the path so
-# ``import ray`` finds Ray (in this process and in the workers, which copy the driver's sys.path).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 GRIDS = {
     # one batch of prompts: 1 clean unit + one unit per layer

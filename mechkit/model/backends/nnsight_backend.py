@@ -1,23 +1,21 @@
-"""Where a model's forward passes run: ``native`` or ``nnsight`` (locally, simulated remote, or NDIF).
+"""The nnsight backend: every forward is one nnsight trace, in this process or as jobs sent to a server.
 
-``native`` is PyTorch hooks on the local HuggingFace model. ``nnsight`` runs every forward as one
-nnsight trace over the same model: mechkit's hook functions (:mod:`mechkit.hooking`) become operations
-inside that trace. With ``remote`` each *job* — one trace, or several grouped into one ``model.session``
-(:meth:`NnsightBackend.run_group`: a sweep's traces; :meth:`NnsightBackend.call`: a step reading weights,
-:mod:`mechkit.model.weight_reads`) — is serialised and run where the model is:
+mechkit's hook functions (:mod:`mechkit.hooking`) become operations inside that trace. With ``remote``
+each *job* — one trace, or several grouped into one ``model.session`` (:meth:`NnsightBackend.run_group`:
+a sweep's traces; :meth:`NnsightBackend.call`: a step reading weights,
+:mod:`mechkit.model.backends.weight_reads`) — is serialised and run where the model is, by a
+:class:`~mechkit.model.backends.base.Server` (:mod:`mechkit.model.backends.remotes` names them):
 
 - ``remote="ndif"`` ships it to an NDIF server (``NDIF_API_KEY``; the model must be a hub id the
   server hosts). The client holds only the model's structure (meta weights).
-- ``remote="local"`` runs a strict offline simulation of that path (:mod:`mechkit.model.simulation`):
+- ``remote="local"`` runs a strict offline simulation of that path (:mod:`mechkit.model.backends.simulation`):
   the job is serialised exactly as for the server, then deserialised and executed with ``mechkit`` (and
   every other package a server lacks) unimportable, on the local model. A run that passes here ships
   everything it needs by value.
 
 Remote, every job's lifecycle (queued, running, completed; what it printed; what the server says it
-cost) goes to the backend's :class:`~mechkit.model.jobs.JobLog`, which the runner shows live and puts in
-the report. What a backend can do is a set of *needs* plugins declare
-(:attr:`mechkit.plugin.Plugin.needs`); the runner refuses an impossible pairing before any work
-(:func:`refusal`).
+cost) goes to the backend's :class:`~mechkit.model.backends.jobs.JobLog`, which the runner shows live and
+puts in the report.
 """
 
 from __future__ import annotations
@@ -27,132 +25,25 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from mechkit.model.backends.base import Backend, nnsight_model, serves
+from mechkit.model.backends.jobs import JobLog
+from mechkit.model.backends.remotes import server_for
 from mechkit.model.compat import cache_in, pop_cache, set_cache
-from mechkit.model.nnsight_lm import BackendError, nnsight_model
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-BACKENDS = ("native", "nnsight")
-REMOTES = ("local", "ndif")
-
-# need -> how a refusal names it
-NEEDS = {
-    "weight_writes": "weight writes",
-    "gradients": "gradients",
-    "patterns": "attention patterns",
-    "generation": "generation",
-    "module_calls": "partial forwards (calling the model's blocks one by one)",
-    # reading weights in the client's process; steps that go through mechkit.model.weight_reads.read_weights
-    # run where the weights are and need nothing
-    "weight_reads": "reading weights here",
-}
 
 # Import roots an NDIF server has (its environment), so they are never shipped by value.
 SERVER_PACKAGES = frozenset({"torch", "numpy", "transformers", "accelerate", "diffusers", "einops", "peft",
                              "nnsight", "safetensors", "tokenizers", "huggingface_hub"})
 
 
-def check_backend(name: str | None) -> str:
-    """The backend name, checked: one line naming the choices for anything else.
-
-    >>> check_backend("nnsight")
-    'nnsight'
-    >>> check_backend("jax")
-    Traceback (most recent call last):
-    ...
-    mechkit.model.nnsight_lm.BackendError: unknown backend 'jax' — use --backend native or --backend nnsight
-    """
-    name = "native" if name is None else name
-    if name not in BACKENDS:
-        raise BackendError(f"unknown backend {name!r}", "use --backend native or --backend nnsight")
-    return name
-
-
-def check_remote(remote: str | bool | None, backend: str, spec: Any) -> str | None:
-    """``None``, ``"local"`` or ``"ndif"``, checked against the backend and the model spec before anything loads.
-
-    A remote model is named, never shipped: a hub id (``ndif``), or for the local simulation also
-    mechkit's built-in models (``tiny:FAMILY``, ``toy:induction``, the embedded aliases), which stand
-    for a hosted model there. A local directory, a ``.gguf`` file or a model object cannot be remote.
-    """
-    if remote in (None, False, ""):
-        return None
-    remote = "ndif" if remote is True else remote
-    if remote not in REMOTES:
-        raise BackendError(f"unknown remote {remote!r}",
-                           "use --remote ndif (an NDIF server) or --remote local (its offline simulation)")
-    if backend != "nnsight":
-        raise BackendError(f"--remote {remote} needs the nnsight backend", "add --backend nnsight")
-    if not isinstance(spec, str):
-        raise BackendError(f"a model object ({type(spec).__name__}) cannot run remotely: the server loads models "
-                           "by name", "pass a hub id such as meta-llama/Llama-3.1-8B, or drop --remote")
-    from pathlib import Path
-
-    path = Path(spec).expanduser()
-    builtin = spec.startswith(("tiny:", "toy:")) or spec in ("llama", "smollm2")
-    if path.suffix == ".gguf" or (path.exists() and not builtin):
-        raise BackendError(f"{spec} is a local {'file' if path.is_file() else 'directory'}: a remote server cannot "
-                           "read it", "pass the hub id of a model the server hosts, or drop --remote")
-    if remote == "ndif" and builtin:
-        raise BackendError(f"{spec} is a mechkit built-in model, not hosted on NDIF",
-                           "pass the hub id of a model NDIF hosts, or use --remote local to simulate")
-    from mechkit.model.ndif import api_key
-
-    if remote == "ndif" and not api_key():
-        raise BackendError("no NDIF API key", "set NDIF_API_KEY (get one at https://login.ndif.us) or run "
-                           "`python -m nnsight login`; --remote local simulates a server offline")
-    return remote
-
-
-def serves(backend: str, remote: str | None) -> frozenset[str]:
-    """The needs a backend serves: native all; nnsight all but partial forwards (the trace runs whole
-    forwards), and remotely no weight writes or reads here either (the weights are the server's)."""
-    if backend == "native":
-        return frozenset(NEEDS)
-    return frozenset({"gradients", "patterns", "generation"} | (set() if remote else {"weight_writes", "weight_reads"}))
-
-
-def refusal(needs: frozenset[str] | set[str], backend: str, remote: str | None, plugin: str) -> str | None:
-    """The one line refusing ``plugin`` on a backend (``None`` when the backend serves every need).
-
-    >>> print(refusal({"weight_writes"}, "nnsight", "ndif", "prune"))
-    plugin 'prune' needs weight writes, which the nnsight --remote ndif backend cannot do (the weights live on the server) — run it with --backend native on a local model
-    """
-    missing = sorted(n for n in needs if n not in serves(backend, remote))
-    if not missing:
-        return None
-    what = ", ".join(NEEDS.get(n, n) for n in missing)
-    where = backend + (f" --remote {remote}" if remote else "")
-    why = " (the weights live on the server)" if {"weight_writes", "weight_reads"} & set(missing) and remote else ""
-    return (f"plugin {plugin!r} needs {what}, which the {where} backend cannot do{why} — "
-            f"run it with --backend native on a local model")
-
-
-class Backend:
-    """What runs a model's forwards; the native one is plain PyTorch hooks (the model's own modules)."""
-
-    name = "native"
-    remote: str | None = None
-    traced = False
-    serves: frozenset[str] = frozenset(NEEDS)
-
-    def describe(self) -> str:
-        return self.name
-
-    def info(self) -> dict:
-        return {"name": self.name}
-
-
-NATIVE = Backend()
-
-
 class Trace:
     """One forward of a group (:meth:`NnsightBackend.run_group`): its inputs and forward options, the
     plan it runs (:mod:`mechkit.hooking.traced`), whether it takes gradients, and how many stacked copies
     of the batch it runs (made where it runs, so the request carries the batch once). A plain class, not
-    a dataclass: it is shipped by value, and NDIF refuses ``dataclasses`` (:mod:`mechkit.model.whitelist`)."""
+    a dataclass: it is shipped by value, and NDIF refuses ``dataclasses`` (:mod:`mechkit.model.backends.whitelist`)."""
 
     def __init__(self, input_ids: torch.Tensor, plan: Any = None, kwargs: dict | None = None, grad: bool = False,
                  repeat: int = 1) -> None:
@@ -175,7 +66,7 @@ def _run_traces(lm: Any, traces: list[Trace], announce: bool, save: Callable) ->
     The body of a grouped job: on a remote backend it runs *on the server*, inside one session, so it is
     plain code shipped by value. ``announce`` prints one line per finished trace; a server streams a
     job's prints back as its progress. ``save`` is nnsight's (passed in: the server refuses ``import
-    nnsight`` inside a request, :mod:`mechkit.model.whitelist`).
+    nnsight`` inside a request, :mod:`mechkit.model.backends.whitelist`).
     """
     import torch
 
@@ -215,17 +106,16 @@ class NnsightBackend(Backend):
     :mod:`mechkit.hooking` keeps the active hook functions in :attr:`entries` and sets :attr:`planner`,
     which turns them into the plan a trace runs; :meth:`run` executes one trace with a plan,
     :meth:`run_group` several traces as one job, :meth:`call` any function of the model where it is.
-    Remote, every job's lifecycle goes to :attr:`log` (:class:`~mechkit.model.jobs.JobLog`).
+    Remote, every job's lifecycle goes to :attr:`log` (:class:`~mechkit.model.backends.jobs.JobLog`).
     """
 
     name = "nnsight"
     traced = True
 
     def __init__(self, lm: Any, remote: str | None = None, model_key: str | None = None) -> None:
-        from mechkit.model.jobs import JobLog
-
         self.lm = lm
         self.remote = remote
+        self.server = server_for(remote)
         self.model_key = model_key
         self.entries: list = []
         self.planner: Callable[[list], Any] | None = None
@@ -260,7 +150,7 @@ class NnsightBackend(Backend):
     def _continued(self, input_ids: torch.Tensor, plan: Any, **kwargs) -> Any:
         """One decoding step on a remote model: the whole sequence (prefix and ``input_ids``) in one trace,
         the logits of the new positions back. A cache would go to the server and back with every step,
-        and it names transformers' cache classes, which NDIF's whitelist refuses (:mod:`mechkit.model.whitelist`).
+        and it names transformers' cache classes, which NDIF's whitelist refuses (:mod:`mechkit.model.backends.whitelist`).
         Hook functions see the whole sequence at every step, as in a forward without a cache: the same
         for position-wise edits and edits at fixed positions, not for a function that tells decoding
         steps by their length."""
@@ -288,11 +178,9 @@ class NnsightBackend(Backend):
         ``plan.after(store, output)`` runs here. Returns the model output, or what ``after`` returns."""
         from nnsight import save  # the block names nnsight's save only, never the nnsight package
 
-        from mechkit.model.ndif import remote_errors
-
         lm = self.lm
         options = self._job_options(plan, traces=1)
-        with self._shipping(plan), remote_errors(self):  # noqa: SIM117 - nnsight captures its own `with` block
+        with self._shipping(plan), self._server_errors():  # noqa: SIM117 - nnsight captures its own `with` block
             with lm.trace(input_ids, **kwargs, **options):
                 store = {}
                 if plan is not None:
@@ -324,11 +212,9 @@ class NnsightBackend(Backend):
             return fn(self.lm, *args)
         from nnsight import save
 
-        from mechkit.model.ndif import remote_errors
-
         lm = self.lm
         options = self._job_options((fn, args), traces=traces)
-        with self._shipping((fn, args)), remote_errors(self):  # noqa: SIM117 - nnsight captures its own `with` block
+        with self._shipping((fn, args)), self._server_errors():  # noqa: SIM117 - nnsight captures its own `with` block
             with lm.session(**options):
                 result = fn(lm, *args)
                 result = save(result)
@@ -345,17 +231,13 @@ class NnsightBackend(Backend):
 
     def _job_options(self, shipped: Any, traces: int) -> dict:
         """The ``backend=`` of one remote job (a trace or a session), reporting to :attr:`log`."""
-        if self.remote == "local":
-            from mechkit.model.simulation import strict_simulation
+        if self.server is None:
+            return {}
+        return {"backend": self.server.job_backend(self, self._roots(shipped), traces)}
 
-            return {"backend": strict_simulation(self.lm, self._roots(shipped), self.log, traces)}
-        if self.remote == "ndif":
-            from mechkit.model.ndif import reporting_remote
-
-            if self.job_key is None:
-                self.job_key = self.lm.to_model_key()
-            return {"backend": reporting_remote(self.lm, self.log, traces, self.job_key)}
-        return {}
+    def _server_errors(self) -> contextlib.AbstractContextManager:
+        """The server's failures as one line while a job runs (nothing to translate in process)."""
+        return self.server.errors() if self.server is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _shipping(self, shipped: Any) -> Iterator[None]:
@@ -407,46 +289,3 @@ def wrap(model: nn.Module, tokenizer: Any, remote: str | None = None) -> Nnsight
 
     lm = nnsight_model(model, copy.deepcopy(tokenizer) if tokenizer is not None else None)
     return NnsightBackend(lm, remote)
-
-
-# NDIF's client side lives in mechkit.model.ndif; connecting builds the backend, so it lives here.
-def connect_ndif(repo_id: str) -> tuple[Any, NnsightBackend]:
-    """``(meta model, backend)`` for ``repo_id`` on NDIF: the client builds the structure (no weights).
-
-    Refuses, with one line each: no API key, an unreachable server, a model the server does not host
-    (naming what it hosts when it says).
-    """
-    import io
-    from contextlib import redirect_stderr
-
-    import nnsight.ndif as ndif
-    from nnsight import CONFIG
-
-    from mechkit.model import ndif as ndif_client
-
-    with redirect_stderr(io.StringIO()):  # nnsight prints its own "service down" message
-        state = ndif.status(raw=True)
-    if not state:
-        raise BackendError(f"cannot reach the NDIF server at {CONFIG.API.HOST}",
-                           "check your network (or NDIF_HOST); --remote local simulates a server offline")
-    ndif_client.check_hosted(repo_id, state)
-    backend = NnsightBackend(ndif_client.client_model(repo_id), "ndif", model_key=repo_id)
-    lm = backend.lm
-    model = lm._module
-    for module in model.modules():  # the client's copy holds no weights: say so where one is read
-        module.__dict__["_mechkit_remote"] = repo_id
-    return model, backend
-
-
-def client_tokenizer(backend: NnsightBackend) -> Any:
-    """:func:`mechkit.model.ndif.client_tokenizer`."""
-    from mechkit.model import ndif
-
-    return ndif.client_tokenizer(backend)
-
-
-def refuse_remote_weights(module: Any) -> None:
-    """:func:`mechkit.model.ndif.refuse_remote_weights`."""
-    from mechkit.model import ndif
-
-    ndif.refuse_remote_weights(module)

@@ -7,10 +7,10 @@ session) is serialised, deserialised and *executed* with ``roots`` (mechkit, plu
 unimportable — removed from ``sys.modules`` and blocked, since an installed mechkit would otherwise stay
 importable — on the deserialised objects; only the saved values come back, through a pickle round trip,
 into the caller's frame. So hook functions' side effects happen on the server's copies, exactly as
-remotely. It also holds the request to NDIF's whitelist (:mod:`mechkit.model.whitelist`): unpickling
+remotely. It also holds the request to NDIF's whitelist (:mod:`mechkit.model.backends.whitelist`): unpickling
 refuses any module, module object or builtin the server would refuse to import (a dataclass shipped by
 value names ``dataclasses``) and any function shipped as bytecode, and shipped functions and the block
-run with the server's builtins only (imports of non-whitelisted modules refused). Like NDIF it reports the job's lifecycle to a :class:`~mechkit.model.jobs.JobLog` and turns
+run with the server's builtins only (imports of non-whitelisted modules refused). Like NDIF it reports the job's lifecycle to a :class:`~mechkit.model.backends.jobs.JobLog` and turns
 what the job prints into ``LOG`` updates (NDIF redirects a job's stdout the same way).
 """
 
@@ -22,8 +22,9 @@ import io
 import sys
 from typing import Any
 
-from mechkit.model.jobs import Job, JobLog
-from mechkit.model.whitelist import server_builtins, server_unpickler
+from mechkit.model.backends.base import Server
+from mechkit.model.backends.jobs import Job, JobLog
+from mechkit.model.backends.whitelist import server_builtins, server_unpickler
 
 
 class _Unimportable(importlib.abc.MetaPathFinder):
@@ -54,6 +55,16 @@ class _LogLines(io.TextIOBase):
             if self.log is not None and self.job is not None:
                 self.log.note(self.job, "LOG", line)
         return len(text)
+
+
+class SimulatedServer(Server):
+    """``--remote local``: each job runs on this machine as a strict NDIF server would run it
+    (:func:`strict_simulation`), its lifecycle going to the runner's job log."""
+
+    name = "local"
+
+    def job_backend(self, runner: Any, roots: set[str], traces: int) -> Any:
+        return strict_simulation(runner.lm, roots, runner.log, traces)
 
 
 def strict_simulation(lm: Any, roots: set[str], log: JobLog | None = None, traces: int = 1) -> Any:

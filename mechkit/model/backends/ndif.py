@@ -1,24 +1,54 @@
-"""The client side of NDIF: connecting, reporting a job's updates, and failing in one line.
+"""The NDIF server behind the nnsight backend: connecting, sending a job, reporting its updates, failing in one line.
 
 NDIF (https://ndif.us) runs nnsight requests on models it hosts. The client builds the model's structure
 on the meta device from the hub config (no weights), checks the server's ``/status`` before anything
 else, and sends each job through nnsight's own blocking client (:func:`reporting_remote`), whose status
-updates go to the backend's :class:`~mechkit.model.jobs.JobLog`.
+updates go to the backend's :class:`~mechkit.model.backends.jobs.JobLog`.
 Every failure a user can meet — no API key, an unreachable server, a model it does not host, a rejected
-request, a job that failed on the server — is one :class:`~mechkit.model.backend.BackendError` line.
+request, a job that failed on the server — is one :class:`~mechkit.model.backends.base.BackendError` line.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
-from mechkit.model.nnsight_lm import BackendError, nnsight_model
+from mechkit.model.backends.base import BackendError, Server, nnsight_model
 
-if TYPE_CHECKING:
-    from mechkit.model.backend import NnsightBackend
+
+class NdifServer(Server):
+    """Jobs go to NDIF through nnsight's own blocking client (:func:`reporting_remote`); a failed
+    request is one line (:meth:`errors`)."""
+
+    name = "ndif"
+
+    def job_backend(self, runner: Any, roots: set[str], traces: int) -> Any:
+        """NDIF ships nothing by value itself (nnsight's serialiser does), so ``roots`` are not needed here;
+        the model key is asked of the hub once per runner (nnsight's, naming the hub id and revision)."""
+        if runner.job_key is None:
+            runner.job_key = runner.lm.to_model_key()
+        return reporting_remote(runner.lm, runner.log, traces, runner.job_key)
+
+    @contextlib.contextmanager
+    def errors(self) -> Iterator[None]:
+        """A failed NDIF request is one line, never a traceback (errors of mechkit's own code pass through)."""
+        try:
+            yield
+        except MechkitError:
+            raise
+        except Exception as err:
+            if isinstance(err, OSError) or type(err).__name__ in ("ConnectError", "ConnectTimeout"):
+                from nnsight import CONFIG
+
+                raise BackendError(f"cannot reach the NDIF server at {CONFIG.API.HOST} ({_last_line(err)})",
+                                   "check your network (or NDIF_HOST); --remote local simulates a server offline") from err
+            if _network_error(err):
+                raise BackendError(f"the NDIF request failed: {_last_line(err)}",
+                                   "check NDIF_API_KEY, the network and that the server hosts the model "
+                                   "(python -c 'import nnsight; print(nnsight.status())')") from err
+            raise
 
 
 def reporting_remote(lm: Any, log: Any, traces: int, model_key: str | None = None) -> Any:
@@ -47,29 +77,6 @@ def reporting_remote(lm: Any, log: Any, traces: int, model_key: str | None = Non
             return super().finalize(content)
 
     return ReportingRemote()
-
-
-@contextlib.contextmanager
-def remote_errors(backend: NnsightBackend) -> Iterator[None]:
-    """A failed NDIF request is one line, never a traceback (errors of mechkit's own code pass through)."""
-    if backend.remote != "ndif":
-        yield
-        return
-    try:
-        yield
-    except MechkitError:
-        raise
-    except Exception as err:
-        if isinstance(err, OSError) or type(err).__name__ in ("ConnectError", "ConnectTimeout"):
-            from nnsight import CONFIG
-
-            raise BackendError(f"cannot reach the NDIF server at {CONFIG.API.HOST} ({_last_line(err)})",
-                               "check your network (or NDIF_HOST); --remote local simulates a server offline") from err
-        if _network_error(err):
-            raise BackendError(f"the NDIF request failed: {_last_line(err)}",
-                               "check NDIF_API_KEY, the network and that the server hosts the model "
-                               "(python -c 'import nnsight; print(nnsight.status())')") from err
-        raise
 
 
 def _network_error(err: BaseException) -> bool:
@@ -126,7 +133,7 @@ def check_hosted(repo_id: str, state: dict) -> None:
     >>> check_hosted("org/x", {"deployments": {"a": {"repo_id": "org/y", "deployment_level": "HOT"}}})
     Traceback (most recent call last):
     ...
-    mechkit.model.nnsight_lm.BackendError: NDIF does not host org/x right now — use one it hosts: org/y
+    mechkit.model.backends.base.BackendError: NDIF does not host org/x right now — use one it hosts: org/y
     """
     hosted = hosted_models(state)
     if hosted and repo_id not in hosted:
@@ -142,11 +149,36 @@ def refuse_remote_weights(module: Any) -> None:
                            "its structure only)", "run it on a local copy of the model (without --remote)")
 
 
-def client_tokenizer(backend: NnsightBackend) -> Any:
+def client_tokenizer(lm: Any) -> Any:
     """The tokenizer mechkit uses beside an NDIF model: nnsight's, copied, padding on the right again."""
     import copy
 
-    tok = copy.deepcopy(backend.lm.tokenizer)
+    tok = copy.deepcopy(lm.tokenizer)
     if tok is not None:
         tok.padding_side = "right"
     return tok
+
+
+def connect(repo_id: str) -> Any:
+    """The client's nnsight model of ``repo_id`` on NDIF: its structure only (no weights), once the server
+    answers and hosts it.
+
+    Refuses, with one line each: an unreachable server, a model the server does not host (naming what it
+    hosts when it says); the API key is checked before (:func:`mechkit.model.backends.remotes.check_remote`).
+    """
+    import io
+    from contextlib import redirect_stderr
+
+    import nnsight.ndif as ndif
+    from nnsight import CONFIG
+
+    with redirect_stderr(io.StringIO()):  # nnsight prints its own "service down" message
+        state = ndif.status(raw=True)
+    if not state:
+        raise BackendError(f"cannot reach the NDIF server at {CONFIG.API.HOST}",
+                           "check your network (or NDIF_HOST); --remote local simulates a server offline")
+    check_hosted(repo_id, state)
+    lm = client_model(repo_id)
+    for module in lm._module.modules():  # the client's copy holds no weights: say so where one is read
+        module.__dict__["_mechkit_remote"] = repo_id
+    return lm

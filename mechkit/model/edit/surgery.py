@@ -262,7 +262,7 @@ def apply_structure(model: nn.Module, structure: Structure, compensation: Mappin
     ``biased`` and ``config_restore`` filled in.
 
     ``materialize(module)``, where given, gives a module whose tensors are still on ``meta`` its
-    weights (:class:`mechkit.model.dispatch.PlainCopy`): each sliced block just before it is sliced,
+    weights (:class:`mechkit.model.placement.copies.PlainCopy`): each sliced block just before it is sliced,
     the rest of the model once the removed blocks are gone — so a copy of a dispatched model is sliced
     holding one dense block at a time, and removed blocks are never read.
     """

@@ -23,14 +23,14 @@ server serving this nnsight accepts those or accepts nothing. mechkit names noth
 So what mechkit ships into a trace is plain data (tuples, lists, dicts, tensors, ``SimpleNamespace``),
 plain classes and functions over torch, einops and whitelisted builtins, with nnsight's ``save`` as the
 only nnsight name. :func:`server_unpickler` and :func:`server_builtins` let ``--remote local``
-(:mod:`mechkit.model.simulation`) enforce exactly that.
+(:mod:`mechkit.model.backends.simulation`) enforce exactly that.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mechkit.model.nnsight_lm import BackendError
+from mechkit.model.backends.base import BackendError
 
 # (name, strict): NDIF's WHITELISTED_MODULES (ndif main), in both versions.
 MODULES = (("builtins", True), ("torch", False), ("collections", False), ("nnsight.intervention.envoy", False),
@@ -68,7 +68,7 @@ type vars zip
 BUILTINS = frozenset(_BUILTIN_NAMES.split())
 
 FIX = ("ship plain data (tuples, lists, dicts, tensors) and functions over torch and einops; "
-       "the server's whitelist is in mechkit.model.whitelist")
+       "the server's whitelist is in mechkit.model.backends.whitelist")
 
 
 class NotWhitelisted(BackendError):
@@ -103,7 +103,7 @@ def plain(obj: Any) -> Any:
     """``obj`` as data a server may unpickle: every dataclass instance a ``SimpleNamespace`` of its fields
     (its methods stay here: a shipped step reads fields), through lists, tuples and dicts.
 
-    >>> from mechkit.model.heads import Head
+    >>> from mechkit.model.headspec import Head
     >>> plain([Head(3, 1), {"k": (Head(0, 2),)}])
     [namespace(layer=3, head=1), {'k': (namespace(layer=0, head=2),)}]
     """

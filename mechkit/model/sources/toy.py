@@ -1,11 +1,11 @@
 """A toy model trained by mechkit itself, whose circuit is known: ground truth for the test suite.
 
-Random-init models (:mod:`mechkit.model.tiny`) have the right shapes but no behaviour, and the
+Random-init models (:mod:`mechkit.model.sources.tiny`) have the right shapes but no behaviour, and the
 embedded model's heads are only known empirically. Detection and ablation code needs a model where
 the answer is known in advance, so this module trains one in seconds on a CPU:
 
 - a 2-layer Llama (4 query heads sharing 2 KV heads, hidden 64, a token-sized MLP that HF Llama requires)
-  over the byte tokenizer of :mod:`mechkit.model.tiny` (259 ids);
+  over the byte tokenizer of :mod:`mechkit.model.sources.tiny` (259 ids);
 - on ``[BOS] + seg + seg`` where ``seg`` is 10–25 random byte ids (distinct within a segment, the
   length drawn per batch so no fixed positional offset works). The first copy is unpredictable
   (loss ≈ ln 256); the second copy is predictable *only* by induction: find where the current token
@@ -32,7 +32,7 @@ from typing import Any
 
 from mechkit.errors import MechkitError
 from mechkit.io import atomic_dir
-from mechkit.model.tiny import SPECIAL_TOKENS, VOCAB, byte_tokenizer
+from mechkit.model.sources.tiny import SPECIAL_TOKENS, VOCAB, byte_tokenizer
 
 FORMAT = 1  # bump when the cache layout or the training code changes meaning
 N_BYTES = 256  # data ids are bytes 0..255; BOS/EOS/PAD (256..258) never appear inside a sequence
@@ -64,7 +64,7 @@ def recipe_hash(seed: int = 0, steps: int = DEFAULT_STEPS) -> str:
 
 def cache_dir(seed: int = 0, steps: int | None = None) -> Path:
     """Where :func:`toy_model` keeps the weights for this recipe."""
-    from mechkit.model.cache import cache_root
+    from mechkit.io.disk_cache import cache_root
 
     return cache_root() / "toy" / f"induction-{recipe_hash(seed, DEFAULT_STEPS if steps is None else steps)}"
 

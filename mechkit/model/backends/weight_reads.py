@@ -8,7 +8,7 @@ so a step that would reach for mechkit there (a lazy import) fails here first.
 
 A step is ``fn(view, *args)`` where ``view`` has the two attributes weight readers use, ``.model`` (the
 HF model) and ``.anatomy``; a :class:`~mechkit.model.handle.ModelHandle` is one. Remote, what travels is
-plain data (:func:`~mechkit.model.whitelist.plain`: NDIF refuses ``dataclasses``): the anatomy's sizes and
+plain data (:func:`~mechkit.model.backends.whitelist.plain`: NDIF refuses ``dataclasses``): the anatomy's sizes and
 family paths, and a plain class holding :class:`~mechkit.model.anatomy.Anatomy`'s methods, on which the
 server sets the modules of its own model; dataclass arguments arrive as their fields.
 """
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mechkit.model.anatomy import Anatomy
-from mechkit.model.whitelist import plain
+from mechkit.model.backends.whitelist import plain
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

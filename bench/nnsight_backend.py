@@ -20,7 +20,7 @@ increase and is the warm-up; then the median of ``--repeats`` runs is timed. Res
 backends: each worker also returns a checksum of what it computed and the script checks they match.
 The table gives the traces and remote jobs of one run.
 
-    python bench/nnsight.py [--quick] [--threads N] [--model tiny:llama|llama] [--workloads a,b]
+    python bench/nnsight_backend.py [--quick] [--threads N] [--model tiny:llama|llama] [--workloads a,b]
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ import tempfile
 from pathlib import Path
 
 import common
-
-# This file is named like the package it measures: with its folder first on sys.path, `import nnsight`
-# would find it instead of nnsight (common is imported already).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 WORKLOADS = ("forward", "record", "detect", "ablate", "attribution", "exact")
 # name -> (backend, remote, traces per remote job: None for the backend's own choice)

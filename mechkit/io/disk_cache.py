@@ -2,9 +2,9 @@
 
 Layout under :func:`cache_root`::
 
-    gguf/<stem>-<sha256[:16]>/   a GGUF file dequantized to safetensors (mechkit.model.gguf), one per content
+    gguf/<stem>-<sha256[:16]>/   a GGUF file dequantized to safetensors (mechkit.model.sources.gguf), one per content
     gguf/.hashes/                memoised sha256 of GGUF files, keyed by path, size, mtime, ctime, inode
-    toy/induction-<recipe>/      the self-trained toy induction model (mechkit.model.toy)
+    toy/induction-<recipe>/      the self-trained toy induction model (mechkit.model.sources.toy)
     runs/<key>/                  finished steps of plugin runs, for resuming (mechkit.runner)
     embedded/                    the embedded model's older, format-1 cache (unused; listed so it can be cleared)
 
