@@ -8,7 +8,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 LOCK   := requirements.lock
-PIP    := -m pip --disable-pip-version-check -q
+# -qq: pip's errors only (a hash mismatch is one); this machine's pip.conf names local indexes that
+# lack most packages, and pip warns about each. PYTHONWARNINGS hides setuptools' note on editable installs.
+PIP    := -m pip --disable-pip-version-check -qq
 # The lock holds torch's CPU build. On a GPU machine install your CUDA build of the same torch in its place:
 #   make setup TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?=
@@ -30,7 +32,7 @@ $(VENV)/.mechkit-installed: $(LOCK) pyproject.toml
 	grep -v -E '^(pip|setuptools|wheel)==$(if $(TORCH_SPEC),|^torch==)' $(LOCK) > $(VENV)/packages.lock
 	$(BIN)/python $(PIP) install --require-hashes --no-deps -r $(VENV)/packages.lock
 	$(if $(TORCH_SPEC),$(BIN)/python $(PIP) install --no-deps $(TORCH_SPEC))
-	$(BIN)/python $(PIP) install --no-deps --no-build-isolation -e .
+	PYTHONWARNINGS=ignore $(BIN)/python $(PIP) install --no-deps --no-build-isolation -e .
 	touch $@
 
 demo: setup

@@ -33,6 +33,9 @@ class _Task:
     done: bool = False
 
 
+_last_line = [0.0]  # when any progress line of this process was last printed (time.monotonic)
+
+
 def _elapsed(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
@@ -92,3 +95,40 @@ class PlainProgress:
         self.file.write(f"mechkit: {task.description} {count}{state} "
                         f"(elapsed {_elapsed(time.monotonic() - task.start)})\n")
         self.file.flush()
+        _last_line[0] = time.monotonic()
+
+
+class Heartbeat:
+    """``mechkit: LABEL (elapsed T)`` every ``every`` seconds of a long step that counts nothing (loading
+    a model, computing head scores), unless a progress line was printed meanwhile. Change ``label`` as
+    the step changes.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> with Heartbeat(out, "loading the model", every=0.05) as beat:
+    ...     time.sleep(0.12)
+    >>> out.getvalue().splitlines()[0]
+    'mechkit: loading the model (elapsed 0s)'
+    """
+
+    def __init__(self, file: IO[str], label: str, every: float = 30.0) -> None:
+        self.file, self.label, self.every = file, label, every
+        self._start = time.monotonic()
+        self._stop = threading.Event()
+        self._timer = threading.Thread(target=self._tick, name="mechkit-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._timer.join()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            now = time.monotonic()
+            if now - _last_line[0] >= self.every * 0.9:
+                self.file.write(f"mechkit: {self.label} (elapsed {_elapsed(now - self._start)})\n")
+                self.file.flush()
+                _last_line[0] = now
