@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import json
 
-from mechkit.options import NumberList, OptionError, TaskList
+from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, TargetList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
-from mechkit.plugins.prune import TargetList
-
-DEFAULT_TASKS = "capitalize,past-tense,country-capital"
 
 
 class AdaptPlugin(Plugin):

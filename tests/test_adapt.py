@@ -562,8 +562,8 @@ def test_the_adherence_option_parses_and_refuses_bad_values_in_one_line(tmp_path
 
     from mechkit.cli.main import cli
     from mechkit.options import OptionError
+    from mechkit.options.resolve import resolve_options
     from mechkit.plugins.adapt import AdaptPlugin
-    from mechkit.runner import resolve_options
 
     params, _ = resolve_options(AdaptPlugin, {"adherence": "0.95", "margin_prompts": "5"})
     assert params["adherence"] == 0.95 and params["margin_prompts"] == 5 and params["margin_plans"] == 10

@@ -18,7 +18,7 @@ import json
 from html import escape
 from typing import Any
 
-from mechkit.report import values as V
+from mechkit.report import values
 from mechkit.report.table import Table, cell_text, generic_tables, is_value
 
 CSS = """
@@ -165,22 +165,22 @@ def _block(v: Any, depth: int) -> str:
     if isinstance(v, list):
         if not v:
             return '<p class="muted">(empty)</p>'
-        shape = V.numeric_shape(v)
+        shape = values.numeric_shape(v)
         if shape and len(shape) >= 2:
-            return f"<p>array {_e(V.array_summary(v))}</p>"
-        if V.is_head_list(v):
+            return f"<p>array {_e(values.array_summary(v))}</p>"
+        if values.is_head_list(v):
             return f"<p>{_cell_span(v)}</p>"
-        if all(V.is_scalar(x) for x in v):
+        if all(values.is_scalar(x) for x in v):
             more = f" … ({len(v) - 50} more)" if len(v) > 50 else ""
-            return f"<p>{_e(V.cell(v[:50] if more else v, width=2000))}{_e(more)}</p>"
+            return f"<p>{_e(values.cell(v[:50] if more else v, width=2000))}{_e(more)}</p>"
         if all(isinstance(x, dict) for x in v):
             return _records_table(v)
         return "".join(f"<h{_h(depth)}>[{i}]</h{_h(depth)}>{_block(x, depth + 1)}" for i, x in enumerate(v))
-    return f"<p>{_e(V.fmt(v))}</p>"
+    return f"<p>{_e(values.fmt(v))}</p>"
 
 
 def _dict_block(d: dict, depth: int) -> str:
-    simple = {k: v for k, v in d.items() if V.is_cell_value(v)}
+    simple = {k: v for k, v in d.items() if values.is_cell_value(v)}
     out = [_kv_table(simple)] if simple else []
     for k, v in d.items():
         if k not in simple:
@@ -197,27 +197,27 @@ def _kv_table(d: dict) -> str:
         return '<p class="muted">(none)</p>'
     rows = []
     for k, v in d.items():
-        td = _num_td(v) if V.is_number(v) else f'<td class="txt">{_cell_span(v, 200)}</td>'
+        td = _num_td(v) if values.is_number(v) else f'<td class="txt">{_cell_span(v, 200)}</td>'
         rows.append(f"<tr><th>{_e(k)}</th>{td}</tr>")
     return f"<div class=\"scroll\"><table>{''.join(rows)}</table></div>"
 
 
 def _cell_span(v: Any, width: int = 80) -> str:
     """A raw value as cell text; head lists shortened, the full list on hover."""
-    if V.is_head_list(v):
+    if values.is_head_list(v):
         text, full = cell_text(v)
         return f'<span title="{_e(full)}">{_e(text)}</span>' if full else _e(text)
-    return _e(V.cell(v, width=width))
+    return _e(values.cell(v, width=width))
 
 
 def _num_td(v: Any) -> str:
-    return f'<td class="num">{_e(V.fmt(v))}</td>'
+    return f'<td class="num">{_e(values.fmt(v))}</td>'
 
 
 def _is_grid(d: dict) -> bool:
     """A dict of dicts of numbers, such as ``{task: {condition: accuracy}}``: shown as a 2-D table."""
     return bool(d) and all(
-        isinstance(row, dict) and row and not V.is_head(row) and all(V.is_number(x) for x in row.values())
+        isinstance(row, dict) and row and not values.is_head(row) and all(values.is_number(x) for x in row.values())
         for row in d.values()
     )
 
@@ -233,7 +233,7 @@ def _grid_table(d: dict) -> str:
 
 
 def _records_table(records: list[dict]) -> str:
-    flat = [V.flatten(r) for r in records[:_MAX_ROWS]]
+    flat = [values.flatten(r) for r in records[:_MAX_ROWS]]
     cols = list(dict.fromkeys(c for r in flat for c in r))
     head = "".join(f"<th>{_e(c)}</th>" for c in cols)
     body = []
@@ -242,7 +242,7 @@ def _records_table(records: list[dict]) -> str:
         for c in cols:
             if c not in r:
                 cells.append("<td></td>")
-            elif V.is_number(r[c]):
+            elif values.is_number(r[c]):
                 cells.append(_num_td(r[c]))
             else:
                 cells.append(f'<td class="txt">{_cell_span(r[c])}</td>')
