@@ -414,7 +414,7 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     assert same["adaptive_latency"] == row["adaptive"]["latency_ratio"] and len(same["copies"]) == 2
     assert (tmp_path / "run" / "scheduler.json").exists() and (tmp_path / "run" / "frontier.png").exists()
     assert "0.70" in run.report["finding"] and "margin" in run.report["finding"]
-    from mechkit.plugins.adapt import finding
+    from mechkit.adapt.findings import finding
 
     said = finding({**res, "infeasible_budgets": [0.7], "rows": [{**res["rows"][0], "feasible": False}, *res["rows"][1:]]})
     assert "no plan fits it: the cheapest plan ran" in said and "Infeasible at 50% adherence" in said
@@ -517,7 +517,7 @@ def test_the_scheduler_keeps_the_margin_and_says_when_a_budget_is_infeasible():
 
 def test_adherence_counts_the_dense_plan_at_budget_one_as_met_and_reports_both():
     from mechkit.adapt.scheduler import Decision
-    from mechkit.adapt.study import adherence
+    from mechkit.adapt.measures import adherence
 
     dense = Decision(ExecutionPlan(), None, "static scheduler", 1.0, True)
     cut = Decision(ExecutionPlan(layers=(2,)), None, "static scheduler", 0.9, True)
@@ -778,7 +778,7 @@ def _row(budget: float, adaptive: tuple[float, float], *copies: tuple[float, flo
 
 
 def test_static_pruning_is_compared_at_the_schedulers_measured_latency():
-    from mechkit.plugins.adapt import same_latency
+    from mechkit.adapt.findings import same_latency
 
     def verdict(adaptive, *copies):
         (item,) = same_latency({"rows": [_row(0.7, adaptive, *copies)]})

@@ -13,7 +13,11 @@ fallback. :func:`adaptive` runs a model within a budget; :class:`AdaptStudy` mea
 - :mod:`~mechkit.adapt.cost` — measured latencies and the calibrated cost table;
 - :mod:`~mechkit.adapt.conformal` — the budget margin, calibrated split-conformally for a target adherence;
 - :mod:`~mechkit.adapt.scheduler` — budget → plan, the task signal, :func:`adaptive`;
-- :mod:`~mechkit.adapt.study` — calibration and held-out measurement (the ``adapt`` plugin's).
+- :mod:`~mechkit.adapt.config` — :class:`AdaptConfig`, what a study is asked to do;
+- :mod:`~mechkit.adapt.study` — calibration and held-out measurement (the ``adapt`` plugin's), one
+  module per stage: :mod:`~mechkit.adapt.guides`, :mod:`~mechkit.adapt.costing`,
+  :mod:`~mechkit.adapt.margin`, :mod:`~mechkit.adapt.candidates`, :mod:`~mechkit.adapt.signal`,
+  :mod:`~mechkit.adapt.heldout`, :mod:`~mechkit.adapt.static_prune`, sharing :mod:`~mechkit.adapt.measures`.
 
 >>> import mechkit as mk
 >>> from mechkit.adapt import ExecutionPlan, TokenSelection, run_plan
@@ -30,11 +34,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from mechkit.adapt.config import AdaptConfig
 from mechkit.adapt.conformal import ConformalMargin, calibrate_margin, conformal_quantile
 from mechkit.adapt.cost import CostTable, measure
+from mechkit.adapt.measures import score_plan, signal_features
 from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
 from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
-from mechkit.adapt.study import AdaptStudy, score_plan, signal_features
+from mechkit.adapt.study import AdaptStudy
 from mechkit.adapt.tokens import TokenSelection
 
 if TYPE_CHECKING:
@@ -50,6 +56,6 @@ def calibrate(handle: ModelHandle, tasks: Sequence[str], budgets: Sequence[float
     return AdaptStudy(handle, tasks, **options).scheduler(budgets)
 
 
-__all__ = ["DEFAULT_BUDGETS", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision", "ExecutionPlan",
+__all__ = ["DEFAULT_BUDGETS", "AdaptConfig", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision", "ExecutionPlan",
            "PlanRunner", "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "calibrate_margin",
            "channel_groups", "conformal_quantile", "measure", "run_plan", "score_plan", "signal_features"]
