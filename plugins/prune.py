@@ -18,20 +18,20 @@ latency is timed on the worker that measured it, against the dense model in the 
 which makes the absolute latencies longer than a serial run's. The ``--budget`` search is sequential
 (each bisection step depends on the last) and always runs here.
 
-The measurements are :class:`mechkit.pruning.PruneStudy`'s; this plugin checks the options, runs the
-rows or the budget search, and shapes the summary lines and the accuracy-vs-speedup figure.
+The measurements are :class:`mechkit.pruning.PruneStudy`'s, asked through one
+:class:`~mechkit.pruning.PruneConfig`; the results and finding they give are :mod:`mechkit.pruning.findings`'s;
+this plugin declares the options, runs the rows or the budget search, and shapes the tables and the
+accuracy-vs-speedup figure.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mechkit.options import DEFAULT_TASKS, EXECUTION, GuideList, SparsityLevels, TargetList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
-if TYPE_CHECKING:
-    from mechkit.pruning import PruneStudy
-
+SAME_NAMES = ("n", "shots", "allocation", "gqa", "reconstruct", "sequential", "ridge", "guide_text_weight",
+              "protect_top_k", "repeats", "timing", "timing_batch", "batch_size")
+"""Options that are :class:`~mechkit.pruning.PruneConfig` fields of the same name."""
 
 
 class PrunePlugin(Plugin):
@@ -89,29 +89,25 @@ class PrunePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.pruning import PruneStudy
+        from mechkit.pruning import PruneConfig, PruneStudy
+        from mechkit.pruning.findings import finding, prune_results
 
-        p = ctx.params
-        guides, targets, tasks = ctx.parsed["guide"], ctx.parsed["target"], ctx.parsed["tasks"]
+        opts = ctx.options
+        guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
-        levels = [] if p["budget"] is not None else ctx.parsed["sparsity"].resolve(targets)
-
-        study = PruneStudy(ctx.model, tasks, targets=targets, n_calib=p["calib"], n=p["n"], shots=p["shots"],
-                           seed=ctx.seed, allocation=p["allocation"], gqa=p["gqa"],
-                           reconstruct=p["reconstruct"], sequential=p["sequential"], ridge=p["ridge"],
-                           text_weight=p["calib_text_weight"], guide_text_weight=p["guide_text_weight"],
-                           protect_top_k=p["protect_top_k"], repeats=p["repeats"],
-                           timing=p["timing"], timing_batch=p["timing_batch"], batch_size=p["batch_size"],
-                           step=ctx.step)
+        levels = [] if opts["budget"] is not None else opts["sparsity"].resolve(targets)
+        config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],
+                             seed=ctx.seed, text_weight=opts["calib_text_weight"])
+        study = PruneStudy(ctx.model, tasks, config, step=ctx.step)
         dense = study.dense()
         rows, budget = [], None
         with ctx.progress() as bar:
-            if p["budget"] is not None:
+            if opts["budget"] is not None:
                 job = bar.add_task("budget search", total=None)
-                budget = study.budget(guides[0], p["budget"], p["budget_unit"],
+                budget = study.budget(guides[0], opts["budget"], opts["budget_unit"],
                                       on_step=lambda mix, s, r: bar.update(job, description=f"budget {mix} {r:.2f}"))
                 rows.append(budget["chosen_row"])
-            elif p["executor"] == "ray":  # scores here, rows on the workers, each timed where it ran
+            elif opts["executor"] == "ray":  # scores here, rows on the workers, each timed where it ran
                 from mechkit.pruning.grid import grid_rows
 
                 job = bar.add_task("prune", total=len(guides) * len(levels))
@@ -125,82 +121,38 @@ class PrunePlugin(Plugin):
                         bar.advance(job)
         dense.update(latency_s=study.dense_latency(), latency_ratio=1.0, speedup=1.0, timed_as=study.dense_timing)
         files = {}
-        if p["save_model"]:  # the budget plan, or the first guide at the last level; the writer moves it to model/
+        if opts["save_model"]:  # the budget plan, or the first guide at the last level; the writer moves it to model/
             saved = rows[-1] if budget else [r for r in rows if r["guide"] == guides[0]][-1]
             files = {"model": study.save(saved)}
-        results = _results(study, guides, p["calib"], dense, rows, budget)
+        results = prune_results(study, guides, opts["calib"], dense, rows, budget)
         return Result(results=results, figures={"accuracy_vs_speedup": _figure(tasks, dense, rows)}, files=files,
                       finding=finding(results))
 
     @classmethod
     def tables(cls, results: dict) -> list:
         """Guides × sparsity (mean accuracy, speedup), then every measured model, the dense one first."""
+        from mechkit.pruning.findings import level_text, num
         from mechkit.report import Table
 
         rows, dense, tasks = results["rows"], results["dense"], results["tasks"]
-        levels = list(dict.fromkeys(_level(r["sparsity"]) for r in rows))
+        levels = list(dict.fromkeys(level_text(r["sparsity"]) for r in rows))
         guides = list(dict.fromkeys(r["guide"] for r in rows))
-        by = {(r["guide"], _level(r["sparsity"])): r for r in rows}
+        by = {(r["guide"], level_text(r["sparsity"])): r for r in rows}
 
         def pivot(key: str) -> list[list]:
             return [[g, *((by[(g, lv)].get(key) if (g, lv) in by else None) for lv in levels)] for g in guides]
 
-        note = (f"dense: mean accuracy {_num(dense['mean_accuracy'])} on {', '.join(tasks)}; "
+        note = (f"dense: mean accuracy {num(dense['mean_accuracy'])} on {', '.join(tasks)}; "
                 f"speedup: measured forward latency of dense / pruned")
         every = [["dense", *(dense["accuracy"].get(t) for t in tasks), dense["mean_accuracy"], dense.get("perplexity"),
                   dense["params"], 1.0]]
-        every += [[f"{r['guide']} {_level(r['sparsity'])}", *(r["accuracy"].get(t) for t in tasks), r["mean_accuracy"],
+        every += [[f"{r['guide']} {level_text(r['sparsity'])}", *(r["accuracy"].get(t) for t in tasks), r["mean_accuracy"],
                    r.get("perplexity"), r["params"], r.get("speedup")] for r in rows]
         return [Table("Mean exact-match accuracy: guide × sparsity", ["guide", *levels], pivot("mean_accuracy"),
                       note=note),
                 Table("Speedup over dense: guide × sparsity", ["guide", *levels], pivot("speedup")),
                 Table("Every model measured", ["model", *tasks, "mean", "perplexity", "parameters", "speedup"], every,
                       note=f"held-out perplexity on {results.get('heldout_text') or 'held-out text'}")]
-
-
-def _results(study: PruneStudy, guides: list[str], calib: int, dense: dict, rows: list[dict],
-             budget: dict | None) -> dict:
-    summary = {"dense": _line(dense)}
-    for r in rows:
-        summary[f"{r['guide']} {_level(r['sparsity'])}"] = _line(r)
-    if budget:
-        summary["budget"] = (f"{budget['unit']} ≤ {budget['budget']:.2f}: chose {budget['chosen']['mix']} "
-                             f"{_level(budget['chosen']['sparsity'])}, measured {budget['measured_ratio']:.2f} "
-                             f"({'met' if budget['met'] else 'NOT met'})")
-    return {"tasks": study.tasks, "guides": guides, "targets": study.targets, "dense": dense, "rows": rows,
-            "budget": {k: v for k, v in budget.items() if k != "chosen_row"} if budget else None,
-            "heldout_text": study.text_source, "calibration_prompts_per_task": calib, "summary": summary}
-
-
-def _num(v: float | None, fmt: str = ".2f") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def finding(results: dict) -> str:
-    """At the highest sparsity, which guide keeps the most accuracy and at what speedup (or, with
-    ``--budget``, what the search chose and whether it met the budget)."""
-    rows, dense, budget = results["rows"], results["dense"], results.get("budget")
-    where = f"mean accuracy over {len(results['tasks'])} task{'s' if len(results['tasks']) != 1 else ''}"
-    if budget:
-        r = rows[-1]
-        return (f"Within {budget['unit']} ≤ {budget['budget']:.2f} of the dense model, the {budget['guide']} guide "
-                f"chose {_level(budget['chosen']['sparsity'])}, measured at {budget['measured_ratio']:.2f} "
-                f"({'met' if budget['met'] else 'NOT met'}); it keeps {_num(r['mean_accuracy'])} {where} "
-                f"(dense {_num(dense['mean_accuracy'])}) at {_num(r.get('speedup'))}× the dense speed.")
-    level = _level(rows[-1]["sparsity"])
-    at = sorted((r for r in rows if _level(r["sparsity"]) == level),
-                key=lambda r: -(r["mean_accuracy"] if r["mean_accuracy"] is not None else -1))
-    best, others = at[0], at[1:]
-    if others and all(r["mean_accuracy"] == best["mean_accuracy"] for r in others):
-        speeds = [r.get("speedup") for r in at if r.get("speedup") is not None]
-        return (f"At {level}, the {len(at)} guides tie at {_num(best['mean_accuracy'])} {where} "
-                f"(dense {_num(dense['mean_accuracy'])})"
-                + (f", at {min(speeds):.2f}–{max(speeds):.2f}× the dense speed." if speeds else "."))
-    text = (f"At {level}, {best['guide']} keeps the most accuracy: {_num(best['mean_accuracy'])} {where} "
-            f"(dense {_num(dense['mean_accuracy'])}) at {_num(best.get('speedup'))}× the dense speed")
-    if others:
-        text += "; " + ", ".join(f"{r['guide']} {_num(r['mean_accuracy'])}" for r in others)
-    return text + "."
 
 
 def _figure(tasks: list[str], dense: dict, rows: list[dict]):
@@ -214,17 +166,3 @@ def _figure(tasks: list[str], dense: dict, rows: list[dict]):
     return xy_plot(series, f"Held-out accuracy vs measured speedup ({', '.join(tasks)})",
                    "forward speedup over dense (×)", "mean exact-match accuracy",
                    reference=(1.0, dense["mean_accuracy"]))
-
-
-def _level(sparsity: dict) -> str:
-    return ",".join(f"{k}={v:.2f}" for k, v in sparsity.items())
-
-
-def _line(r: dict) -> str:
-    acc = " ".join(f"{t} {a:.2f}" for t, a in r["accuracy"].items())
-    return (f"acc {r['mean_accuracy']:.2f} ({acc}) | ppl {_ppl(r['perplexity'])} | params {r['params'] / 1e6:.1f}M | "
-            f"speedup {r.get('speedup', 1.0):.2f}×")
-
-
-def _ppl(value: float | None) -> str:
-    return "overflow" if value is None else f"{value:.1f}"

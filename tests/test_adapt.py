@@ -516,8 +516,8 @@ def test_the_scheduler_keeps_the_margin_and_says_when_a_budget_is_infeasible():
 
 
 def test_adherence_counts_the_dense_plan_at_budget_one_as_met_and_reports_both():
-    from mechkit.adapt.scheduler import Decision
     from mechkit.adapt.measures import adherence
+    from mechkit.adapt.scheduler import Decision
 
     dense = Decision(ExecutionPlan(), None, "static scheduler", 1.0, True)
     cut = Decision(ExecutionPlan(layers=(2,)), None, "static scheduler", 0.9, True)

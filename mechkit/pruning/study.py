@@ -33,9 +33,11 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,9 +81,34 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
+@dataclass(frozen=True)
+class PruneConfig:
+    """The settings of :class:`PruneStudy` (what the ``prune`` plugin builds from its options); the
+    defaults are the study's own. Each is described on :class:`PruneStudy`."""
+
+    targets: Sequence[str] = ("neurons",)
+    n_calib: int = 16
+    n: int = 30
+    shots: int = 10
+    seed: int = 0
+    allocation: str = "global"
+    gqa: str = "slot"
+    reconstruct: str = "lsq"
+    sequential: bool = False
+    ridge: float = 1e-2
+    text_weight: float = 0.5
+    guide_text_weight: float = 0.5
+    protect_top_k: int = 10
+    repeats: int = 7
+    timing: str = "last"
+    timing_batch: int = 8
+    batch_size: int = 16
+
+
 class PruneStudy:
     """Calibration, held-out sets and measured rows of pruned copies of ``handle`` for ``tasks``.
 
+    ``config`` is a :class:`PruneConfig`; keywords instead build one (``PruneStudy(m, tasks, n_calib=3)``).
     ``targets`` are the unit types a budget search may prune; ``n_calib`` calibration prompts per
     task (scores and budget search) and ``n`` held-out prompts per task (evaluation only), both with
     ``shots`` demonstrations, seeded from ``seed`` (calibration at an offset, see
@@ -97,18 +124,13 @@ class PruneStudy:
     gives the speedup and the budget; the other is reported too.
     """
 
-    def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, targets: Sequence[str] = ("neurons",),
-                 n_calib: int = 16, n: int = 30, shots: int = 10, seed: int = 0, allocation: str = "global",
-                 gqa: str = "slot", reconstruct: str = "lsq", sequential: bool = False, ridge: float = 1e-2,
-                 text_weight: float = 0.5, guide_text_weight: float = 0.5, protect_top_k: int = 10,
-                 repeats: int = 7, timing: str = "last", timing_batch: int = 8, batch_size: int = 16,
-                 step: Step = compute_now):
+    def __init__(self, handle: ModelHandle, tasks: Sequence[str], config: PruneConfig | None = None, *,
+                 step: Step = compute_now, **settings: Any):
+        config = dataclasses.replace(config or PruneConfig(), **settings)
+        (targets, n_calib, n, shots, seed, allocation, gqa, reconstruct, sequential, ridge, text_weight,
+         guide_text_weight, protect_top_k, repeats, timing, timing_batch, batch_size) = dataclasses.astuple(config)
         # the arguments that rebuild this study on the same model elsewhere (a Ray worker): PruneStudy(m, **config)
-        self.config = {"tasks": list(tasks), "targets": list(targets), "n_calib": n_calib, "n": n, "shots": shots,
-                       "seed": seed, "allocation": allocation, "gqa": gqa, "reconstruct": reconstruct,
-                       "sequential": sequential, "ridge": ridge, "text_weight": text_weight,
-                       "guide_text_weight": guide_text_weight, "protect_top_k": protect_top_k, "repeats": repeats,
-                       "timing": timing, "timing_batch": timing_batch, "batch_size": batch_size}
+        self.config = {"tasks": list(tasks), **dataclasses.asdict(config), "targets": list(targets)}
         self.handle, self.tasks, self.targets = handle, list(tasks), list(targets)
         self.seed, self.allocation, self.gqa = seed, allocation, gqa
         self.reconstruct, self.sequential, self.ridge = _method(reconstruct), sequential, ridge
