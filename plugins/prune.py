@@ -131,22 +131,21 @@ class PrunePlugin(Plugin):
     @classmethod
     def tables(cls, results: dict) -> list:
         """Guides × sparsity (mean accuracy, speedup), then every measured model, the dense one first."""
-        from mechkit.pruning.findings import level_text, num
         from mechkit.report import Table
 
         rows, dense, tasks = results["rows"], results["dense"], results["tasks"]
-        levels = list(dict.fromkeys(level_text(r["sparsity"]) for r in rows))
+        levels = list(dict.fromkeys(_level(r["sparsity"]) for r in rows))
         guides = list(dict.fromkeys(r["guide"] for r in rows))
-        by = {(r["guide"], level_text(r["sparsity"])): r for r in rows}
+        by = {(r["guide"], _level(r["sparsity"])): r for r in rows}
 
         def pivot(key: str) -> list[list]:
             return [[g, *((by[(g, lv)].get(key) if (g, lv) in by else None) for lv in levels)] for g in guides]
 
-        note = (f"dense: mean accuracy {num(dense['mean_accuracy'])} on {', '.join(tasks)}; "
+        note = (f"dense: mean accuracy {_num(dense['mean_accuracy'])} on {', '.join(tasks)}; "
                 f"speedup: measured forward latency of dense / pruned")
         every = [["dense", *(dense["accuracy"].get(t) for t in tasks), dense["mean_accuracy"], dense.get("perplexity"),
                   dense["params"], 1.0]]
-        every += [[f"{r['guide']} {level_text(r['sparsity'])}", *(r["accuracy"].get(t) for t in tasks), r["mean_accuracy"],
+        every += [[f"{r['guide']} {_level(r['sparsity'])}", *(r["accuracy"].get(t) for t in tasks), r["mean_accuracy"],
                    r.get("perplexity"), r["params"], r.get("speedup")] for r in rows]
         return [Table("Mean exact-match accuracy: guide × sparsity", ["guide", *levels], pivot("mean_accuracy"),
                       note=note),
@@ -166,3 +165,11 @@ def _figure(tasks: list[str], dense: dict, rows: list[dict]):
     return xy_plot(series, f"Held-out accuracy vs measured speedup ({', '.join(tasks)})",
                    "forward speedup over dense (×)", "mean exact-match accuracy",
                    reference=(1.0, dense["mean_accuracy"]))
+
+
+def _level(sparsity: dict) -> str:  # as mechkit.pruning.findings.level_text: the tables must not import torch
+    return ",".join(f"{k}={v:.2f}" for k, v in sparsity.items())
+
+
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "—" if v is None else format(v, fmt)

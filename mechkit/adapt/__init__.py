@@ -31,20 +31,34 @@ True
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from mechkit.adapt.config import AdaptConfig
-from mechkit.adapt.conformal import ConformalMargin, calibrate_margin, conformal_quantile
-from mechkit.adapt.cost import CostTable, measure
-from mechkit.adapt.measures import score_plan, signal_features
-from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
-from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
-from mechkit.adapt.study import AdaptStudy
-from mechkit.adapt.tokens import TokenSelection
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mechkit.adapt.config import AdaptConfig
+    from mechkit.adapt.conformal import ConformalMargin, calibrate_margin, conformal_quantile
+    from mechkit.adapt.cost import CostTable, measure
+    from mechkit.adapt.measures import score_plan, signal_features
+    from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
+    from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
+    from mechkit.adapt.study import AdaptStudy
+    from mechkit.adapt.tokens import TokenSelection
     from mechkit.model.handle import ModelHandle
+
+# Imported on first use (PEP 562), so that reading a report's results (its tables, its finding)
+# never loads torch through this package.
+_MODULES = {  # module -> the names it exports here
+    "config": ("AdaptConfig",),
+    "conformal": ("ConformalMargin", "calibrate_margin", "conformal_quantile"),
+    "cost": ("CostTable", "measure"),
+    "measures": ("score_plan", "signal_features"),
+    "plan": ("ExecutionPlan", "PlanRunner", "channel_groups", "run_plan"),
+    "scheduler": ("Candidate", "Decision", "Scheduler", "TaskSignal", "adaptive"),
+    "study": ("AdaptStudy",),
+    "tokens": ("TokenSelection",),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 DEFAULT_BUDGETS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -53,9 +67,23 @@ def calibrate(handle: ModelHandle, tasks: Sequence[str], budgets: Sequence[float
               **options) -> Scheduler:
     """A scheduler for ``handle`` calibrated on ``tasks`` (see :class:`AdaptStudy` for ``options``):
     candidate plans for ``budgets``, their calibration accuracy, the cost table and the task signal."""
+    from mechkit.adapt.study import AdaptStudy
+
     return AdaptStudy(handle, tasks, **options).scheduler(budgets)
 
 
-__all__ = ["DEFAULT_BUDGETS", "AdaptConfig", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision", "ExecutionPlan",
-           "PlanRunner", "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "calibrate_margin",
+__all__ = ["DEFAULT_BUDGETS", "AdaptConfig", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision",
+           "ExecutionPlan", "PlanRunner", "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "calibrate_margin",
            "channel_groups", "conformal_quantile", "measure", "run_plan", "score_plan", "signal_features"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"mechkit.adapt.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -12,6 +12,6 @@ from mechkit.pruning.slicing import prune_copy, save_pruned
 from mechkit.pruning.stats import UnitStats, collect_stats
 from mechkit.pruning.study import PruneConfig, PruneStudy
 
-__all__ = ["GUIDES", "Calibration", "PruneConfig", "PrunePlan", "PruneStudy", "Scores", "UnitStats", "calibrate",
+__all__ = ["GUIDES", "Calibration", "PruneConfig", "PruneConfig", "PrunePlan", "PruneStudy", "Scores", "UnitStats", "calibrate",
            "circuit_scores", "collect_stats", "guide_scores", "make_plan", "masked", "parse_guides",
            "parse_levels", "parse_sparsity", "parse_targets", "prune_copy", "reconstruct", "save_pruned"]
