@@ -36,7 +36,7 @@ class AdaptConfig:
     plans the scheduler chooses and recalibrates the margin on them (off: the first margin and the
     table's predictions, as before).
 
-    >>> AdaptConfig(n_calib=3, token_options=((0, 0.5),)).check(n_layers=2).token_options
+    >>> AdaptConfig(signal_layer=0, token_options=((0, 0.5),)).check(n_layers=2).token_options
     ((0, 0.5),)
     """
 
