@@ -95,17 +95,16 @@ class ComposePlugin(Plugin):
 
         import mechkit as mk
         from mechkit import report
-        from mechkit.compose import ComposeStudy, accuracy_by_setting, summary_lines
+        from mechkit.compose import ComposeConfig, ComposeStudy, accuracy_by_setting, summary_lines
         from mechkit.compose.plots import plots
 
         opts, model = ctx.options, ctx.model
         parts, shots = opts["parts"], list(opts["shots"])
         treatments = ["scale", "vector"] if opts["treatment"] == "both" else [opts["treatment"]]
         names = ("n", "seeds", "effect_shots", "n_effect", "method", "contrast", "top_k", "verify", "n_seqs",
-                 "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size")
-        study = ComposeStudy(model, opts["pairs"], shots=shots, seed=ctx.seed, words=opts["word_match"],
-                             mlp_ablation=opts["mlp_ablation"], strengths=opts["strengths"], step=ctx.step,
-                             **{name: opts[name] for name in names})  # refuses a --top-k too large for the model
+                 "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size", "mlp_ablation", "strengths")
+        config = ComposeConfig(**{name: opts[name] for name in names}, shots=shots, seed=ctx.seed, words=opts["word_match"])
+        study = ComposeStudy(model, opts["pairs"], config, step=ctx.step)  # refuses a --top-k too large for the model
         models = {model.spec: model}
         for spec in (s.strip() for s in str(opts["models"] or "").split(",") if s.strip()):
             models.setdefault(spec, mk.load_model(spec, device=str(model.device), dtype=model.dtype))  # before any work

@@ -31,7 +31,7 @@ from mechkit.adapt.cost import Measured
 from mechkit.adapt.tokens import keep_positions
 from mechkit.errors import MechkitError
 from mechkit.model.tiny import tiny_model
-from mechkit.pruning import PrunePlan, masked
+from mechkit.pruning import UnitsToRemove, masked
 
 TEXTS = ["input: cat\noutput: CAT\ninput: dog\noutput: DOG\ninput: emu\noutput:", "input: a\noutput:"]
 
@@ -80,7 +80,7 @@ def test_skipped_units_equal_their_ablation_by_bypass(deep):
         bypassed = _logits(deep, ids, mask)
     # a skipped block is the residual passing through; skipped heads are zero-ablated heads; skipped
     # channels read zero — the pruning package's reference semantics and mk.ablate, exactly
-    with masked(deep, PrunePlan(layers=[3], mlp={2: list(channels)})), mk.ablate(deep, heads="1.0,1.2,4.1"):
+    with masked(deep, UnitsToRemove(layers=[3], mlp={2: list(channels)})), mk.ablate(deep, heads="1.0,1.2,4.1"):
         ablated = _logits(deep, ids, mask)
     assert torch.equal(bypassed, ablated)
 
@@ -101,7 +101,7 @@ def test_whole_sub_blocks_are_bypassed_not_computed_and_equal_their_ablation(dee
             h.remove()
     assert calls == []
     everything = list(range(a.d_mlp))
-    with masked(deep, PrunePlan(mlp={4: everything, 5: everything})), mk.ablate(deep, heads="layer:2"):
+    with masked(deep, UnitsToRemove(mlp={4: everything, 5: everything})), mk.ablate(deep, heads="layer:2"):
         ablated = _logits(deep, ids, mask)
     assert torch.equal(bypassed, ablated)
 
@@ -115,7 +115,7 @@ def test_sub_block_bypass_keeps_biases_and_cached_generation(tiny):
     with run_plan(tiny, plan):
         bypassed = _logits(tiny, ids)
     everything = list(range(a.d_mlp))
-    with masked(tiny, PrunePlan(mlp={1: everything})), mk.ablate(tiny, heads="layer:1"):
+    with masked(tiny, UnitsToRemove(mlp={1: everything})), mk.ablate(tiny, heads="layer:1"):
         ablated = _logits(tiny, ids)
     assert torch.allclose(bypassed, ablated, atol=1e-6)  # GPT-2's projections have biases
     if a.family_name == "gemma2":

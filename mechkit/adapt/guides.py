@@ -27,7 +27,7 @@ class GuideStage:
         """``ablation``: the exact drop of the answer log-prob when the unit alone is bypassed (the
         clean prefix reused); otherwise the attribution guide's block score and the sums of its head
         and channel scores."""
-        from mechkit.pruning import PrunePlan, calibrate, guide_scores
+        from mechkit.pruning import UnitsToRemove, calibrate, guide_scores
         from mechkit.pruning.sensitivity import plan_drops
 
         a = self.handle.anatomy
@@ -35,9 +35,9 @@ class GuideStage:
         if self.guide == "ablation":
             out = {}
             for kind in KINDS:
-                plans = [PrunePlan(layers=[i]) if kind == "block" else
-                         PrunePlan(heads={i: list(range(a.n_heads))}) if kind == "attn" else
-                         PrunePlan(mlp={i: list(range(a.d_mlp))}) for i in range(a.n_layers)]
+                plans = [UnitsToRemove(layers=[i]) if kind == "block" else
+                         UnitsToRemove(heads={i: list(range(a.n_heads))}) if kind == "attn" else
+                         UnitsToRemove(mlp={i: list(range(a.d_mlp))}) for i in range(a.n_layers)]
                 out[kind] = np.abs(plan_drops(self.handle, plans, calib, self.batch_size)).tolist()
             return out
         sc = guide_scores(self.handle, "attribution", calib)

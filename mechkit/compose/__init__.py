@@ -37,7 +37,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mechkit.compose.analysis import OFFSETS, ComposeStudy
+    from mechkit.compose.analysis import OFFSETS, ComposeConfig, ComposeStudy
     from mechkit.compose.components import (
         METHODS,
         MLP_MODES,
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from mechkit.compose.tables import accuracy_by_setting, summary_lines
 
 _MODULES = {  # module -> the names it exports here
-    "analysis": ("ComposeStudy", "OFFSETS"),
+    "analysis": ("ComposeConfig", "ComposeStudy", "OFFSETS"),
     "components": ("METHODS", "MLP_MODES", "ComponentEffects", "component_effects", "composite_specific",
                    "exact_head_effects", "mlp_means", "ranks_of"),
     "settings": ("PARTS", "composite_task", "definition_prompts", "demonstrations", "only", "parse_pairs",
@@ -99,6 +99,7 @@ __all__ = [
     "STEPS_SETTING",
     "TREATMENTS",
     "ComponentEffects",
+    "ComposeConfig",
     "ComposeStudy",
     "StepsScore",
     "ability_test",

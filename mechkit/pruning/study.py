@@ -57,7 +57,7 @@ from mechkit.pruning.cost import (
 )
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.pipeline import circuit_scores, guide_scores
-from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.plan import UnitsToRemove
 from mechkit.pruning.reconstruct import METHODS, Fit
 from mechkit.pruning.reconstruct import reconstruct as refit
 from mechkit.pruning.select import make_plan
@@ -230,7 +230,7 @@ class PruneStudy:
         digest.update(str(stats.n_tokens).encode())
         return digest.hexdigest()
 
-    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> PrunePlan:
+    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> UnitsToRemove:
         """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``;
         it compensates unless ``reconstruct`` (default: the study's) is ``"none"``."""
         name, _, alloc = guide.partition("@")
@@ -239,7 +239,7 @@ class PruneStudy:
         method = _method(reconstruct or self.reconstruct)
         return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, method != "none", sens)
 
-    def fits(self, plan: PrunePlan, reconstruct: str | None = None, sequential: bool | None = None) -> dict[str, Fit]:
+    def fits(self, plan: UnitsToRemove, reconstruct: str | None = None, sequential: bool | None = None) -> dict[str, Fit]:
         """The least-squares refits of ``plan`` on the calibration tokens (none unless the method is lsq),
         sequential or one-shot as ``sequential`` (default: the study's) says."""
         if _method(reconstruct or self.reconstruct) != "lsq":
@@ -248,7 +248,7 @@ class PruneStudy:
             self._batches = self.calib.token_batches(self.handle)
         return refit(self.handle, plan, self._batches, self.ridge, self.sequential if sequential is None else sequential)
 
-    def prune(self, plan: PrunePlan, reconstruct: str | None = None, sequential: bool | None = None) -> ModelHandle:
+    def prune(self, plan: UnitsToRemove, reconstruct: str | None = None, sequential: bool | None = None) -> ModelHandle:
         """The physically pruned copy of ``plan``, reconstructed as ``reconstruct`` (default: the study's) says."""
         return prune_copy(self.handle, plan, self.calib.stats, self.fits(plan, reconstruct, sequential))
 
@@ -259,7 +259,7 @@ class PruneStudy:
             return method
         return f"lsq{'-seq' if self.sequential else ''} ridge={self.ridge:g}"
 
-    def measure(self, handle: ModelHandle, plan: PrunePlan | None = None) -> dict:
+    def measure(self, handle: ModelHandle, plan: UnitsToRemove | None = None) -> dict:
         """Held-out accuracy per task and their mean, perplexity, parameters and FLOPs per token of a
         (pruned) ``handle``; ``plan`` is recorded beside them."""
         metrics = evaluate(handle, self.test, self.batch_size)
@@ -373,7 +373,7 @@ class PruneStudy:
         """The pruned copy a row measured, rebuilt from its recorded plan and reconstruction."""
         label = str(row.get("reconstruct", self.reconstruct))  # "mean", "lsq-seq ridge=0.01", ...
         method = label.split(" ")[0]
-        return self.prune(PrunePlan.from_dict(row["plan"]), method.split("-")[0], method == "lsq-seq")
+        return self.prune(UnitsToRemove.from_dict(row["plan"]), method.split("-")[0], method == "lsq-seq")
 
     def save(self, row: dict, out_dir: str | Path | None = None) -> Path:
         """Write :meth:`pruned` of ``row`` with :func:`~mechkit.pruning.save_pruned` to ``out_dir``, or to a
