@@ -27,7 +27,7 @@ class DeclaredType(click.ParamType):
         self.name = option.type.__name__ if option.type in (int, float, bool) else "text"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        return self.option.check(value)[0]  # the typed value; the runner parses it again into ctx.parsed
+        return self.option.check(value)[0]  # the typed value; the runner checks it again into ctx.options
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return self.option.display_metavar()

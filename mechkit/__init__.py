@@ -24,6 +24,8 @@ _API = {
     "Anatomy": "mechkit.model.anatomy",
     "Head": "mechkit.model.headspec",
     "parse_heads": "mechkit.model.headspec",
+    "parse_spec": "mechkit.model.headspec",
+    "HeadSelection": "mechkit.model.headspec",
     "to_transformer_lens": "mechkit.model.transformer_lens",
     "hooks": "mechkit.hooking.core",
     "record": "mechkit.hooking.core",

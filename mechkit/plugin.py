@@ -44,10 +44,10 @@ class Result:
 class RunContext:
     """Everything a plugin run needs, handed to ``Plugin.run``.
 
-    ``params`` holds every option as given (checked and of its declared type): what the report
-    records and what reruns it. ``parsed`` holds the same options after their declared parser
-    (``Option(parse=...)``), e.g. ``params["sweep"] == "5,10"`` and ``parsed["sweep"] == (5, 10)``;
-    for options without a parser the two agree.
+    A plugin reads its options one way: ``options[name]``, every option after its declared type check
+    and parser (``Option(parse=...)``), e.g. ``options["sweep"] == (5, 10)`` for ``--sweep 5,10``, and
+    the plain checked value for an option without a parser. ``params`` is the record, not for reading
+    options: each option as given (``"5,10"``), what the report keeps and what reruns it.
     """
 
     model: ModelHandle | None
@@ -55,7 +55,7 @@ class RunContext:
     seed: int
     console: Console
     resume_dir: Path | None = None
-    parsed: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
     _unsaved: bool = field(default=False, init=False, repr=False)
     _executor: Any = field(default=None, init=False, repr=False)
 

@@ -1,34 +1,30 @@
 """``mechkit adapt``: one model that adapts to a latency budget at run time, training-free.
 
 Execution plans (which blocks run, which context tokens stay after layer K) come from an importance
-guide on calibration prompts; their latency is measured on this machine and predicted by a
-calibrated cost table; a scheduler picks, per budget, the plan with the best calibration accuracy —
-per input from an early-layer task signal (logistic regression), or one static plan. On held-out
-prompts it reports, per budget: accuracy per task for the adaptive scheduler, the best static plan
-and static pruning (``mechkit prune --budget``), both at the budget and searched to the scheduler's
-measured latency, compared at that same latency (:func:`same_latency`); latency measured per input
-against the dense model and the share of inputs within the budget; the plans chosen per task and
-the tokens kept; the accuracy–latency frontier. The budget margin is calibrated split-conformally
-for ``--adherence`` (the share of inputs meant to measure within budget) on calibration prompts timed
-as held-out ones are, then (``--debias``) on the plans the scheduler chooses, whose predictions carry
-their median residual; a budget no plan fits after it is reported infeasible, and the dense plan
-counts as within any budget ≥ 1 (the strict measured adherence is reported beside it). The
-scheduler is saved as ``scheduler.json``, for
-``mechkit.adapt.adaptive(model, budget=0.7, scheduler="DIR/scheduler.json")``.
+guide on calibration prompts; their latency is measured here and predicted by a calibrated cost table;
+a scheduler picks, per budget, the plan with the best calibration accuracy — per input from an
+early-layer task signal, or one static plan. On held-out prompts it reports, per budget, accuracy and
+measured latency for the adaptive scheduler, the best static plan and static pruning (compared at the
+scheduler's measured latency), adherence to the budget (its margin calibrated split-conformally for
+``--adherence``, then ``--debias``-ed), the plans chosen and the accuracy–latency frontier; the
+scheduler is saved as ``scheduler.json`` for ``mechkit.adapt.adaptive(model, budget=0.7,
+scheduler="DIR/scheduler.json")``.
 
-The measurements are :class:`mechkit.adapt.AdaptStudy`'s; this plugin checks the options, runs it
-and shapes the tables, the finding and the figures.
+The measurements are :class:`mechkit.adapt.AdaptStudy`'s, asked through one :class:`~mechkit.adapt.AdaptConfig`;
+what they say (the same-latency comparison, summary, finding) is :mod:`mechkit.adapt.findings`'s; this
+plugin declares the options and shapes the tables and figures.
 """
 
 from __future__ import annotations
 
 import json
 
-from mechkit.options import NumberList, OptionError, TaskList
+from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, TargetList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
-from mechkit.plugins.prune import TargetList
 
-DEFAULT_TASKS = "capitalize,past-tense,country-capital"
+SAME_NAMES = ("guide", "n", "shots", "signal_layer", "protect_top_k", "repeats", "timing_prompts", "margin", "min_cv",
+              "batch_size", "clock", "select", "adherence", "margin_prompts", "margin_plans", "debias")
+"""Options that are :class:`~mechkit.adapt.AdaptConfig` fields of the same name."""
 
 
 class AdaptPlugin(Plugin):
@@ -91,23 +87,18 @@ class AdaptPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.adapt import AdaptStudy
+        from mechkit.adapt import AdaptConfig, AdaptStudy
+        from mechkit.adapt.findings import finding, same_latency, summary_lines
 
-        p, parsed = ctx.params, ctx.parsed
-        study = AdaptStudy(ctx.model, parsed["tasks"], guide=p["guide"], n_calib=p["calib"], n=p["n"],
-                           shots=p["shots"], seed=ctx.seed,
-                           token_options=[(k, keep) for k in parsed["token_layers"] for keep in parsed["token_keep"]],
-                           signal_layer=p["signal_layer"], protect_top_k=p["protect_top_k"], repeats=p["repeats"],
-                           timing_prompts=p["timing_prompts"], margin=p["margin"], min_cv=p["min_cv"],
-                           batch_size=p["batch_size"], clock=p["clock"], select=p["select"],
-                           adherence=p["adherence"], margin_prompts=p["margin_prompts"],
-                           margin_plans=p["margin_plans"], debias=p["debias"], step=ctx.step)
+        opts = ctx.options
+        config = AdaptConfig(**{name: opts[name] for name in SAME_NAMES}, n_calib=opts["calib"], seed=ctx.seed,
+                             token_options=[(k, keep) for k in opts["token_layers"] for keep in opts["token_keep"]])
+        study = AdaptStudy(ctx.model, opts["tasks"], config, step=ctx.step)
         study.check_margin_sample()  # too few residuals for --adherence: say so before any work
-        results = study.run(parsed["budgets"], parsed["prune_budgets"], parsed["prune_targets"],
-                            p["prune_reconstruct"])
+        results = study.run(opts["budgets"], opts["prune_budgets"], opts["prune_targets"], opts["prune_reconstruct"])
         scheduler = results.pop("scheduler")
         results["same_latency"] = same_latency(results)
-        results["summary"] = _summary(results)
+        results["summary"] = summary_lines(results)
         figures = {"frontier": _frontier(results), "accuracy_vs_budget": _per_task(results)}
         return Result(results=results, figures=figures,
                       files={"scheduler.json": json.dumps(scheduler, indent=1)}, finding=finding(results))
@@ -121,24 +112,25 @@ class AdaptPlugin(Plugin):
 
     @classmethod
     def tables(cls, results: dict) -> list:
+        from mechkit.adapt.findings import copy_words, feasible, margin_note, num
         from mechkit.report import Table
 
         tasks, rows = results["tasks"], results["rows"]
         main = []
         for r in rows:
-            a, s, pr = r["adaptive"], r["static"], r.get("prune") or {}
-            main.append([r["budget"], a["mean_accuracy"], s["mean_accuracy"], pr.get("mean_accuracy"),
-                         a["latency_ratio"], s["latency_ratio"], pr.get("latency_ratio"), a["adherence"],
-                         a.get("adherence_dense_met"), a["adherence_with_noise"], a.get("coverage"),
-                         _feasible(r), a["tokens_kept"]])
+            ada, sta, pru = r["adaptive"], r["static"], r.get("prune") or {}
+            main.append([r["budget"], ada["mean_accuracy"], sta["mean_accuracy"], pru.get("mean_accuracy"),
+                         ada["latency_ratio"], sta["latency_ratio"], pru.get("latency_ratio"), ada["adherence"],
+                         ada.get("adherence_dense_met"), ada["adherence_with_noise"], ada.get("coverage"),
+                         feasible(r), ada["tokens_kept"]])
         noise = (results.get("input_noise") or {}).get("p95", results["cost"].get("noise"))
         note = (f"held-out prompts per task: {results['heldout_prompts']}; latency: median over inputs of the "
                 f"measured prefill latency / dense on the same input (prune: the pruned copy timed the same way); "
                 f"adherence: share of inputs within the budget — strictly by measurement; counting the dense "
                 f"plan as within any budget ≥ 1 (it is the reference: its measured ratio is timing noise); and "
-                f"within the measured noise {_num(noise)} (95th percentile of |1 − dense/dense| per input); "
-                f"{_margin_note(results)}; coverage: share measured within predicted + margin; dense "
-                f"accuracy {_num(results['dense']['mean_accuracy'])}")
+                f"within the measured noise {num(noise)} (95th percentile of |1 − dense/dense| per input); "
+                f"{margin_note(results)}; coverage: share measured within predicted + margin; dense "
+                f"accuracy {num(results['dense']['mean_accuracy'])}")
         per_task = [[r["budget"], t, r["adaptive"]["accuracy"][t], r["static"]["accuracy"][t],
                      (r.get("prune") or {}).get("accuracy", {}).get(t)] for r in rows for t in tasks]
         plans = [[r["budget"], t, "; ".join(f"{label} ×{n}" for label, n in r["adaptive"]["plans"][t].items()),
@@ -148,7 +140,7 @@ class AdaptPlugin(Plugin):
                   for part in ("fit", "validation") for row in cost[part]["rows"]]
         table = cost["table"]
         same = [[x["budget"], x["adaptive"], x["adaptive_latency"], x["prune"], x["verdict"],
-                 "; ".join(f"{c['kind']}: {_copy_words(c)}" for c in x["copies"])]
+                 "; ".join(f"{c['kind']}: {copy_words(c)}" for c in x["copies"])]
                 for x in results.get("same_latency", [])]
         return [
             Table("Mean accuracy and measured latency by budget", ["budget", "adaptive", "best static", "static prune",
@@ -170,167 +162,9 @@ class AdaptPlugin(Plugin):
                   note=(f"ratio ≈ 1 − {table['beta_attn']:.3f}·(1 − work_attn) − {table['beta_mlp']:.3f}·(1 − "
                         f"work_mlp) + {table['gamma']:.3f}·ranks + {table['eta']:.3f}·masked; one block ≈ {cost['per_layer_ms']:.1f} ms of "
                         f"{cost['dense_ms']:.0f} ms at {cost['typical_tokens']} tokens; validation mean |error| "
-                        f"{_num(cost['validation']['mean_abs_error'], '.3f')}, max "
-                        f"{_num(cost['validation']['max_abs_error'], '.3f')}; noise {_num(noise, '.3f')}")),
+                        f"{num(cost['validation']['mean_abs_error'], '.3f')}, max "
+                        f"{num(cost['validation']['max_abs_error'], '.3f')}; noise {num(noise, '.3f')}")),
         ]
-
-
-def _num(v, fmt: str = ".2f") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def _feasible(row: dict) -> str:
-    """``yes``, or how many inputs had no plan that fits after the margin (the cheapest ran)."""
-    bad = max(row["adaptive"].get("infeasible_inputs", 0), row["static"].get("infeasible_inputs", 0))
-    return "yes" if row.get("feasible", True) else f"no ({bad} inputs: cheapest plan ran)"
-
-
-def _margin_note(results: dict) -> str:
-    cal = results.get("margin_calibration") or {}
-    if cal.get("method") == "conformal":
-        chosen = cal.get("chosen_plans")
-        if chosen and chosen.get("margin"):
-            m = chosen["margin"]
-            return (f"margin {results['margin']:.3f}: split-conformal for {m['q']:g} adherence, the {m['k']}th of "
-                    f"{m['n']} de-biased residuals on {cal['prompts']} calibration prompts × {len(cal['plans'])} "
-                    f"spanning plans and {sum((x['timed_in_round'] or 0) > 0 for x in chosen['plans'])} "
-                    f"chosen plans ({chosen['rounds']} round{'s' if chosen['rounds'] != 1 else ''}, "
-                    f"{chosen['forwards']} forwards, {chosen['seconds']:.0f} s); each chosen plan's prediction "
-                    f"carries its median residual as a bias (margin_calibration.chosen_plans; first margin "
-                    f"{cal['value']:.3f})")
-        return (f"margin {results['margin']:.3f}: split-conformal for {cal['q']:g} adherence, the {cal['k']}th of "
-                f"{cal['n']} residuals (measured − predicted) on {cal['prompts']} calibration prompts × "
-                f"{len(cal['plans'])} plans")
-    return f"margin {results['margin']:.3f}, given by hand"
-
-
-def _summary(results: dict) -> dict:
-    out = {"dense": f"mean accuracy {results['dense']['mean_accuracy']:.2f}"}
-    for r in results["rows"]:
-        a, s = r["adaptive"], r["static"]
-        line = (f"adaptive {a['mean_accuracy']:.2f} at {a['latency_ratio']:.2f} (adherence {a['adherence']:.2f} "
-                f"strict, {a.get('adherence_dense_met', a['adherence']):.2f} dense = met) | "
-                f"static {s['mean_accuracy']:.2f} at {s['latency_ratio']:.2f}")
-        if not r.get("feasible", True):
-            line += " | infeasible: the cheapest plan ran"
-        if r.get("prune") and "mean_accuracy" in r["prune"]:
-            line += f" | prune {r['prune']['mean_accuracy']:.2f} at {r['prune']['latency_ratio']:.2f}"
-        out[f"budget {r['budget']:.2f}"] = line
-    pooled = (results.get("pooled_adherence") or {}).get("adaptive")
-    if pooled:
-        out["adherence, all budgets"] = (f"adaptive {pooled['within']} of {pooled['inputs']} inputs within their "
-                                         f"budget (dense = met): {pooled['share']:.3f}, supporting ≥ "
-                                         f"{pooled['lower95']:.3f} at 95 % confidence")
-    sig = results["signal"]
-    out["signal"] = (f"layer {sig['layer']}, cross-validated accuracy {_num(sig['cv_accuracy'])}, "
-                     f"{'trusted' if sig['trusted'] else 'not trusted: static fallback'}")
-    return out
-
-
-def pruned_copies(row: dict) -> list[dict]:
-    """The static-prune copies measured at one budget (at the budget, and searched to the adaptive
-    scheduler's latency), without the ones that failed, fastest first."""
-    pr = row.get("prune") or {}
-    copies = [dict(c, kind=kind) for kind, c in (("at budget", pr), ("matched", pr.get("matched") or {}))
-              if "mean_accuracy" in c]
-    return sorted(copies, key=lambda c: c["latency_ratio"])
-
-
-def same_latency(results: dict) -> list[dict]:
-    """For each static-prune budget: the adaptive scheduler's accuracy at its measured median latency
-    against static pruning at that same latency.
-
-    The pruned copies are points of pruning's accuracy–latency frontier, and pruning at a latency
-    keeps at least what any copy at least as fast keeps. Where two copies bracket the scheduler's
-    latency, pruning there is read off the segment between them (linear), or is the best faster
-    copy where that keeps more. ``verdict``: ``adaptive`` where the scheduler keeps more, ``prune``
-    where pruning keeps as much or more. With no copy as fast as the scheduler, a slower copy that
-    keeps less is beaten outright; with every copy faster, one that keeps as much wins outright;
-    otherwise ``undecided``. ``gap_prompts`` is the difference in held-out prompts (of
-    ``inputs``), since a verdict by one or two prompts is within sampling noise."""
-    out = []
-    for r in results["rows"]:
-        copies = pruned_copies(r)
-        if not copies:
-            continue
-        a = r["adaptive"]
-        lat, acc = a["latency_ratio"], a["mean_accuracy"]
-        item = {"budget": r["budget"], "adaptive": acc, "adaptive_latency": lat,
-                "static": r["static"]["mean_accuracy"], "static_latency": r["static"]["latency_ratio"],
-                "inputs": a.get("inputs"),
-                "copies": [{k: c.get(k) for k in ("kind", "latency_ratio", "mean_accuracy", "within", "inputs")}
-                           for c in copies], "prune": None, "gap_prompts": None}
-        below = [c for c in copies if c["latency_ratio"] <= lat]
-        above = [c for c in copies if c["latency_ratio"] >= lat]
-        faster = max((c["mean_accuracy"] for c in below), default=None)
-        if below and above:
-            lo, hi = below[-1], above[0]
-            span = hi["latency_ratio"] - lo["latency_ratio"]
-            w = 0.0 if span == 0 else (lat - lo["latency_ratio"]) / span
-            item["prune"] = max(lo["mean_accuracy"] + w * (hi["mean_accuracy"] - lo["mean_accuracy"]), faster)
-            item["verdict"] = "adaptive" if acc > item["prune"] + 1e-9 else "prune"
-            if item["inputs"]:
-                item["gap_prompts"] = round((acc - item["prune"]) * item["inputs"], 1)
-        elif above:  # every copy is slower than the scheduler
-            item["verdict"] = "adaptive" if acc > above[0]["mean_accuracy"] + 1e-9 else "undecided"
-        else:  # every copy is faster
-            item["verdict"] = "prune" if faster >= acc - 1e-9 else "undecided"
-        out.append(item)
-    return out
-
-
-def _copy_words(c: dict) -> str:
-    within = f", {c['within']}/{c['inputs']} inputs within the budget" if c.get("inputs") else ""
-    return f"{c['mean_accuracy']:.2f} at {c['latency_ratio']:.2f}{within}"
-
-
-def finding(results: dict) -> str:
-    """Two or three sentences: at the budget nearest 0.7, adaptive vs best static accuracy with the
-    measured latency and adherence; the same-latency comparison with static pruning and where (if
-    anywhere) adaptivity pays; and the budgets no plan fits after the margin (infeasible)."""
-    rows = results["rows"]
-    r = min(rows, key=lambda x: abs(x["budget"] - 0.7))
-    a, s = r["adaptive"], r["static"]
-    text = (f"At a {r['budget']:.2f} latency budget the adaptive scheduler keeps {a['mean_accuracy']:.2f} mean "
-            f"accuracy (best static plan {s['mean_accuracy']:.2f}, dense {results['dense']['mean_accuracy']:.2f}), "
-            f"measured at {a['latency_ratio']:.2f} of the dense latency with {a['adherence']:.0%} of inputs within "
-            f"the budget{_margin_words(results)}" + ("" if r.get("feasible", True) else
-                                                      ", but no plan fits it: the cheapest plan ran") + ".")
-    parts = []
-    same = results.get("same_latency", [])
-    for item in ([x for x in same if x["budget"] == r["budget"]] or same)[:1]:
-        copies = "; ".join(f"{c['kind']} {_copy_words(c)}" for c in item["copies"])
-        verdict = {"adaptive": "the adaptive scheduler keeps more", "prune": "static pruning keeps as much or more",
-                   "undecided": "undecided: the pruned copies do not bracket that latency and none decides it"}
-        at = "" if item["prune"] is None else f" static pruning keeps {item['prune']:.2f} (interpolated);"
-        if item.get("gap_prompts") is not None:
-            at += f" a difference of {item['gap_prompts']:+g} of {item['inputs']} prompts;"
-        parts.append(f"at the scheduler's measured {item['adaptive_latency']:.2f}{at} "
-                     f"{verdict[item['verdict']]} (pruned copies: {copies})")
-    gains = [x["adaptive"]["mean_accuracy"] - x["static"]["mean_accuracy"] for x in rows]
-    if not results["signal"]["trusted"]:
-        parts.append("the task signal was not trusted, so every input ran the static plan")
-    elif max(gains) <= 0:
-        parts.append("adaptivity does not pay on this model: the static plan is as good at every budget")
-    else:
-        best = rows[gains.index(max(gains))]
-        parts.append(f"adaptivity gains most at the {best['budget']:.2f} budget (+{max(gains):.2f})")
-    text += " " + "; ".join(parts)[:1].upper() + "; ".join(parts)[1:] + "."
-    bad = results.get("infeasible_budgets") or []
-    if bad:
-        target = (results.get("margin_calibration") or {}).get("q")
-        at = f" at {_pct(target)} adherence" if target else ""
-        text += (f" Infeasible{at} on this machine: no plan fits the {', '.join(f'{b:.2f}' for b in bad)} "
-                 f"budget{'s' if len(bad) > 1 else ''} after the {results['margin']:.3f} margin, so the cheapest "
-                 f"plan ran there (over budget by prediction).")
-    return text
-
-
-def _margin_words(results: dict) -> str:
-    cal = results.get("margin_calibration") or {}
-    if cal.get("method") == "conformal":
-        return f" (margin {results['margin']:.3f}, calibrated for {_pct(cal['q'])})"
-    return f" (margin {results['margin']:.3f}, given)" if "margin" in results else ""
 
 
 def _frontier(results: dict):
@@ -340,6 +174,8 @@ def _frontier(results: dict):
     series = {"adaptive": ([r["adaptive"]["latency_ratio"] for r in rows], [r["adaptive"]["mean_accuracy"] for r in rows]),
               "best static plan": ([r["static"]["latency_ratio"] for r in rows],
                                    [r["static"]["mean_accuracy"] for r in rows])}
+    from mechkit.adapt.findings import pruned_copies
+
     pruned = sorted((c for r in rows for c in pruned_copies(r)), key=lambda c: c["latency_ratio"])
     if pruned:
         series["static prune"] = ([x["latency_ratio"] for x in pruned], [x["mean_accuracy"] for x in pruned])
@@ -360,8 +196,3 @@ def _per_task(results: dict):
     return line_plot([r["budget"] for r in rows], series, "Held-out accuracy per task vs latency budget "
                      "(solid: adaptive, dashed: best static)", "budget (fraction of dense latency)",
                      "exact-match accuracy", groups=groups)
-
-
-def _pct(share: float) -> str:
-    """A target share as a percentage, with the digit 99.5 % needs (not rounded up to 100 %)."""
-    return f"{100 * share:g}%"

@@ -9,7 +9,7 @@ The seeds' compositional study (000 Ch. 4; proposed work §6.2), in four parts (
   max(Acc S_k, Acc S_g) ≤ Acc(S_k ∪ S_g), the gap in-context − composite, and Table 4.4 / Figure
   4.2-shaped outputs. ``--models`` adds models (the seeds' axis is model scale).
 - ``steps``: composite-in-context demonstrations that spell out ``f(x) -> g(f(x))``, at the
-  grid's largest K; accuracy counts the final part (see :mod:`mechkit.compose.steps`).
+  grid's largest K; accuracy counts the final part (see :mod:`mechkit.compose.stepwise`).
 - ``components``: each head's and MLP block's ablation effect on the composite vs on each simple
   task, ranked by the composite-specific effect (:mod:`mechkit.compose.components`), with the
   ranks of the top induction and previous-token heads; the top heads checked by exact ablation.
@@ -95,20 +95,19 @@ class ComposePlugin(Plugin):
 
         import mechkit as mk
         from mechkit import report
-        from mechkit.compose import ComposeStudy, summary_lines, table_4_4
+        from mechkit.compose import ComposeConfig, ComposeStudy, accuracy_by_setting, summary_lines
         from mechkit.compose.plots import plots
 
-        p, m, parsed = ctx.params, ctx.model, ctx.parsed
-        parts, shots = parsed["parts"], list(parsed["shots"])
-        treatments = ["scale", "vector"] if p["treatment"] == "both" else [p["treatment"]]
+        opts, model = ctx.options, ctx.model
+        parts, shots = opts["parts"], list(opts["shots"])
+        treatments = ["scale", "vector"] if opts["treatment"] == "both" else [opts["treatment"]]
         names = ("n", "seeds", "effect_shots", "n_effect", "method", "contrast", "top_k", "verify", "n_seqs",
-                 "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size")
-        study = ComposeStudy(m, parsed["pairs"], shots=shots, seed=ctx.seed, words=p["word_match"],
-                             mlp_ablation=p["mlp_ablation"], strengths=parsed["strengths"], step=ctx.step,
-                             **{name: p[name] for name in names})  # refuses a --top-k too large for the model
-        models = {m.spec: m}
-        for spec in (s.strip() for s in str(p["models"] or "").split(",") if s.strip()):
-            models.setdefault(spec, mk.load_model(spec, device=str(m.device), dtype=m.dtype))  # before any work
+                 "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size", "mlp_ablation", "strengths")
+        config = ComposeConfig(**{name: opts[name] for name in names}, shots=shots, seed=ctx.seed, words=opts["word_match"])
+        study = ComposeStudy(model, opts["pairs"], config, step=ctx.step)  # refuses a --top-k too large for the model
+        models = {model.spec: model}
+        for spec in (s.strip() for s in str(opts["models"] or "").split(",") if s.strip()):
+            models.setdefault(spec, mk.load_model(spec, device=str(model.device), dtype=model.dtype))  # before any work
         with ctx.progress() as bar:
             job = bar.add_task("compose", total=study.units(parts, len(models), treatments))
             count = itertools.count()
@@ -118,9 +117,9 @@ class ComposePlugin(Plugin):
                               for spec, h in models.items()},
                    **study.run(parts, models, treatments)}
         if "study" in out:
-            out["table_4_4"] = table_4_4(out["study"]["summary"], study.pairs, study.top)
+            out["table_4_4"] = accuracy_by_setting(out["study"]["summary"], study.pairs, study.top)
         out["summary"] = summary_lines(out, study.top, treatments)
-        specs = plots(out, shots, treatments, p["contrast"], model=m.spec, grid="study" in parts)
+        specs = plots(out, shots, treatments, opts["contrast"], model=model.spec, grid="study" in parts)
         figures = {name: getattr(report, s.kind)(*s.args, **s.kwargs) for name, s in specs.items()}
         return Result(results=out, figures=figures, finding=finding(out))
 

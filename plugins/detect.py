@@ -49,20 +49,20 @@ class DetectPlugin(Plugin):
         from mechkit.model.headspec import top_heads
         from mechkit.report import head_heatmap, line_plot
 
-        p = ctx.params
-        if p["reference"] == "transformer_lens":  # before any work: TransformerLens installed, weights local
+        opts = ctx.options
+        if opts["reference"] == "transformer_lens":  # before any work: TransformerLens installed, weights local
             from mechkit.model.transformer_lens import check_bridgeable
 
             check_bridgeable(ctx.model)
-        hs = detect_heads(ctx, p["n_seqs"], p["seg_len"], p["batch_size"])
-        kinds = KINDS if p["kind"] == "all" else (p["kind"],)
+        hs = detect_heads(ctx, opts["n_seqs"], opts["seg_len"], opts["batch_size"])
+        kinds = KINDS if opts["kind"] == "all" else (opts["kind"],)
         copying = read_weights(ctx.model, ov_copying_scores)  # on a remote model: on its server, one job
         results = {
             "scores": {k: hs.scores[k].tolist() for k in KINDS},
-            "top": {k: ranked(hs.scores[k], p["top_k"]) for k in kinds},
+            "top": {k: ranked(hs.scores[k], opts["top_k"]) for k in kinds},
             "ov_copying": copying.tolist(),
             "top_induction_copying": [float(copying[h.layer, h.head])
-                                      for h in top_heads(hs.scores["induction"], p["top_k"])],
+                                      for h in top_heads(hs.scores["induction"], opts["top_k"])],
             "loss_per_position": hs.loss_per_position.tolist(),
             "loss_first_copy": hs.loss_first_copy,
             "loss_second_copy": hs.loss_second_copy,
@@ -72,7 +72,7 @@ class DetectPlugin(Plugin):
         results["summary"]["loss first → second copy"] = f"{hs.loss_first_copy:.2f} → {hs.loss_second_copy:.2f}"
         figures = {
             f"{k}_scores": head_heatmap(hs.scores[k], f"{k} score", "mean attention",
-                                        highlight=[(h.layer, h.head) for h in top_heads(hs.scores[k], p["top_k"])])
+                                        highlight=[(h.layer, h.head) for h in top_heads(hs.scores[k], opts["top_k"])])
             for k in kinds
         }
         figures["ov_copying"] = head_heatmap(copying, "OV copying score (Σλ/Σ|λ|)", "copying")
@@ -80,13 +80,13 @@ class DetectPlugin(Plugin):
         figures["loss_per_position"] = line_plot(positions, {"loss": hs.loss_per_position.tolist()},
                                                  "Loss per position on repeated random tokens",
                                                  "position", "cross-entropy (nats)")
-        if p["reference"] == "transformer_lens":
+        if opts["reference"] == "transformer_lens":
             from mechkit.heads.reference import transformer_lens_reference
             from mechkit.heads.scores import repeated_tokens
 
-            tokens = repeated_tokens(ctx.model, n_seqs=p["n_seqs"], seg_len=p["seg_len"], seed=ctx.seed)
+            tokens = repeated_tokens(ctx.model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed)
             results["reference"] = ctx.step("reference|transformer_lens", lambda: transformer_lens_reference(
-                ctx.model, tokens, {k: hs.scores[k] for k in KINDS}, p["top_k"]))
+                ctx.model, tokens, {k: hs.scores[k] for k in KINDS}, opts["top_k"]))
             for kind, agree in results["reference"]["agreement"].items():
                 rho = "n/a" if agree["spearman"] is None else f"{agree['spearman']:.2f}"
                 results["summary"][f"vs TransformerLens: {kind}"] = (

@@ -43,28 +43,28 @@ class FinetunePlugin(Plugin):
         from mechkit.model import load_model
         from mechkit.taskarith.finetune import Recipe, eval_prompts, finetune, model_files
 
-        p, m = ctx.params, ctx.model
-        lora_only = [o.flag for o in self.options if o.name in ("rank", "lora_alpha") and p[o.name] != o.default]
-        if p["method"] == "full" and lora_only:
+        opts, model = ctx.options, ctx.model
+        lora_only = [o.flag for o in self.options if o.name in ("rank", "lora_alpha") and opts[o.name] != o.default]
+        if opts["method"] == "full" and lora_only:
             from mechkit.errors import PluginError
 
             verb = "applies" if len(lora_only) == 1 else "apply"
             raise PluginError(f"{' and '.join(lora_only)} {verb} to --method lora, not to full fine-tuning",
                               f"drop {' and '.join(lora_only)}, or pass --method lora")
-        task = ctx.parsed["task"][0]
-        recipe = Recipe(task=task, steps=p["steps"], lr=p["lr"], method=p["method"], rank=p["rank"],
-                        lora_alpha=p["lora_alpha"], batch_size=p["batch_size"], shots=ctx.parsed["shots"],
-                        seed=ctx.seed, data_seed=p["data_seed"], eval_n=p["eval_n"], eval_seed=ctx.seed,
-                        weight_decay=p["weight_decay"])
+        task = opts["task"][0]
+        recipe = Recipe(task=task, steps=opts["steps"], lr=opts["lr"], method=opts["method"], rank=opts["rank"],
+                        lora_alpha=opts["lora_alpha"], batch_size=opts["batch_size"], shots=opts["shots"],
+                        seed=ctx.seed, data_seed=opts["data_seed"], eval_n=opts["eval_n"], eval_seed=ctx.seed,
+                        weight_decay=opts["weight_decay"])
         held_out = eval_prompts(recipe)
-        before = ctx.step("accuracy_before", lambda: score_prompts(m, held_out).as_dict())
+        before = ctx.step("accuracy_before", lambda: score_prompts(model, held_out).as_dict())
         with ctx.progress() as bar:
             job = bar.add_task(f"finetune {task}", total=recipe.steps)
-            trained = finetune(m, recipe, checkpoint=ctx.scratch("finetune"), checkpoint_every=p["checkpoint_every"],
+            trained = finetune(model, recipe, checkpoint=ctx.scratch("finetune"), checkpoint_every=opts["checkpoint_every"],
                                on_step=lambda i, loss: bar.update(
                                    job, completed=i + 1, description=f"finetune {task} loss {loss:.3f}"))
-        after = score_prompts(load_model(trained.model, tokenizer=m.tokenizer), held_out).as_dict()
-        files = model_files(trained, m.tokenizer)
+        after = score_prompts(load_model(trained.model, tokenizer=model.tokenizer), held_out).as_dict()
+        files = model_files(trained, model.tokenizer)
         results = {
             "recipe": recipe.as_dict(),
             "losses": trained.losses,

@@ -54,14 +54,14 @@ class InspectPlugin(Plugin):
         from mechkit.model.backends.weight_reads import read_weights
         from mechkit.report import head_heatmap
 
-        handle, p = ctx.model, ctx.params
-        check_context(handle, p["seq_len"], "use a --seq-len within it")  # before any forward
+        handle, opts = ctx.model, ctx.options
+        check_context(handle, opts["seq_len"], "use a --seq-len within it")  # before any forward
         norms = read_weights(handle, head_out_norms)  # on a remote model: on its server, one job
         results = {
             "anatomy": handle.anatomy.as_dict(),
             "hook_points_per_layer": 7,
             "parameters": _param_counts(handle),
-            "forward": _forward_timing(handle, p["batch"], p["seq_len"], p["repeats"], ctx.seed),
+            "forward": _forward_timing(handle, opts["batch"], opts["seq_len"], opts["repeats"], ctx.seed),
             "head_output_norm": norms,
         }
         fig = head_heatmap(norms, "Per-head norm of the attention output projection", "‖W_O[:, head]‖")

@@ -18,106 +18,20 @@ latency is timed on the worker that measured it, against the dense model in the 
 which makes the absolute latencies longer than a serial run's. The ``--budget`` search is sequential
 (each bisection step depends on the last) and always runs here.
 
-The measurements are :class:`mechkit.pruning.PruneStudy`'s; this plugin checks the options, runs the
-rows or the budget search, and shapes the summary lines and the accuracy-vs-speedup figure.
+The measurements are :class:`mechkit.pruning.PruneStudy`'s, asked through one
+:class:`~mechkit.pruning.PruneConfig`; the results and finding they give are :mod:`mechkit.pruning.findings`'s;
+this plugin declares the options, runs the rows or the budget search, and shapes the tables and the
+accuracy-vs-speedup figure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from mechkit.options import EXECUTION, OptionError, TaskList
+from mechkit.options import DEFAULT_TASKS, EXECUTION, GuideList, SparsityLevels, TargetList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
-if TYPE_CHECKING:
-    from mechkit.pruning import PruneStudy
-
-DEFAULT_TASKS = "capitalize,past-tense,country-capital"
-
-
-@dataclass(frozen=True)
-class GuideList:
-    """``--guide``: comma-separated guides, each optionally ``GUIDE@ALLOCATION`` (checked by
-    :func:`mechkit.pruning.parse_guides`) -> their list; at least one.
-
-    >>> GuideList()("attribution@sensitivity, random")
-    ['attribution@sensitivity', 'random']
-    """
-
-    metavar: str = "GUIDE[@ALLOCATION][,...]"
-    example: str = "attribution,wanda"
-
-    def describe(self) -> str:
-        return ""
-
-    def __call__(self, text: str) -> list[str]:
-        from mechkit.pruning import parse_guides
-
-        guides = parse_guides(str(text))
-        if not guides:
-            raise OptionError("no guide given", "pass --guide attribution (or a comma list)")
-        return guides
-
-
-@dataclass(frozen=True)
-class TargetList:
-    """``--target``: comma-separated unit types (:func:`mechkit.pruning.parse_targets`) -> their list.
-
-    >>> TargetList()("neurons, heads")
-    ['neurons', 'heads']
-    """
-
-    metavar: str = "neurons|heads|layers[,...]"
-    example: str = "neurons,heads"
-
-    def describe(self) -> str:
-        return ""
-
-    def __call__(self, text: str) -> list[str]:
-        from mechkit.pruning import parse_targets
-
-        return parse_targets(str(text))
-
-
-@dataclass(frozen=True)
-class Levels:
-    """Checked ``--sparsity`` text; :meth:`resolve` gives its levels for the chosen ``--target`` s."""
-
-    text: str
-
-    def resolve(self, targets: list[str]) -> list[dict[str, float]]:
-        from mechkit.pruning import parse_levels
-
-        return parse_levels(self.text, targets)
-
-
-@dataclass(frozen=True)
-class SparsityLevels:
-    """``--sparsity``: fractions in [0, 1) (``0.1,0.2``: one level each, for every target) or one level of
-    ``target=fraction`` pairs, checked by :func:`mechkit.pruning.parse_levels` -> :class:`Levels`.
-
-    Which targets a bare fraction applies to is ``--target``'s, so the levels themselves are resolved
-    in ``run()`` (before any work).
-
-    >>> SparsityLevels()("0.1,0.2").resolve(["neurons", "heads"])[1]
-    {'neurons': 0.2, 'heads': 0.2}
-    """
-
-    metavar: str = "F[,F...]|TARGET=F[,...]"
-    example: str = "0.1,0.2"
-
-    def describe(self) -> str:
-        return "each 0<=x<1"
-
-    def __call__(self, text: str) -> Levels:
-        from mechkit.pruning import parse_levels
-        from mechkit.pruning.select import TARGETS
-
-        levels = Levels(str(text))
-        if not parse_levels(levels.text, list(TARGETS)):
-            raise OptionError("no sparsity given", "use fractions like 0.2,0.3 or neurons=0.3,heads=0.2")
-        return levels
+SAME_NAMES = ("n", "shots", "allocation", "gqa", "reconstruct", "sequential", "ridge", "guide_text_weight",
+              "protect_top_k", "repeats", "timing", "timing_batch", "batch_size")
+"""Options that are :class:`~mechkit.pruning.PruneConfig` fields of the same name."""
 
 
 class PrunePlugin(Plugin):
@@ -175,29 +89,25 @@ class PrunePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.pruning import PruneStudy
+        from mechkit.pruning import PruneConfig, PruneStudy
+        from mechkit.pruning.findings import finding, prune_results
 
-        p = ctx.params
-        guides, targets, tasks = ctx.parsed["guide"], ctx.parsed["target"], ctx.parsed["tasks"]
+        opts = ctx.options
+        guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
-        levels = [] if p["budget"] is not None else ctx.parsed["sparsity"].resolve(targets)
-
-        study = PruneStudy(ctx.model, tasks, targets=targets, n_calib=p["calib"], n=p["n"], shots=p["shots"],
-                           seed=ctx.seed, allocation=p["allocation"], gqa=p["gqa"],
-                           reconstruct=p["reconstruct"], sequential=p["sequential"], ridge=p["ridge"],
-                           text_weight=p["calib_text_weight"], guide_text_weight=p["guide_text_weight"],
-                           protect_top_k=p["protect_top_k"], repeats=p["repeats"],
-                           timing=p["timing"], timing_batch=p["timing_batch"], batch_size=p["batch_size"],
-                           step=ctx.step)
+        levels = [] if opts["budget"] is not None else opts["sparsity"].resolve(targets)
+        config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],
+                             seed=ctx.seed, text_weight=opts["calib_text_weight"])
+        study = PruneStudy(ctx.model, tasks, config, step=ctx.step)
         dense = study.dense()
         rows, budget = [], None
         with ctx.progress() as bar:
-            if p["budget"] is not None:
+            if opts["budget"] is not None:
                 job = bar.add_task("budget search", total=None)
-                budget = study.budget(guides[0], p["budget"], p["budget_unit"],
+                budget = study.budget(guides[0], opts["budget"], opts["budget_unit"],
                                       on_step=lambda mix, s, r: bar.update(job, description=f"budget {mix} {r:.2f}"))
                 rows.append(budget["chosen_row"])
-            elif p["executor"] == "ray":  # scores here, rows on the workers, each timed where it ran
+            elif opts["executor"] == "ray":  # scores here, rows on the workers, each timed where it ran
                 from mechkit.pruning.grid import grid_rows
 
                 job = bar.add_task("prune", total=len(guides) * len(levels))
@@ -211,10 +121,10 @@ class PrunePlugin(Plugin):
                         bar.advance(job)
         dense.update(latency_s=study.dense_latency(), latency_ratio=1.0, speedup=1.0, timed_as=study.dense_timing)
         files = {}
-        if p["save_model"]:  # the budget plan, or the first guide at the last level; the writer moves it to model/
+        if opts["save_model"]:  # the budget plan, or the first guide at the last level; the writer moves it to model/
             saved = rows[-1] if budget else [r for r in rows if r["guide"] == guides[0]][-1]
             files = {"model": study.save(saved)}
-        results = _results(study, guides, p["calib"], dense, rows, budget)
+        results = prune_results(study, guides, opts["calib"], dense, rows, budget)
         return Result(results=results, figures={"accuracy_vs_speedup": _figure(tasks, dense, rows)}, files=files,
                       finding=finding(results))
 
@@ -244,51 +154,6 @@ class PrunePlugin(Plugin):
                       note=f"held-out perplexity on {results.get('heldout_text') or 'held-out text'}")]
 
 
-def _results(study: PruneStudy, guides: list[str], calib: int, dense: dict, rows: list[dict],
-             budget: dict | None) -> dict:
-    summary = {"dense": _line(dense)}
-    for r in rows:
-        summary[f"{r['guide']} {_level(r['sparsity'])}"] = _line(r)
-    if budget:
-        summary["budget"] = (f"{budget['unit']} ≤ {budget['budget']:.2f}: chose {budget['chosen']['mix']} "
-                             f"{_level(budget['chosen']['sparsity'])}, measured {budget['measured_ratio']:.2f} "
-                             f"({'met' if budget['met'] else 'NOT met'})")
-    return {"tasks": study.tasks, "guides": guides, "targets": study.targets, "dense": dense, "rows": rows,
-            "budget": {k: v for k, v in budget.items() if k != "chosen_row"} if budget else None,
-            "heldout_text": study.text_source, "calibration_prompts_per_task": calib, "summary": summary}
-
-
-def _num(v: float | None, fmt: str = ".2f") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def finding(results: dict) -> str:
-    """At the highest sparsity, which guide keeps the most accuracy and at what speedup (or, with
-    ``--budget``, what the search chose and whether it met the budget)."""
-    rows, dense, budget = results["rows"], results["dense"], results.get("budget")
-    where = f"mean accuracy over {len(results['tasks'])} task{'s' if len(results['tasks']) != 1 else ''}"
-    if budget:
-        r = rows[-1]
-        return (f"Within {budget['unit']} ≤ {budget['budget']:.2f} of the dense model, the {budget['guide']} guide "
-                f"chose {_level(budget['chosen']['sparsity'])}, measured at {budget['measured_ratio']:.2f} "
-                f"({'met' if budget['met'] else 'NOT met'}); it keeps {_num(r['mean_accuracy'])} {where} "
-                f"(dense {_num(dense['mean_accuracy'])}) at {_num(r.get('speedup'))}× the dense speed.")
-    level = _level(rows[-1]["sparsity"])
-    at = sorted((r for r in rows if _level(r["sparsity"]) == level),
-                key=lambda r: -(r["mean_accuracy"] if r["mean_accuracy"] is not None else -1))
-    best, others = at[0], at[1:]
-    if others and all(r["mean_accuracy"] == best["mean_accuracy"] for r in others):
-        speeds = [r.get("speedup") for r in at if r.get("speedup") is not None]
-        return (f"At {level}, the {len(at)} guides tie at {_num(best['mean_accuracy'])} {where} "
-                f"(dense {_num(dense['mean_accuracy'])})"
-                + (f", at {min(speeds):.2f}–{max(speeds):.2f}× the dense speed." if speeds else "."))
-    text = (f"At {level}, {best['guide']} keeps the most accuracy: {_num(best['mean_accuracy'])} {where} "
-            f"(dense {_num(dense['mean_accuracy'])}) at {_num(best.get('speedup'))}× the dense speed")
-    if others:
-        text += "; " + ", ".join(f"{r['guide']} {_num(r['mean_accuracy'])}" for r in others)
-    return text + "."
-
-
 def _figure(tasks: list[str], dense: dict, rows: list[dict]):
     from mechkit.report import xy_plot
 
@@ -302,15 +167,9 @@ def _figure(tasks: list[str], dense: dict, rows: list[dict]):
                    reference=(1.0, dense["mean_accuracy"]))
 
 
-def _level(sparsity: dict) -> str:
+def _level(sparsity: dict) -> str:  # as mechkit.pruning.findings.level_text: the tables must not import torch
     return ",".join(f"{k}={v:.2f}" for k, v in sparsity.items())
 
 
-def _line(r: dict) -> str:
-    acc = " ".join(f"{t} {a:.2f}" for t, a in r["accuracy"].items())
-    return (f"acc {r['mean_accuracy']:.2f} ({acc}) | ppl {_ppl(r['perplexity'])} | params {r['params'] / 1e6:.1f}M | "
-            f"speedup {r.get('speedup', 1.0):.2f}×")
-
-
-def _ppl(value: float | None) -> str:
-    return "overflow" if value is None else f"{value:.1f}"
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "—" if v is None else format(v, fmt)

@@ -11,7 +11,9 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 
 from __future__ import annotations
 
-from mechkit.options import ExistingPath, HeadSpec, TaskList
+from contextlib import nullcontext
+
+from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 NAMES = ("clean", "target", "outside", "random")
@@ -32,7 +34,7 @@ class ShufflePlugin(Plugin):
         Option("gqa", str, "query", "Under grouped-query attention: move query rows only, or also the KV group.",
                choices=("query", "group")),
         Option("seeds", int, 3, "Permutations of the selected heads (and random-head draws).", min=1),
-        Option("tasks", str, "capitalize,past-tense,country-capital", "Tasks to score ('' for none).",
+        Option("tasks", str, DEFAULT_TASKS, "Tasks to score ('' for none).",
                parse=TaskList(allow_empty=True)),
         Option("n", int, 20, "Prompts per task.", min=1),
         Option("shots", int, 10, "Demonstrations per prompt.", min=0),
@@ -46,65 +48,40 @@ class ShufflePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.eval.evaluation import evaluate, task_prompts
-        from mechkit.heads.scores import copy_loss, load_scores, repeated_tokens, token_loss
-        from mechkit.interventions import permutation, shuffle_heads
-        from mechkit.model.headspec import SCORE_KINDS, needs_scores, parse_heads, random_heads
+        from mechkit.eval.conditions import shuffle_conditions
+        from mechkit.eval.evaluation import task_prompts
+        from mechkit.heads.scores import load_scores, repeated_tokens
         from mechkit.report import load_report
 
-        p, m = ctx.params, ctx.model
-        a = m.anatomy
-        tasks = ctx.parsed["tasks"]
-        placeholder = {kind: [[0.0] * a.n_heads for _ in range(a.n_layers)] for kind in SCORE_KINDS}
-        # the spec's syntax and ranges, before head scores are computed
-        named = parse_heads(p["heads"], a.n_layers, a.n_heads, scores=placeholder, top_k=p["top_k"], seed=ctx.seed)
-        if len(named) < 2:
+        opts, model = ctx.options, ctx.model
+        n_layers, n_heads = model.anatomy.n_layers, model.anatomy.n_heads
+        selection, tasks = opts["heads"], opts["tasks"]
+        named = selection.count(n_layers, n_heads, opts["top_k"], ctx.seed)  # before head scores are computed
+        if named < 2:
             from mechkit.errors import HeadSpecError
 
-            raise HeadSpecError(f"--heads {p['heads']} names {len(named)} head: a shuffle permutes weights among "
+            raise HeadSpecError(f"--heads {selection.spec} names {named} head: a shuffle permutes weights among "
                                 "heads, so one head would be left as it is", "name at least 2 heads (or --top-k 2+)")
-        prompts = task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"]) if tasks else {}
-        needs = needs_scores(p["heads"])
-        scores = load_scores(m, load_report(p["from_report"]) if p["from_report"] else None, p["n_seqs"], p["seg_len"],
-                             ctx.seed, ctx.step, p["from_report"]) if needs else None
-        target = parse_heads(p["heads"], a.n_layers, a.n_heads, scores=scores, top_k=p["top_k"], seed=ctx.seed)
+        prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]) if tasks else {}
+        scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
+                             opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
+        target = selection.resolve(n_layers, n_heads, scores=scores, top_k=opts["top_k"], seed=ctx.seed)
         # Held-out sequences: never the ones the heads were selected on.
-        tokens = repeated_tokens(m, n_seqs=p["n_seqs"], seg_len=p["seg_len"], seed=ctx.seed + 1)
-
-        def measure() -> dict:
-            loss = token_loss(m, tokens, p["batch_size"])
-            first, second = copy_loss(loss, p["seg_len"])
-            out = {"loss_first_copy": first, "loss_second_copy": second, "loss_per_position": loss.tolist()}
-            if prompts:
-                out["tasks"] = evaluate(m, prompts, p["batch_size"])
-            return out
-
-        plan = [("clean", {}, None)]
-        for s in range(p["seeds"]):
-            seed = ctx.seed * 1000 + s
-            others = random_heads(a.n_layers, a.n_heads, len(target), seed, exclude=target)
-            plan.append(("target", permutation(target, seed), seed))
-            plan.append(("outside", dict(zip(target, others, strict=True)), seed))
-            plan.append(("random", permutation(others, seed), seed))
+        tokens = repeated_tokens(model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed + 1)
+        plan = shuffle_conditions(target, n_layers, n_heads, opts["seeds"], ctx.seed)
         conditions = []
         with ctx.progress() as bar:
             job = bar.add_task("shuffle", total=len(plan))
             for name, mapping, seed in plan:
-
-                def compute(mapping=mapping):
-                    if not mapping:
-                        return measure()
-                    with shuffle_heads(m, mapping, component=p["component"], gqa=p["gqa"]):
-                        return measure()
-
-                key = f"{name}|{seed}|{p['component']}|{p['gqa']}|" + ",".join(f"{d}<{s}" for d, s in mapping.items())
+                key = (f"{name}|{seed}|{opts['component']}|{opts['gqa']}|"
+                       + ",".join(f"{d}<{s}" for d, s in mapping.items()))
                 conditions.append({"name": name, "seed": seed, "heads": [h.to_dict() for h in mapping],
                                    "mapping": {str(d): str(s) for d, s in mapping.items()},
-                                   "metrics": ctx.step(key, compute)})
+                                   "metrics": ctx.step(key, lambda m=mapping: _measure(model, m, tokens, prompts, opts))})
                 bar.advance(job)
-        return self._result(conditions, tasks, p)
+        return self._result(conditions, tasks, opts)
 
-    def _result(self, conditions: list[dict], tasks: list[str], p: dict) -> Result:
+    def _result(self, conditions: list[dict], tasks: list[str], opts: dict) -> Result:
         from mechkit.eval.evaluation import mean_std
         from mechkit.report import bar_plot, line_plot
 
@@ -113,20 +90,20 @@ class ShufflePlugin(Plugin):
 
         summary = {}
         for name in NAMES:
-            m_, s_ = agg(name, lambda x: x["loss_second_copy"])
-            summary[f"{name}: loss on repeated copy"] = f"{m_:.3f} ± {s_:.3f}"
+            mean, std = agg(name, lambda x: x["loss_second_copy"])
+            summary[f"{name}: loss on repeated copy"] = f"{mean:.3f} ± {std:.3f}"
             for t in tasks:
-                am, as_ = agg(name, lambda x, t=t: x["tasks"][t]["accuracy"])
-                summary[f"{name}: {t} accuracy"] = f"{am:.2f} ± {as_:.2f}"
+                mean, std = agg(name, lambda x, t=t: x["tasks"][t]["accuracy"])
+                summary[f"{name}: {t} accuracy"] = f"{mean:.2f} ± {std:.2f}"
         for c in conditions:  # condition table readers (report show) expect metrics per task
             c["metrics"] = {**c["metrics"], **c["metrics"].get("tasks", {})}
-        results = {"conditions": conditions, "summary": summary, "component": p["component"], "gqa": p["gqa"]}
+        results = {"conditions": conditions, "summary": summary, "component": opts["component"], "gqa": opts["gqa"]}
         curves = {}
         for name in NAMES:
             rows = [c["metrics"]["loss_per_position"] for c in conditions if c["name"] == name]
             curves[LABELS[name]] = [sum(v) / len(v) for v in zip(*rows, strict=True)]
         figures = {"loss_per_position": line_plot(list(range(1, len(curves["clean"]) + 1)), curves,
-                                                  f"Loss per position, {p['component']} weights moved",
+                                                  f"Loss per position, {opts['component']} weights moved",
                                                   "position", "cross-entropy (nats)")}
         if tasks:
             series, errors = {}, {}
@@ -134,7 +111,7 @@ class ShufflePlugin(Plugin):
                 stats = [agg(name, lambda x, t=t: x["tasks"][t]["accuracy"]) for t in tasks]
                 series[LABELS[name]] = [s[0] for s in stats]
                 errors[LABELS[name]] = [s[1] for s in stats]
-            figures["accuracy"] = bar_plot(tasks, series, f"Accuracy with {p['component']} shuffled", "accuracy",
+            figures["accuracy"] = bar_plot(tasks, series, f"Accuracy with {opts['component']} shuffled", "accuracy",
                                            errors=errors)
         return Result(results=results, figures=figures, finding=finding(results))
 
@@ -155,6 +132,22 @@ class ShufflePlugin(Plugin):
         acc = Table("Exact-match accuracy", ["condition", *tasks],
                     [[LABELS[n], *(_stat(conditions, n, "tasks", t) for t in tasks)] for n in NAMES], note=note)
         return [loss, acc]
+
+
+def _measure(model, mapping: dict, tokens, prompts: dict, opts: dict) -> dict:
+    """The loss per position on the held-out repeated tokens and the task metrics, with ``mapping``'s
+    weights moved (none: the clean model)."""
+    from mechkit.eval.evaluation import evaluate
+    from mechkit.heads.scores import copy_loss, token_loss
+    from mechkit.interventions import shuffle_heads
+
+    with shuffle_heads(model, mapping, component=opts["component"], gqa=opts["gqa"]) if mapping else nullcontext():
+        loss = token_loss(model, tokens, opts["batch_size"])
+        first, second = copy_loss(loss, opts["seg_len"])
+        out = {"loss_first_copy": first, "loss_second_copy": second, "loss_per_position": loss.tolist()}
+        if prompts:
+            out["tasks"] = evaluate(model, prompts, opts["batch_size"])
+    return out
 
 
 def _stat(conditions: list[dict], name: str, key: str, task: str | None = None):

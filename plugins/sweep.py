@@ -49,35 +49,35 @@ class SweepPlugin(Plugin):
         from mechkit.heads.effects import attribution_effects, exact_effects, spearman
         from mechkit.report import head_heatmap
 
-        p, m = ctx.params, ctx.model
-        tasks = ctx.parsed["tasks"]
-        prompts = [q for ps in task_prompts(tasks, p["n"], p["shots"], ctx.seed, p["setting"]).values() for q in ps]
+        opts, model = ctx.options, ctx.model
+        tasks = opts["tasks"]
+        prompts = [q for ps in task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]).values() for q in ps]
         results: dict = {"tasks": tasks, "n_prompts": len(prompts), "metric": "mean answer log-prob"}
         figures = {}
-        if p["method"] in ("exact", "both"):
-            n_batches = -(-len(prompts) // p["batch_size"])
+        if opts["method"] in ("exact", "both"):
+            n_batches = -(-len(prompts) // opts["batch_size"])
             with ctx.progress() as bar:
-                job = bar.add_task("exact sweep (layers)", total=m.anatomy.n_layers * n_batches)
-                exact = exact_effects(m, prompts, p["batch_size"], on_layer=lambda: bar.advance(job),
+                job = bar.add_task("exact sweep (layers)", total=model.anatomy.n_layers * n_batches)
+                exact = exact_effects(model, prompts, opts["batch_size"], on_layer=lambda: bar.advance(job),
                                       map_units=ctx.map_units)
             results["exact"] = {"logprob_effect": exact.logprob.tolist(), "accuracy_effect": exact.accuracy.tolist(),
                                 "clean_logprob": exact.clean_logprob, "clean_accuracy": exact.clean_accuracy,
-                                "top": _top(exact.logprob, p["top_k"])}
+                                "top": _top(exact.logprob, opts["top_k"])}
             figures["exact_logprob_effect"] = head_heatmap(exact.logprob, "Δ answer log-prob when the head is ablated",
                                                            "Δ log-prob")
             figures["exact_accuracy_effect"] = head_heatmap(exact.accuracy, "Δ accuracy when the head is ablated",
                                                             "Δ accuracy")
-        if p["method"] in ("attribution", "both"):
-            attr = attribution_effects(m, prompts, p["batch_size"], step=ctx.step)  # each batch resumable
+        if opts["method"] in ("attribution", "both"):
+            attr = attribution_effects(model, prompts, opts["batch_size"], step=ctx.step)  # each batch resumable
             results["attribution"] = {"logprob_effect": attr.logprob.tolist(), "clean_logprob": attr.clean_logprob,
-                                      "top": _top(attr.logprob, p["top_k"])}
+                                      "top": _top(attr.logprob, opts["top_k"])}
             figures["attribution_logprob_effect"] = head_heatmap(attr.logprob, "Attribution estimate of Δ log-prob",
                                                                  "Δ log-prob (estimated)")
-        if p["method"] == "both":
+        if opts["method"] == "both":
             exact_top = {(h["layer"], h["head"]) for h in results["exact"]["top"]}
             attr_top = {(h["layer"], h["head"]) for h in results["attribution"]["top"]}
             results["agreement"] = {"spearman": spearman(exact.logprob, attr.logprob),
-                                    f"top{p['top_k']}_overlap": len(exact_top & attr_top) / max(len(exact_top), 1)}
+                                    f"top{opts['top_k']}_overlap": len(exact_top & attr_top) / max(len(exact_top), 1)}
         best = results.get("exact", results.get("attribution"))["top"][:5]
         results["summary"] = {"most important heads": ", ".join(f"{h['layer']}.{h['head']} ({h['effect']:+.3f})"
                                                                 for h in best)}

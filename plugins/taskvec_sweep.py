@@ -45,29 +45,29 @@ class TaskvecSweepPlugin(Plugin):
         from mechkit.taskarith import TaskVector, task_correlation
         from mechkit.tasks import build_prompts
 
-        p, m = ctx.params, ctx.model
-        paths = ctx.parsed["vectors"]
-        a, b = (TaskVector.load(x) for x in paths)
+        opts, model = ctx.options, ctx.model
+        paths = opts["vectors"]
+        vec_a, vec_b = (TaskVector.load(x) for x in paths)
         # one id per vector; the same task twice is allowed (aligned vectors of one task)
-        tasks = ctx.parsed["tasks"] or [_task_of(v, x) for v, x in ((a, paths[0]), (b, paths[1]))]
-        lambdas = ctx.parsed["lambdas"]
-        shots = ctx.parsed["shots"]
-        prompts = {_col(t, i, tasks, s, shots): build_prompts(t, n=p["n"], shots=s, seed=ctx.seed)
+        tasks = opts["tasks"] or [_task_of(v, x) for v, x in ((vec_a, paths[0]), (vec_b, paths[1]))]
+        lambdas = opts["lambdas"]
+        shots = opts["shots"]
+        prompts = {_col(t, i, tasks, s, shots): build_prompts(t, n=opts["n"], shots=s, seed=ctx.seed)
                    for s in shots for i, t in enumerate(tasks)}
         cols = list(prompts)
         # terms name the vectors by index (0: A, 1: B), so units stay small; the vectors go once per run
-        plan = [("base", []), ("A only", [(0, p["scale_a"])]), ("B only", [(1, 1.0)])]
-        plan += [(f"λ={lam:g}", [(0, p["scale_a"]), (1, lam)]) for lam in lambdas]
-        shared = ((a, b), prompts, p["batch_size"], p["allow_other_base"])
+        plan = [("base", []), ("A only", [(0, opts["scale_a"])]), ("B only", [(1, 1.0)])]
+        plan += [(f"λ={lam:g}", [(0, opts["scale_a"]), (1, lam)]) for lam in lambdas]
+        shared = ((vec_a, vec_b), prompts, opts["batch_size"], opts["allow_other_base"])
         with ctx.progress() as bar:
             job = bar.add_task("taskvec sweep", total=len(plan))
             scores = ctx.map_units(grid_units, shared, [terms for _, terms in plan],
                                    [f"{name}|{terms!r}|{paths}|{tasks}" for name, terms in plan],  # λ in full
                                    on_result=lambda _i, _v: bar.advance(job))
         rows = [{"name": name, **got} for (name, _), got in zip(plan, scores, strict=True)]
-        texts = [q.text for t in dict.fromkeys(tasks) for q in build_prompts(t, n=p["n"], shots=0, seed=ctx.seed)]
-        alpha = ctx.step("alpha", lambda: task_correlation(m, a, b, texts, p["scale_a"], 1.0,
-                                                            allow_other_base=p["allow_other_base"]))
+        texts = [q.text for t in dict.fromkeys(tasks) for q in build_prompts(t, n=opts["n"], shots=0, seed=ctx.seed)]
+        alpha = ctx.step("alpha", lambda: task_correlation(model, vec_a, vec_b, texts, opts["scale_a"], 1.0,
+                                                            allow_other_base=opts["allow_other_base"]))
         return self._result(rows, lambdas, tasks, cols, shots, alpha, paths)
 
     def _result(self, rows, lambdas, tasks, cols, shots, alpha, paths) -> Result:

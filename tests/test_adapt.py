@@ -31,7 +31,7 @@ from mechkit.adapt.cost import Measured
 from mechkit.adapt.tokens import keep_positions
 from mechkit.errors import MechkitError
 from mechkit.model.sources.tiny import tiny_model
-from mechkit.pruning import PrunePlan, masked
+from mechkit.pruning import UnitsToRemove, masked
 
 TEXTS = ["input: cat\noutput: CAT\ninput: dog\noutput: DOG\ninput: emu\noutput:", "input: a\noutput:"]
 
@@ -80,7 +80,7 @@ def test_skipped_units_equal_their_ablation_by_bypass(deep):
         bypassed = _logits(deep, ids, mask)
     # a skipped block is the residual passing through; skipped heads are zero-ablated heads; skipped
     # channels read zero — the pruning package's reference semantics and mk.ablate, exactly
-    with masked(deep, PrunePlan(layers=[3], mlp={2: list(channels)})), mk.ablate(deep, heads="1.0,1.2,4.1"):
+    with masked(deep, UnitsToRemove(layers=[3], mlp={2: list(channels)})), mk.ablate(deep, heads="1.0,1.2,4.1"):
         ablated = _logits(deep, ids, mask)
     assert torch.equal(bypassed, ablated)
 
@@ -101,7 +101,7 @@ def test_whole_sub_blocks_are_bypassed_not_computed_and_equal_their_ablation(dee
             h.remove()
     assert calls == []
     everything = list(range(a.d_mlp))
-    with masked(deep, PrunePlan(mlp={4: everything, 5: everything})), mk.ablate(deep, heads="layer:2"):
+    with masked(deep, UnitsToRemove(mlp={4: everything, 5: everything})), mk.ablate(deep, heads="layer:2"):
         ablated = _logits(deep, ids, mask)
     assert torch.equal(bypassed, ablated)
 
@@ -115,7 +115,7 @@ def test_sub_block_bypass_keeps_biases_and_cached_generation(tiny):
     with run_plan(tiny, plan):
         bypassed = _logits(tiny, ids)
     everything = list(range(a.d_mlp))
-    with masked(tiny, PrunePlan(mlp={1: everything})), mk.ablate(tiny, heads="layer:1"):
+    with masked(tiny, UnitsToRemove(mlp={1: everything})), mk.ablate(tiny, heads="layer:1"):
         ablated = _logits(tiny, ids)
     assert torch.allclose(bypassed, ablated, atol=1e-6)  # GPT-2's projections have biases
     if a.family_name == "gemma2":
@@ -414,7 +414,7 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     assert same["adaptive_latency"] == row["adaptive"]["latency_ratio"] and len(same["copies"]) == 2
     assert (tmp_path / "run" / "scheduler.json").exists() and (tmp_path / "run" / "frontier.png").exists()
     assert "0.70" in run.report["finding"] and "margin" in run.report["finding"]
-    from mechkit.plugins.adapt import finding
+    from mechkit.adapt.findings import finding
 
     said = finding({**res, "infeasible_budgets": [0.7], "rows": [{**res["rows"][0], "feasible": False}, *res["rows"][1:]]})
     assert "no plan fits it: the cheapest plan ran" in said and "Infeasible at 50% adherence" in said
@@ -516,8 +516,8 @@ def test_the_scheduler_keeps_the_margin_and_says_when_a_budget_is_infeasible():
 
 
 def test_adherence_counts_the_dense_plan_at_budget_one_as_met_and_reports_both():
+    from mechkit.adapt.measures import adherence
     from mechkit.adapt.scheduler import Decision
-    from mechkit.adapt.study import adherence
 
     dense = Decision(ExecutionPlan(), None, "static scheduler", 1.0, True)
     cut = Decision(ExecutionPlan(layers=(2,)), None, "static scheduler", 0.9, True)
@@ -562,8 +562,8 @@ def test_the_adherence_option_parses_and_refuses_bad_values_in_one_line(tmp_path
 
     from mechkit.cli.main import cli
     from mechkit.options import OptionError
+    from mechkit.options.resolve import resolve_options
     from mechkit.plugins.adapt import AdaptPlugin
-    from mechkit.runner import resolve_options
 
     params, _ = resolve_options(AdaptPlugin, {"adherence": "0.95", "margin_prompts": "5"})
     assert params["adherence"] == 0.95 and params["margin_prompts"] == 5 and params["margin_plans"] == 10
@@ -778,7 +778,7 @@ def _row(budget: float, adaptive: tuple[float, float], *copies: tuple[float, flo
 
 
 def test_static_pruning_is_compared_at_the_schedulers_measured_latency():
-    from mechkit.plugins.adapt import same_latency
+    from mechkit.adapt.findings import same_latency
 
     def verdict(adaptive, *copies):
         (item,) = same_latency({"rows": [_row(0.7, adaptive, *copies)]})

@@ -205,14 +205,14 @@ def test_the_python_api_refuses_non_finite_scales_and_tensors(llama, files, tmp_
 
 def test_activation_vectors_and_pruned_models_are_never_saved_with_nan(llama, tmp_path):
     from mechkit.actvec.vector import ActivationVector
-    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.plan import UnitsToRemove
     from mechkit.pruning.slicing import prune_copy, save_pruned
 
     vec = ActivationVector(vector=torch.tensor([1.0, float("inf")]), method="function-vector", task="capitalize",
                            layer=0, mode="add")
     with pytest.raises(MechkitError, match=r"fv\.safetensors: tensor vector holds inf"):
         vec.save(tmp_path / "fv.safetensors")
-    pruned = prune_copy(llama, PrunePlan(mlp={1: [1, 2]}))
+    pruned = prune_copy(llama, UnitsToRemove(mlp={1: [1, 2]}))
     with torch.no_grad():
         pruned.model.model.norm.weight[0] = float("nan")
     with pytest.raises(MechkitError, match=r"model\.safetensors: tensor model\.norm\.weight holds NaN"):

@@ -14,7 +14,7 @@ import torch
 import mechkit as mk
 from mechkit import compose
 from mechkit.actvec import score_edited
-from mechkit.compose import steps as steps_module
+from mechkit.compose import stepwise as steps_module
 from mechkit.errors import MechkitError, UnknownTaskError
 from mechkit.heads import Head, attribution_effects
 from mechkit.plugins.compose import ComposePlugin

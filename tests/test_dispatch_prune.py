@@ -244,7 +244,7 @@ def test_pruning_and_finetuning_a_gpu_and_cpu_map_build_their_copies_on_the_gpu(
 
     gpu = mk.load_model("tiny:llama", device="cuda", dtype="float32")
     split = mk.load_model("tiny:llama", device_map=GPU_CPU, dtype="float32")
-    plan = pruning.PrunePlan(mlp={0: list(range(40)), 1: list(range(20, 60))}, heads={1: [0, 2]})
+    plan = pruning.UnitsToRemove(mlp={0: list(range(40)), 1: list(range(20, 60))}, heads={1: [0, 2]})
     want, got = pruning.prune_copy(gpu, plan), pruning.prune_copy(split, plan)
     assert not is_dispatched(got.model) and {p.device.type for p in got.model.parameters()} == {"cuda"}
     assert _state_equal(got.model.cpu(), want.model.cpu())

@@ -1,6 +1,6 @@
 """``--out`` is checked before the model loads and locked for the run: two runs never share one.
 
-The lock is an ``flock`` on a hidden file beside the run directory (:func:`mechkit.runner.out_lock`):
+The lock is an ``flock`` on a hidden file beside the run directory (:func:`mechkit.io.outlock.out_lock`):
 a second run with the same ``--out`` fails at once with one line naming the holder's pid; the lock
 file is gone after success, error and Ctrl-C, and one left by a ``kill -9`` is taken over.
 """
@@ -18,7 +18,7 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError, ReportExistsError
-from mechkit.runner import OutInUseError, lock_path, out_lock
+from mechkit.io.outlock import OutInUseError, lock_path, out_lock
 
 IN_USE = "is in use by another mechkit run (pid {pid}) — wait for it or choose another --out"
 
@@ -135,7 +135,7 @@ def test_the_lock_is_released_after_success_error_and_ctrl_c(tmp_path, cache):
 def test_a_lock_left_by_kill_9_is_taken_over(tmp_path, cache):
     out = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from mechkit.runner import out_lock\n"
+        [sys.executable, "-c", "import sys, time; from mechkit.io.outlock import out_lock\n"
                                "with out_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(120)",
          str(out)], stdout=subprocess.PIPE, text=True, env=_env(tmp_path))
     try:

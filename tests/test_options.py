@@ -25,6 +25,7 @@ from mechkit.options import (
     ExecutorChoice,
     ExistingPath,
     Grid,
+    GuideList,
     HeadSpec,
     IntRanges,
     NumberList,
@@ -32,12 +33,13 @@ from mechkit.options import (
     OptionError,
     Paths,
     RayAddress,
+    SparsityLevels,
+    TargetList,
     TaskList,
     parse_lambdas,
 )
 from mechkit.options.option import MAX_COUNT
-from mechkit.plugins.prune import GuideList, SparsityLevels, TargetList
-from mechkit.runner import resolve_options
+from mechkit.options.resolve import resolve_options
 
 BUILTINS = sorted(name for name, entry in registry.entries().items() if entry.dist == "mechkit")
 
@@ -288,7 +290,7 @@ class Echo(mk.Plugin):
                Option("n", int, 3, min=1), Option("tasks", str, "swap", parse=TaskList()))
 
     def run(self, ctx):
-        return mk.Result(results={"parsed": dict(ctx.parsed), "params": dict(ctx.params)})
+        return mk.Result(results={"parsed": dict(ctx.options), "params": dict(ctx.params)})
 
 
 def test_report_params_keep_the_text_and_the_plugin_gets_parsed_values():

@@ -88,7 +88,7 @@ def test_study_steps_resume_and_rows_reload(tiny_llama):
     assert seq["reconstruct"] == "lsq-seq ridge=0.01"
     ids = tiny_llama.to_tokens("input: ab\noutput:")
     with torch.no_grad():  # a row is rebuilt with the fits it was measured with, whatever the study's default
-        plan = mk.pruning.PrunePlan.from_dict(seq["plan"])
+        plan = mk.pruning.UnitsToRemove.from_dict(seq["plan"])
         assert torch.equal(again.pruned(seq)(ids), again.prune(plan, "lsq", sequential=True)(ids))
         assert not torch.equal(again.pruned(seq)(ids), again.prune(plan, "lsq", sequential=False)(ids))
 
@@ -266,7 +266,7 @@ def test_allocation_stops_when_every_layer_is_capped():
 def test_layer_sensitivity_is_the_exact_masked_drop(tiny_llama, calib):
     from mechkit.eval.scoring import encode_rows, forward_kept, pad_batch, pad_id, row_metrics
     from mechkit.pruning.masking import masked
-    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.plan import UnitsToRemove
     from mechkit.pruning.sensitivity import layer_sensitivity
 
     scores = static_scores("wanda", tiny_llama, calib.stats)
@@ -274,7 +274,7 @@ def test_layer_sensitivity_is_the_exact_masked_drop(tiny_llama, calib):
     rows = encode_rows(tiny_llama.tokenizer, calib.prompts, None)
     batch = pad_batch(sorted(rows, key=lambda r: len(r.ids)), pad_id(tiny_llama.tokenizer))
     k = tiny_llama.anatomy.d_mlp // 2
-    plan = PrunePlan(mlp={1: np.argsort(scores.mlp[1], kind="stable")[:k].tolist()}, compensate=True)
+    plan = UnitsToRemove(mlp={1: np.argsort(scores.mlp[1], kind="stable")[:k].tolist()}, compensate=True)
     with torch.no_grad():
         base = row_metrics(forward_kept(tiny_llama, batch), batch)[0]
         with masked(tiny_llama, plan, calib.stats):

@@ -12,7 +12,7 @@ import torch
 import mechkit as mk
 from mechkit.model.anatomy import discover_anatomy
 from mechkit.model.linear import weight_out_in
-from mechkit.pruning import PrunePlan, calibrate, prune_copy, reconstruct, save_pruned
+from mechkit.pruning import UnitsToRemove, calibrate, prune_copy, reconstruct, save_pruned
 from mechkit.pruning.cost import calibration_text, heldout_text
 from mechkit.pruning.reconstruct import Moments, solve
 
@@ -79,7 +79,7 @@ def test_dependent_channels_are_reconstructed_exactly(llama64, calib64, sequenti
             mlp = m.anatomy.mlp(layer)
             mlp.gate_proj.weight[5:10] = mlp.gate_proj.weight[0:5]
             mlp.up_proj.weight[5:10] = 2 * mlp.up_proj.weight[0:5]  # x_{5+i} = 2·x_i
-    plan = PrunePlan(mlp={0: list(range(5, 10)), 1: list(range(5, 10))}, compensate=True)
+    plan = UnitsToRemove(mlp={0: list(range(5, 10)), 1: list(range(5, 10))}, compensate=True)
     ids = m.to_tokens(calib64.texts[:3])
     dense = _logits(m, ids)
     fits = reconstruct(m, plan, calib64.token_batches(m), ridge=0.0, sequential=sequential)
@@ -89,7 +89,7 @@ def test_dependent_channels_are_reconstructed_exactly(llama64, calib64, sequenti
 
 def test_lsq_beats_mean_compensation_on_the_calibration_objective(llama64, calib64):
     a = llama64.anatomy
-    plan = PrunePlan(mlp={layer: list(range(0, a.d_mlp, 3)) for layer in (0, 1)}, compensate=True)
+    plan = UnitsToRemove(mlp={layer: list(range(0, a.d_mlp, 3)) for layer in (0, 1)}, compensate=True)
     batches = calib64.token_batches(llama64)
     fits = reconstruct(llama64, plan, batches, ridge=1e-3)
     for layer in (0, 1):
@@ -111,7 +111,7 @@ def test_sequential_fits_the_inputs_the_pruned_model_sees(llama64, calib64):
     """Layer 1's sequential fit is the least-squares fit of the dense layer-1 output on the inputs that
     the pruned, refitted model feeds its layer-1 down projection; the one-shot fit is not."""
     a = llama64.anatomy
-    plan = PrunePlan(mlp={0: list(range(0, a.d_mlp, 2)), 1: list(range(1, a.d_mlp, 4))},
+    plan = UnitsToRemove(mlp={0: list(range(0, a.d_mlp, 2)), 1: list(range(1, a.d_mlp, 4))},
                      heads={0: [1, 3]}, compensate=True)
     batches = calib64.token_batches(llama64)
     name = "model.layers.1.mlp.down_proj"
@@ -138,7 +138,7 @@ def test_reconstructed_model_saves_and_reloads_with_the_same_logits(family, tmp_
     before = _logits(m, ids)
     calib = calibrate(m, ["capitalize"], n=3, shots=2, text_weight=0.5)
     heads = [0, 2] if a.n_groups == 1 else [k * a.n_groups for k in range(a.n_kv_heads)]
-    plan = PrunePlan(mlp={0: list(range(0, a.d_mlp, 4))}, heads={1: heads}, layers=[], compensate=True)
+    plan = UnitsToRemove(mlp={0: list(range(0, a.d_mlp, 4))}, heads={1: heads}, layers=[], compensate=True)
     fits = reconstruct(m, plan, calib.token_batches(m), ridge=1e-2, sequential=True)
     assert set(fits) == {f"{a.family.layers}.0.{a.family.mlp}.{a.family.mlp_out}",
                          f"{a.family.layers}.1.{a.family.attn}.{a.family.attn_out}"}
@@ -154,7 +154,7 @@ def test_reconstructed_model_saves_and_reloads_with_the_same_logits(family, tmp_
 
 def test_removed_layers_are_skipped_and_later_fits_land_on_renumbered_blocks(tiny_llama):
     calib = calibrate(tiny_llama, ["capitalize"], n=3, shots=2)
-    plan = PrunePlan(mlp={0: [1, 2, 3], 1: [4, 5]}, layers=[0], compensate=True)
+    plan = UnitsToRemove(mlp={0: [1, 2, 3], 1: [4, 5]}, layers=[0], compensate=True)
     fits = reconstruct(tiny_llama, plan, calib.token_batches(tiny_llama), sequential=True)
     assert list(fits) == ["model.layers.1.mlp.down_proj"]
     pruned = prune_copy(tiny_llama, plan, calib.stats, fits)
@@ -230,7 +230,7 @@ def test_one_shot_and_sequential_fits_both_cut_the_output_error(tiny_llama):
     calib = calibrate(m, ["capitalize", "swap"], n=4, shots=2, text_weight=0.5, n_text=4)
     batches = calib.token_batches(m)
     held = token_batches(m, [([heldout_text()[0][i:i + 500] for i in range(0, 3000, 500)], 1.0)])
-    plan = PrunePlan(mlp={layer: list(range(0, a.d_mlp, 2)) for layer in range(a.n_layers)}, heads={1: [0, 2]},
+    plan = UnitsToRemove(mlp={layer: list(range(0, a.d_mlp, 2)) for layer in range(a.n_layers)}, heads={1: [0, 2]},
                      compensate=True)
     zero = prune_copy(m, dataclasses.replace(plan, compensate=False))
     mean = prune_copy(m, plan, calib.stats)
@@ -244,7 +244,7 @@ def test_one_shot_and_sequential_fits_both_cut_the_output_error(tiny_llama):
 
 def test_fits_replace_mean_compensation_and_need_no_statistics(tiny_llama):
     calib = calibrate(tiny_llama, ["capitalize"], n=3, shots=2)
-    plan = PrunePlan(mlp={0: [1, 2, 3]}, heads={1: [0, 2]}, compensate=True)
+    plan = UnitsToRemove(mlp={0: [1, 2, 3]}, heads={1: [0, 2]}, compensate=True)
     fits = reconstruct(tiny_llama, plan, calib.token_batches(tiny_llama))
     ids = tiny_llama.to_tokens(["input: cat\noutput: Cat\n"])
     torch.testing.assert_close(_logits(prune_copy(tiny_llama, plan, None, fits), ids),

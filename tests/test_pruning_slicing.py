@@ -10,7 +10,7 @@ from mechkit.errors import MechkitError
 from mechkit.model.edit.surgery import slice_heads
 from mechkit.model.sources.tiny import tiny_families
 from mechkit.pruning.masking import masked
-from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.plan import UnitsToRemove
 from mechkit.pruning.slicing import prune_copy, save_pruned
 from mechkit.pruning.stats import collect_stats
 
@@ -25,11 +25,11 @@ def _heads_plan(a) -> dict[int, list[int]]:
     return {0: per_group, 1: whole_group}
 
 
-def _plans(a) -> list[PrunePlan]:
+def _plans(a) -> list[UnitsToRemove]:
     mlp = {0: list(range(0, a.d_mlp, 3)), 1: list(range(5, a.d_mlp, 4))}
-    return [PrunePlan(mlp=mlp, heads=_heads_plan(a)),
-            PrunePlan(mlp=mlp, heads=_heads_plan(a), compensate=True),
-            PrunePlan(mlp={1: [1, 2]}, layers=[0])]
+    return [UnitsToRemove(mlp=mlp, heads=_heads_plan(a)),
+            UnitsToRemove(mlp=mlp, heads=_heads_plan(a), compensate=True),
+            UnitsToRemove(mlp={1: [1, 2]}, layers=[0])]
 
 
 def _double(family: str):
@@ -63,7 +63,7 @@ def test_sliced_equals_masked(family):
 @pytest.mark.parametrize("family", tiny_families())
 def test_saved_pruned_model_reloads_with_the_same_logits(family, tmp_path):
     m = mk.load_model(f"tiny:{family}", device="cpu")  # float32 end to end: the saved dtype
-    plan = PrunePlan(mlp={0: [1, 4, 9]}, heads=_heads_plan(m.anatomy), layers=[1], compensate=True)
+    plan = UnitsToRemove(mlp={0: [1, 4, 9]}, heads=_heads_plan(m.anatomy), layers=[1], compensate=True)
     pruned = prune_copy(m, plan, collect_stats(m, TEXTS))
     out = save_pruned(pruned, tmp_path / "pruned")
     assert (out / "model.safetensors").is_file() and not list(tmp_path.glob(".pruned.tmp-*"))
@@ -75,7 +75,7 @@ def test_saved_pruned_model_reloads_with_the_same_logits(family, tmp_path):
 
 
 def test_save_pruned_refuses_a_non_empty_directory_unless_forced(tiny_llama, tmp_path):
-    pruned = prune_copy(tiny_llama, PrunePlan(mlp={0: [1, 2]}))
+    pruned = prune_copy(tiny_llama, UnitsToRemove(mlp={0: [1, 2]}))
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
@@ -97,7 +97,7 @@ def test_saved_pruned_directory_follows_the_umask(tiny_llama, tmp_path):
     import os
     import stat
 
-    pruned = prune_copy(tiny_llama, PrunePlan(mlp={0: [1, 2]}))
+    pruned = prune_copy(tiny_llama, UnitsToRemove(mlp={0: [1, 2]}))
     old = os.umask(0o022)
     try:
         out = save_pruned(pruned, tmp_path / "pruned")
@@ -107,7 +107,7 @@ def test_saved_pruned_directory_follows_the_umask(tiny_llama, tmp_path):
 
 
 def test_pruned_model_generates_with_a_kv_cache(tiny_llama):
-    plan = PrunePlan(mlp={0: list(range(40))}, heads={1: [0, 1]}, layers=[0])
+    plan = UnitsToRemove(mlp={0: list(range(40))}, heads={1: [0, 1]}, layers=[0])
     pruned = prune_copy(tiny_llama, plan)
     ids = pruned.to_tokens("input: ab\noutput:")
     with torch.no_grad():
@@ -130,7 +130,7 @@ def test_uneven_gqa_head_selection_is_refused(tiny_llama):
 
 
 def test_hooks_read_a_pruned_layers_remaining_heads(tiny_llama):
-    pruned = prune_copy(tiny_llama, PrunePlan(heads={0: [1, 3]}))
+    pruned = prune_copy(tiny_llama, UnitsToRemove(heads={0: [1, 3]}))
     with mk.record(pruned, "blocks.*.attn.hook_z") as cache, torch.no_grad():
         pruned(pruned.to_tokens("input: ab\noutput:"))
     assert cache["blocks.0.attn.hook_z"].shape[-2] == 2 and cache["blocks.1.attn.hook_z"].shape[-2] == 4

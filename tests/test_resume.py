@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 
 import mechkit as mk
-from mechkit.runner import lock_path
+from mechkit.io.outlock import lock_path
 
 CALLS: list[str] = []
 INTERRUPTED = "mechkit: error: interrupted — finished steps are kept; rerun the same command to resume"
@@ -95,7 +95,9 @@ def test_an_unwritable_cache_warns_once_and_the_run_goes_on(tmp_path, monkeypatc
 def test_a_second_identical_run_keeps_no_steps_while_the_first_holds_them(tmp_path, cache):
     """Two runs of the same plugin, options, seed and model (different --out) never share resume steps:
     the second warns and runs without, so neither writes or clears the other's."""
-    from mechkit.runner import out_lock, resolve_params, resume_dir
+    from mechkit.io.outlock import out_lock
+    from mechkit.options.resolve import resolve_params
+    from mechkit.runner import resume_dir
 
     resume = resume_dir(Steps, "llama", resolve_params(Steps, {}), 0)
     CALLS.clear()

@@ -20,38 +20,58 @@ the test curve and the conditions with and without the vector.
 True
 """
 
-from mechkit.actvec.edits import (
-    Edits,
-    ResidEdit,
-    apply_vector,
-    patch_last_token,
-    patched_accuracy,
-    score_edited,
-)
-from mechkit.actvec.function_vectors import (
-    function_vector,
-    head_contributions,
-    indirect_effects,
-    mean_head_outputs,
-)
-from mechkit.actvec.select import choose, choose_layer, parse_layers, parse_scales, parse_spans
-from mechkit.actvec.study import (
-    VectorStudy,
-    baselines,
-    conditions,
-    extract,
-    extracted_vector,
-    held_out_prompts,
-    sweep,
-)
-from mechkit.actvec.task_vectors import icl_task_vectors
-from mechkit.actvec.vector import METHODS, ActivationVector
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mechkit.actvec.edits import (
+        Edits,
+        ResidEdit,
+        apply_vector,
+        patch_last_token,
+        patched_accuracy,
+        score_edited,
+    )
+    from mechkit.actvec.function_vectors import (
+        function_vector,
+        head_contributions,
+        indirect_effects,
+        mean_head_outputs,
+    )
+    from mechkit.actvec.select import choose, choose_layer, parse_layers, parse_scales, parse_spans
+    from mechkit.actvec.study import (
+        VectorConfig,
+        VectorStudy,
+        baselines,
+        conditions,
+        extract,
+        extracted_vector,
+        held_out_prompts,
+        sweep,
+    )
+    from mechkit.actvec.task_vectors import icl_task_vectors
+    from mechkit.actvec.vector import METHODS, ActivationVector
+
+# Imported on first use (PEP 562), so that reading a report's results (its tables, its finding)
+# never loads torch through this package.
+_MODULES = {  # module -> the names it exports here
+    "edits": ("Edits", "ResidEdit", "apply_vector", "patch_last_token", "patched_accuracy", "score_edited"),
+    "function_vectors": ("function_vector", "head_contributions", "indirect_effects", "mean_head_outputs"),
+    "select": ("choose", "choose_layer", "parse_layers", "parse_scales", "parse_spans"),
+    "study": ("VectorConfig", "VectorStudy", "baselines", "conditions", "extract", "extracted_vector", "held_out_prompts", "sweep"),
+    "task_vectors": ("icl_task_vectors",),
+    "vector": ("METHODS", "ActivationVector"),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "METHODS",
     "ActivationVector",
     "Edits",
     "ResidEdit",
+    "VectorConfig",
     "VectorStudy",
     "apply_vector",
     "baselines",
@@ -74,3 +94,15 @@ __all__ = [
     "score_edited",
     "sweep",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"mechkit.actvec.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

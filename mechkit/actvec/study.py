@@ -19,7 +19,9 @@ own seed so that no test prompt ever chose the layer or built the vector.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -131,11 +133,29 @@ def conditions(handle: ModelHandle, vec: ActivationVector, test: dict[str, list]
             "shuffled ICL": score_edited(handle, test["shuffled"], [vec.edits()], batch_size)[0].accuracy}
 
 
+@dataclass(frozen=True)
+class VectorConfig:
+    """The settings of :class:`VectorStudy` (what the ``icl-vectors`` plugin builds from its options): prompt
+    counts (test ``n``, ``n_dev``, extraction ``n_contexts``, ``n_cie``), ``shots``, the function vector's
+    ``top_k`` heads, the ``fv_scales`` and ``spans`` tried on dev, ``batch_size`` and ``seed``."""
+
+    n: int = 40
+    n_dev: int = 20
+    n_contexts: int = 24
+    n_cie: int = 10
+    shots: int = 10
+    top_k: int = 10
+    fv_scales: Sequence[float] = (1.0, 2.0, 4.0, 8.0)
+    spans: Sequence[int] = (1,)
+    batch_size: int = 16
+    seed: int = 0
+
+
 class VectorStudy:
     """One task's prompt sets and its resumable steps: baselines, then per method extraction, the dev
     choice of (layer, scale, span), the test curve and the conditions.
 
-    ``layers`` are swept (default all); function vectors try every scale of ``fv_scales`` (task
+    ``config`` is a :class:`VectorConfig`; keywords instead build one. ``layers`` are swept (default all); function vectors try every scale of ``fv_scales`` (task
     vectors scale 1) and every span of ``spans``. ``step`` keys are prefixed ``TASK|``.
 
     >>> import mechkit as mk
@@ -146,10 +166,12 @@ class VectorStudy:
     ['shuffled ICL', 'zero-shot']
     """
 
-    def __init__(self, handle: ModelHandle, task: str, layers: Sequence[int] | None = None, *, n: int = 40,
-                 n_dev: int = 20, n_contexts: int = 24, n_cie: int = 10, shots: int = 10, top_k: int = 10,
-                 fv_scales: Sequence[float] = (1.0, 2.0, 4.0, 8.0), spans: Sequence[int] = (1,),
-                 batch_size: int = 16, seed: int = 0, step: Step = compute_now) -> None:
+    def __init__(self, handle: ModelHandle, task: str, layers: Sequence[int] | None = None,
+                 config: VectorConfig | None = None, *, step: Step = compute_now, **settings: Any) -> None:
+        config = dataclasses.replace(config or VectorConfig(), **settings)
+        n, n_dev, n_contexts, n_cie, shots, top_k = (config.n, config.n_dev, config.n_contexts, config.n_cie,
+                                                     config.shots, config.top_k)
+        fv_scales, spans, batch_size, seed = config.fv_scales, config.spans, config.batch_size, config.seed
         self.handle, self.task, self.seed, self.batch_size = handle, task, seed, batch_size
         self.layers = list(range(handle.anatomy.n_layers) if layers is None else layers)
         self.n_contexts, self.n_cie, self.shots, self.top_k = n_contexts, n_cie, shots, top_k

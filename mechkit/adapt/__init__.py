@@ -13,7 +13,11 @@ fallback. :func:`adaptive` runs a model within a budget; :class:`AdaptStudy` mea
 - :mod:`~mechkit.adapt.cost` — measured latencies and the calibrated cost table;
 - :mod:`~mechkit.adapt.conformal` — the budget margin, calibrated split-conformally for a target adherence;
 - :mod:`~mechkit.adapt.scheduler` — budget → plan, the task signal, :func:`adaptive`;
-- :mod:`~mechkit.adapt.study` — calibration and held-out measurement (the ``adapt`` plugin's).
+- :mod:`~mechkit.adapt.config` — :class:`AdaptConfig`, what a study is asked to do;
+- :mod:`~mechkit.adapt.study` — calibration and held-out measurement (the ``adapt`` plugin's), one
+  module per stage: :mod:`~mechkit.adapt.guides`, :mod:`~mechkit.adapt.costing`,
+  :mod:`~mechkit.adapt.margin`, :mod:`~mechkit.adapt.candidates`, :mod:`~mechkit.adapt.signal`,
+  :mod:`~mechkit.adapt.heldout`, :mod:`~mechkit.adapt.static_prune`, sharing :mod:`~mechkit.adapt.measures`.
 
 >>> import mechkit as mk
 >>> from mechkit.adapt import ExecutionPlan, TokenSelection, run_plan
@@ -27,18 +31,34 @@ True
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from mechkit.adapt.conformal import ConformalMargin, calibrate_margin, conformal_quantile
-from mechkit.adapt.cost import CostTable, measure
-from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
-from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
-from mechkit.adapt.study import AdaptStudy, score_plan, signal_features
-from mechkit.adapt.tokens import TokenSelection
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mechkit.adapt.config import AdaptConfig
+    from mechkit.adapt.conformal import ConformalMargin, calibrate_margin, conformal_quantile
+    from mechkit.adapt.cost import CostTable, measure
+    from mechkit.adapt.measures import score_plan, signal_features
+    from mechkit.adapt.plan import ExecutionPlan, PlanRunner, channel_groups, run_plan
+    from mechkit.adapt.scheduler import Candidate, Decision, Scheduler, TaskSignal, adaptive
+    from mechkit.adapt.study import AdaptStudy
+    from mechkit.adapt.tokens import TokenSelection
     from mechkit.model.handle import ModelHandle
+
+# Imported on first use (PEP 562), so that reading a report's results (its tables, its finding)
+# never loads torch through this package.
+_MODULES = {  # module -> the names it exports here
+    "config": ("AdaptConfig",),
+    "conformal": ("ConformalMargin", "calibrate_margin", "conformal_quantile"),
+    "cost": ("CostTable", "measure"),
+    "measures": ("score_plan", "signal_features"),
+    "plan": ("ExecutionPlan", "PlanRunner", "channel_groups", "run_plan"),
+    "scheduler": ("Candidate", "Decision", "Scheduler", "TaskSignal", "adaptive"),
+    "study": ("AdaptStudy",),
+    "tokens": ("TokenSelection",),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 DEFAULT_BUDGETS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -47,9 +67,23 @@ def calibrate(handle: ModelHandle, tasks: Sequence[str], budgets: Sequence[float
               **options) -> Scheduler:
     """A scheduler for ``handle`` calibrated on ``tasks`` (see :class:`AdaptStudy` for ``options``):
     candidate plans for ``budgets``, their calibration accuracy, the cost table and the task signal."""
+    from mechkit.adapt.study import AdaptStudy
+
     return AdaptStudy(handle, tasks, **options).scheduler(budgets)
 
 
-__all__ = ["DEFAULT_BUDGETS", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision", "ExecutionPlan",
-           "PlanRunner", "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "calibrate_margin",
+__all__ = ["DEFAULT_BUDGETS", "AdaptConfig", "AdaptStudy", "Candidate", "ConformalMargin", "CostTable", "Decision",
+           "ExecutionPlan", "PlanRunner", "Scheduler", "TaskSignal", "TokenSelection", "adaptive", "calibrate", "calibrate_margin",
            "channel_groups", "conformal_quantile", "measure", "run_plan", "score_plan", "signal_features"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"mechkit.adapt.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -3,7 +3,7 @@ components does composing need? The seeds' study (000, Ch. 4; proposed work §6.
 
 - :mod:`~mechkit.compose.settings` — the prompt sets: each simple task, ``composite``,
   ``composite-in-context`` and Definition 4.4.1's S_k, S_g, S_k ∪ S_g, one query stream for all.
-- :mod:`~mechkit.compose.steps` — the intermediate-step setting (``f(x) -> g(f(x))``
+- :mod:`~mechkit.compose.stepwise` — the intermediate-step setting (``f(x) -> g(f(x))``
   demonstrations) and its scorer, which counts the final part.
 - :mod:`~mechkit.compose.study` — accuracy per setting over shots and seeds, the
   compositional-ability test and the compositional gap.
@@ -37,7 +37,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mechkit.compose.analysis import OFFSETS, ComposeStudy
+    from mechkit.compose.analysis import OFFSETS, ComposeConfig, ComposeStudy
     from mechkit.compose.components import (
         METHODS,
         MLP_MODES,
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
         simple,
         study_prompts,
     )
-    from mechkit.compose.steps import STEPS, StepsScore, chains, score_steps, split_chain, steps_prompts
+    from mechkit.compose.stepwise import STEPS, StepsScore, chains, score_steps, split_chain, steps_prompts
     from mechkit.compose.strengthen import (
         TREATMENTS,
         choose_strength,
@@ -75,18 +75,18 @@ if TYPE_CHECKING:
         summarize,
         word_accuracy,
     )
-    from mechkit.compose.tables import summary_lines, table_4_4
+    from mechkit.compose.tables import accuracy_by_setting, summary_lines
 
 _MODULES = {  # module -> the names it exports here
-    "analysis": ("ComposeStudy", "OFFSETS"),
+    "analysis": ("ComposeConfig", "ComposeStudy", "OFFSETS"),
     "components": ("METHODS", "MLP_MODES", "ComponentEffects", "component_effects", "composite_specific",
                    "exact_head_effects", "mlp_means", "ranks_of"),
     "settings": ("PARTS", "composite_task", "definition_prompts", "demonstrations", "only", "parse_pairs",
                  "parse_parts", "simple", "study_prompts"),
-    "steps": ("STEPS", "StepsScore", "chains", "score_steps", "split_chain", "steps_prompts"),
+    "stepwise": ("STEPS", "StepsScore", "chains", "score_steps", "split_chain", "steps_prompts"),
     "strengthen": ("TREATMENTS", "choose_strength", "head_vector_edits", "random_draws", "scale_heads"),
     "study": ("STEPS_SETTING", "ability_test", "compositional_gap", "evaluate_cell", "summarize", "word_accuracy"),
-    "tables": ("summary_lines", "table_4_4"),
+    "tables": ("accuracy_by_setting", "summary_lines"),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
@@ -99,9 +99,11 @@ __all__ = [
     "STEPS_SETTING",
     "TREATMENTS",
     "ComponentEffects",
+    "ComposeConfig",
     "ComposeStudy",
     "StepsScore",
     "ability_test",
+    "accuracy_by_setting",
     "chains",
     "choose_strength",
     "component_effects",
@@ -127,7 +129,6 @@ __all__ = [
     "study_prompts",
     "summarize",
     "summary_lines",
-    "table_4_4",
     "word_accuracy",
 ]
 

@@ -30,7 +30,9 @@ at the last finished unit (what a step returns is JSON-able, so it reads back th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -79,8 +81,37 @@ def held_out(make: Callable[[int], list], n: int, avoid: set[str]) -> tuple[list
     return (kept, True) if kept else (pool[:n], False)
 
 
+@dataclass(frozen=True)
+class ComposeConfig:
+    """The settings of :class:`ComposeStudy` (what the ``compose`` plugin builds from its options); the
+    defaults are the study's own, each described there."""
+
+    shots: Sequence[int] = (0, 2, 5, 10)
+    n: int = 5
+    seeds: int = 3
+    seed: int = 0
+    words: bool = False
+    effect_shots: int | None = None
+    n_effect: int = 6
+    method: str = "attribution"
+    mlp_ablation: str = "mean"
+    contrast: str = "max"
+    top_k: int = 5
+    verify: int = 3
+    n_seqs: int = 20
+    seg_len: int = 25
+    strengths: Sequence[float] = (1.25, 1.5, 2.0)
+    draws: int = 3
+    n_dev: int = 5
+    n_test: int = 8
+    n_contexts: int = 8
+    batch_size: int = 16
+
+
 class ComposeStudy:
     """The four parts of the composition analysis of ``handle`` on the composites ``pairs``.
+
+    ``config`` is a :class:`ComposeConfig`; keywords instead build one (``ComposeStudy(m, pairs, n=2)``).
 
     ``shots`` is the grid of demonstrations K (the component and strengthening prompts use
     ``effect_shots``, by default the grid's largest); ``n`` queries per setting, composite, K and
@@ -92,15 +123,14 @@ class ComposeStudy:
     ``draws`` random head sets; the vector treatment averages ``n_contexts`` prompts.
     """
 
-    def __init__(self, handle: ModelHandle, pairs: Sequence[str], *, shots: Sequence[int] = (0, 2, 5, 10),
-                 n: int = 5, seeds: int = 3, seed: int = 0, words: bool = False, effect_shots: int | None = None,
-                 n_effect: int = 6, method: str = "attribution", mlp_ablation: str = "mean", contrast: str = "max",
-                 top_k: int = 5, verify: int = 3, n_seqs: int = 20, seg_len: int = 25,
-                 strengths: Sequence[float] = (1.25, 1.5, 2.0), draws: int = 3, n_dev: int = 5, n_test: int = 8,
-                 n_contexts: int = 8, batch_size: int = 16, step: Step = compute_now,
-                 on_unit: Callable[[str], None] = lambda _description: None):
-        a = handle.anatomy
-        total = a.n_layers * a.n_heads
+    def __init__(self, handle: ModelHandle, pairs: Sequence[str], config: ComposeConfig | None = None, *,
+                 step: Step = compute_now, on_unit: Callable[[str], None] = lambda _description: None,
+                 **settings: Any):
+        config = dataclasses.replace(config or ComposeConfig(), **settings)
+        (shots, n, seeds, seed, words, effect_shots, n_effect, method, mlp_ablation, contrast, top_k, verify, n_seqs,
+         seg_len, strengths, draws, n_dev, n_test, n_contexts, batch_size) = (
+            getattr(config, f.name) for f in dataclasses.fields(config))
+        total = handle.anatomy.n_layers * handle.anatomy.n_heads
         if top_k * 2 > total:  # the random baseline needs top_k heads outside the selected ones
             raise MechkitError(f"--top-k {top_k} leaves too few other heads for random draws ({total} heads)",
                                f"use --top-k up to {total // 2}")

@@ -29,7 +29,7 @@ identical to ``build_prompts(..., setting="composite")`` (a test checks it).
 
 Setting names used in reports: ``simple:<id>`` (a component alone, its marked form, as Table 4.4's
 simple rows), ``composite``, ``composite-in-context``, ``only:<id>`` (S_k) and ``composite-steps``
-(:mod:`mechkit.compose.steps`).
+(:mod:`mechkit.compose.stepwise`).
 
 >>> from mechkit.compose.settings import definition_prompts
 >>> sets = definition_prompts("capitalize+swap", n=2, shots=4, seed=0)

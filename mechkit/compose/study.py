@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mechkit.compose.settings import composite_task, only, study_prompts
-from mechkit.compose.steps import SETTING as STEPS_SETTING
-from mechkit.compose.steps import answer_budget, greedy_line, score_steps, steps_prompts
+from mechkit.compose.stepwise import SETTING as STEPS_SETTING
+from mechkit.compose.stepwise import answer_budget, greedy_line, score_steps, steps_prompts
 from mechkit.eval import mean_std, score_prompts
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from mechkit.compose.settings import composite_task, only, simple
 
-__all__ = ["pm", "summary_lines", "table_4_4"]
+__all__ = ["accuracy_by_setting", "pm", "summary_lines"]
 
 
 def pm(row: dict) -> str:
@@ -22,7 +22,7 @@ def pm(row: dict) -> str:
     return f"{row['mean']:.2f}±{row['std']:.2f}"
 
 
-def table_4_4(study: dict, pairs: Sequence[str], shots: int) -> list[dict]:
+def accuracy_by_setting(study: dict, pairs: Sequence[str], shots: int) -> list[dict]:
     """The seeds' Table 4.4 from :func:`~mechkit.compose.study.summarize`'s output: per composite,
     rows for each simple task, Compose, Com. in-context (and steps, S_k, S_g), one column per
     model, accuracy in % (mean ± std over seeds) at ``shots``, and the word-level accuracy where
@@ -30,7 +30,7 @@ def table_4_4(study: dict, pairs: Sequence[str], shots: int) -> list[dict]:
 
     >>> cell = {"mean": 0.5, "std": 0.0}
     >>> study = {"m": {"capitalize+swap": {"2": {"settings": {"composite": cell}}}}}
-    >>> table_4_4(study, ["capitalize+swap"], 2)
+    >>> accuracy_by_setting(study, ["capitalize+swap"], 2)
     [{'tasks': '(A+B) capitalize+swap', 'how': 'steps', 'setting': 'Compose', 'm': '50 ± 0'}]
     """
     rows = []

@@ -5,6 +5,8 @@
   pieces other analyses batch with (:func:`score_rows`, :func:`batches`, :func:`row_metrics`).
 - :mod:`~mechkit.eval.evaluation` — seeded prompts per task and the per-task evaluation loop the
   ablation-style analyses share.
+- :mod:`~mechkit.eval.conditions` — the conditions of a head experiment (selected vs random heads) and
+  the accuracy table over them.
 
 >>> import mechkit as mk
 >>> from mechkit.eval import score_prompts

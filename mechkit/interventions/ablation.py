@@ -26,7 +26,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks, record
 from mechkit.hooking.traced import pure
-from mechkit.model.headspec import Head, heads_by_layer, parse_heads
+from mechkit.model.headspec import Head, HeadSelection, heads_by_layer, parse_heads
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -79,7 +79,7 @@ def _resample_fn(idx: torch.Tensor, ref: torch.Tensor, seed: int):
 @contextlib.contextmanager
 def ablate(
     handle: ModelHandle,
-    heads: str | Sequence[Head],
+    heads: str | HeadSelection | Sequence[Head],
     mode: str = "zero",
     *,
     reference: torch.Tensor | None = None,
@@ -88,6 +88,9 @@ def ablate(
     scores: dict | None = None,
 ) -> Iterator[list[Head]]:
     """Ablate heads while the context is open; yields the resolved heads.
+
+    ``heads`` is a spec's text (read here), a :class:`~mechkit.model.headspec.HeadSelection` a run parsed
+    already (resolved, not read again), or the heads themselves.
 
     >>> import mechkit as mk
     >>> m = mk.load_model("tiny:llama")

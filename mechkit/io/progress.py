@@ -132,3 +132,13 @@ class Heartbeat:
                 self.file.write(f"mechkit: {self.label} (elapsed {_elapsed(now - self._start)})\n")
                 self.file.flush()
                 _last_line[0] = now
+
+
+def heartbeat(console, label: str, every: float = 30.0):
+    """A :class:`Heartbeat` on a rich ``console``'s file where no bar can show (a log file, a pipe);
+    nothing on a terminal or in a notebook, where bars and spinners speak for themselves."""
+    import contextlib
+
+    if console.is_terminal or console.is_jupyter:
+        return contextlib.nullcontext()
+    return Heartbeat(console.file, label, every)

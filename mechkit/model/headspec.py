@@ -10,6 +10,7 @@ Spec grammar (comma-separated items, 0-based)::
 
 from __future__ import annotations
 
+import functools
 import random as _random
 import re
 from collections.abc import Mapping, Sequence
@@ -66,8 +67,109 @@ def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0, exclude: Se
     return sorted(_random.Random(seed).sample(pool, k))
 
 
+@dataclass(frozen=True)
+class HeadSelection:
+    """A ``--heads`` spec parsed once: what it names, whether it needs scores, and how k applies.
+
+    :func:`parse_spec` builds it from the text (the one place the grammar is read); everything after
+    that (checking ranges on a model, resolving against scores for each k) works on this object, so a
+    run reads its spec once however many ks, draws and interventions follow.
+
+    >>> sel = parse_spec("induction, 17.3")
+    >>> sel.needs_scores, sel.ranked, sel.spec
+    (True, True, 'induction, 17.3')
+    """
+
+    spec: str
+    items: tuple[tuple, ...]  # ("pair", layer, head) | ("layer", layer, text) | ("random",) | ("score", kind)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether it ranks heads by a score (the caller supplies or computes scores)."""
+        return any(item[0] == "score" for item in self.items)
+
+    @property
+    def ranked(self) -> bool:
+        """Whether k applies (a score-ranked or random item); else it ablates what it names."""
+        return any(item[0] in ("score", "random") for item in self.items)
+
+    def resolve(self, n_layers: int, n_heads: int, *, scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
+                top_k: int = 10, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
+        """The sorted, de-duplicated heads it names on a model of this shape, taking ``top_k`` per ranked item."""
+        heads: list[Head] = []
+        for item in self.items:
+            heads.extend(_resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude))
+        return _validated(heads, n_layers, n_heads)
+
+    def count(self, n_layers: int, n_heads: int, top_k: int = 10, seed: int = 0) -> int:
+        """How many heads it names with ``top_k``, raising :class:`HeadSpecError` now, before scores are
+        computed, where k or a range cannot hold (scores stand in as zeros: which heads a score picks is
+        not known yet, how many is)."""
+        placeholder = {kind: [[0.0] * n_heads for _ in range(n_layers)] for kind in SCORE_KINDS}
+        return len(self.resolve(n_layers, n_heads, scores=placeholder, top_k=top_k, seed=seed))
+
+    def check(self, n_layers: int, n_heads: int, ks: Sequence[int] = (10,), seed: int = 0) -> None:
+        """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""
+        for k in ks:
+            self.count(n_layers, n_heads, k, seed)
+
+    def ks(self, n_layers: int, n_heads: int, sweep: Sequence[int] | None, top_k: int, seed: int = 0) -> list[int]:
+        """The head counts a run goes through: each of ``sweep`` (else ``top_k``) for a ranked spec, checked;
+        for an explicit spec (``17.3,layer:2``), the one count it names."""
+        if self.ranked:
+            ks = list(sweep or ()) or [top_k]
+            self.check(n_layers, n_heads, ks, seed)
+            return ks
+        return [len(self.resolve(n_layers, n_heads, seed=seed))]
+
+    def phrase(self, n: int) -> str | None:
+        """How a sentence names ``n`` heads it selected ("the top-5 induction heads"), or None for a list."""
+        if len(self.items) == 1 and self.items[0][0] == "score" and self.items[0][1] != "duplicate-token":
+            return f"the top-{n} {self.items[0][1]} heads"
+        if self.items == (("random",),):
+            return f"{n} random heads"
+        if len(self.items) == 1 and self.items[0][0] == "layer":
+            return f"the {n} heads of layer {self.items[0][2].removeprefix('layer:')}"
+        return None
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+def parse_spec(spec: str | HeadSelection) -> HeadSelection:
+    """Read a ``--heads`` spec's grammar once into a :class:`HeadSelection`; ranges need the model and are
+    checked when it resolves. Memoised: the command line's early check and the run share one parse.
+
+    >>> parse_spec("1.2,layer:0").items
+    (('pair', 1, 2), ('layer', 0, 'layer:0'))
+    """
+    if isinstance(spec, HeadSelection):
+        return spec
+    return _parse_text(str(spec))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_text(spec: str) -> HeadSelection:
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    if not items:
+        raise HeadSpecError("empty head spec", _FIX)
+    return HeadSelection(spec, tuple(_parse_item(item) for item in items))
+
+
+def _parse_item(item: str) -> tuple:
+    if m := _PAIR.match(item):
+        return ("pair", int(m[1]), int(m[2]))
+    if m := _LAYER.match(item):
+        return ("layer", int(m[1]), item)
+    if item == "random":
+        return ("random",)
+    if item in SCORE_KINDS:
+        return ("score", item)
+    raise HeadSpecError(f"malformed head spec {item!r}", _FIX)
+
+
 def parse_heads(
-    spec: str | Sequence[Head] | Sequence[tuple[int, int]],
+    spec: str | HeadSelection | Sequence[Head] | Sequence[tuple[int, int]],
     n_layers: int,
     n_heads: int,
     *,
@@ -80,22 +182,17 @@ def parse_heads(
 
     ``scores`` maps a score kind (``induction`` …) to a ``[layer][head]`` grid; score-ranked
     specs need it. Raises :class:`HeadSpecError` with one line naming the problem and the fix.
+    A :class:`HeadSelection` is resolved as it is (its text is not read again).
 
     >>> parse_heads("1.2,layer:0", n_layers=2, n_heads=3)
     [Head(layer=0, head=0), Head(layer=0, head=1), Head(layer=0, head=2), Head(layer=1, head=2)]
     """
-    if not isinstance(spec, str):
-        try:
-            heads = [h if isinstance(h, Head) else Head(*(int(x) for x in h)) for h in spec]
-        except (TypeError, ValueError):
-            raise HeadSpecError(f"a head spec must be text or (layer, head) pairs, not {spec!r}", _FIX) from None
-        return _validated(heads, n_layers, n_heads)
-    items = [item.strip() for item in spec.split(",") if item.strip()]
-    if not items:
-        raise HeadSpecError("empty head spec", _FIX)
-    heads: list[Head] = []
-    for item in items:
-        heads.extend(_parse_item(item, n_layers, n_heads, scores, top_k, seed, exclude))
+    if isinstance(spec, str | HeadSelection):
+        return parse_spec(spec).resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=seed, exclude=exclude)
+    try:
+        heads = [h if isinstance(h, Head) else Head(*(int(x) for x in h)) for h in spec]
+    except (TypeError, ValueError):
+        raise HeadSpecError(f"a head spec must be text or (layer, head) pairs, not {spec!r}", _FIX) from None
     return _validated(heads, n_layers, n_heads)
 
 
@@ -112,39 +209,34 @@ def check_spec_syntax(spec: str) -> str:
     ...     print(err.problem)
     malformed head spec 'layer:-1'
     """
-    items = [item.strip() for item in str(spec).split(",") if item.strip()]
-    if not items:
-        raise HeadSpecError("empty head spec", _FIX)
-    for item in items:
-        if not (_PAIR.match(item) or _LAYER.match(item) or item == "random" or item in SCORE_KINDS):
-            raise HeadSpecError(f"malformed head spec {item!r}", _FIX)
+    parse_spec(spec)
     return spec
 
 
-def needs_scores(spec: str) -> bool:
+def needs_scores(spec: str | HeadSelection) -> bool:
     """Whether a spec ranks heads by a score (so the caller must supply or compute scores)."""
-    return any(item.strip() in SCORE_KINDS for item in spec.split(","))
+    return parse_spec(spec).needs_scores
 
 
-def _parse_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list[Head]:
-    if m := _PAIR.match(item):
-        return [Head(int(m[1]), int(m[2]))]
-    if m := _LAYER.match(item):
-        layer = int(m[1])
+def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list[Head]:
+    kind = item[0]
+    if kind == "pair":
+        return [Head(item[1], item[2])]
+    if kind == "layer":
+        layer = item[1]
         if layer >= n_layers:
-            raise HeadSpecError(f"layer {layer} in {item!r} is out of range: the model has {n_layers} layers "
+            raise HeadSpecError(f"layer {layer} in {item[2]!r} is out of range: the model has {n_layers} layers "
                                 f"(0–{n_layers - 1})", "pick a layer in that range")
         return [Head(layer, h) for h in range(n_heads)]
-    if item == "random":
+    if kind == "random":
         if top_k < 1:
             raise HeadSpecError(f"--top-k must be at least 1, got {top_k}", "pass --top-k K with K >= 1")
         return random_heads(n_layers, n_heads, top_k, seed, exclude)
-    if item in SCORE_KINDS:
-        if not scores or item not in scores:
-            raise HeadSpecError(f"the {item!r} head spec needs {item} scores",
-                                "run `mechkit detect` first and pass --from REPORT, or let the plugin compute them")
-        return top_heads(scores[item], top_k)
-    raise HeadSpecError(f"malformed head spec {item!r}", _FIX)
+    score = item[1]
+    if not scores or score not in scores:
+        raise HeadSpecError(f"the {score!r} head spec needs {score} scores",
+                            "run `mechkit detect` first and pass --from REPORT, or let the plugin compute them")
+    return top_heads(scores[score], top_k)
 
 
 def _validated(heads: list[Head], n_layers: int, n_heads: int) -> list[Head]:

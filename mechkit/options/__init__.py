@@ -15,6 +15,7 @@ is one line naming the flag, the value and the fix:
 from mechkit.options.execution import EXECUTION, ExecutorChoice, RayAddress
 from mechkit.options.option import Bounds, Option, OptionError
 from mechkit.options.parsers import (
+           DEFAULT_TASKS,
            Choices,
            ExistingPath,
            Grid,
@@ -26,6 +27,8 @@ from mechkit.options.parsers import (
            TaskList,
            parse_lambdas,
 )
+from mechkit.options.pruning import GuideList, Levels, SparsityLevels, TargetList
 
-__all__ = ["EXECUTION", "Bounds", "Choices", "ExistingPath", "Grid", "HeadSpec", "IntRanges", "NumberList", "Option", "OptionError", "Paths", "Ranges",
-           "RayAddress", "ExecutorChoice", "TaskList", "parse_lambdas"]
+__all__ = ["DEFAULT_TASKS", "EXECUTION", "Bounds", "Choices", "ExecutorChoice", "ExistingPath", "Grid", "GuideList",
+           "HeadSpec", "IntRanges", "Levels", "NumberList", "Option", "OptionError", "Paths", "Ranges", "RayAddress",
+           "SparsityLevels", "TargetList", "TaskList", "parse_lambdas"]

@@ -128,7 +128,7 @@ class Option:
       ``inf`` means something);
     - ``parse``: a callable ``str -> value`` (see :mod:`mechkit.options.parsers`) raising
       ``ValueError`` or :class:`~mechkit.errors.MechkitError`; the plugin reads its result from
-      ``ctx.parsed[name]`` while ``ctx.params[name]`` (and the report) keep the text as given;
+      ``ctx.options[name]`` while the report (``ctx.params[name]``) keeps the text as given;
     - ``required``: ``None`` is refused (for options with no sensible default);
     - ``metavar``: what ``--help`` shows for the value (default: the parser's, else the type's);
     - ``execution``: the option says how the run executes, never what it computes (``--executor``,

@@ -198,6 +198,10 @@ class IntRanges:
         return Ranges(text, tuple(sorted(found)))
 
 
+DEFAULT_TASKS = "capitalize,past-tense,country-capital"
+"""The ``--tasks`` default of the plugins that score ICL tasks: three of the seeds' tasks a small model solves."""
+
+
 @dataclass(frozen=True)
 class TaskList:
     """Comma-separated task ids (``mechkit tasks`` lists them), validated without loading a model.
@@ -267,10 +271,11 @@ class Choices:
 @dataclass(frozen=True)
 class HeadSpec:
     """A ``--heads`` spec whose items are well formed (``induction``, ``random``, ``layer:L``, ``17.3``)
-    -> the text unchanged; which heads exist is checked once the model is loaded.
+    -> its :class:`~mechkit.model.headspec.HeadSelection`, the one parse of the run; which heads exist is
+    checked once the model is loaded.
 
-    >>> HeadSpec()("induction,17.3")
-    'induction,17.3'
+    >>> HeadSpec()("induction,17.3").items
+    (('score', 'induction'), ('pair', 17, 3))
     """
 
     metavar: str = "SPEC"
@@ -278,12 +283,12 @@ class HeadSpec:
     def describe(self) -> str:
         return ""
 
-    def __call__(self, text: str) -> str:
+    def __call__(self, text: str):
         from mechkit.errors import HeadSpecError
-        from mechkit.model.headspec import check_spec_syntax
+        from mechkit.model.headspec import parse_spec
 
         try:
-            return check_spec_syntax(text)
+            return parse_spec(text)
         except HeadSpecError as err:
             raise OptionError(err.problem, err.fix) from None
 

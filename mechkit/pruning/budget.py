@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mechkit.pruning.cost import flops_per_token, latency, timing_reference
 from mechkit.pruning.masking import masked
-from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.plan import UnitsToRemove
 from mechkit.pruning.slicing import prune_copy
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class Candidate:
     sparsity: dict[str, float]
     cost_ratio: float
     calib_accuracy: float | None = None
-    plan: PrunePlan | None = None
+    plan: UnitsToRemove | None = None
 
 
 def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], repeats: int = 5,
@@ -48,7 +48,7 @@ def cost_ratio_fn(handle: ModelHandle, unit: str, timing_texts: Sequence[str], r
     dense_flops = flops_per_token(handle)
     timed: list = []
 
-    def ratio(plan: PrunePlan, stats) -> float:
+    def ratio(plan: UnitsToRemove, stats) -> float:
         pruned = prune_copy(handle, plan, stats)
         if unit == "flops":
             return flops_per_token(pruned) / dense_flops
@@ -64,7 +64,7 @@ def _mixes(targets: Sequence[str]) -> dict[str, dict[str, float]]:
     return {name: mix for name, mix in MIXES.items() if set(mix) <= set(targets)}
 
 
-def search(plan_for: Callable[[dict], PrunePlan], stats, budget: float, targets: Sequence[str], cost: Callable,
+def search(plan_for: Callable[[dict], UnitsToRemove], stats, budget: float, targets: Sequence[str], cost: Callable,
            accuracy: Callable, steps: int = 6, on_step: Callable | None = None) -> list[Candidate]:
     """One candidate per mix of ``targets``: the least pruning within ``budget`` (``plan_for(sparsity)``
     builds the plan, ``cost(plan, stats)`` measures it), with its calibration accuracy
@@ -94,7 +94,7 @@ def search(plan_for: Callable[[dict], PrunePlan], stats, budget: float, targets:
 
 
 def masked_accuracy(handle: ModelHandle, calib: Calibration, batch_size: int = 16,
-                    prune: Callable[[PrunePlan], ModelHandle] | None = None) -> Callable:
+                    prune: Callable[[UnitsToRemove], ModelHandle] | None = None) -> Callable:
     """plan → mean exact-match accuracy over the calibration prompts' tasks, on the masked model, or on
     ``prune(plan)`` where masking cannot say what the pruned model computes (least-squares refits)."""
     from mechkit.eval.scoring import score_prompts
@@ -107,7 +107,7 @@ def masked_accuracy(handle: ModelHandle, calib: Calibration, batch_size: int = 1
         values = [score_prompts(model, ps, batch_size=batch_size).accuracy for ps in by_task.values()]
         return sum(values) / len(values)
 
-    def acc(plan: PrunePlan) -> float:
+    def acc(plan: UnitsToRemove) -> float:
         if prune is not None:
             return mean(prune(plan))
         with masked(handle, plan, calib.stats):

@@ -18,7 +18,7 @@ from mechkit.hooking.core import hooks
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
-    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.plan import UnitsToRemove
     from mechkit.pruning.stats import UnitStats
 
 
@@ -35,7 +35,7 @@ def _fill(x: torch.Tensor, index: torch.Tensor, mean: torch.Tensor | None, dim: 
 
 
 @contextlib.contextmanager
-def masked(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = None) -> Iterator[None]:
+def masked(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None = None) -> Iterator[None]:
     """Run ``handle`` as if ``plan`` were applied (hooks; detached on exit, also on error)."""
     if plan.compensate and stats is None:
         raise ValueError("a compensating plan needs calibration statistics (collect_stats)")

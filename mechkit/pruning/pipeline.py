@@ -37,11 +37,11 @@ def ablation_scores(handle: ModelHandle, calib: Calibration, attribution: Scores
     import numpy as np
 
     from mechkit.heads.effects import exact_effects
-    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.plan import UnitsToRemove
     from mechkit.pruning.sensitivity import plan_drops
 
     heads = np.abs(exact_effects(handle, calib.prompts).logprob)
-    plans = [PrunePlan(layers=[layer]) for layer in range(handle.anatomy.n_layers)]
+    plans = [UnitsToRemove(layers=[layer]) for layer in range(handle.anatomy.n_layers)]
     layers = np.abs(plan_drops(handle, plans, calib))
     return Scores(attribution.mlp, heads, layers, "ablation")
 

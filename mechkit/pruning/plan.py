@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class PrunePlan:
+class UnitsToRemove:
     """Units to remove. ``compensate`` replaces removed units by their calibration mean (FLAP)
     instead of zero: physically, a bias on the output projection."""
 
@@ -47,15 +47,15 @@ class PrunePlan:
                 "layers": sorted(self.layers), "compensate": self.compensate, "counts": self.counts()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> PrunePlan:
+    def from_dict(cls, d: dict) -> UnitsToRemove:
         return cls(mlp={int(k): list(v) for k, v in d.get("mlp", {}).items()},
                    heads={int(k): list(v) for k, v in d.get("heads", {}).items()},
                    layers=list(d.get("layers", [])), compensate=bool(d.get("compensate", False)))
 
-    def merged(self, other: PrunePlan) -> PrunePlan:
+    def merged(self, other: UnitsToRemove) -> UnitsToRemove:
         """Both plans' removals together (e.g. MLP channels from one guide, heads from another)."""
         def union(a: dict, b: dict) -> dict:
             return {k: sorted(set(a.get(k, [])) | set(b.get(k, []))) for k in set(a) | set(b)}
 
-        return PrunePlan(union(self.mlp, other.mlp), union(self.heads, other.heads),
+        return UnitsToRemove(union(self.mlp, other.mlp), union(self.heads, other.heads),
                          sorted(set(self.layers) | set(other.layers)), self.compensate or other.compensate)

@@ -31,7 +31,7 @@ layer, one dense block pass, one pruned pass per refitted projection and one to 
 >>> from mechkit import pruning
 >>> m = mk.load_model("tiny:llama")
 >>> calib = pruning.calibrate(m, ["capitalize"], n=4, shots=2)
->>> plan = pruning.PrunePlan(mlp={0: list(range(32))}, compensate=True)
+>>> plan = pruning.UnitsToRemove(mlp={0: list(range(32))}, compensate=True)
 >>> fits = pruning.reconstruct(m, plan, calib.token_batches(m), ridge=1e-3)
 >>> small = pruning.prune_copy(m, plan, calib.stats, fits)
 >>> tuple(small.model.model.layers[0].mlp.down_proj.weight.shape), small.model.model.layers[0].mlp.down_proj.bias is not None
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from mechkit.model.handle import ModelHandle
-    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.plan import UnitsToRemove
 
 METHODS = ("none", "mean", "lsq")
 
@@ -262,7 +262,7 @@ class _State:
     weight: torch.Tensor
 
 
-def _stages(handle: ModelHandle, plan: PrunePlan, layer: int) -> list[tuple[nn.Module, torch.Tensor]]:
+def _stages(handle: ModelHandle, plan: UnitsToRemove, layer: int) -> list[tuple[nn.Module, torch.Tensor]]:
     """The projections to refit in ``layer``, bottom up, with their kept input indices."""
     a = handle.anatomy
     out = []
@@ -276,7 +276,7 @@ def _stages(handle: ModelHandle, plan: PrunePlan, layer: int) -> list[tuple[nn.M
     return out
 
 
-def reconstruct(handle: ModelHandle, plan: PrunePlan, batches: Sequence[TokenBatch], ridge: float = 1e-3,
+def reconstruct(handle: ModelHandle, plan: UnitsToRemove, batches: Sequence[TokenBatch], ridge: float = 1e-3,
                 sequential: bool = False) -> dict[str, Fit]:
     """Least-squares refits of every output projection ``plan`` prunes (see the module docstring), keyed
     by the dense model's module names. ``handle`` is only read (hooks are removed on exit)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from mechkit.errors import MechkitError
 from mechkit.pruning.guides import Scores, check_guide, zscore_rows
-from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.plan import UnitsToRemove
 
 if TYPE_CHECKING:
     from mechkit.model.anatomy import Anatomy
@@ -182,7 +182,7 @@ def select_layers(scores: np.ndarray, fraction: float) -> list[int]:
 
 
 def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str = "uniform",
-              gqa: str = "slot", compensate: bool = True, sensitivity: np.ndarray | None = None) -> PrunePlan:
+              gqa: str = "slot", compensate: bool = True, sensitivity: np.ndarray | None = None) -> UnitsToRemove:
     """The plan removing the least important units at ``sparsity`` per target.
 
     ``allocation="sensitivity"`` needs ``sensitivity`` (per-layer MLP sensitivity, see
@@ -190,7 +190,7 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
     """
     if allocation not in ALLOCATIONS:
         raise MechkitError(f"unknown allocation {allocation!r}", f"use {', '.join(ALLOCATIONS)}")
-    plan = PrunePlan(compensate=compensate)
+    plan = UnitsToRemove(compensate=compensate)
     fractions = None
     if allocation == "sensitivity" and not sparsity.get("neurons"):
         allocation = "global"

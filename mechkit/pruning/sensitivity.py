@@ -18,7 +18,7 @@ import torch
 from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.model.edit.partial import capture_block_inputs, run_from
 from mechkit.pruning.masking import masked
-from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.plan import UnitsToRemove
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -30,12 +30,12 @@ def layer_sensitivity(handle: ModelHandle, mlp_scores: np.ndarray, calib: Calibr
     """``[L]``: mean drop of answer log-prob when ``probe`` of a layer's channels are removed."""
     a = handle.anatomy
     k = int(round(probe * a.d_mlp))
-    plans = [PrunePlan(mlp={layer: np.argsort(mlp_scores[layer], kind="stable")[:k].tolist()}, compensate=True)
+    plans = [UnitsToRemove(mlp={layer: np.argsort(mlp_scores[layer], kind="stable")[:k].tolist()}, compensate=True)
              for layer in range(a.n_layers)]
     return plan_drops(handle, plans, calib, batch_size)
 
 
-def plan_drops(handle: ModelHandle, plans: list[PrunePlan], calib: Calibration, batch_size: int = 8) -> np.ndarray:
+def plan_drops(handle: ModelHandle, plans: list[UnitsToRemove], calib: Calibration, batch_size: int = 8) -> np.ndarray:
     """Exact mean drop of answer log-prob on the calibration prompts for each single-layer plan
     (``plans[l]`` touches layer ``l`` only, so blocks below ``l`` are reused from the clean run)."""
     drop = np.zeros(len(plans))

@@ -26,12 +26,12 @@ from mechkit.model.linear import weight_out_in
 from mechkit.model.placement.stored import is_dispatched
 
 if TYPE_CHECKING:
-    from mechkit.pruning.plan import PrunePlan
+    from mechkit.pruning.plan import UnitsToRemove
     from mechkit.pruning.reconstruct import Fit
     from mechkit.pruning.stats import UnitStats
 
 
-def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None,
+def compensation(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None,
                  skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
     """FLAP bias compensation: for each output projection (but those named in ``skip``),
     ``W[:, removed] @ mean(removed inputs)``."""
@@ -62,7 +62,7 @@ def compensation(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None,
     return out
 
 
-def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = None,
+def prune_copy(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None = None,
                fits: dict[str, Fit] | None = None) -> ModelHandle:
     """A new handle holding a physically pruned deep copy; ``handle`` is left untouched.
 
@@ -99,7 +99,7 @@ def prune_copy(handle: ModelHandle, plan: PrunePlan, stats: UnitStats | None = N
                        name=f"{handle.name} (pruned)", source=None)
 
 
-def _pruned_from_stored(handle: ModelHandle, plan: PrunePlan, comp: dict[str, torch.Tensor]):
+def _pruned_from_stored(handle: ModelHandle, plan: UnitsToRemove, comp: dict[str, torch.Tensor]):
     """The pruned copy of a dispatched model, built from its stored weights on its main device.
 
     Deep-copying a dispatched model would slice its ``meta`` parameters and copy accelerate's weights

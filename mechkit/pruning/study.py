@@ -33,9 +33,11 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +57,7 @@ from mechkit.pruning.cost import (
 )
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.pipeline import circuit_scores, guide_scores
-from mechkit.pruning.plan import PrunePlan
+from mechkit.pruning.plan import UnitsToRemove
 from mechkit.pruning.reconstruct import METHODS, Fit
 from mechkit.pruning.reconstruct import reconstruct as refit
 from mechkit.pruning.select import make_plan
@@ -79,9 +81,34 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
+@dataclass(frozen=True)
+class PruneConfig:
+    """The settings of :class:`PruneStudy` (what the ``prune`` plugin builds from its options); the
+    defaults are the study's own. Each is described on :class:`PruneStudy`."""
+
+    targets: Sequence[str] = ("neurons",)
+    n_calib: int = 16
+    n: int = 30
+    shots: int = 10
+    seed: int = 0
+    allocation: str = "global"
+    gqa: str = "slot"
+    reconstruct: str = "lsq"
+    sequential: bool = False
+    ridge: float = 1e-2
+    text_weight: float = 0.5
+    guide_text_weight: float = 0.5
+    protect_top_k: int = 10
+    repeats: int = 7
+    timing: str = "last"
+    timing_batch: int = 8
+    batch_size: int = 16
+
+
 class PruneStudy:
     """Calibration, held-out sets and measured rows of pruned copies of ``handle`` for ``tasks``.
 
+    ``config`` is a :class:`PruneConfig`; keywords instead build one (``PruneStudy(m, tasks, n_calib=3)``).
     ``targets`` are the unit types a budget search may prune; ``n_calib`` calibration prompts per
     task (scores and budget search) and ``n`` held-out prompts per task (evaluation only), both with
     ``shots`` demonstrations, seeded from ``seed`` (calibration at an offset, see
@@ -97,18 +124,13 @@ class PruneStudy:
     gives the speedup and the budget; the other is reported too.
     """
 
-    def __init__(self, handle: ModelHandle, tasks: Sequence[str], *, targets: Sequence[str] = ("neurons",),
-                 n_calib: int = 16, n: int = 30, shots: int = 10, seed: int = 0, allocation: str = "global",
-                 gqa: str = "slot", reconstruct: str = "lsq", sequential: bool = False, ridge: float = 1e-2,
-                 text_weight: float = 0.5, guide_text_weight: float = 0.5, protect_top_k: int = 10,
-                 repeats: int = 7, timing: str = "last", timing_batch: int = 8, batch_size: int = 16,
-                 step: Step = compute_now):
+    def __init__(self, handle: ModelHandle, tasks: Sequence[str], config: PruneConfig | None = None, *,
+                 step: Step = compute_now, **settings: Any):
+        config = dataclasses.replace(config or PruneConfig(), **settings)
+        (targets, n_calib, n, shots, seed, allocation, gqa, reconstruct, sequential, ridge, text_weight,
+         guide_text_weight, protect_top_k, repeats, timing, timing_batch, batch_size) = dataclasses.astuple(config)
         # the arguments that rebuild this study on the same model elsewhere (a Ray worker): PruneStudy(m, **config)
-        self.config = {"tasks": list(tasks), "targets": list(targets), "n_calib": n_calib, "n": n, "shots": shots,
-                       "seed": seed, "allocation": allocation, "gqa": gqa, "reconstruct": reconstruct,
-                       "sequential": sequential, "ridge": ridge, "text_weight": text_weight,
-                       "guide_text_weight": guide_text_weight, "protect_top_k": protect_top_k, "repeats": repeats,
-                       "timing": timing, "timing_batch": timing_batch, "batch_size": batch_size}
+        self.config = {"tasks": list(tasks), **dataclasses.asdict(config), "targets": list(targets)}
         self.handle, self.tasks, self.targets = handle, list(tasks), list(targets)
         self.seed, self.allocation, self.gqa = seed, allocation, gqa
         self.reconstruct, self.sequential, self.ridge = _method(reconstruct), sequential, ridge
@@ -208,7 +230,7 @@ class PruneStudy:
         digest.update(str(stats.n_tokens).encode())
         return digest.hexdigest()
 
-    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> PrunePlan:
+    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> UnitsToRemove:
         """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``;
         it compensates unless ``reconstruct`` (default: the study's) is ``"none"``."""
         name, _, alloc = guide.partition("@")
@@ -217,7 +239,7 @@ class PruneStudy:
         method = _method(reconstruct or self.reconstruct)
         return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, method != "none", sens)
 
-    def fits(self, plan: PrunePlan, reconstruct: str | None = None, sequential: bool | None = None) -> dict[str, Fit]:
+    def fits(self, plan: UnitsToRemove, reconstruct: str | None = None, sequential: bool | None = None) -> dict[str, Fit]:
         """The least-squares refits of ``plan`` on the calibration tokens (none unless the method is lsq),
         sequential or one-shot as ``sequential`` (default: the study's) says."""
         if _method(reconstruct or self.reconstruct) != "lsq":
@@ -226,7 +248,7 @@ class PruneStudy:
             self._batches = self.calib.token_batches(self.handle)
         return refit(self.handle, plan, self._batches, self.ridge, self.sequential if sequential is None else sequential)
 
-    def prune(self, plan: PrunePlan, reconstruct: str | None = None, sequential: bool | None = None) -> ModelHandle:
+    def prune(self, plan: UnitsToRemove, reconstruct: str | None = None, sequential: bool | None = None) -> ModelHandle:
         """The physically pruned copy of ``plan``, reconstructed as ``reconstruct`` (default: the study's) says."""
         return prune_copy(self.handle, plan, self.calib.stats, self.fits(plan, reconstruct, sequential))
 
@@ -237,7 +259,7 @@ class PruneStudy:
             return method
         return f"lsq{'-seq' if self.sequential else ''} ridge={self.ridge:g}"
 
-    def measure(self, handle: ModelHandle, plan: PrunePlan | None = None) -> dict:
+    def measure(self, handle: ModelHandle, plan: UnitsToRemove | None = None) -> dict:
         """Held-out accuracy per task and their mean, perplexity, parameters and FLOPs per token of a
         (pruned) ``handle``; ``plan`` is recorded beside them."""
         metrics = evaluate(handle, self.test, self.batch_size)
@@ -351,7 +373,7 @@ class PruneStudy:
         """The pruned copy a row measured, rebuilt from its recorded plan and reconstruction."""
         label = str(row.get("reconstruct", self.reconstruct))  # "mean", "lsq-seq ridge=0.01", ...
         method = label.split(" ")[0]
-        return self.prune(PrunePlan.from_dict(row["plan"]), method.split("-")[0], method == "lsq-seq")
+        return self.prune(UnitsToRemove.from_dict(row["plan"]), method.split("-")[0], method == "lsq-seq")
 
     def save(self, row: dict, out_dir: str | Path | None = None) -> Path:
         """Write :meth:`pruned` of ``row`` with :func:`~mechkit.pruning.save_pruned` to ``out_dir``, or to a

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError
-from mechkit.report import values as V
+from mechkit.report import values
 from mechkit.report.html import CSS, figure_html, model_line, table_html
 from mechkit.report.show import load_report, rich_table, safe_text
 from mechkit.report.table import Table, compare_tables, generic_tables
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 COMPARE_HTML = "compare.html"
 
 
-def _e(v: object) -> str:
+def _escape(v: object) -> str:
     return escape(str(v), quote=True)
 
 
@@ -101,7 +101,7 @@ def run_labels(reports: list[dict], dirs: list[Path]) -> list[str]:
             p.append(f"seed {s}")
     if len({tuple(p) for p in parts}) < len(parts):
         for p, r in zip(parts, reports, strict=True):
-            p += [f"{k}={V.cell((r.get('params') or {}).get(k), width=24)}" for k in _differing_params(reports)]
+            p += [f"{k}={values.cell((r.get('params') or {}).get(k), width=24)}" for k in _differing_params(reports)]
     labels = []
     for p, d in zip(parts, dirs, strict=True):
         label = " · ".join(p) or d.name or str(d)
@@ -126,7 +126,7 @@ def _settings(reports: list[dict], dirs: list[Path], labels: list[str]) -> Table
                         ["model", *(_model_name(r) for r in reports)],
                         ["seed", *(r.get("seed") for r in reports)]]
     for k in _differing_params(reports):
-        rows.append([k, *(V.cell((r.get("params") or {}).get(k), width=60) for r in reports)])
+        rows.append([k, *(values.cell((r.get("params") or {}).get(k), width=60) for r in reports)])
     return Table("Runs", ["", *labels], rows)
 
 
@@ -145,14 +145,14 @@ def render_compare_html(cmp: Comparison) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(cmp.plugin)} — {n} runs compared — mechkit</title>",
+        f"<title>{_escape(cmp.plugin)} — {n} runs compared — mechkit</title>",
         f"<style>{CSS}</style></head><body>",
-        f'<h1>{_e(cmp.plugin)} <span class="muted">{n} runs compared</span></h1>',
+        f'<h1>{_escape(cmp.plugin)} <span class="muted">{n} runs compared</span></h1>',
     ]
     findings = [(label, r.get("finding")) for label, r in zip(cmp.labels, cmp.reports, strict=True)]
     if any(f for _, f in findings):
         parts.append('<div class="finding">' + "".join(
-            f"<p><strong>{_e(label)}:</strong> {_e(f or '(no finding recorded)')}</p>" for label, f in findings)
+            f"<p><strong>{_escape(label)}:</strong> {_escape(f or '(no finding recorded)')}</p>" for label, f in findings)
                      + "</div>")
     figures = [figure_html(h[0], h[1], caption=f"{label} — {h[0]}")
                for label, h in zip(cmp.labels, cmp.headlines, strict=True) if h is not None]
@@ -162,8 +162,8 @@ def render_compare_html(cmp: Comparison) -> str:
         parts += ["<h2>Results</h2>", *(table_html(t) for t in cmp.tables)]
     parts += ["<h2>Details</h2>", table_html(cmp.settings)]
     for label, r in zip(cmp.labels, cmp.reports, strict=True):
-        parts.append(f"<details><summary>{_e(label)}</summary><p>{_e(model_line(r))} · seed {_e(r.get('seed'))}"
-                     f" · {_e(r.get('created', ''))}</p>" + table_html(Table(
+        parts.append(f"<details><summary>{_escape(label)}</summary><p>{_escape(model_line(r))} · seed {_escape(r.get('seed'))}"
+                     f" · {_escape(r.get('created', ''))}</p>" + table_html(Table(
                          "Parameters", ["", "value"], [[k, v] for k, v in (r.get("params") or {}).items()]))
                      + "</details>")
     parts.append("</body></html>")

@@ -18,7 +18,7 @@ import json
 from html import escape
 from typing import Any
 
-from mechkit.report import values as V
+from mechkit.report import values
 from mechkit.report.table import Table, cell_text, generic_tables, is_value
 
 CSS = """
@@ -60,12 +60,12 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(report.get('plugin', 'mechkit'))} — mechkit report</title>",
+        f"<title>{_escape(report.get('plugin', 'mechkit'))} — mechkit report</title>",
         f"<style>{CSS}</style></head><body>",
         _header(report),
     ]
     if report.get("finding"):
-        parts.append(f'<p class="finding">{_e(report["finding"])}</p>')
+        parts.append(f'<p class="finding">{_escape(report["finding"])}</p>')
     if names:
         parts.append(figure_html(names[0], images[names[0]], headline=True))
     if tables:
@@ -76,13 +76,13 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
     others = [a for a in report.get("artifacts") or [] if a not in images]
     parts.append("<h2>Details</h2>")
     if others:
-        parts.append(_details("Files", "<ul>" + "".join(f"<li><code>{_e(a)}</code></li>" for a in others) + "</ul>"))
+        parts.append(_details("Files", "<ul>" + "".join(f"<li><code>{_escape(a)}</code></li>" for a in others) + "</ul>"))
     parts.append(_details("Parameters", _kv_table(report.get("params") or {})))
     parts.append(_details("Model", _model_card(report)))
     parts.append(_details("Raw results", _block(results, 3)))
     parts.append(_details("Timings and environment", _kv_table(_seconds(report.get("timings") or {}))
                           + _kv_table(report.get("environment") or {})))
-    parts.append(f'<p class="muted">schema <code>{_e(report.get("schema", ""))}</code> · full results in '
+    parts.append(f'<p class="muted">schema <code>{_escape(report.get("schema", ""))}</code> · full results in '
                  "<code>report.json</code></p>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
@@ -90,13 +90,13 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
 
 def table_html(t: Table) -> str:
     """One table: its title, the table in its own horizontally scrolling box, and its note."""
-    head = "".join(f"<th>{_e(c)}</th>" for c in t.columns)
+    head = "".join(f"<th>{_escape(c)}</th>" for c in t.columns)
     body = []
     for row in t.rows[:_MAX_ROWS]:
         cells = []
         for j, v in enumerate(row):
             text, full = cell_text(v, t.digits)
-            inner = f'<span title="{_e(full)}">{_e(text)}</span>' if full else _e(text)
+            inner = f'<span title="{_escape(full)}">{_escape(text)}</span>' if full else _escape(text)
             if j == 0:
                 cells.append(f"<th>{inner}</th>")
             else:
@@ -104,22 +104,22 @@ def table_html(t: Table) -> str:
         body.append(f"<tr>{''.join(cells)}</tr>")
     more = len(t.rows) - _MAX_ROWS
     note = t.note + (f" … {more} more rows in report.json" if more > 0 else "")
-    return (f"<h3>{_e(t.title)}</h3><div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table></div>" + (f'<p class="note">{_e(note)}</p>' if note else ""))
+    return (f"<h3>{_escape(t.title)}</h3><div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>" + (f'<p class="note">{_escape(note)}</p>' if note else ""))
 
 
 def figure_html(name: str, png: bytes, headline: bool = False, caption: str | None = None) -> str:
     data = base64.b64encode(png).decode("ascii")
     cls = ' class="headline"' if headline else ""
-    return (f'<figure{cls}><img src="data:image/png;base64,{data}" alt="{_e(name)}">'
-            f"<figcaption>{_e(caption or name)}</figcaption></figure>")
+    return (f'<figure{cls}><img src="data:image/png;base64,{data}" alt="{_escape(name)}">'
+            f"<figcaption>{_escape(caption or name)}</figcaption></figure>")
 
 
 def _details(summary: str, body: str) -> str:
-    return f"<details><summary>{_e(summary)}</summary>{body}</details>"
+    return f"<details><summary>{_escape(summary)}</summary>{body}</details>"
 
 
-def _e(v: Any) -> str:
+def _escape(v: Any) -> str:
     return escape(str(v), quote=True)
 
 
@@ -144,9 +144,9 @@ def model_line(report: dict) -> str:
 
 
 def _header(report: dict) -> str:
-    return (f'<h1>{_e(report.get("plugin", "?"))} <span class="muted">{_e(report.get("plugin_version", ""))}'
-            f'</span></h1><p class="meta">{_e(model_line(report))} · seed {_e(report.get("seed", "—"))} · '
-            f'{_e(report.get("created", ""))} · mechkit {_e(report.get("mechkit_version", ""))}</p>')
+    return (f'<h1>{_escape(report.get("plugin", "?"))} <span class="muted">{_escape(report.get("plugin_version", ""))}'
+            f'</span></h1><p class="meta">{_escape(model_line(report))} · seed {_escape(report.get("seed", "—"))} · '
+            f'{_escape(report.get("created", ""))} · mechkit {_escape(report.get("mechkit_version", ""))}</p>')
 
 
 def _model_card(report: dict) -> str:
@@ -157,7 +157,7 @@ def _model_card(report: dict) -> str:
 def _block(v: Any, depth: int) -> str:
     """Render any JSON value; ``depth`` is the heading level for nested sections."""
     if depth > 3 + _MAX_DEPTH:
-        return f"<pre>{_e(json.dumps(v, indent=1, ensure_ascii=False))}</pre>"
+        return f"<pre>{_escape(json.dumps(v, indent=1, ensure_ascii=False))}</pre>"
     if isinstance(v, dict):
         if _is_grid(v):
             return _grid_table(v)
@@ -165,26 +165,26 @@ def _block(v: Any, depth: int) -> str:
     if isinstance(v, list):
         if not v:
             return '<p class="muted">(empty)</p>'
-        shape = V.numeric_shape(v)
+        shape = values.numeric_shape(v)
         if shape and len(shape) >= 2:
-            return f"<p>array {_e(V.array_summary(v))}</p>"
-        if V.is_head_list(v):
+            return f"<p>array {_escape(values.array_summary(v))}</p>"
+        if values.is_head_list(v):
             return f"<p>{_cell_span(v)}</p>"
-        if all(V.is_scalar(x) for x in v):
+        if all(values.is_scalar(x) for x in v):
             more = f" … ({len(v) - 50} more)" if len(v) > 50 else ""
-            return f"<p>{_e(V.cell(v[:50] if more else v, width=2000))}{_e(more)}</p>"
+            return f"<p>{_escape(values.cell(v[:50] if more else v, width=2000))}{_escape(more)}</p>"
         if all(isinstance(x, dict) for x in v):
             return _records_table(v)
         return "".join(f"<h{_h(depth)}>[{i}]</h{_h(depth)}>{_block(x, depth + 1)}" for i, x in enumerate(v))
-    return f"<p>{_e(V.fmt(v))}</p>"
+    return f"<p>{_escape(values.fmt(v))}</p>"
 
 
 def _dict_block(d: dict, depth: int) -> str:
-    simple = {k: v for k, v in d.items() if V.is_cell_value(v)}
+    simple = {k: v for k, v in d.items() if values.is_cell_value(v)}
     out = [_kv_table(simple)] if simple else []
     for k, v in d.items():
         if k not in simple:
-            out.append(f"<h{_h(depth)}>{_e(k)}</h{_h(depth)}>{_block(v, depth + 1)}")
+            out.append(f"<h{_h(depth)}>{_escape(k)}</h{_h(depth)}>{_block(v, depth + 1)}")
     return "".join(out) or '<p class="muted">(empty)</p>'
 
 
@@ -197,52 +197,52 @@ def _kv_table(d: dict) -> str:
         return '<p class="muted">(none)</p>'
     rows = []
     for k, v in d.items():
-        td = _num_td(v) if V.is_number(v) else f'<td class="txt">{_cell_span(v, 200)}</td>'
-        rows.append(f"<tr><th>{_e(k)}</th>{td}</tr>")
+        td = _num_td(v) if values.is_number(v) else f'<td class="txt">{_cell_span(v, 200)}</td>'
+        rows.append(f"<tr><th>{_escape(k)}</th>{td}</tr>")
     return f"<div class=\"scroll\"><table>{''.join(rows)}</table></div>"
 
 
 def _cell_span(v: Any, width: int = 80) -> str:
     """A raw value as cell text; head lists shortened, the full list on hover."""
-    if V.is_head_list(v):
+    if values.is_head_list(v):
         text, full = cell_text(v)
-        return f'<span title="{_e(full)}">{_e(text)}</span>' if full else _e(text)
-    return _e(V.cell(v, width=width))
+        return f'<span title="{_escape(full)}">{_escape(text)}</span>' if full else _escape(text)
+    return _escape(values.cell(v, width=width))
 
 
 def _num_td(v: Any) -> str:
-    return f'<td class="num">{_e(V.fmt(v))}</td>'
+    return f'<td class="num">{_escape(values.fmt(v))}</td>'
 
 
 def _is_grid(d: dict) -> bool:
     """A dict of dicts of numbers, such as ``{task: {condition: accuracy}}``: shown as a 2-D table."""
     return bool(d) and all(
-        isinstance(row, dict) and row and not V.is_head(row) and all(V.is_number(x) for x in row.values())
+        isinstance(row, dict) and row and not values.is_head(row) and all(values.is_number(x) for x in row.values())
         for row in d.values()
     )
 
 
 def _grid_table(d: dict) -> str:
     cols = list(dict.fromkeys(c for row in d.values() for c in row))
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    head = "".join(f"<th>{_escape(c)}</th>" for c in cols)
     body = "".join(
-        f"<tr><th>{_e(k)}</th>{''.join(_num_td(row.get(c)) if c in row else '<td></td>' for c in cols)}</tr>"
+        f"<tr><th>{_escape(k)}</th>{''.join(_num_td(row.get(c)) if c in row else '<td></td>' for c in cols)}</tr>"
         for k, row in d.items()
     )
     return f"<div class=\"scroll\"><table><tr><th></th>{head}</tr>{body}</table></div>"
 
 
 def _records_table(records: list[dict]) -> str:
-    flat = [V.flatten(r) for r in records[:_MAX_ROWS]]
+    flat = [values.flatten(r) for r in records[:_MAX_ROWS]]
     cols = list(dict.fromkeys(c for r in flat for c in r))
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    head = "".join(f"<th>{_escape(c)}</th>" for c in cols)
     body = []
     for r in flat:
         cells = []
         for c in cols:
             if c not in r:
                 cells.append("<td></td>")
-            elif V.is_number(r[c]):
+            elif values.is_number(r[c]):
                 cells.append(_num_td(r[c]))
             else:
                 cells.append(f'<td class="txt">{_cell_span(r[c])}</td>')

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import MechkitError, first_line
-from mechkit.report import values as V
+from mechkit.report import values
 from mechkit.report.schema import validate_report
 from mechkit.report.table import Table as ReportTable
 from mechkit.report.table import cell_text, generic_tables, is_value
@@ -124,7 +124,7 @@ def print_summary(report: dict, console: Console | None = None, tables: list[Rep
         console.print(_scalars_table(results))
     timings = report.get("timings") or {}
     if timings:
-        console.print(safe_text("  ".join(f"{k} {V.fmt(v)}" for k, v in timings.items()), style="dim"))
+        console.print(safe_text("  ".join(f"{k} {values.fmt(v)}" for k, v in timings.items()), style="dim"))
 
 
 def _scalars_table(results: dict) -> Table:
@@ -146,9 +146,9 @@ def _scalars_table(results: dict) -> Table:
 def _flat_scalars(results: dict) -> list[tuple[str, str]]:
     """Dotted keys with short text; bulky values (record lists) are counted, not dumped."""
     out = []
-    for key, v in V.flatten(results).items():
-        if isinstance(v, list) and v and not V.is_head_list(v) and all(isinstance(x, dict) for x in v):
+    for key, v in values.flatten(results).items():
+        if isinstance(v, list) and v and not values.is_head_list(v) and all(isinstance(x, dict) for x in v):
             out.append((key, f"{len(v)} records"))
         else:
-            out.append((key, V.cell(v, width=60)))
+            out.append((key, values.cell(v, width=60)))
     return out

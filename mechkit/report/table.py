@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mechkit.report import values as V
+from mechkit.report import values
 
 HEAD_LIMIT = 4  # heads shown in a cell before "+N more"
 
@@ -49,12 +49,12 @@ def pm(mean: float | None, std: float | None) -> dict[str, float | None]:
 
 
 def is_pm(v: Any) -> bool:
-    return isinstance(v, dict) and set(v) == {"mean", "std"} and all(V.is_number(x) for x in v.values())
+    return isinstance(v, dict) and set(v) == {"mean", "std"} and all(values.is_number(x) for x in v.values())
 
 
 def is_value(v: Any) -> bool:
     """A cell that holds a measurement (a number or mean ± std), as opposed to a label."""
-    return (V.is_number(v) and v is not None) or is_pm(v)
+    return (values.is_number(v) and v is not None) or is_pm(v)
 
 
 def fixed(v: Any, digits: int = 2) -> str:
@@ -84,19 +84,19 @@ def cell_text(v: Any, digits: int = 2) -> tuple[str, str | None]:
         if v["std"] is None:
             return fixed(v["mean"], digits), None
         return f"{fixed(v['mean'], digits)} ± {fixed(v['std'], digits)}", None
-    if V.is_head(v):
-        return V.heads_text([v]), None
-    if V.is_head_list(v):
-        full = V.heads_text(v)
-        return (V.heads_text(v, limit=HEAD_LIMIT), full) if len(v) > HEAD_LIMIT else (full, None)
+    if values.is_head(v):
+        return values.heads_text([v]), None
+    if values.is_head_list(v):
+        full = values.heads_text(v)
+        return (values.heads_text(v, limit=HEAD_LIMIT), full) if len(v) > HEAD_LIMIT else (full, None)
     if isinstance(v, list) and not v:
         return "", None
-    if V.is_number(v) or isinstance(v, bool):
+    if values.is_number(v) or isinstance(v, bool):
         return fixed(v, digits), None
     if isinstance(v, str):
         return v, None
-    text = V.cell(v, width=60)
-    full = V.cell(v, width=4000)
+    text = values.cell(v, width=60)
+    full = values.cell(v, width=4000)
     return text, (full if full != text else None)
 
 
@@ -112,7 +112,7 @@ def generic_tables(results: dict) -> list[Table]:
     else every other value by its dotted key (score grids summarised, record lists counted); and
     every ``{row: {column: number}}`` dict as a pivot."""
     tables: list[Table] = []
-    grid = V.conditions_accuracy(results)
+    grid = values.conditions_accuracy(results)
     rest = dict(results)
     if grid:
         tasks, rows = grid
@@ -122,10 +122,10 @@ def generic_tables(results: dict) -> list[Table]:
         rest.pop("conditions")
     pivots = {k: v for k, v in rest.items() if isinstance(v, dict) and _is_grid(v)}
     summary = rest.get("summary")
-    if isinstance(summary, dict) and summary and all(V.is_cell_value(v) for v in summary.values()):
+    if isinstance(summary, dict) and summary and all(values.is_cell_value(v) for v in summary.values()):
         tables.append(kv_table("Summary", summary, digits=3))
     else:
-        flat = V.flatten({k: v for k, v in rest.items() if k not in pivots})
+        flat = values.flatten({k: v for k, v in rest.items() if k not in pivots})
         if flat:
             tables.append(kv_table("Results", {k: _short(v) for k, v in flat.items()}, digits=3))
     for key, value in pivots.items():
@@ -137,16 +137,16 @@ def generic_tables(results: dict) -> list[Table]:
 
 def _short(v: Any) -> Any:
     """A value as one cell: short values as they are, record lists counted, anything else summarised."""
-    if V.is_cell_value(v) or is_pm(v):
+    if values.is_cell_value(v) or is_pm(v):
         return v
     if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
         return f"{len(v)} records"
-    return V.cell(v, width=80)
+    return values.cell(v, width=80)
 
 
 def _is_grid(d: dict) -> bool:
     return bool(d) and all(
-        isinstance(row, dict) and row and not V.is_head(row) and all(V.is_number(x) for x in row.values())
+        isinstance(row, dict) and row and not values.is_head(row) and all(values.is_number(x) for x in row.values())
         for row in d.values()
     )
 
@@ -193,3 +193,16 @@ def _column(t: Table | None, first: Table, j: int) -> int | None:
 
 __all__ = ["Table", "cell_text", "compare_tables", "fixed", "generic_tables", "is_pm", "is_value", "kv_table",
            "pm"]
+
+
+def plugin_tables(plugin: Any, results: dict, console: Any = None) -> list[Table]:
+    """``plugin.tables(results)``, else the generic tables (with a one-line warning on ``console``) where
+    that hook fails on these results: a report written by another version, or a third-party hook's bug,
+    must not cost a run its report nor a reader its page."""
+    try:
+        return list(plugin.tables(results))
+    except Exception as err:
+        if console is not None:
+            console.print(f"mechkit: warning: the tables of plugin {plugin.name!r} failed ({type(err).__name__}: "
+                          f"{err}); the report shows its results generically", markup=False, highlight=False)
+        return generic_tables(results)

@@ -30,21 +30,21 @@ class SinkHeads(mk.Plugin):
         from mechkit.report import head_heatmap
         from mechkit.tasks import parse_tasks
 
-        model, p = ctx.model, ctx.params
-        a = model.anatomy
-        totals = torch.zeros(a.n_layers, a.n_heads)
+        model, opts = ctx.model, ctx.options
+        anatomy = model.anatomy
+        totals = torch.zeros(anatomy.n_layers, anatomy.n_heads)
         count = 0
 
         def to_first_token(pattern, point):  # pattern: [batch, heads, query, key]
             totals[point.layer] += pattern[:, :, 1:, 0].mean(dim=(0, 2)).float().cpu()
 
-        for task in parse_tasks(p["tasks"]):
-            for prompt in mk.build_prompts(task, n=p["n"], seed=ctx.seed):
+        for task in parse_tasks(opts["tasks"]):
+            for prompt in mk.build_prompts(task, n=opts["n"], seed=ctx.seed):
                 with torch.no_grad(), mk.hooks(model, {"blocks.*.attn.hook_pattern": to_first_token}):
                     model(model.to_tokens(prompt.text))
                 count += 1
         scores = (totals / count).tolist()
-        best = top_heads(scores, p["top_k"])
+        best = top_heads(scores, opts["top_k"])
         return mk.Result(
             results={"scores": {"sink": scores},
                      "top": [{**h.to_dict(), "score": scores[h.layer][h.head]} for h in best]},

@@ -25,7 +25,7 @@ say where a failure happens. Every prompt is decoded greedily, one cached line e
 model writes after a wrong token cannot be teacher-forced, and a weak model gets most chains
 wrong, so a teacher-forced first pass would mostly add cost.
 
->>> from mechkit.compose.steps import chains, steps_prompts
+>>> from mechkit.compose.stepwise import chains, steps_prompts
 >>> chains("capitalize+swap", "(* bell * ford)")
 [('BELL FORD', 'FORD BELL')]
 >>> p = steps_prompts("capitalize+swap", n=1, shots=1, seed=0)[0]
@@ -151,7 +151,7 @@ def steps_prompts(task_id: str, n: int, shots: int, seed: int) -> list[Prompt]:
         options = chains(task.id, example.input)
         if {final for _, final in options} != {example.output, *example.alternatives}:
             raise MechkitError(f"the steps of {task.id} do not reach its answer for {example.input!r}",
-                               "report this as a bug in mechkit.compose.steps")
+                               "report this as a bug in mechkit.compose.stepwise")
         written = [f"{mid}{ARROW}{final}" for mid, final in options]
         return Example(example.input, written[0], tuple(written[1:]))
 

@@ -1,0 +1,180 @@
+"""The lock of a run's output directory: two runs never race to the same ``--out`` (or resume directory).
+
+An ``flock`` on a hidden file beside the directory, which the kernel releases however the holder ends;
+beside :mod:`mechkit.io.atomic`, which makes what the run writes there appear whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from mechkit.errors import MechkitError, ReportExistsError
+from mechkit.io.out import check_out
+
+
+def lock_path(out_dir: str | os.PathLike[str]) -> Path:
+    """The lock file of a run writing ``out_dir``: hidden, beside it, never inside the report directory.
+
+    >>> lock_path("runs/a").as_posix()
+    'runs/.a.mechkit-lock'
+    """
+    out = Path(out_dir)
+    return out.parent / f".{out.name}.mechkit-lock"
+
+
+class OutInUseError(MechkitError):
+    """Another mechkit run holds the lock of the same ``--out``."""
+
+
+def _holder(fd: int) -> str:
+    """The pid recorded in a lock file another run holds (it writes it just after locking)."""
+    for _ in range(50):
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            return ""
+        if text:
+            return text
+        time.sleep(0.01)
+    return ""
+
+
+@contextlib.contextmanager
+def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold the lock of ``out_dir`` for a run, or raise :class:`OutInUseError` (one line) at once.
+
+    An ``flock`` on :func:`lock_path`, a hidden file beside ``out_dir`` holding the owner's pid: the
+    kernel releases it when the process ends however it ends (``kill -9`` included), so a lock file a
+    killed run left behind is simply taken over. The file is removed, still locked, when the run ends
+    (success, error or Ctrl-C); a run that locked a file just removed this way sees it is no longer at
+    the path and locks the new one, so two runs never both hold the lock. Missing parents of
+    ``out_dir`` are created for the lock file, and removed again if the run leaves them empty.
+    Where ``fcntl`` is missing (Windows) runs are not locked.
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "run"
+    >>> with out_lock(out):
+    ...     try:
+    ...         with out_lock(out):
+    ...             pass
+    ...     except OutInUseError as err:
+    ...         print(str(err).replace(str(out), "OUT").replace(str(os.getpid()), "N"))
+    --out OUT is in use by another mechkit run (pid N) — wait for it or choose another --out
+    >>> lock_path(out).exists()
+    False
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield lock_path(out_dir)
+        return
+    path = lock_path(out_dir)
+    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    try:
+        for attempt in itertools.count():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # a parent another run had made was removed again as it ended
+                if attempt < 100:
+                    continue
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _holder(fd)
+                os.close(fd)
+                raise OutInUseError(f"--out {out_dir} is in use by another mechkit run"
+                                    + (f" (pid {pid})" if pid else ""),
+                                    "wait for it or choose another --out") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed this file as it finished: lock the one now at the path
+    except OSError as err:
+        _remove_empty(created)
+        raise MechkitError(f"cannot lock --out {out_dir}: {err.strerror or type(err).__name__} ({path})",
+                           "choose an --out in a writable directory") from err
+    except BaseException:
+        _remove_empty(created)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
+        os.close(fd)
+        _remove_empty(created)  # those the run left empty (a written report keeps its parents)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories a failed run created (deepest first) while they are empty."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+def check_run_out(out_dir: Path, force: bool) -> None:
+    """Refuse ``out_dir`` (one line) where a run's report cannot go: a report already there without
+    ``force``, a file, a read-only place."""
+    if (out_dir / "report.json").exists() and not force:
+        raise ReportExistsError(f"{out_dir} already holds a report", "pass --force to overwrite or choose another --out")
+    check_out(out_dir, force=force, kind="dir")
+
+
+@contextlib.contextmanager
+def locked_fresh_dir(base: Path) -> Iterator[Path]:
+    """A fresh run directory named ``base`` (else ``base-2``, ``base-3`` …), locked: two runs started in
+    the same second get ``NAME`` and ``NAME-2`` instead of one failing."""
+    for n in range(1, 1000):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        if candidate.exists():
+            continue
+        check_run_out(candidate, force=False)
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(out_lock(candidate))
+            except OutInUseError:
+                continue
+            if candidate.exists():  # made between the check and the lock
+                continue
+            yield candidate
+            return
+    raise MechkitError(f"no free run directory name beside {base}", "pass --out")
+
+
+@contextlib.contextmanager
+def claimed(resume: Path, console) -> Iterator[Path | None]:
+    """The run's resume directory, locked for it; ``None`` (with a warning) where another run of the same
+    plugin, options, seed and model holds it, so two such runs never write or clear each other's steps."""
+    try:
+        lock = out_lock(resume)
+        lock.__enter__()
+    except OutInUseError:
+        console.print(f"mechkit: warning: another run with the same options and model is keeping its steps in "
+                      f"{resume}; this one keeps none (it will not resume if stopped)",
+                      markup=False, highlight=False, soft_wrap=True)
+        yield None
+        return
+    except MechkitError:  # an unwritable cache: RunContext.step warns once and the run goes on
+        yield resume
+        return
+    try:
+        yield resume
+    finally:
+        lock.__exit__(None, None, None)

@@ -1,0 +1,78 @@
+"""A plugin's options and a run's seed resolved and checked together, before any model loads.
+
+The runner calls these first, so a bad value is one line and nothing has been loaded or written.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mechkit.errors import PluginError
+
+if TYPE_CHECKING:
+    from mechkit.plugin import Plugin
+
+
+def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(params, parsed)`` for every option of the plugin, checked before any model loads.
+
+    Each value (given, else the default) is coerced to the option's declared type (text from the
+    command line and numbers from Python alike), checked against its bounds and choices, and run
+    through its parser, then the plugin's :meth:`~mechkit.plugin.Plugin.check_options` sees them
+    together. ``params`` keeps the values as given (typed): what the report records and
+    what reruns it; ``parsed`` holds the parsers' results (``ctx.options``). Unknown options and bad
+    values raise :class:`~mechkit.options.OptionError` (a ``PluginError``) with one line.
+    """
+    known = {o.name: o for o in cls.options}
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise PluginError(f"plugin {cls.name!r} has no option {', '.join(unknown)}",
+                          f"its options are: {', '.join(known) or 'none'}")
+    params, parsed = {}, {}
+    for name, opt in known.items():
+        params[name], parsed[name] = opt.check(options.get(name, opt.default))
+    cls.check_options(parsed)
+    return params, parsed
+
+
+def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of the plugin with its checked value: given, else the default; unknown ones rejected."""
+    return resolve_options(cls, options)[0]
+
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as an int in ``0..2**63-1``, else one :class:`PluginError` line — before any model loads.
+
+    >>> check_seed(7)
+    7
+    >>> try:
+    ...     check_seed(10**30)
+    ... except PluginError as err:
+    ...     print(err)
+    seed 1000000000000000000000000000000 is out of range — pass a whole number from 0 to 9223372036854775807
+    """
+    fix = f"pass a whole number from 0 to {MAX_SEED}"
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        if isinstance(seed, str) and seed.strip().isdigit():
+            return check_seed(int(seed))
+        raise PluginError(f"seed must be a whole number, not {seed!r}", fix)
+    if not 0 <= seed <= MAX_SEED:
+        raise PluginError(f"seed {seed} is out of range", fix)
+    return int(seed)
+
+
+def check_backend_for(cls: type[Plugin], backend: str | None, remote: str | None, model: Any) -> tuple[str, str | None]:
+    """``(backend, remote)`` checked (names, the model spec, an API key) and the plugin's needs served."""
+    from mechkit.model.backends.base import BackendError, check_backend, refusal
+    from mechkit.model.backends.remotes import check_remote
+
+    backend = check_backend(backend)
+    remote = check_remote(remote, backend, model) if cls.needs_model else None
+    loaded = getattr(getattr(model, "backend", None), "remote", None)  # a loaded handle runs where it was loaded
+    line = refusal(getattr(cls, "needs", frozenset()), backend, remote or loaded, cls.name)
+    if line is not None:
+        raise BackendError(line)
+    return backend, remote
