@@ -6,7 +6,7 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import HeadSpecError
-from mechkit.model import heads as heads_module
+from mechkit.model import headspec as heads_module
 from mechkit.model.headspec import Head, HeadSelection, parse_spec
 
 

@@ -27,7 +27,7 @@ import torch
 from mechkit.eval.scoring import Batch, batches, row_metrics, supports_logits_to_keep
 from mechkit.heads.sums import HeadEffects, LogprobSum
 from mechkit.hooking.points import resolve
-from mechkit.hooking.traced import GradPlan, Plan, planner
+from mechkit.hooking.traced import GradTraceProgram, TraceProgram, planner
 from mechkit.io.steps import Step, stored
 from mechkit.model.backends.nnsight_backend import Trace
 
@@ -95,7 +95,7 @@ class _ZeroEach:
         return z
 
 
-def _forward(handle: ModelHandle, batch: Batch, plan: Plan, kept: bool, grad: bool = False, repeat: int = 1) -> Trace:
+def _forward(handle: ModelHandle, batch: Batch, plan: TraceProgram, kept: bool, grad: bool = False, repeat: int = 1) -> Trace:
     kwargs = {"use_cache": False, "attention_mask": batch.mask.to(handle.device)}
     if kept:
         kwargs["logits_to_keep"] = batch.keep.to(handle.device)
@@ -104,7 +104,7 @@ def _forward(handle: ModelHandle, batch: Batch, plan: Plan, kept: bool, grad: bo
 
 def _clean_trace(handle: ModelHandle, batch: Batch) -> Trace:
     kept = supports_logits_to_keep(handle.model)
-    return _forward(handle, batch, Plan([], replay=handle.backend.remote is not None,
+    return _forward(handle, batch, TraceProgram([], replay=handle.backend.remote is not None,
                                         reduce=_RowMetrics(_answers(batch), kept)), kept)
 
 
@@ -189,7 +189,7 @@ class _AttributionSums:
 def _attribution_trace(handle: ModelHandle, batch: Batch) -> Trace:
     a = handle.anatomy
     kept = supports_logits_to_keep(handle.model)
-    plan = GradPlan(planner(handle).sites(resolve(a, "blocks.*.attn.hook_z")), metric=LogprobSum(_answers(batch), kept),
+    plan = GradTraceProgram(planner(handle).sites(resolve(a, "blocks.*.attn.hook_z")), metric=LogprobSum(_answers(batch), kept),
                     reduce_grads=_AttributionSums(batch.mask, a.n_layers, a.n_heads))
     return _forward(handle, batch, plan, kept, grad=True)
 

@@ -1,6 +1,6 @@
 """Hook functions inside an nnsight trace: how :func:`mechkit.hooks` runs on the nnsight backend.
 
-Each forward is one trace. The active hook functions become a :class:`Plan`: the hook points in the
+Each forward is one trace. The active hook functions become a :class:`TraceProgram`: the hook points in the
 order the forward reaches them (per layer: block input, attention pattern, head outputs, attention
 output, MLP neurons, MLP output, block output), each read from the module it names — an input, an
 output, or for patterns the attention call inside the attention module, reached through nnsight's
@@ -64,7 +64,7 @@ def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
 class Site:
     """One hook point as a trace reaches it: the module (by path), what of it, and its functions.
 
-    Plain classes (this, :class:`Plan`, :class:`GradPlan`), never dataclasses: they are shipped by value
+    Plain classes (this, :class:`TraceProgram`, :class:`GradTraceProgram`), never dataclasses: they are shipped by value
     and NDIF refuses a request naming ``dataclasses`` (:mod:`mechkit.model.backends.whitelist`)."""
 
     def __init__(self, point: HookPoint, path: str, where: str, d_head: int | None = None, op: str | None = None,
@@ -160,7 +160,7 @@ class Site:
                 x = new
 
 
-class Plan:
+class TraceProgram:
     """The sites of one forward, in the order the forward reaches them; shipped by value when remote.
     ``reduce`` turns the logits into what comes back instead of the model output."""
 
@@ -186,7 +186,7 @@ class Plan:
         return output
 
 
-class GradPlan(Plan):
+class GradTraceProgram(TraceProgram):
     """Activations at the sites and the gradient of ``metric(logits)`` with respect to them, taken
     inside the trace (on the server when remote): what attribution patching needs. ``reduce_grads``
     maps ``(value, {name: (activation, gradient)})`` to what comes back instead."""
@@ -231,7 +231,7 @@ def _module_of(fn: Any) -> str:
 
 
 class Planner:
-    """Turns a handle's active ``(point, fn)`` entries into a :class:`Plan`; module paths found once."""
+    """Turns a handle's active ``(point, fn)`` entries into a :class:`TraceProgram`; module paths found once."""
 
     def __init__(self, handle: ModelHandle) -> None:
         a = handle.anatomy
@@ -275,14 +275,14 @@ class Planner:
                             d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
         return out
 
-    def __call__(self, entries: list[tuple[HookPoint, Callable]]) -> Plan:
+    def __call__(self, entries: list[tuple[HookPoint, Callable]]) -> TraceProgram:
         by_name: dict[str, tuple[HookPoint, list]] = {}
         for point, fn in entries:
             by_name.setdefault(point.name, (point, []))[1].append(fn)
         sites = self.sites([p for p, _ in by_name.values()])
         for site in sites:
             site.fns = by_name[site.point.name][1]
-        return Plan(sites, replay=self.remote)
+        return TraceProgram(sites, replay=self.remote)
 
 
 def planner(handle: ModelHandle) -> Planner:
@@ -308,6 +308,6 @@ def active(handle: ModelHandle, entries: list[tuple[HookPoint, Callable]]) -> It
 def gradients(handle: ModelHandle, points: list[HookPoint], input_ids: torch.Tensor, metric: Callable,
               **kwargs) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """``(metric value, {name: (activation, gradient)})`` from one trace (see :func:`mechkit.hooking.gradients`)."""
-    plan = GradPlan(planner(handle).sites(points), metric=metric)
+    plan = GradTraceProgram(planner(handle).sites(points), metric=metric)
     with torch.enable_grad():
         return handle.backend.run(input_ids, plan, **kwargs)
