@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"mechkit": ROOT / "mechkit", "mechkit.plugins": ROOT / "plugins", "mechkit.cli": ROOT / "cli"}
 
 LAYERS = [
-    ["mechkit.errors"],
+    ["mechkit.errors", "mechkit.lazy"],
     ["mechkit.io"],
     ["mechkit.model"],
     ["mechkit.hooking"],
@@ -35,7 +35,7 @@ LAYERS = [
     ["mechkit.plugins"],
     ["mechkit.cli"],
 ]
-TOP_LEVEL_ALLOWED = {"__init__", "errors", "plugin", "registry", "runner"}
+TOP_LEVEL_ALLOWED = {"__init__", "errors", "lazy", "plugin", "registry", "runner"}
 
 
 def _modules() -> dict[str, Path]:

@@ -31,9 +31,10 @@ True
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mechkit.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from mechkit.adapt.config import AdaptConfig
@@ -77,13 +78,4 @@ __all__ = ["DEFAULT_BUDGETS", "AdaptConfig", "AdaptStudy", "Candidate", "Conform
            "channel_groups", "conformal_quantile", "measure", "run_plan", "score_plan", "signal_features"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"mechkit.adapt.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())
