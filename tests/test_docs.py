@@ -173,9 +173,20 @@ def test_stored_outputs_come_from_this_notebook_on_the_embedded_model(source):
     assert not errors
 
 
+_EXECUTED: dict = {}
+
+
+def _executed_tiny(source: Path, tmp_path_factory) -> object:
+    """Each notebook executed once on its tiny parameters (two tests read the plugin tutorial's run)."""
+    if source.stem not in _EXECUTED:
+        cwd = tmp_path_factory.mktemp(source.stem)
+        _EXECUTED[source.stem] = notebooks.execute(source, TINY[source.stem], timeout=600, cwd=cwd)
+    return _EXECUTED[source.stem]
+
+
 @pytest.mark.parametrize("source", notebooks.sources(), ids=lambda p: p.stem)
-def test_tutorial_executes_on_a_tiny_model(source, tmp_path):
-    nb = notebooks.execute(source, TINY[source.stem], timeout=600, cwd=tmp_path)
+def test_tutorial_executes_on_a_tiny_model(source, tmp_path_factory):
+    nb = _executed_tiny(source, tmp_path_factory)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     streams = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
@@ -185,13 +196,13 @@ def test_tutorial_executes_on_a_tiny_model(source, tmp_path):
     assert runs and len(html) >= 1, "a run shown in a notebook renders as HTML"
 
 
-def test_a_run_renders_inline_with_its_finding(tmp_path):
+def test_a_run_renders_inline_with_its_finding(tmp_path_factory):
     """The plugin tutorial's ``run`` cell displays the report as HTML; its last cell prints the finding."""
     import ast
     import html as html_lib
 
     source = next(s for s in notebooks.sources() if s.stem == "04_writing_a_plugin")
-    nb = notebooks.execute(source, TINY[source.stem], timeout=600, cwd=tmp_path)
+    nb = _executed_tiny(source, tmp_path_factory)
     cells = [c for c in nb.cells if c.cell_type == "code"]
     shown = next(c for c in cells if c.source.strip().endswith("\nrun"))
     finding = ast.literal_eval(cells[-1].outputs[-1]["data"]["text/plain"])
