@@ -57,15 +57,24 @@ def _inject(nb, params: dict) -> None:
 
 def execute(source: Path, params: dict | None = None, timeout: int = 600, cwd: Path | None = None):
     """Run ``source`` top to bottom in a fresh kernel and return the executed notebook (raises on any error)."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     nb = read(source)
     if params:
         _inject(nb, params)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(cwd or source.parent)}})
-    client.execute()
+    with tempfile.TemporaryDirectory(prefix="mechkit-kernel-") as sockets:
+        # local sockets rather than TCP: nothing listens on the network, and the kernel has no warning to print
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
+        client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd or source.parent)}})
+        try:
+            client.execute()
+        finally:
+            if km.has_kernel:  # a kernel manager we made is ours to stop; nbclient stops only its own
+                km.shutdown_kernel(now=True)
     return nb
 
 
