@@ -67,9 +67,14 @@ def test_readme_is_short():
 # --- references --------------------------------------------------------------------------------------
 
 
+OPTION_LINE = re.compile(r"^  (?:-\w, )?(--[a-z][a-z0-9-]*)(?: ?/ ?(--[a-z][a-z0-9-]*))?")
+
+
 def _help_flags(text: str) -> set[str]:
+    """The flags ``--help`` lists: the start of each option line (flags named in help text do not count)."""
     options = text.split("Options:", 1)[1] if "Options:" in text else ""
-    return {f for f in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", options) if f != "--help"}
+    flags = {f for line in options.splitlines() if (m := OPTION_LINE.match(line)) for f in m.groups() if f}
+    return flags - {"--help"}
 
 
 def test_cli_reference_matches_help():

@@ -105,6 +105,8 @@ def check_parses(args: list[str]) -> None:
     args = [a for a in args if a not in ("--help", "-h")]
     command, ctx, rest, name = cli, None, list(args), "mechkit"
     while True:
+        if not rest and isinstance(command, click.Group):
+            return  # `mechkit --help`, `mechkit taskvec --help`: the command exists
         try:
             ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=False)
         except click.BadParameter as err:
