@@ -120,16 +120,10 @@ def plugin_command(name: str) -> click.Command:
     params += [declared_option(opt) for opt in cls.options]
 
     def callback(**kwargs) -> None:
-        from rich.console import Console
-
-        from mechkit.report import print_summary
-        from mechkit.runner import report_tables, run_plugin
+        from mechkit.runner import run_plugin
 
         kwargs.pop("verbose")  # read from the command line before parsing (mechkit.cli.main.verbosity)
         common = {k: kwargs.pop(k) for k in COMMON}
-        run = run_plugin(cls, **common, **kwargs)
-        console = Console()
-        print_summary(run.report, console=console, tables=report_tables(run.report, cls))
-        console.print(f"report: {run.out_dir}/report.json  ({run.out_dir}/report.html)")
+        run_plugin(cls, **common, **kwargs).show()  # the same summary as run.show() in Python
 
     return click.Command(name=name, params=params, callback=callback, help=cls.summary, short_help=cls.summary)

@@ -31,6 +31,7 @@ _API = {
     "record": "mechkit.hooking.core",
     "run_with_cache": "mechkit.hooking.core",
     "gradients": "mechkit.hooking.core",
+    "enable_grad": "mechkit.model.backends.grad",  # forwards build a graph only inside it (the gradient promise)
     "pattern_hooks": "mechkit.hooking.attention",
     "ablate": "mechkit.interventions.ablation",
     "edit_weights": "mechkit.interventions.weights",
@@ -44,6 +45,8 @@ _API = {
     "Result": "mechkit.plugin",
     "RunContext": "mechkit.plugin",
     "run": "mechkit.runner:run_plugin",  # run a plugin by name or class, as the CLI does
+    "Run": "mechkit.runner",
+    "load_report": "mechkit.runner:load_run",  # a written run read back as a Run (the dict: mechkit.report)
 }
 # Subpackages reachable as attributes before they are imported (``hooks_api``: an older name).
 _SUBPACKAGES = {"interventions": "mechkit.interventions", "hooks_api": "mechkit.interventions"}

@@ -147,8 +147,9 @@ class RunContext:
 
     def progress(self):
         """A rich progress bar on the run's console (stderr), transient so reports stay clean. Where the
-        console is neither a terminal nor a notebook (a log file, a pipe) a bar would draw nothing: plain
-        lines stand in, one per task at least every 30 s (:class:`mechkit.io.progress.PlainProgress`).
+        console is not a terminal (a log file, a pipe, a Jupyter notebook) a bar would draw nothing or need
+        ipywidgets: plain lines stand in, one per task at least every 30 s, 10 s in a notebook
+        (:class:`mechkit.io.progress.PlainProgress`).
 
         >>> import io
         >>> from rich.console import Console
@@ -159,10 +160,10 @@ class RunContext:
         """
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from mechkit.io.progress import PlainProgress
+        from mechkit.io.progress import draws_live, plain_progress
 
-        if not (self.console.is_terminal or self.console.is_jupyter):  # a bar would draw nothing there
-            return PlainProgress(self.console.file)
+        if not draws_live(self.console):  # a bar would draw nothing there, or want ipywidgets
+            return plain_progress(self.console)
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=self.console, transient=True)
 

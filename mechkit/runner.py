@@ -12,7 +12,7 @@ import json
 import random
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,16 +42,81 @@ class RunSetup:
     runs_on: tuple[str, str | None]
 
 
-@dataclass
+@dataclass(repr=False)
 class Run:
-    """A finished run: the report dict and where it was written (None when not written)."""
+    """A finished run: the report dict and where it was written (None when not written).
+
+    At a prompt it shows in a few lines (plugin, model, finding, where it is); in Jupyter it renders
+    inline as the top of its ``report.html`` (:mod:`mechkit.report.inline`); :meth:`show` prints what
+    the CLI prints after a run. ``figures`` holds an unwritten run's figures (``write=False``).
+    """
 
     report: dict
     out_dir: Path | None
+    figures: dict = field(default_factory=dict, compare=False)
+    plugin: type[Plugin] | None = field(default=None, compare=False)
 
     @property
     def results(self) -> dict:
         return self.report["results"]
+
+    @property
+    def finding(self) -> str:
+        """The plugin's one- or two-sentence finding ("" where it states none)."""
+        return str(self.report.get("finding") or "")
+
+    def __repr__(self) -> str:
+        from mechkit.report.inline import report_text
+
+        return "Run: " + report_text(self.report, self.out_dir)
+
+    __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        from mechkit.report.inline import render_fragment
+
+        return render_fragment(self.report, self.images(), report_tables(self.report, self.plugin), self.out_dir)
+
+    def images(self) -> dict[str, bytes]:
+        """The run's figures as PNG bytes: read from its directory, or drawn from ``figures`` when unwritten."""
+        from mechkit.report.inline import report_images
+
+        if self.out_dir is not None:
+            return report_images(self.out_dir, self.report)
+        from mechkit.report.writer import figure_png
+
+        return {(n if n.endswith(".png") else f"{n}.png"): figure_png(f) for n, f in self.figures.items()}
+
+    def show(self, console=None) -> None:
+        """Print the summary the CLI prints after a run: finding, tables, timings, where the report is."""
+        from rich.console import Console
+
+        from mechkit.report import print_summary
+
+        console = console or Console()
+        print_summary(self.report, console=console, tables=report_tables(self.report, self.plugin))
+        if self.out_dir is not None:
+            console.print(f"report: {self.out_dir}/report.json  ({self.out_dir}/report.html)", markup=False)
+
+
+def load_run(path: str | Path) -> Run:
+    """A written run read back from its directory (or its ``report.json``): the same :class:`Run` that
+    :func:`run_plugin` returned, shown the same way at a prompt, in Jupyter and by :meth:`Run.show`.
+
+    >>> import tempfile, mechkit as mk
+    >>> out = tempfile.mkdtemp() + "/inspect"
+    >>> _ = mk.run("inspect", model="tiny:gpt2", out=out)
+    >>> run = mk.load_report(out)
+    >>> run.results["anatomy"]["n_layers"], len(repr(run).splitlines()) <= 6
+    (2, True)
+    >>> 'src="data:image/png;base64,' in run._repr_html_()
+    True
+    """
+    from mechkit.report import load_report
+
+    p = Path(path)
+    report = load_report(p)
+    return Run(report=report, out_dir=p if p.is_dir() else p.parent)
 
 
 def _seed_everything(seed: int) -> None:
@@ -101,6 +166,10 @@ def run_plugin(
     **options: Any,
 ) -> Run:
     """Run a plugin and write its report; returns the :class:`Run`.
+
+    It prints nothing but progress: the run is the return value. Displayed (the last line of a Jupyter
+    cell, ``display(run)``) it renders inline; ``print(run)`` gives its finding in a few lines and
+    ``run.show()`` prints the summary the CLI prints (:func:`mechkit.report.print_summary`).
 
     Before the model loads: the options are checked, then ``out`` (:func:`mechkit.io.check_out`: not a
     file, not a read-only place, no report there without ``force``) and it is locked for the run
@@ -201,7 +270,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
                          tables=report_tables(report, cls, console))
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
-    return Run(report=report, out_dir=out_dir)
+    return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
 
 
 def _load(cls: type[Plugin], setup: RunSetup):

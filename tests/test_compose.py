@@ -208,7 +208,7 @@ def test_mean_ablation_attribution_is_the_per_position_formula(tiny_llama, swap_
         kept[point.layer] = x
         return x
 
-    with torch.enable_grad(), mk.hooks(tiny_llama, {"blocks.*.hook_mlp_out": keep}):
+    with mk.enable_grad(), mk.hooks(tiny_llama, {"blocks.*.hook_mlp_out": keep}):
         lp, _ = row_metrics(forward_kept(tiny_llama, batch), batch)
         grads = torch.autograd.grad(lp.sum(), [kept[0], kept[1]])
     valid = batch.mask[:, :, None].float()

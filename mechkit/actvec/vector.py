@@ -52,6 +52,25 @@ class ActivationVector:
     scale: float = 1.0
     span: int = 1
 
+    def __repr__(self) -> str:
+        """Method, task, layer, shape, norm and scale in a few lines — never the vector itself.
+
+        >>> import torch
+        >>> print(repr(ActivationVector(torch.ones(2, 4), "task-vector", "antonym", 1, "replace")))
+        ActivationVector task-vector for antonym: [2, 4] float32, layer 1 (replace), norm 2 at that layer, scale 1
+        """
+        norm = float(self.at().float().norm())
+        span = f", span {self.span}" if self.span != 1 else ""
+        heads = f", {len(self.heads)} heads" if self.heads else ""
+        lines = [f"ActivationVector {self.method} for {self.task}: {list(self.vector.shape)} "
+                 f"{str(self.vector.dtype).removeprefix('torch.')}, layer {self.layer} ({self.mode}), "
+                 f"norm {norm:.4g} at that layer, scale {self.scale:g}{span}{heads}"]
+        if self.model_sha256:
+            lines.append(f"  model sha256 {self.model_sha256[:12]}…")
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
     def at(self, layer: int | None = None) -> torch.Tensor:
         layer = self.layer if layer is None else layer
         return self.vector[layer] if self.vector.dim() == 2 else self.vector

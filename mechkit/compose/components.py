@@ -44,6 +44,7 @@ from mechkit.errors import MechkitError
 from mechkit.eval import batches, forward_kept, row_metrics
 from mechkit.heads import Head, all_heads, exact_effects, top_heads
 from mechkit.hooking.core import hooks
+from mechkit.model.backends.grad import enable_grad
 from mechkit.model.edit.partial import capture_block_inputs, run_from
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def _attribution(handle: ModelHandle, prompts: Sequence, mlp_mode: str, batch_si
 
             return fn
 
-        with torch.enable_grad(), hooks(handle, {"blocks.*.attn.hook_z": keep(zs), "blocks.*.hook_mlp_out": keep(outs)}):
+        with enable_grad(), hooks(handle, {"blocks.*.attn.hook_z": keep(zs), "blocks.*.hook_mlp_out": keep(outs)}):
             row_lp, _ = row_metrics(forward_kept(handle, batch), batch)
             layers = sorted(zs)
             grads = torch.autograd.grad(row_lp.sum(), [zs[i] for i in layers] + [outs[i] for i in layers])

@@ -20,6 +20,7 @@ from einops import rearrange
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.points import HookPoint, resolve
+from mechkit.model.backends.grad import enable_grad
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -140,6 +141,32 @@ class Cache(dict):
     def get(self, name: str, default=None):
         return self[name] if name in self else default  # noqa: SIM401 (dict.get would skip __getitem__)
 
+    def __repr__(self) -> str:
+        """The names with shapes and dtypes, a few lines (never the tensors): ``Cache of 2 hook points …``.
+
+        >>> import mechkit as mk
+        >>> m = mk.load_model("tiny:llama")
+        >>> _, cache = mk.run_with_cache(m, m.to_tokens("hello"), "blocks.*.attn.hook_z")
+        >>> print(repr(cache))                                 # doctest: +ELLIPSIS
+        Cache of 2 hook points from tiny:llama, ... MB
+          blocks.0.attn.hook_z  [1, ..., 4, 16] float32
+          blocks.1.attn.hook_z  [1, ..., 4, 16] float32
+        """
+        shown, names = 8, list(self)
+        size = sum(t.numel() * t.element_size() for parts in dict.values(self) for t in parts)
+        model = f" from {self.handle.spec}" if self.handle is not None else ""
+        lines = [f"Cache of {len(names)} hook point{'s' if len(names) != 1 else ''}{model}, {size / 1e6:.3g} MB"]
+        width = max((len(n) for n in names[:shown]), default=0)
+        for name in names[:shown]:
+            parts = dict.__getitem__(self, name)
+            shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
+            lines.append(f"  {name:<{width}}  {shape} {str(parts[0].dtype).removeprefix('torch.')}")
+        if len(names) > shown:
+            lines.append(f"  … {len(names) - shown} more (list(cache) names them all)")
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
 
 @contextlib.contextmanager
 def record(handle: ModelHandle, names: str | list[str], device: str | None = None) -> Iterator[Cache]:
@@ -172,6 +199,9 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
               ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """One forward and backward: ``(metric(logits), {name: (activation, d metric / d activation)})``.
 
+    It turns grad on for its own forward (:func:`mechkit.enable_grad`), also under ``torch.no_grad()``;
+    what it returns is detached.
+
     ``kwargs`` go to the forward (``attention_mask``, ``logits_to_keep``…). On the nnsight backend the
     backward runs inside the trace, so remotely only activations and gradients come back (``metric``
     is shipped by value: keep it to torch and mechkit code).
@@ -192,7 +222,7 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
         acts[point.name] = act
         return act  # returned, so the module consumes it and gradients reach it
 
-    with torch.enable_grad(), hooks(handle, {p.name: keep for p in points}):
+    with enable_grad(), hooks(handle, {p.name: keep for p in points}):
         value = metric(handle(input_ids, **kwargs))
         grads = torch.autograd.grad(value, [acts[p.name] for p in points])
     return value.detach(), {p.name: (acts[p.name].detach(), g) for p, g in zip(points, grads, strict=True)}

@@ -1,7 +1,8 @@
 """Progress a person can see wherever stderr goes.
 
-A rich bar is drawn only on a terminal or in a notebook: redirected to a file, it draws nothing, and a
-long run looks hung. :class:`PlainProgress` stands in there with the same calls (``add_task``,
+A rich bar is drawn only on a terminal (:func:`draws_live`): redirected to a file it draws nothing, and a
+long run looks hung; in Jupyter a live display needs ipywidgets, and without it rich warns and leaves
+empty output blocks behind. :class:`PlainProgress` stands in there with the same calls (``add_task``,
 ``advance``, ``update``), printing one plain line per unfinished task every ``every`` seconds (a timer
 thread, so a single slow step still reports) and one when it ends. A task shorter than ``every`` prints
 only its end: a run that stops early on bad input still says so in one line.
@@ -134,11 +135,39 @@ class Heartbeat:
                 _last_line[0] = now
 
 
-def heartbeat(console, label: str, every: float = 30.0):
-    """A :class:`Heartbeat` on a rich ``console``'s file where no bar can show (a log file, a pipe);
-    nothing on a terminal or in a notebook, where bars and spinners speak for themselves."""
+NOTEBOOK_EVERY = 10.0  # seconds between plain progress lines in a notebook, where a reader is watching
+
+
+def draws_live(console) -> bool:
+    """Whether a rich live display (a bar, a spinner) works on ``console``: on a terminal only. A log
+    file or a pipe shows nothing of it, and a notebook needs ipywidgets for it; those get plain lines
+    on the console's file (in Jupyter, the cell's stderr stream).
+
+    >>> import io
+    >>> from rich.console import Console
+    >>> draws_live(Console(file=io.StringIO(), force_terminal=True))
+    True
+    >>> draws_live(Console(file=io.StringIO(), force_jupyter=True)), draws_live(Console(file=io.StringIO()))
+    (False, False)
+    """
+    return bool(console.is_terminal) and not console.is_jupyter
+
+
+def plain_every(console) -> float:
+    """How often plain progress lines come where no bar draws: every 10 s in a notebook, 30 s in a log."""
+    return NOTEBOOK_EVERY if console.is_jupyter else 30.0
+
+
+def plain_progress(console) -> PlainProgress:
+    """:class:`PlainProgress` on ``console``'s file, as often as :func:`plain_every` says."""
+    return PlainProgress(console.file, plain_every(console))
+
+
+def heartbeat(console, label: str, every: float | None = None):
+    """A :class:`Heartbeat` on a rich ``console``'s file where no bar can show (a log file, a pipe, a
+    notebook); nothing on a terminal, where bars and spinners speak for themselves."""
     import contextlib
 
-    if console.is_terminal or console.is_jupyter:
+    if draws_live(console):
         return contextlib.nullcontext()
-    return Heartbeat(console.file, label, every)
+    return Heartbeat(console.file, label, every if every is not None else plain_every(console))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,17 +93,41 @@ class ModelHandle:
         return tok.bos_token_id if ids and ids[0] == tok.bos_token_id else None
 
     def __call__(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Logits of a plain forward pass (no grad unless the caller enables it), through the backend
-        (on nnsight: one trace running the active hook functions)."""
+        """Logits of a plain forward pass, through the backend (on nnsight: one trace running the active
+        hook functions). Without grad unless the caller asks inside :func:`mechkit.enable_grad`
+        (:mod:`mechkit.model.backends.grad`): the logits plot and convert to numpy as they are."""
         return self.forward(input_ids, use_cache=False, **kwargs).logits
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
         """The model's whole output (logits, the KV cache with ``use_cache=True``: read it with
         :func:`mechkit.model.compat.cache_of`…) of one forward
-        through the backend: what code that decodes step by step calls instead of ``handle.model``."""
-        if self.backend.traced:
-            return self.backend.forward(input_ids.to(self.device), **kwargs)
-        return self.model(input_ids=input_ids.to(self.device), **kwargs)
+        through the backend: what code that decodes step by step calls instead of ``handle.model``.
+        Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
+        from mechkit.model.backends.grad import forward_grad_mode
+
+        with forward_grad_mode():
+            if self.backend.traced:
+                return self.backend.forward(input_ids.to(self.device), **kwargs)
+            return self.model(input_ids=input_ids.to(self.device), **kwargs)
+
+    def __repr__(self) -> str:
+        """Its anatomy in a few lines, not the module tree (``handle.model`` shows that) nor the tokenizer.
+
+        >>> import mechkit as mk
+        >>> print(repr(mk.load_model("tiny:llama")))            # doctest: +ELLIPSIS
+        ModelHandle tiny:llama
+          family   llama (LlamaForCausalLM)
+          layers   2
+          heads    4 (2 KV) × d_head 16
+          d_model  64 (d_mlp ...)
+          params   ...
+          device   cpu · float32
+        """
+        return handle_text(self)
+
+    def _repr_html_(self) -> str:
+        """The same rows as a small table, for Jupyter."""
+        return handle_html(self)
 
     def to_tokens(self, text: str | list[str]) -> torch.Tensor:
         """Token ids (with BOS where the tokenizer adds one), right-padded to a batch."""
@@ -142,6 +167,66 @@ class ModelHandle:
             **({"backend": self.backend.info()} if self.backend.traced else {}),
             "weights_sha256": self.weights_sha256(),
         }
+
+
+def count(n: float) -> str:
+    """``1234567`` → ``1.23M``: a parameter count as people say it.
+
+    >>> count(134515008), count(6400), count(12)
+    ('134.5M', '6.4k', '12')
+    """
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.4g}{unit}"
+    return f"{n:g}"
+
+
+def handle_rows(handle: ModelHandle) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of the handle's anatomy and placement."""
+    a = handle.anatomy
+    arch = (getattr(handle.model.config, "architectures", None) or [type(handle.model).__name__])[0]
+    heads = f"{a.n_heads}" + (f" ({a.n_kv_heads} KV)" if a.n_kv_heads not in (None, a.n_heads) else "")
+    rows = [
+        ("family", f"{a.family_name} ({arch})"),
+        ("layers", str(a.n_layers)),
+        ("heads", f"{heads} × d_head {a.d_head}"),
+        ("d_model", f"{a.d_model}" + (f" (d_mlp {a.d_mlp})" if a.d_mlp else "")),
+        ("params", count(sum(p.numel() for p in handle.model.parameters()))),
+        ("device", _placement(handle)),
+    ]
+    if handle.backend.traced:
+        rows.append(("backend", str(handle.backend.info().get("name", "nnsight"))))
+    return rows
+
+
+def _placement(handle: ModelHandle) -> str:
+    where = str(handle.device)
+    spread = handle.device_map
+    if spread:
+        where += f" (spread over {', '.join(sorted(set(map(str, spread.values()))))})"
+    return f"{where} · {str(handle.dtype).removeprefix('torch.')}"
+
+
+def handle_text(handle: ModelHandle) -> str:
+    """The handle in a few aligned lines (its ``repr``)."""
+    try:
+        rows = handle_rows(handle)
+    except Exception as err:  # a repr must never raise: a half-loaded or remote model still shows its name
+        return f"ModelHandle {handle.spec} ({type(err).__name__} reading its anatomy)"
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"ModelHandle {handle.spec}", *(f"  {label:<{width}}  {value}" for label, value in rows)])
+
+
+def handle_html(handle: ModelHandle) -> str:
+    """The same rows as a small HTML table (Jupyter's rich display of the handle)."""
+    try:
+        rows = handle_rows(handle)
+    except Exception:
+        return f"<pre>{escape(handle_text(handle))}</pre>"
+    body = "".join(f'<tr><th style="text-align:left">{escape(k)}</th><td style="text-align:left">{escape(v)}</td></tr>'
+                   for k, v in rows)
+    return f"<table><caption style=\"text-align:left\"><b>ModelHandle</b> <code>{escape(handle.spec)}</code>" \
+           f"</caption>{body}</table>"
 
 
 def _u8():

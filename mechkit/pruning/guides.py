@@ -34,6 +34,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.hooking.core import hooks
+from mechkit.model.backends.grad import enable_grad
 from mechkit.model.linear import weight_out_in
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def _attribute(handle: ModelHandle, passes, stats: UnitStats, baseline: str, gui
 
         names = ["blocks.*.mlp.hook_post", "blocks.*.attn.hook_z", "blocks.*.hook_resid_pre",
                  "blocks.*.hook_resid_post"]
-        with torch.enable_grad(), hooks(handle, dict.fromkeys(names, keep)):
+        with enable_grad(), hooks(handle, dict.fromkeys(names, keep)):
             logp = forward()
             order = sorted(acts)
             grads = dict(zip(order, torch.autograd.grad(logp.sum(), [acts[k] for k in order], allow_unused=True),

@@ -53,26 +53,14 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
     """Return the report as one HTML page; ``images`` maps artifact file names to PNG bytes and
     ``tables`` are the plugin's (default: :func:`~mechkit.report.table.generic_tables` of the results)."""
     results = report.get("results") or {}
-    tables = generic_tables(results) if tables is None else tables
-    names = [a for a in report.get("artifacts") or [] if a in images] + \
-        [n for n in images if n not in (report.get("artifacts") or [])]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_escape(report.get('plugin', 'mechkit'))} — mechkit report</title>",
         f"<style>{CSS}</style></head><body>",
-        _header(report),
+        *top_sections(report, images, tables),
     ]
-    if report.get("finding"):
-        parts.append(f'<p class="finding">{_escape(report["finding"])}</p>')
-    if names:
-        parts.append(figure_html(names[0], images[names[0]], headline=True))
-    if tables:
-        parts += ["<h2>Results</h2>", *(table_html(t) for t in tables)]
-    if len(names) > 1:
-        parts += ["<h2>More figures</h2>",
-                  '<div class="figs">' + "".join(figure_html(n, images[n]) for n in names[1:]) + "</div>"]
     others = [a for a in report.get("artifacts") or [] if a not in images]
     parts.append("<h2>Details</h2>")
     if others:
@@ -86,6 +74,40 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
                  "<code>report.json</code></p>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
+
+
+def top_sections(report: dict, images: dict[str, bytes], tables: list[Table] | None = None) -> list[str]:
+    """What a reader reads first, in order: the header, the finding, the headline figure, the tables, the
+    other figures. The page and the notebook view (:mod:`mechkit.report.inline`) both start with these."""
+    tables = generic_tables(report.get("results") or {}) if tables is None else tables
+    names = [a for a in report.get("artifacts") or [] if a in images] + \
+        [n for n in images if n not in (report.get("artifacts") or [])]
+    parts = [_header(report)]
+    if report.get("finding"):
+        parts.append(f'<p class="finding">{_escape(report["finding"])}</p>')
+    if names:
+        parts.append(figure_html(names[0], images[names[0]], headline=True))
+    if tables:
+        parts += ["<h2>Results</h2>", *(table_html(t) for t in tables)]
+    if len(names) > 1:
+        parts += ["<h2>More figures</h2>",
+                  '<div class="figs">' + "".join(figure_html(n, images[n]) for n in names[1:]) + "</div>"]
+    return parts
+
+
+def details_html(summary: str, body: str) -> str:
+    """A collapsed section: ``summary`` shown, ``body`` on a click."""
+    return _details(summary, body)
+
+
+def kv_html(d: dict) -> str:
+    """A two-column key/value table."""
+    return _kv_table(d)
+
+
+def seconds(timings: dict) -> dict:
+    """Timings as people read them: ``2.31 s``, ``1,024 MB``."""
+    return _seconds(timings)
 
 
 def table_html(t: Table) -> str:

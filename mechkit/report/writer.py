@@ -125,6 +125,15 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
     (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
 
 
+def figure_png(fig: Figure) -> bytes:
+    """One figure as the PNG bytes a report holds (the same DPI and cropping as the written file)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=PNG_DPI, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
 def _png_name(name: str) -> str:
     return name if name.lower().endswith(".png") else f"{name}.png"
 
@@ -182,4 +191,4 @@ def _move_into(tmp: Path, out: Path, names: list[str]) -> None:
         raise
 
 
-__all__ = ["default_out_dir", "write_report"]
+__all__ = ["default_out_dir", "figure_png", "write_report"]

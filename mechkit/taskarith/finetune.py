@@ -153,6 +153,7 @@ def _trainable(model: nn.Module, recipe: Recipe, targets: list[str]) -> nn.Modul
     return get_peft_model(model, config)
 
 
+@torch.enable_grad()  # training: grad on even under the caller's torch.no_grad() (mechkit.model.backends.grad)
 def finetune(handle: ModelHandle, recipe: Recipe,
              on_step: Callable[[int, float], None] | None = None,
              checkpoint: Path | None = None, checkpoint_every: int = 50) -> Finetuned:

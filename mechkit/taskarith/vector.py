@@ -31,6 +31,7 @@ import fnmatch
 import json
 import re
 import struct
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,32 @@ class TaskVector:
         if base is not None:
             meta["base"] = base
         return TaskVector(deltas, meta)
+
+    def __repr__(self) -> str:
+        """What it is in a few lines: tasks, base, tensor count, parameters, norm, the operations that made
+        it, its file — never the tensors (``deltas`` holds them).
+
+        >>> import torch
+        >>> print(repr(TaskVector({"w": torch.ones(2, 2), "b": torch.zeros(2)}, {"tasks": ["capitalize"]})))
+        TaskVector of capitalize: 2 tensors, 6 params, norm 2
+        """
+        from mechkit.model.handle import count
+
+        norm = float(sum(float(v.float().pow(2).sum()) for v in self.deltas.values())) ** 0.5
+        tasks = ", ".join(map(str, self.meta.get("tasks") or [])) or "no named task"
+        base = self.meta.get("base")
+        label = base_label(base) if isinstance(base, Mapping) and base else None
+        lines = [f"TaskVector of {tasks}" + (f" (base {label})" if label else "")
+                 + f": {len(self.deltas)} tensor{'s' if len(self.deltas) != 1 else ''}, "
+                 f"{count(sum(v.numel() for v in self.deltas.values()))} params, norm {norm:.4g}"]
+        ops = [str(op) for op in self.meta.get("ops") or []]
+        if ops:
+            lines.append("  ops: " + textwrap.shorten(", ".join(ops), 200, placeholder=" …"))
+        if self.path is not None:
+            lines.append(f"  file: {self.path}")
+        return "\n".join(lines)
+
+    __str__ = __repr__
 
     def describe(self) -> str:
         """How messages name this vector: its file, else its tasks."""

@@ -131,14 +131,17 @@ def peak_memory(metas: list[dict]) -> float | None:
 @contextmanager
 def progress(log: JobLog | None, console: Any) -> Iterator[None]:
     """While a plugin runs: its jobs are the ones ``log`` summarises (not the runner's probes around it),
-    and each update shows live on ``console`` — a transient status line on a terminal or in a notebook,
-    nothing on a log file or a pipe (the report keeps the totals; a failure is its own line)."""
+    and each update shows live on ``console`` — a transient status line on a terminal, nothing on a log
+    file, a pipe or in a notebook (no live display there without ipywidgets; the report keeps the totals,
+    a failure is its own line)."""
     if log is None:
         yield
         return
     first = len(log.jobs)
     try:
-        if console.is_terminal or console.is_jupyter:
+        from mechkit.io.progress import draws_live
+
+        if draws_live(console):
             with _live(log, console):
                 yield
         else:

@@ -122,7 +122,7 @@ def train_induction_model(seed: int = 0, steps: int = DEFAULT_STEPS, device: str
                                 weight_decay=t["weight_decay"])
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: _lr_factor(step, steps))
         low, high = t["seg_len"]
-        with _progress(progress, steps) as advance:
+        with _progress(progress, steps) as advance, torch.enable_grad():  # trains also under torch.no_grad()
             for _ in range(steps):
                 seg_len = int(torch.randint(low, high + 1, (1,), generator=gen))
                 ids = induction_batch(t["batch"], seg_len, gen).to(device)
@@ -146,9 +146,13 @@ def _progress(enabled: bool, steps: int):
     if not enabled:
         yield lambda loss: None  # no .item(): no device sync per step
         return
+    from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(transient=True) as bar:
+    from mechkit.io.progress import draws_live, plain_progress
+
+    console = Console(stderr=True)
+    with Progress(transient=True, console=console) if draws_live(console) else plain_progress(console) as bar:
         task = bar.add_task("training toy induction model", total=steps)
 
         def advance(loss) -> None:
