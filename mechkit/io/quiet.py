@@ -53,10 +53,13 @@ def quiet() -> Iterator[None]:
     if is_verbose():
         yield
         return
-    with warnings.catch_warnings(), _loggers_quiet(), _tqdm_off():
+    with warnings.catch_warnings():
         for category in NOISY_WARNINGS:
             warnings.filterwarnings("ignore", category=category)
-        yield
+        # tqdm.auto's import in a notebook without ipywidgets: mechkit's own progress is plain text there
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        with _loggers_quiet(), _tqdm_off():
+            yield
 
 
 class _MissingWeightsOnly(logging.Filter):
