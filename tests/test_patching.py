@@ -122,3 +122,28 @@ def test_different_lengths_patch_with_source_positions(model):
 
     with torch.no_grad(), mk.hooks(model, {"blocks.0.hook_resid_pre": by_hand}):
         assert torch.equal(got, model(longer))
+
+
+def test_the_patch_plugin_reports_recovery_dla_and_a_finding(tmp_path):
+    from plugins.patch import PatchPlugin
+
+    run = mk.run(PatchPlugin, model="tiny:llama", out=tmp_path / "patch", clean="abcab", corrupted="abdab",
+                 answers="c,d")
+    results = run.report["results"]
+    assert results["resid_recovery"][0][2] == pytest.approx(1.0, abs=1e-4)  # the only differing token, layer 0
+    assert results["tokens"][2] == "c/d" and abs(results["dla_unexplained"]) < 1e-4
+    assert "restores 100%" in run.report["finding"]
+    assert {"resid_pre_recovery.png", "head_recovery.png", "dla_heads.png"} <= set(run.report["artifacts"])
+    assert [t.title for t in PatchPlugin.tables(results)][0].startswith("Heads whose")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"clean": "abcab"}, "go together"),
+    ({"clean": "abcab", "corrupted": "abdab", "answers": "c"}, "two answers"),
+])
+def test_the_plugin_refuses_incomplete_pairs_before_loading(tmp_path, options, message):
+    from mechkit.options import OptionError
+    from plugins.patch import PatchPlugin
+
+    with pytest.raises(OptionError, match=message):
+        mk.run(PatchPlugin, model="no-such-model", out=tmp_path / "x", **options)

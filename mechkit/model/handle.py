@@ -119,10 +119,7 @@ class ModelHandle:
         >>> m.to_str_tokens("hi you")       # the tiny models' tokenizer has one token per character
         ['h', 'i', ' ', 'y', 'o', 'u']
         """
-        if isinstance(text, str):
-            ids = self.to_tokens(text)[0]
-        else:
-            ids = text
+        ids = self.to_tokens(text)[0] if isinstance(text, str) else text
         ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
         return [self.tokenizer.decode([i]) for i in ids]
 

@@ -108,7 +108,8 @@ def source_cache(handle: ModelHandle, source: Cache | torch.Tensor, names: list[
     """``source`` itself, or the named points recorded on the source prompt ``source`` (token ids)."""
     if not isinstance(source, torch.Tensor):
         return source
-    with torch.no_grad(), record(handle, sorted(set(names))) as cache:
+    points = list(dict.fromkeys(p.name for name in names for p in resolve(handle.anatomy, name)))  # each once
+    with torch.no_grad(), record(handle, points) as cache:
         handle(source)
     cache.ids = source
     return cache

@@ -129,7 +129,10 @@ def _directed(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor,
         base = {"clean": float(metric(handle(clean)[:, kwargs.get("answer_pos", -1)])[0]),
                 "corrupted": float(metric(handle(corrupted)[:, kwargs.get("answer_pos", -1)])[0])}
     values = scan(handle, target, source, point, metric, over=over, **kwargs)
-    labels = handle.to_str_tokens(target) if over == "position" else [str(h) for h in range(values.shape[1])]
+    labels = [str(h) for h in range(values.shape[1])]
+    if over == "position":  # a token the prompts disagree on shows both: clean/corrupted
+        labels = [a if a == b else f"{a}/{b}" for a, b in zip(handle.to_str_tokens(clean), handle.to_str_tokens(corrupted),
+                                                               strict=True)]
     return PatchScan(point, over, values, base["clean"], base["corrupted"], "denoising" if denoising else "noising",
                      labels)
 
