@@ -24,6 +24,8 @@ PatternFn = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 # id(attention module) -> hook functions; read by the registered attention function.
 _ACTIVE: dict[int, list[PatternFn]] = {}
+# id(attention module) -> {"q"|"k"|"v": functions of [batch, pos, heads, d_head]} (post-RoPE inputs).
+_QKV: dict[int, dict[str, list[PatternFn]]] = {}
 _REGISTERED: set[str] = set()
 # id(config) -> [the implementation it had before any pattern context, open contexts]: contexts
 # nest and may close in any order; the config goes back only when the last one closes.
@@ -67,8 +69,26 @@ def attend(pattern: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> t
     return torch.matmul(pattern.to(device=v.device, dtype=v.dtype), v).transpose(1, 2).contiguous()
 
 
+def _apply_qkv(fns: dict[str, list[PatternFn]], query, key, value) -> tuple:
+    """Run the q/k/v functions on ``[batch, pos, heads, d_head]`` views of what attention receives."""
+    out = {"q": query, "k": key, "v": value}
+    for role, role_fns in fns.items():
+        x = out[role].transpose(1, 2)
+        changed = False
+        for fn in role_fns:
+            new = fn(x)
+            if new is not None:
+                x, changed = new.to(device=x.device, dtype=x.dtype), True
+        if changed:
+            out[role] = x.transpose(1, 2).contiguous()
+    return out["q"], out["k"], out["v"]
+
+
 def _make_dispatch(base: str) -> Callable:
     def attention(module, query, key, value, attention_mask, **kwargs):
+        qkv = _QKV.get(id(module))
+        if qkv:
+            query, key, value = _apply_qkv(qkv, query, key, value)
         hooks = _ACTIVE.get(id(module))
         if not hooks:
             if base == "eager":
@@ -111,7 +131,8 @@ def _configs(model: torch.nn.Module) -> list:
 
 
 @contextlib.contextmanager
-def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]]) -> Iterator[None]:
+def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
+                  qkv: dict[int, dict[str, list[PatternFn]]] | None = None) -> Iterator[None]:
     """Attach pattern functions ``{layer: [fn, ...]}``; each gets ``[batch, n_heads, q, k]``.
 
     A function returning a tensor replaces the pattern (the layer's output is recomputed from
@@ -126,6 +147,10 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]]) -> Itera
     ...     _ = m(m.to_tokens("hi"))
     >>> seen[0][1:]            # [batch, heads, q, k]
     (4, 2, 2)
+
+    ``qkv`` (``{layer: {"q"|"k"|"v": [fn, ...]}}``) attaches functions to the post-RoPE query, key and
+    value the attention function receives, each as ``[batch, pos, heads, d_head]`` (key and value with the
+    KV heads); a layer with only these keeps the model's own kernel.
     """
     if handle.backend.traced:
         from mechkit.errors import MechkitError
@@ -136,13 +161,19 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]]) -> Itera
     configs = _configs(handle.model)
     base = _base(configs)
     name = _register(base)
-    keys = []
+    keys, qkv_keys = [], []
     switched = []
     try:
         for layer, layer_fns in fns.items():
             key = id(handle.anatomy.attn(layer))
             _ACTIVE.setdefault(key, []).extend(layer_fns)
             keys.append((key, layer_fns))
+        for layer, roles in (qkv or {}).items():
+            key = id(handle.anatomy.attn(layer))
+            entry = _QKV.setdefault(key, {})
+            for role, role_fns in roles.items():
+                entry.setdefault(role, []).extend(role_fns)
+            qkv_keys.append((key, roles))
         for config in configs:
             entry = _SWITCHED.setdefault(id(config), [config._attn_implementation, 0])
             entry[1] += 1
@@ -162,6 +193,16 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]]) -> Itera
                 _ACTIVE[key] = remaining
             else:
                 _ACTIVE.pop(key, None)
+        for key, roles in qkv_keys:
+            entry = _QKV.get(key, {})
+            for role, role_fns in roles.items():
+                left = [f for f in entry.get(role, []) if all(f is not g for g in role_fns)]
+                if left:
+                    entry[role] = left
+                else:
+                    entry.pop(role, None)
+            if not entry:
+                _QKV.pop(key, None)
 
 
 def _base(configs: list) -> str:

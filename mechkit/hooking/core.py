@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import rearrange
 
+from mechkit.errors import MechkitError
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
-from mechkit.hooking.points import HookPoint, resolve
+from mechkit.hooking.points import HookPoint, all_names, resolve
+from mechkit.model import norm
 from mechkit.model.backends.grad import enable_grad
 
 if TYPE_CHECKING:
@@ -52,6 +54,52 @@ def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     return new if new.device == old.device else new.to(old.device)
 
 
+def _read_only(point: HookPoint, fn: HookFn) -> HookFn:
+    def guarded(act: torch.Tensor, p: HookPoint) -> None:
+        if fn(act, p) is not None:
+            raise MechkitError(f"{point.name} can be read, not replaced",
+                               "patch the residual stream it is computed from (blocks.L.hook_resid_post)")
+
+    return guarded
+
+
+def _attach_scale(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
+    """``ln_final.hook_scale``: derived from the final norm's input (:func:`mechkit.model.norm.scale`)."""
+    module = handle.anatomy.final_norm
+    guarded = _read_only(point, fn)
+
+    def pre(_module, args, kwargs):
+        guarded(norm.scale(module, _first(args, kwargs)), point)
+
+    return module.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+def _attach_mid(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
+    """``hook_resid_mid``: read as the input of the module the family's MLP half starts with. A
+    replacement goes to that module and, as the difference it makes, to the block's output, so the
+    stream the block passes on carries it too (the MLP half's own residual add read the old value)."""
+    reader = handle.anatomy.resid_mid_reader(point.layer)
+    delta: list[torch.Tensor] = []
+
+    def pre(_module, args, kwargs):
+        x = _first(args, kwargs)
+        new = fn(x, point)
+        if new is None:
+            return None
+        new = _beside(new, x)
+        delta.append(new - x)
+        return _replace_first(args, kwargs, new)
+
+    def post(_module, _args, output):
+        if not delta:
+            return None
+        x = _output_tensor(output)
+        return _replace_output(output, x + _beside(delta.pop(), x))
+
+    return [reader.register_forward_pre_hook(pre, with_kwargs=True),
+            handle.anatomy.block(point.layer).register_forward_hook(post)]
+
+
 def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
@@ -69,7 +117,8 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.ho
             return _replace_first(args, kwargs, _beside(new, x))
 
         return module.register_forward_pre_hook(pre, with_kwargs=True)
-    module = {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp}[suffix](layer)
+    module = a.embed if suffix == "hook_embed" else \
+        {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp}[suffix](layer)
 
     def post(_module, _args, output):
         x = _output_tensor(output)
@@ -95,6 +144,7 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
         return
     removers: list[torch.utils.hooks.RemovableHandle] = []
     patterns: dict[int, list] = {}
+    qkv: dict[int, dict[str, list]] = {}
     with contextlib.ExitStack() as stack:
         try:
             for name, fn_or_fns in fns.items():
@@ -102,14 +152,23 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
                     for point in resolve(handle.anatomy, name):
                         if point.suffix == "attn.hook_pattern":
                             patterns.setdefault(point.layer, []).append(_bind(fn, point))
+                        elif point.suffix in _QKV:
+                            qkv.setdefault(point.layer, {}).setdefault(_QKV[point.suffix], []).append(_bind(fn, point))
+                        elif point.suffix == "hook_resid_mid":
+                            removers.extend(_attach_mid(handle, point, fn))
+                        elif point.suffix == "ln_final.hook_scale":
+                            removers.append(_attach_scale(handle, point, fn))
                         else:
                             removers.append(_attach(handle, point, fn))
-            if patterns:
-                stack.enter_context(pattern_hooks(handle, patterns))
+            if patterns or qkv:
+                stack.enter_context(pattern_hooks(handle, patterns, qkv))
             yield
         finally:
             for remover in removers:
                 remover.remove()
+
+
+_QKV = {"attn.hook_q": "q", "attn.hook_k": "k", "attn.hook_v": "v"}
 
 
 def _bind(fn: HookFn, point: HookPoint) -> Callable[[torch.Tensor], torch.Tensor | None]:
@@ -120,6 +179,7 @@ class Cache(dict):
     """Recorded activations by hook name; several forwards inside one context are concatenated on batch."""
 
     handle: ModelHandle | None = None  # the model recorded (set by :func:`record`)
+    inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
 
     def to_transformer_lens(self, model: Any = None) -> Any:
         """This recording as a TransformerLens ``ActivationCache`` (the same names; ``model`` defaults to a
@@ -183,12 +243,49 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
         cache.setdefault(point.name, []).append(value.to(device) if device else value)
 
     names = [names] if isinstance(names, str) else names
-    with hooks(handle, {name: keep for name in names}):
+    with hooks(handle, {name: keep for name in names}), _inputs_of(handle, cache):
         yield cache
 
 
-def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | list[str]) -> tuple[torch.Tensor, Cache]:
-    """Logits and the named activations of one forward pass."""
+@contextlib.contextmanager
+def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
+    """Keep each forward's token ids on ``cache`` (a few integers), so a conversion to TransformerLens can
+    record what its tools need and the user did not name (:mod:`mechkit.hooking.transformer_lens`)."""
+    if handle.backend.traced:
+        yield
+        return
+    cache.inputs = []
+
+    def pre(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor):
+            cache.inputs.append(ids.detach())
+
+    remover = handle.model.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        yield
+    finally:
+        remover.remove()
+
+
+def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | list[str] | None = None
+                   ) -> tuple[torch.Tensor, Cache]:
+    """Logits and the named activations of one forward pass; with no ``names``, every hook point
+    (:func:`~mechkit.hooking.points.all_names`), as TransformerLens' ``run_with_cache`` does.
+
+    Caching everything costs memory and time: per layer and token about ``6 * d_model + 3 * n_heads *
+    d_head + d_mlp`` floats plus ``n_heads * pos`` for the pattern (on SmolLM2-135M, ~9 MB per layer for a
+    100-token prompt), and the patterns are computed by eager attention in every layer instead of the
+    fused kernel. Name only what you need where memory or speed matters.
+
+    >>> import mechkit as mk
+    >>> m = mk.load_model("tiny:llama")
+    >>> logits, cache = run_with_cache(m, m.to_tokens("hello"))
+    >>> cache["blocks.1.attn.hook_q"].shape[2:], cache["ln_final.hook_scale"].shape[-1]
+    (torch.Size([4, 16]), 1)
+    """
+    if names is None:
+        names = all_names(handle.anatomy)
     with torch.no_grad(), record(handle, names) as cache:
         logits = handle(input_ids)
     return logits, cache

@@ -2,15 +2,24 @@
 
 Names follow TransformerLens so researchers already know them::
 
+    hook_embed                     token embedding            [batch, pos, d_model]
     blocks.{L}.hook_resid_pre      input of block L           [batch, pos, d_model]
+    blocks.{L}.attn.hook_q         per-head queries           [batch, pos, n_heads, d_head]
+    blocks.{L}.attn.hook_k         per-head keys              [batch, pos, n_kv_heads, d_head]
+    blocks.{L}.attn.hook_v         per-head values            [batch, pos, n_kv_heads, d_head]
+                                   (what the attention function receives: after RoPE where the
+                                   family rotates; TransformerLens calls those hook_rot_q/hook_rot_k)
     blocks.{L}.hook_resid_post     output of block L          [batch, pos, d_model]
     blocks.{L}.attn.hook_z         per-head outputs           [batch, pos, n_heads, d_head]
                                    (the input of the attention output projection)
     blocks.{L}.attn.hook_pattern   attention pattern          [batch, n_heads, q_pos, k_pos]
     blocks.{L}.hook_attn_out       attention block output     [batch, pos, d_model]
+    blocks.{L}.hook_resid_mid      stream between attention and MLP  [batch, pos, d_model]
+                                   (families with a sequential block; not GPT-NeoX's parallel one)
     blocks.{L}.mlp.hook_post       MLP neurons                [batch, pos, d_mlp]
                                    (the input of the MLP down projection)
     blocks.{L}.hook_mlp_out        MLP block output           [batch, pos, d_model]
+    ln_final.hook_scale            final norm's divisor       [batch, pos, 1]   (read-only)
 
 ``*`` matches any layer: ``blocks.*.attn.hook_z``.
 
@@ -18,7 +27,7 @@ The names are TransformerLens' own, and mean the same activations (a recording c
 ``ActivationCache`` as it is: :meth:`mechkit.hooking.Cache.to_transformer_lens`). Under grouped-query
 attention both count *query* heads: ``hook_z`` is each query head's output and ``hook_pattern`` each
 query head's pattern (a KV head shared by G query heads appears G times, as in TL's ``hook_z`` and
-``hook_pattern``; TL's ``hook_k``/``hook_v`` have ``n_kv_heads`` and have no mechkit name). The
+``hook_pattern``); ``hook_k``/``hook_v`` have ``n_kv_heads`` heads, as TL's do. The
 TransformerBridge's wrapper-level names are accepted as aliases (:data:`ALIASES`): ``blocks.L.hook_in``
 → ``hook_resid_pre``, ``hook_out`` → ``hook_resid_post``, ``attn.hook_out`` → ``hook_attn_out``,
 ``mlp.hook_out`` → ``hook_mlp_out``, ``mlp.out.hook_in`` → ``mlp.hook_post``.
@@ -34,9 +43,13 @@ from mechkit.errors import MechkitError
 from mechkit.model.anatomy import Anatomy
 
 SUFFIXES = (
-    "hook_resid_pre", "hook_resid_post", "attn.hook_z", "attn.hook_pattern",
-    "hook_attn_out", "mlp.hook_post", "hook_mlp_out",
+    "hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_pattern", "attn.hook_z",
+    "hook_attn_out", "hook_resid_mid", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
 )
+# Points outside the blocks: (name, where it sits in the forward: before block 0 or after the last)
+GLOBALS = (("hook_embed", "first"), ("ln_final.hook_scale", "last"))
+# Points a hook function may read but not replace.
+READ_ONLY = ("ln_final.hook_scale",)
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 # TransformerBridge names for the same activations -> mechkit's (TL's HookedTransformer) names
 ALIASES = {"hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "attn.hook_out": "hook_attn_out",
@@ -65,8 +78,24 @@ class HookPoint:
     suffix: str
 
 
+def _suffixes(anatomy: Anatomy) -> tuple[str, ...]:
+    """The block points this model has (``hook_resid_mid`` only where the family's block is sequential)."""
+    return tuple(s for s in SUFFIXES if s != "hook_resid_mid" or anatomy.family.resid_mid is not None)
+
+
 def all_names(anatomy: Anatomy) -> list[str]:
-    return [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in SUFFIXES]
+    """Every hook point of the model, in the order a forward reaches them."""
+    first = [name for name, where in GLOBALS if where == "first"]
+    last = [name for name, where in GLOBALS if where == "last" and anatomy.final_norm is not None]
+    return first + [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in _suffixes(anatomy)] + last
+
+
+def _point(anatomy: Anatomy, name: str) -> HookPoint:
+    match = _NAME.match(name)
+    if match:
+        return HookPoint(name=name, layer=int(match.group(1)), suffix=match.group(2))
+    where = dict(GLOBALS)[name]
+    return HookPoint(name=name, layer=-1 if where == "first" else anatomy.n_layers, suffix=name)
 
 
 def resolve(anatomy: Anatomy, pattern: str) -> list[HookPoint]:
@@ -77,10 +106,7 @@ def resolve(anatomy: Anatomy, pattern: str) -> list[HookPoint]:
     if not names:
         raise MechkitError(
             f"no hook point matches {pattern!r}",
-            f"use blocks.{{0..{anatomy.n_layers - 1}}}.{{{', '.join(SUFFIXES)}}} (with * for any layer)",
+            f"use blocks.{{0..{anatomy.n_layers - 1}}}.{{{', '.join(_suffixes(anatomy))}}} (with * for any layer), "
+            f"{' or '.join(name for name, _ in GLOBALS)}",
         )
-    points = []
-    for name in names:
-        layer, suffix = _NAME.match(name).groups()
-        points.append(HookPoint(name=name, layer=int(layer), suffix=suffix))
-    return points
+    return [_point(anatomy, name) for name in names]

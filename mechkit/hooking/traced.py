@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 # Where each hook point sits in a block's forward, in the order the forward reaches it.
-ORDER = {"hook_resid_pre": 0, "attn.hook_pattern": 1, "attn.hook_z": 2, "hook_attn_out": 3, "mlp.hook_post": 4,
+ORDER = {"hook_embed": 0, "hook_resid_pre": 0, "attn.hook_pattern": 1, "attn.hook_z": 2, "hook_attn_out": 3, "mlp.hook_post": 4,
          "hook_mlp_out": 5, "hook_resid_post": 6}
 
 
@@ -244,6 +244,7 @@ class Planner:
                                    ("mlp.hook_post", a.mlp_out(layer)), ("hook_mlp_out", a.mlp(layer)),
                                    ("hook_resid_post", a.block(layer))):
                 self.paths[f"blocks.{layer}.{suffix}"] = names[id(module)]
+        self.paths["hook_embed"] = names[id(a.embed)]
         self.remote = handle.backend.remote is not None
         self._ops: tuple[str, str] | None = None
         self._backend = handle.backend
@@ -266,6 +267,12 @@ class Planner:
         return self._ops
 
     def sites(self, points: list[HookPoint]) -> list[Site]:
+        unserved = sorted({p.suffix for p in points if p.suffix not in ORDER})
+        if unserved:
+            from mechkit.errors import MechkitError
+
+            raise MechkitError(f"{', '.join(unserved)} {'is' if len(unserved) == 1 else 'are'} not served by the "
+                               f"{self._backend.describe()} backend yet", "use --backend native for these hook points")
         out = []
         for point in sorted(points, key=lambda p: (p.layer, ORDER[p.suffix])):
             where = {"hook_resid_pre": "input", "attn.hook_z": "input", "mlp.hook_post": "input",

@@ -4,7 +4,11 @@ mechkit's hook names are TransformerLens' names for the same activations, so the
 recording itself, batch dimension kept, handed to ``ActivationCache`` with a ``TransformerBridge`` over
 the same model (built once per model from a copy: :func:`mechkit.model.transformer_lens.to_transformer_lens`).
 TL's logit lens (``accumulated_resid``), direct logit attribution (``decompose_resid``,
-``stack_head_results``… where they need only recorded points) and patching helpers then work on it.
+``stack_head_results(apply_ln=True)``) and patching helpers then work on it: what those tools read and
+the recording lacks (:data:`TL_NEEDS`: every block's residual stream, attention and MLP outputs, head
+outputs and the final norm's scale) is recorded on conversion, by running the recorded forwards again
+(native backend; the recording keeps their token ids), so a recording of two names converts to a cache
+TL's tools can use. The conversion costs one forward per recorded forward, and only when something is missing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ class Recording(Protocol):
     handle: ModelHandle | None
 
     def items(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+TL_NEEDS = ("hook_embed", "blocks.*.hook_resid_pre", "blocks.*.hook_resid_mid", "blocks.*.hook_resid_post",
+            "blocks.*.attn.hook_z", "blocks.*.hook_attn_out", "blocks.*.hook_mlp_out", "ln_final.hook_scale")
 
 _BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -61,4 +68,34 @@ def activation_cache(cache: Recording, model: Any = None) -> Any:
         if cache.handle is None:
             raise MechkitError("this recording does not know its model", "pass model= (a TransformerBridge)")
         model = bridge_for(cache.handle)
-    return ActivationCache({name: tensor for name, tensor in cache.items()}, model, has_batch_dim=True)
+    found = {name: tensor for name, tensor in cache.items()}
+    found.update(_completion(cache, found))
+    return ActivationCache(found, model, has_batch_dim=True)
+
+
+def _completion(cache: Recording, found: dict) -> dict:
+    """The points of :data:`TL_NEEDS` the recording lacks, recorded again on its forwards' token ids."""
+    import torch
+
+    from mechkit.hooking.core import record
+    from mechkit.hooking.points import all_names, resolve
+
+    handle, inputs = cache.handle, getattr(cache, "inputs", None)
+    if handle is None or not inputs:
+        return {}
+    have = set(all_names(handle.anatomy))
+    missing = [p.name for pattern in TL_NEEDS for p in _points(handle, pattern, resolve)
+               if p.name in have and p.name not in found]
+    if not missing:
+        return {}
+    with torch.no_grad(), record(handle, missing) as again:
+        for ids in inputs:
+            handle(ids)
+    return dict(again.items())
+
+
+def _points(handle: ModelHandle, pattern: str, resolve) -> list:
+    try:
+        return resolve(handle.anatomy, pattern)
+    except MechkitError:  # a point this family lacks (resid_mid of a parallel block, a norm-less model)
+        return []

@@ -37,6 +37,9 @@ class Family:
     mlp_in: tuple[str, ...] = ()
     unembed: str = "lm_head"
     norm_offset: float = 0.0  # Gemma's RMSNorm scales by (1 + weight)
+    # The module (inside a block) whose input is the residual stream between attention and MLP
+    # (``hook_resid_mid``); None where attention and MLP read the same input (GPT-NeoX's parallel residual).
+    resid_mid: str | None = "post_attention_layernorm"
 
 
 _LLAMA_LIKE = Family(
@@ -46,6 +49,7 @@ _LLAMA_LIKE = Family(
 )
 
 _GEMMA = replace(_LLAMA_LIKE, norm_offset=1.0)
+_GEMMA2 = replace(_GEMMA, resid_mid="pre_feedforward_layernorm")  # sandwich norms: the MLP's own pre-norm
 
 FAMILIES: dict[str, Family] = {
     "llama": _LLAMA_LIKE,
@@ -53,10 +57,10 @@ FAMILIES: dict[str, Family] = {
     "qwen2": _LLAMA_LIKE,
     "qwen3": _LLAMA_LIKE,
     "gemma": _GEMMA,
-    "gemma2": _GEMMA,
-    "gemma3_text": _GEMMA,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA2,
     "olmo": _LLAMA_LIKE,
-    "olmo2": _LLAMA_LIKE,
+    "olmo2": replace(_LLAMA_LIKE, resid_mid="mlp"),  # norms after each sublayer: the MLP reads the stream
     "phi3": Family(
         layers="model.layers", attn="self_attn", attn_out="o_proj", qkv="qkv_proj",
         mlp="mlp", mlp_in=("gate_up_proj",), mlp_out="down_proj",
@@ -65,13 +69,13 @@ FAMILIES: dict[str, Family] = {
     "gpt2": Family(
         layers="transformer.h", attn="attn", attn_out="c_proj", qkv="c_attn",
         mlp="mlp", mlp_in=("c_fc",), mlp_out="c_proj",
-        embed="transformer.wte", final_norm="transformer.ln_f",
+        embed="transformer.wte", final_norm="transformer.ln_f", resid_mid="ln_2",
     ),
     "gpt_neox": Family(
         layers="gpt_neox.layers", attn="attention", attn_out="dense", qkv="query_key_value",
         qkv_layout="interleaved",
         mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
-        embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
+        embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm", resid_mid=None,
     ),
 }
 
@@ -124,6 +128,12 @@ class Anatomy:
     def mlp_out(self, layer: int) -> nn.Module:
         """The MLP down projection; its input is the MLP's neurons."""
         return self.mlp(layer).get_submodule(self.family.mlp_out)
+
+    def resid_mid_reader(self, layer: int) -> nn.Module | None:
+        """The module whose input is ``hook_resid_mid`` (the stream between attention and MLP), or None
+        where the family has no such point (parallel attention and MLP)."""
+        path = self.family.resid_mid
+        return None if path is None else self.layers[layer].get_submodule(path)
 
     def attn_proj(self, layer: int, role: str) -> nn.Module | None:
         """``role`` in q, k, v, qkv: the projection module, or None where this family fuses it."""

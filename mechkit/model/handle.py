@@ -135,6 +135,19 @@ class ModelHandle:
         enc = self.tokenizer(texts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(self.device)
 
+    def to_str_tokens(self, text: str | torch.Tensor | list[int]) -> list[str]:
+        """Each token of ``text`` (or of token ids) as the text it stands for, BOS included where the
+        tokenizer adds one: ``[..., ' John']``, not the vocabulary's ``ĠJohn`` (tick labels, tables).
+
+        >>> import mechkit as mk
+        >>> m = mk.load_model("tiny:llama")
+        >>> m.to_str_tokens("hi you")       # the tiny models' tokenizer has one token per character
+        ['h', 'i', ' ', 'y', 'o', 'u']
+        """
+        ids = self.to_tokens(text)[0] if isinstance(text, str) else text
+        ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+        return [self.tokenizer.decode([i]) for i in ids]
+
     def weights_sha256(self) -> str:
         """SHA-256 of the parameters' bytes in name order (computed once, then remembered).
 

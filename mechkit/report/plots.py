@@ -38,8 +38,12 @@ def head_heatmap(
     title: str,
     cbar_label: str = "score",
     highlight: Sequence[tuple[int, int]] | None = None,
+    xlabels: Sequence[str] | None = None,
+    xlabel: str = "head",
 ) -> Figure:
     """Heatmap of per-head scores: layer on the y axis (layer 0 at the top), head on the x axis.
+
+    ``xlabels``/``xlabel`` label the columns otherwise (a layer × position map: the tokens).
 
     ``highlight`` boxes the given ``(layer, head)`` cells, e.g. the heads an ablation removed.
     Missing scores (``None``/NaN) are left blank.
@@ -58,10 +62,13 @@ def head_heatmap(
     image = ax.imshow(
         np.ma.masked_invalid(grid), aspect="auto", origin="upper", interpolation="nearest", cmap="viridis"
     )
-    _integer_ticks(ax.xaxis, n_heads)
+    if xlabels is not None:
+        ax.set_xticks(range(n_heads), [repr(t)[1:-1] for t in xlabels], rotation=60, ha="right")
+    else:
+        _integer_ticks(ax.xaxis, n_heads)
     _integer_ticks(ax.yaxis, n_layers)
     ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
-    ax.set_xlabel("head")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label=cbar_label)

@@ -1,0 +1,133 @@
+"""The logit lens and direct logit attribution, through the model's own final norm and unembedding.
+
+**Logit lens** (nostalgebraist 2020): each layer's residual stream decoded as if it were the last, through
+the final norm module itself (so the family's convention holds: Gemma's ``1 + weight``, a LayerNorm's
+centring) and the unembedding, with the final logit soft-capping where the family has one.
+
+**Direct logit attribution**: the final residual stream is the sum of the embedding (``blocks.0.hook_resid_pre``,
+with any position embedding or scaling the family adds), every attention layer's output (per head: its
+slice of ``hook_z`` through its columns of W_O, plus the projection's bias) and every MLP's output. With the
+final norm's scale **frozen at the run's values** (``ln_final.hook_scale``) the map to the logits is linear,
+so each component's projection on the answer direction ``W_U[correct] − W_U[wrong]`` is its share, and the
+shares plus the constant term (norm bias, unembedding bias) sum to the final logit difference. Frozen means:
+the attribution says what each component writes at this run's scale, not what removing it would do
+(removing it would change the scale). Families with norms after each sublayer (Gemma 2/3, OLMo 2) add the
+normed output, not ``hook_attn_out``; there :attr:`DLA.unexplained` is not zero, and says by how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from einops import einsum, rearrange
+
+from mechkit.model import norm
+from mechkit.model.edit.partial import _unembed
+from mechkit.model.linear import weight_out_in
+
+if TYPE_CHECKING:
+    from mechkit.hooking.core import Cache
+    from mechkit.model.handle import ModelHandle
+
+
+def logit_lens(handle: ModelHandle, cache: Cache, pos: int = -1) -> torch.Tensor:
+    """``[n_layers + 1, batch, vocab]``: the logits each block's input (and the last block's output)
+    would give at position ``pos``. Needs ``blocks.*.hook_resid_pre`` and the last ``hook_resid_post``
+    (``mk.record(m, lens_names(m))``); the last row equals the model's logits.
+
+    >>> import mechkit as mk
+    >>> m = mk.load_model("tiny:llama")
+    >>> logits, cache = mk.run_with_cache(m, m.to_tokens("hello"), lens_names(m))
+    >>> lens = logit_lens(m, cache)
+    >>> lens.shape[0], torch.allclose(lens[-1], logits[:, -1], atol=1e-4)
+    (3, True)
+    """
+    n = handle.anatomy.n_layers
+    stack = [cache[f"blocks.{L}.hook_resid_pre"][:, pos] for L in range(n)] + [cache[f"blocks.{n - 1}.hook_resid_post"][:, pos]]
+    with torch.no_grad():
+        return torch.stack([_unembed(handle, x[:, None].to(handle.device))[:, 0] for x in stack])
+
+
+def lens_names(handle: ModelHandle) -> list[str]:
+    """The hook points :func:`logit_lens` reads."""
+    return ["blocks.*.hook_resid_pre", f"blocks.{handle.anatomy.n_layers - 1}.hook_resid_post"]
+
+
+def dla_names(handle: ModelHandle) -> list[str]:
+    """The hook points :func:`direct_logit_attribution` reads."""
+    return ["blocks.0.hook_resid_pre", "blocks.*.attn.hook_z", "blocks.*.hook_attn_out", "blocks.*.hook_mlp_out",
+            f"blocks.{handle.anatomy.n_layers - 1}.hook_resid_post", "ln_final.hook_scale"]
+
+
+@dataclass
+class DLA:
+    """Each component's share of the logit difference at one position, per batch row: ``heads``
+    ``[batch, n_layers, n_heads]``, ``attn``/``mlp`` ``[batch, n_layers]`` (``attn`` = heads + the output
+    projection's bias), ``embed`` and ``constant`` ``[batch]``; ``total`` the sum, ``actual`` the logit
+    difference of the run (before any soft-capping), ``unexplained`` = actual − total."""
+
+    heads: torch.Tensor
+    attn: torch.Tensor
+    mlp: torch.Tensor
+    embed: torch.Tensor
+    constant: torch.Tensor
+    actual: torch.Tensor
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.embed + self.attn.sum(-1) + self.mlp.sum(-1) + self.constant
+
+    @property
+    def unexplained(self) -> torch.Tensor:
+        return self.actual - self.total
+
+
+def direct_logit_attribution(handle: ModelHandle, cache: Cache, correct: int, wrong: int, pos: int = -1) -> DLA:
+    """Direct logit attribution of ``logit[correct] − logit[wrong]`` at ``pos`` (the final norm's scale
+    frozen at the recorded run's: see the module docstring). ``cache`` holds :func:`dla_names`.
+
+    >>> import mechkit as mk
+    >>> m = mk.load_model("tiny:llama")
+    >>> _, cache = mk.run_with_cache(m, m.to_tokens("hello"), dla_names(m))
+    >>> dla = direct_logit_attribution(m, cache, correct=5, wrong=6)
+    >>> dla.heads.shape, bool(dla.unexplained.abs().max() < 1e-4)
+    (torch.Size([1, 2, 4]), True)
+    """
+    a = handle.anatomy
+    with torch.no_grad():
+        unembed = weight_out_in(handle.model.get_submodule(a.family.unembed)).float()
+        direction = (unembed[correct] - unembed[wrong]).to(handle.device)
+        scale = cache["ln_final.hook_scale"][:, pos].to(handle.device)
+        gamma = a.final_norm_scale()
+
+        def share(x: torch.Tensor) -> torch.Tensor:  # [..., batch, d_model] -> [..., batch]
+            return norm.frozen(a.final_norm, x.to(handle.device), scale, gamma, bias=False) @ direction
+
+        heads, attn, mlp = [], [], []
+        for layer in range(a.n_layers):
+            z = cache[f"blocks.{layer}.attn.hook_z"][:, pos].float().to(handle.device)  # [batch, heads, d_head]
+            w_o = rearrange(weight_out_in(a.attn_out(layer)).float(), "m (h d) -> h d m", d=a.d_head)
+            per_head = einsum(z, w_o.to(z.device), "b h d, h d m -> h b m")
+            heads.append(share(per_head).T)
+            attn.append(share(cache[f"blocks.{layer}.hook_attn_out"][:, pos]))
+            mlp.append(share(cache[f"blocks.{layer}.hook_mlp_out"][:, pos]))
+        final = cache[f"blocks.{a.n_layers - 1}.hook_resid_post"][:, pos]
+        constant = _constant(handle, a, direction, correct, wrong, final.shape[0])
+        actual = share(final) + constant
+        return DLA(heads=torch.stack(heads, 1).cpu(), attn=torch.stack(attn, 1).cpu(), mlp=torch.stack(mlp, 1).cpu(),
+                   embed=share(cache["blocks.0.hook_resid_pre"][:, pos]).cpu(), constant=constant.cpu(),
+                   actual=actual.cpu())
+
+
+def _constant(handle: ModelHandle, a, direction: torch.Tensor, correct: int, wrong: int, batch: int) -> torch.Tensor:
+    """What no component writes: the final norm's bias on the direction, and the unembedding's bias."""
+    value = torch.zeros((), device=direction.device)
+    bias = getattr(a.final_norm, "bias", None)
+    if isinstance(bias, torch.Tensor):
+        value = value + bias.float().to(direction.device) @ direction
+    b_u = getattr(handle.model.get_submodule(a.family.unembed), "bias", None)
+    if isinstance(b_u, torch.Tensor):
+        value = value + (b_u[correct] - b_u[wrong]).float().to(direction.device)
+    return value.expand(batch)
