@@ -52,29 +52,31 @@ FT = _out("finetune")  # past-tense, also task vector A of taskvec
 FT_LOW = _out("finetune-lowercase")
 TV_PAST, TV_LOW = _out("tv-past-tense.safetensors"), _out("tv-lowercase.safetensors")
 FINETUNE_ARGS = "--steps 120 --lr 5e-5"
+DETECT = f"mechkit detect --model llama --out {_out('detect')}"
+FINETUNE_PAST = f"mechkit finetune --model llama --task past-tense {FINETUNE_ARGS} --out {FT}"
 
-# Cheapest first: a slow machine still gets the quick pages' figures early.
+# Cheapest and most used first: a slow machine still gets those pages' figures early.
 ANALYSES: tuple[Analysis, ...] = (
     Analysis("inspect", f"mechkit inspect --model llama --out {_out('inspect')}"),
-    Analysis("detect", f"mechkit detect --model llama --out {_out('detect')}"),
-    Analysis("shuffle", "mechkit shuffle --model llama --heads induction --top-k 5 --component qk "
-                        f"--seeds 2 --n 10 --from {_out('detect')} --out {_out('shuffle')}",
-             prepare=(f"mechkit detect --model llama --out {_out('detect')}",)),
-    Analysis("ablate", "mechkit ablate --model llama --heads induction --tasks capitalize,past-tense,country-capital "
-                       f"--n 20 --sweep 5,10 --baseline-seeds 3 --from {_out('detect')} --out {_out('ablate')}",
-             prepare=(f"mechkit detect --model llama --out {_out('detect')}",)),
-    Analysis("compose", "mechkit compose --model llama --pairs capitalize+swap,capitalize+plus-one --parts study "
-                        f"--n 5 --seeds 2 --out {_out('compose')}"),
+    Analysis("detect", DETECT),
+    Analysis("ablate", "mechkit ablate --model llama --heads induction --tasks past-tense,country-capital "
+                       f"--n 10 --sweep 5,10 --baseline-seeds 2 --from {_out('detect')} --out {_out('ablate')}",
+             prepare=(DETECT,)),
+    Analysis("shuffle", "mechkit shuffle --model llama --heads induction --top-k 5 --component qk --seeds 2 "
+                        f"--tasks past-tense --n 10 --n-seqs 20 --from {_out('detect')} --out {_out('shuffle')}",
+             prepare=(DETECT,)),
     Analysis("sweep", f"mechkit sweep --model llama --tasks capitalize --n 8 --method both --out {_out('sweep')}"),
-    Analysis("finetune", f"mechkit finetune --model llama --task past-tense {FINETUNE_ARGS} --out {FT}"),
-    Analysis("icl-vectors", "mechkit icl-vectors --model llama --tasks past-tense --method both --n 20 --n-dev 10 "
-                            f"--n-contexts 12 --n-cie 5 --layers 8-24 --out {_out('icl-vectors')}"),
+    Analysis("finetune", FINETUNE_PAST),
     Analysis("taskvec", f"mechkit taskvec-sweep --model llama --vectors {TV_PAST},{TV_LOW} "
                         f"--lambdas=-1,-0.5,0,0.5,1,1.5,2 --shots 0,5 --out {_out('taskvec')}",
-             prepare=(f"mechkit finetune --model llama --task past-tense {FINETUNE_ARGS} --out {FT}",
+             prepare=(FINETUNE_PAST,
                       f"mechkit finetune --model llama --task lowercase {FINETUNE_ARGS} --out {FT_LOW}",
                       f"mechkit taskvec extract --base llama --finetuned {FT} --out {TV_PAST}",
                       f"mechkit taskvec extract --base llama --finetuned {FT_LOW} --out {TV_LOW}")),
+    Analysis("compose", "mechkit compose --model llama --pairs capitalize+swap,capitalize+plus-one --parts study "
+                        f"--n 5 --seeds 2 --out {_out('compose')}"),
+    Analysis("icl-vectors", "mechkit icl-vectors --model llama --tasks past-tense --method both --n 20 --n-dev 10 "
+                            f"--n-contexts 12 --n-cie 5 --layers 10-22 --fv-scales 2,4 --out {_out('icl-vectors')}"),
     Analysis("prune", "mechkit prune --model llama --tasks capitalize,past-tense,country-capital "
                       "--guide attribution,random --target neurons --sparsity 0.45 --calib 8 --n 10 "
                       f"--repeats 3 --timing-batch 4 --out {_out('prune')}"),
@@ -98,10 +100,11 @@ def _done(command: str) -> bool:
     return (out / "report.json").exists() or (out.suffix == ".safetensors" and out.exists())
 
 
-def _run(command: str, limit_s: float) -> float | None:
+def _run(command: str, limit_s: float, threads: int) -> float | None:
     """Run one command from the repository root; its wall time, or None when it failed or ran over."""
     argv = [*_argv(command), "--force"]  # every command here writes to --out; a rerun replaces it
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     print(f"$ {command}", flush=True)
     start = time.monotonic()
     try:
@@ -122,18 +125,25 @@ def _headline(out_dir: Path) -> tuple[dict, Path]:
     return report, out_dir / pngs[0]
 
 
-def _machine() -> str:
-    return f"{platform.machine()} CPU, {os.cpu_count()} cores shared with other jobs, {platform.system()}"
+def _machine(threads: int) -> str:
+    return (f"{platform.machine()} CPU, {os.cpu_count()} cores shared with other jobs, {platform.system()}, "
+            f"OMP_NUM_THREADS={threads}")
 
 
-def build(analysis: Analysis, limit_s: float) -> bool:
-    """Run one analysis and refresh its figure and JSON; False when a command failed or ran over."""
+def build(analysis: Analysis, limit_s: float, threads: int, keep: bool) -> bool:
+    """Run one analysis and refresh its figure and JSON; False when a command failed or ran over.
+
+    With ``keep`` a run whose report is already there is not repeated: only its figure is copied again.
+    """
     for command in analysis.prepare:
-        if not _done(command) and _run(command, limit_s) is None:
+        if not _done(command) and _run(command, limit_s, threads) is None:
             return False
-    took = _run(analysis.command, limit_s)
-    if took is None:
-        return False
+    if keep and _done(analysis.command):
+        took = None
+    else:
+        took = _run(analysis.command, limit_s, threads)
+        if took is None:
+            return False
     words = shlex.split(analysis.command)
     report, png = _headline(ROOT / words[words.index("--out") + 1])
     IMG.mkdir(parents=True, exist_ok=True)
@@ -146,11 +156,14 @@ def build(analysis: Analysis, limit_s: float) -> bool:
         "finding": report.get("finding"),
         "figure": f"{analysis.name}.png",
         "figure_in_run": png.name,
-        "wall_s": round(took),
+        "wall_s": None if took is None else round(took),
         "date": dt.date.today().isoformat(),
-        "machine": _machine(),
+        "machine": _machine(threads),
         "mechkit_version": report.get("mechkit_version") or report.get("version"),
     }
+    old = IMG / f"{analysis.name}.json"
+    if took is None and old.exists():  # --keep: the run is the one recorded before
+        record.update({k: json.loads(old.read_text()).get(k) for k in ("wall_s", "date", "machine")})
     (IMG / f"{analysis.name}.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     print(f"  -> docs/img/analyses/{analysis.name}.png: {record['finding']}", flush=True)
     return True
@@ -159,8 +172,10 @@ def build(analysis: Analysis, limit_s: float) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="analyses to rebuild (default: all, cheapest first)")
-    parser.add_argument("--max-minutes", type=float, default=15, help="stop a command after this long")
+    parser.add_argument("--max-minutes", type=float, default=12, help="stop a command after this long")
     parser.add_argument("--list", action="store_true", help="print the commands and exit")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (1: kind to a shared machine)")
+    parser.add_argument("--keep", action="store_true", help="reuse runs whose report is already there; only copy figures")
     args = parser.parse_args(argv)
     known = {a.name: a for a in ANALYSES}
     unknown = [n for n in args.names if n not in known]
@@ -171,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         for a in chosen:
             print("\n".join([*a.prepare, a.command]))
         return 0
-    failed = [a.name for a in chosen if not build(a, args.max_minutes * 60)]
+    failed = [a.name for a in chosen if not build(a, args.max_minutes * 60, args.threads, args.keep)]
     if failed:
         print(f"no new figure for: {', '.join(failed)}", flush=True)
     return 1 if failed else 0
