@@ -68,7 +68,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("shuffle", "mechkit shuffle --model llama --heads induction --top-k 5 --component qk --seeds 2 "
                         f"--tasks past-tense --n 10 --n-seqs 20 --from {_out('detect')} --out {_out('shuffle')}",
              prepare=(DETECT,)),
-    Analysis("sweep", f"mechkit sweep --model llama --tasks capitalize --n 8 --method both --out {_out('sweep')}"),
+    Analysis("sweep", f"mechkit sweep --model llama --tasks capitalize --n 6 --shots 5 --method both --out {_out('sweep')}"),
     Analysis("finetune", FINETUNE_PAST),
     Analysis("taskvec", f"mechkit taskvec-sweep --model llama --vectors {TV_PAST},{TV_LOW} "
                         f"--lambdas=-1,-0.5,0,0.5,1,1.5,2 --shots 0,5 --out {_out('taskvec')}",
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in known]
     if unknown:
         parser.error(f"unknown analyses {unknown}; choose from {', '.join(known)}")
-    chosen = [a for a in ANALYSES if a.name in args.names or (not args.names and not a.long)]
+    chosen = [known[n] for n in args.names] or [a for a in ANALYSES if not a.long]  # in the order named
     if args.list:
         for a in chosen:
             print("\n".join([*a.prepare, a.command]))
