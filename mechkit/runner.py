@@ -21,6 +21,7 @@ from mechkit.executors import check_execution
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
+from mechkit.model.identity import model_identity
 from mechkit.options.resolve import check_backend_for, check_seed, resolve_options
 from mechkit.plugin import Plugin, RunContext
 
@@ -72,13 +73,16 @@ def _probe_logits(handle):
         return handle(ids).float().cpu()
 
 
-def resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Path:
-    """Where finished steps of this exact run (plugin, options, seed, model weights) are kept."""
+def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int) -> Path:
+    """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
+    plugin and its version, mechkit's version, the options, the seed and the model's identity (weights,
+    config, tokenizer, dtype: :func:`mechkit.model.identity.model_identity`)."""
+    from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    key = json.dumps([cls.name, cls.version, model_key, params, seed], sort_keys=True, default=str)
+    key = json.dumps([cls.name, cls.version, __version__, model_key, params, seed], sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -134,7 +138,8 @@ def run_plugin(
     with contextlib.ExitStack() as stack:
         if out is not None:
             out_dir = Path(out)
-            check_run_out(out_dir, force)  # a file, a read-only place, a report without --force: before any work
+            inputs = (model,) if isinstance(model, (str, Path)) and Path(model).expanduser().exists() else ()
+            check_run_out(out_dir, force, inputs)  # a file, a read-only place, a report without --force: before any work
             stack.enter_context(out_lock(out_dir))
             check_run_out(out_dir, force)  # again under the lock: a run that finished there meanwhile wrote a report
         else:
@@ -182,7 +187,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
-    model_key = handle.weights_sha256() if handle is not None else str(setup.model)
+    model_key = model_identity(handle) if handle is not None else str(setup.model)
     with claimed(resume_dir(cls, model_key, params, setup.seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)

@@ -1,0 +1,386 @@
+"""Nothing lost, nothing silently wrong (issue 32): writes, locks, loads and resume keys under a hostile user.
+
+Each section reproduces one class of failure on tiny models in temporary directories. A kill between
+two steps of a write is simulated by failing a step with the roll-back switched off (what a ``kill -9``
+leaves), then letting the next writer of the directory find the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mechkit.errors import MechkitError, ModelLoadError
+from mechkit.io.outlock import OutInUseError, out_lock
+from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
+from mechkit.report import build_report, write_report
+
+
+def _cli(capsys, *args: str) -> tuple[int, list[str]]:
+    """Run the CLI; its exit code and stderr lines."""
+    from mechkit.cli.main import main
+
+    capsys.readouterr()
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _model_dir(path: Path, family: str = "llama") -> Path:
+    model, _ = tiny_model(family)
+    model.save_pretrained(path, safe_serialization=True)
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+def _report(n: int, artifacts=()) -> dict:
+    return build_report(plugin="probe", plugin_version="1", model={"name": "m"}, params={"n": n}, seed=0,
+                        results={"run": n}, artifacts=list(artifacts), timings={}, finding=f"run {n}")
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def vector(tmp_path_factory):
+    """A task vector of tiny:llama (extracted from a noisy copy of it)."""
+    from mechkit.model import load_model
+    from mechkit.taskarith import extract
+    from tests.conftest import noisy_model_dir
+
+    root = tmp_path_factory.mktemp("tv")
+    ft = noisy_model_dir(root / "ft")
+    tv = extract(load_model("tiny:llama", device="cpu", dtype="float32"), ft)
+    return tv.save(root / "cap.safetensors")
+
+
+# ---- 1. never delete or replace what is not ours --------------------------------------------------
+
+def test_apply_force_keeps_the_users_files_and_replaces_only_the_model(tmp_path, capsys, vector):
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "sub").mkdir()
+    (out / "sub" / "data.csv").write_text("1,2")
+    code, err = _cli(capsys, "taskvec", "apply", "--base", "tiny:llama", "-v", f"cap={vector}", "--expr", "cap",
+                     "--out", str(out), "--force")
+    assert code == 0, err
+    assert (out / "notes.txt").read_text() == "mine" and (out / "sub" / "data.csv").read_text() == "1,2"
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    from mechkit.model import load_model
+
+    assert load_model(str(out), device="cpu").anatomy.n_layers == 2  # a whole, loadable model
+
+
+@pytest.mark.parametrize("where", ["holds", "is"])
+def test_an_out_holding_or_being_an_input_is_refused_before_any_work(tmp_path, capsys, vector, where):
+    out = tmp_path / "d"
+    out.mkdir()
+    inside = out / "cap.safetensors"
+    inside.write_bytes(Path(vector).read_bytes())
+    before = _tree(out)
+    target = str(out) if where == "holds" else str(inside)
+    cmd = ("apply", "--base", "tiny:llama") if where == "holds" else ("merge",)
+    code, err = _cli(capsys, "taskvec", *cmd, "-v", f"cap={inside}", "--expr", "cap", "--out", target, "--force")
+    assert code == 2 and len(err) == 1 and "the input" in err[0], err
+    assert _tree(out) == before  # the input vector untouched
+
+
+@pytest.mark.parametrize("place", ["cwd", "dot-dot", "home", "parent-of-cwd"])
+def test_out_naming_the_working_or_home_directory_is_refused(tmp_path, monkeypatch, place):
+    from mechkit.io import check_out
+
+    work = tmp_path / "home" / "work"
+    work.mkdir(parents=True)
+    (work / "precious.txt").write_text("x")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = {"cwd": ".", "dot-dot": "sub/..", "home": "~", "parent-of-cwd": ".."}[place]
+    with pytest.raises(MechkitError, match="choose a new directory for --out"):
+        check_out(out, force=True)
+    with pytest.raises(MechkitError, match="mechkit will not write a run over it"):
+        import mechkit as mk
+
+        mk.run("inspect", model="tiny:gpt2", out=out, force=True)
+    assert (work / "precious.txt").read_text() == "x"
+
+
+def test_report_force_replaces_the_previous_runs_files_as_a_set_and_keeps_others(tmp_path):
+    out = tmp_path / "run"
+    write_report(out, _report(1), files={"a.csv": "old a", "gone.csv": "old only"})
+    (out / "mine.txt").write_text("user")
+    write_report(out, _report(2), files={"a.csv": "new a"}, force=True)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["a.csv", "mine.txt", "report.html", "report.json"]  # gone.csv was the old run's: replaced
+    assert json.loads((out / "report.json").read_text())["results"] == {"run": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temp dir, no journal
+
+
+def _kill_at(monkeypatch, step: int):
+    """``os.replace`` dies at its ``step``-th call and the roll-back is skipped, as after ``kill -9``."""
+    import mechkit.io.replace as replace
+
+    calls, real = [], os.replace
+
+    def dying(src, dst):
+        calls.append(dst)
+        if len(calls) == step:
+            raise KeyboardInterrupt("killed")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", dying)
+    real_recover = replace.recover
+    monkeypatch.setattr(replace, "recover", lambda out: False)
+    return real_recover
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4, 5, 6])
+def test_a_run_killed_mid_replace_never_shows_a_report_beside_another_runs_files(tmp_path, monkeypatch, step):
+    out = tmp_path / "ft"
+    model_v1 = tmp_path / "m1"
+    model_v1.mkdir()
+    (model_v1 / "model.safetensors").write_text("weights 1")
+    write_report(out, _report(1), files={"model": model_v1, "log.txt": "log 1"})
+    (out / "mine.txt").write_text("user")
+    old = _tree(out)
+    model_v2 = tmp_path / "m2"
+    model_v2.mkdir()
+    (model_v2 / "model.safetensors").write_text("weights 2")
+    _kill_at(monkeypatch, step)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(out, _report(2), files={"model": model_v2, "log.txt": "log 2"}, force=True)
+    monkeypatch.undo()
+    if (out / "report.json").exists():  # what a reader sees right after the kill: a report only beside its files
+        run = json.loads((out / "report.json").read_text())["results"]["run"]
+        assert (out / "model" / "model.safetensors").read_text() == f"weights {run}"
+    with out_lock(out):  # the next run of this --out rolls the killed one back first
+        pass
+    assert _tree(out) == old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # temp dir and journal gone
+
+
+def test_save_merged_killed_mid_replace_is_rolled_back_by_the_next_writer(tmp_path, monkeypatch, vector):
+    from mechkit.model import load_model
+    from mechkit.taskarith import TaskVector, save_merged
+
+    handle = load_model("tiny:llama", device="cpu", dtype="float32")
+    tv = TaskVector.load(vector)
+    out = save_merged(handle, tv, tmp_path / "m")
+    (out / "notes.txt").write_text("mine")
+    old = _tree(out)
+    _kill_at(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        save_merged(handle, tv, out, scale=0.5, force=True)
+    monkeypatch.undo()
+    assert not (out / "config.json").exists()  # the key file left first: no half-set is a loadable model
+    save_merged(handle, tv, out, scale=0.5, force=True)  # recovers, then writes the new set whole
+    assert (out / "notes.txt").read_text() == "mine" and _tree(out) != old
+    assert load_model(str(out), device="cpu").anatomy.n_layers == 2
+
+
+# ---- 2. never compute on weights the user did not give --------------------------------------------
+
+def _drop_tensor(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(d / "model.safetensors")
+    state.pop("model.layers.1.self_attn.q_proj.weight")
+    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def _more_layers(d: Path) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 4
+    cfg.pop("layer_types", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _fewer_layers(d: Path) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    cfg.pop("layer_types", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _pickle_only(d: Path) -> None:
+    from safetensors.torch import load_file
+
+    torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+
+
+def _nan(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(d / "model.safetensors")
+    state["model.norm.weight"][3] = float("nan")
+    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+
+
+def _latin1_config(d: Path) -> None:
+    text = (d / "config.json").read_text().replace('"llama"', '"llamä"')
+    (d / "config.json").write_bytes(text.encode("latin-1"))
+
+
+DAMAGE = {"missing tensor": (_drop_tensor, "lack 1 tensor"), "more layers": (_more_layers, "lack "),
+          "fewer layers": (_fewer_layers, "no place for"), "pickle only": (_pickle_only, "only pickle weights"),
+          "nan": (_nan, "NaN values in model.norm.weight"), "non-utf8 config": (_latin1_config, "UTF-8")}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_model_directory_is_refused_before_any_work(tmp_path, monkeypatch, damage):
+    from mechkit.model import load_model
+
+    d = _model_dir(tmp_path / "m")
+    DAMAGE[damage][0](d)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load (pickle) was called"))
+    with pytest.raises(ModelLoadError, match=DAMAGE[damage][1]) as err:
+        load_model(str(d), device="cpu")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("damage", ["missing tensor", "pickle only"])
+def test_cli_refuses_a_damaged_model_in_one_line_and_writes_nothing(tmp_path, capsys, vector, damage):
+    d = _model_dir(tmp_path / "m")
+    DAMAGE[damage][0](d)
+    code, err = _cli(capsys, "taskvec", "apply", "--base", str(d), "-v", f"cap={vector}", "--expr", "cap",
+                     "--out", str(tmp_path / "merged"))
+    assert code == 2 and len(err) == 1 and DAMAGE[damage][1] in err[0], err
+    code, err = _cli(capsys, "inspect", "--model", str(d), "--out", str(tmp_path / "run"))
+    assert code == 2 and len(err) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_an_in_memory_model_with_nan_weights_is_refused_at_load(tmp_path):
+    import mechkit as mk
+
+    model, tok = tiny_model("gpt2")
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("inf")
+    with pytest.raises(ModelLoadError, match="inf values"):
+        mk.load_model(model, tokenizer=tok)
+
+
+# ---- 3. every writer locks, on the directory's real identity ----------------------------------------
+
+@pytest.mark.parametrize("cmd", ["merge", "extract"])
+def test_taskvec_extract_and_merge_take_the_lock(tmp_path, capsys, vector, cmd):
+    out = tmp_path / "v.safetensors"
+    args = {"merge": ("-v", f"cap={vector}", "--expr", "cap"),
+            "extract": ("--base", "tiny:llama", "--finetuned", str(Path(vector).parent / "ft"))}[cmd]
+    with out_lock(out):  # another run writing it
+        code, err = _cli(capsys, "taskvec", cmd, *args, "--out", str(out))
+    assert code == 2 and len(err) == 1 and "in use by another mechkit run" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("alias", ["dotdot", "symlink", "relative"])
+def test_the_lock_cannot_be_bypassed_by_naming_the_directory_another_way(tmp_path, monkeypatch, alias):
+    real = tmp_path / "runs" / "a"
+    real.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    if alias == "symlink":
+        (tmp_path / "link").symlink_to(real)
+    other = {"dotdot": tmp_path / "runs" / ".." / "runs" / "a", "symlink": tmp_path / "link",
+             "relative": Path("runs/a")}[alias]
+    with out_lock(real), pytest.raises(OutInUseError), out_lock(other):
+        pass
+
+
+@pytest.mark.parametrize("where", ["inside", "the cache itself", "holding the cache"])
+def test_an_out_in_mechkits_cache_is_refused(tmp_path, monkeypatch, where):
+    import mechkit as mk
+
+    cache = tmp_path / "cache"
+    (cache / "runs").mkdir(parents=True)
+    monkeypatch.setenv("MECHKIT_CACHE", str(cache))
+    out = {"inside": cache / "runs" / "mine", "the cache itself": cache, "holding the cache": tmp_path}[where]
+    with pytest.raises(MechkitError, match="inside mechkit's cache"):
+        mk.run("inspect", model="tiny:gpt2", out=out, force=True)
+
+
+# ---- 4. a resume key covers everything that decides a result --------------------------------------
+
+def test_the_resume_key_changes_with_config_tokenizer_dtype_and_mechkit_version(monkeypatch):
+    import mechkit
+    from mechkit import registry
+    from mechkit.model import load_model
+    from mechkit.runner import resume_dir
+
+    cls = registry.get("inspect")
+
+    def key(**changes) -> Path:
+        model, tok = tiny_model("llama")
+        handle = load_model(model, tokenizer=tok, device="cpu", dtype=changes.pop("dtype", "float32"))
+        for name, value in changes.items():
+            setattr(handle.model.config, name, value)
+        from mechkit.model.identity import model_identity
+
+        return resume_dir(cls, model_identity(handle), {}, 0)
+
+    base = key()
+    assert key() == base  # deterministic
+    assert key(rms_norm_eps=1e-3) != base
+    assert key(rope_theta=1234.0) != base
+    assert key(dtype="bfloat16") != base
+    monkeypatch.setattr(mechkit, "__version__", "9.9.9")
+    assert key() != base
+
+
+def test_another_tokenizer_gives_another_resume_key():
+    from mechkit.model.identity import tokenizer_sha256
+
+    tok = byte_tokenizer()
+    other = byte_tokenizer()
+    other.add_tokens(["<extra>"])
+    assert tokenizer_sha256(tok) == tokenizer_sha256(byte_tokenizer()) != tokenizer_sha256(other)
+
+
+# ---- 6. reports read only their own files ---------------------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
+
+
+@pytest.mark.parametrize("artifact", ["symlink", "not a png", "too large", "path outside"])
+def test_compare_embeds_only_real_pngs_inside_the_run_directory(tmp_path, artifact):
+    from mechkit.report import compare_runs
+    from mechkit.report.compare import MAX_IMAGE_BYTES, render_compare_html
+
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(PNG + b"SECRET")
+    runs = []
+    for n in (1, 2):
+        name = "fig.png" if artifact != "path outside" else "../secret.png"
+        out = write_report(tmp_path / f"r{n}", _report(n))
+        data = json.loads((out / "report.json").read_text())
+        data["artifacts"] = [name]
+        (out / "report.json").write_text(json.dumps(data))
+        if artifact == "symlink":
+            (out / name).symlink_to(secret)
+        elif artifact == "not a png":
+            (out / name).write_bytes(b"GIF89a" + b"\0" * 10)
+        elif artifact == "too large":
+            (out / name).write_bytes(PNG + b"\0" * MAX_IMAGE_BYTES)
+        runs.append(out)
+    if artifact == "path outside":  # refused as the report is read
+        with pytest.raises(MechkitError, match="plain file name"):
+            compare_runs(runs)
+        return
+    page = render_compare_html(compare_runs(runs))
+    assert "data:image/png;base64," not in page
+
+
+def test_compare_still_embeds_a_real_png(tmp_path):
+    from mechkit.report import compare_runs
+    from mechkit.report.compare import render_compare_html
+
+    runs = [write_report(tmp_path / f"r{n}", _report(n), files={"fig.png": PNG}) for n in (1, 2)]
+    assert render_compare_html(compare_runs(runs)).count("data:image/png;base64,") == 2
