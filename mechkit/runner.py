@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import shutil
 import time
@@ -22,6 +23,7 @@ from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_loc
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.identity import model_identity
+from mechkit.model.integrity import changed_weight, weights_checksums
 from mechkit.options.resolve import check_backend_for, check_seed, resolve_options
 from mechkit.plugin import Plugin, RunContext
 
@@ -127,6 +129,9 @@ def run_plugin(
 
     console = console or Console(stderr=True)
     seed = check_seed(seed)
+    if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
+        raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
+                           "pass a name such as \"inspect\" (see `mechkit list`) or your Plugin class")
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     runs_on = check_backend_for(cls, backend, remote, model)
@@ -137,6 +142,8 @@ def run_plugin(
         return _run(cls, params, parsed, None, setup, console)
     with contextlib.ExitStack() as stack:
         if out is not None:
+            if not isinstance(out, (str, os.PathLike)):
+                raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
             out_dir = Path(out)
             inputs = (model,) if isinstance(model, (str, Path)) and Path(model).expanduser().exists() else ()
             check_run_out(out_dir, force, inputs)  # a file, a read-only place, a report without --force: before any work
@@ -187,6 +194,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
+    sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
     model_key = model_identity(handle) if handle is not None else str(setup.model)
     with claimed(resume_dir(cls, model_key, params, setup.seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
@@ -194,11 +202,9 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         t1 = time.perf_counter()
         result = _call(cls, ctx, handle, console)
         run_s = time.perf_counter() - t1
-        if before is not None and not bool((_probe_logits(handle) == before).all()):
-            raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
-                              "a hook or weight edit was not undone; report this as a bug in the plugin")
+        _check_unchanged(cls, handle, before, sums)
         report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
-        report["checks"] = {"logits_unchanged": before is not None}
+        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None}
         if out_dir is not None:
             from mechkit.report import write_report
 
@@ -207,6 +213,20 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir)
+
+
+def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None) -> None:
+    """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed) or the
+    logits of 16 probe tokens (a hook left attached)."""
+    if sums is not None:
+        name = changed_weight(sums, weights_checksums(handle.model))
+        if name is not None:
+            raise PluginError(f"plugin {cls.name!r} left the model changed (weight {name} differs after the run; "
+                              "this in-memory model stays changed)",
+                              "reload the model; a weight edit was not undone: report this as a bug in the plugin")
+    if before is not None and not bool((_probe_logits(handle) == before).all()):
+        raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
+                          "a hook or weight edit was not undone; report this as a bug in the plugin")
 
 
 def _load(cls: type[Plugin], setup: RunSetup):

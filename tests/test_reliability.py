@@ -384,3 +384,124 @@ def test_compare_still_embeds_a_real_png(tmp_path):
 
     runs = [write_report(tmp_path / f"r{n}", _report(n), files={"fig.png": PNG}) for n in (1, 2)]
     assert render_compare_html(compare_runs(runs)).count("data:image/png;base64,") == 2
+
+
+# ---- 5. saved artifacts know what they belong to --------------------------------------------------
+
+def _scheduler(handle):
+    from mechkit.adapt import Candidate, CostTable, ExecutionPlan, Scheduler
+    from mechkit.adapt.scheduler import structure_identity
+
+    table = CostTable(beta_attn=0.3, beta_mlp=0.6, gamma=0.0, eta=0.0, dense_a=0.0, dense_b=0.001, n_layers=2)
+    return Scheduler([Candidate(ExecutionPlan(), "static", {"t": 1.0}),
+                      Candidate(ExecutionPlan(layers=(1,)), "static", {"t": 0.5})], table, ["t"], margin=0.0,
+                     model=structure_identity(handle))
+
+
+@pytest.mark.parametrize("other", ["tiny:gpt2", "tiny:gemma", "tiny:gpt_neox"])
+def test_a_scheduler_is_refused_for_another_model(tmp_path, tiny_llama, other):
+    import mechkit as mk
+    from mechkit.adapt import Scheduler, adaptive
+
+    path = tmp_path / "scheduler.json"
+    path.write_text(json.dumps(_scheduler(tiny_llama).as_dict()))
+    with pytest.raises(MechkitError, match="calibrated on another model"), \
+            adaptive(mk.load_model(other), budget=0.6, scheduler=path):
+        pass
+    with adaptive(tiny_llama, budget=0.6, scheduler=Scheduler.load(path)) as run:  # its own model: accepted
+        tiny_llama(tiny_llama.to_tokens("input: cat\noutput:"))
+    assert run.log
+
+
+# ---- 7. the "model unchanged" check is not fooled -------------------------------------------------
+
+
+def _sneaky_plugin(target: str):
+    import mechkit as mk
+
+    class Sneaky(mk.Plugin):
+        name = f"sneaky-{target}"
+        needs = ()
+
+        def run(self, ctx):
+            with torch.no_grad():
+                param = dict(ctx.model.model.named_parameters())[target]
+                param.view(-1)[-1] += 1.0  # the last entry: an unused embedding row, or the last layer's last bias
+            return mk.Result(results={"ok": True})
+
+    return Sneaky
+
+
+@pytest.mark.parametrize("target", ["model.embed_tokens.weight", "model.norm.weight",
+                                    "model.layers.1.mlp.down_proj.weight"])
+def test_a_weight_left_changed_anywhere_is_caught(tmp_path, target):
+    import mechkit as mk
+    from mechkit.errors import PluginError
+
+    with pytest.raises(PluginError, match=f"weight {target} differs"):
+        mk.run(_sneaky_plugin(target), model="tiny:llama", out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_report_says_what_the_unchanged_check_covered():
+    import mechkit as mk
+
+    assert mk.run("inspect", model="tiny:gpt2", write=False).report["checks"] == {
+        "logits_unchanged": True, "weights_unchanged": True}
+
+
+# ---- 8. the Python API restores in any order and refuses what it ignores -----------------------------
+
+@pytest.mark.parametrize("order", ["fifo", "lifo", "middle-first"])
+def test_overlapping_weight_edits_restore_in_any_order(order):
+    import mechkit as mk
+
+    handle = mk.load_model("tiny:llama", device="cpu")
+    before = {k: v.clone() for k, v in handle.model.state_dict().items()}
+    contexts = [mk.edit_weights(handle) for _ in range(3)]
+    for n, ctx in enumerate(contexts):
+        edits = ctx.__enter__()
+        edits.named("model.layers.0.mlp.down_proj.weight").add_(n + 1)
+        if n != 1:
+            edits.named("model.norm.weight").mul_(2)
+    close = {"fifo": [0, 1, 2], "lifo": [2, 1, 0], "middle-first": [1, 0, 2]}[order]
+    for i in close:
+        contexts[i].__exit__(None, None, None)
+    after = handle.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_an_edit_closed_first_keeps_the_newer_edit_while_it_is_open():
+    import mechkit as mk
+
+    handle = mk.load_model("tiny:llama", device="cpu")
+    name = "model.norm.weight"
+    original = dict(handle.model.named_parameters())[name].detach().clone()
+    a, b = mk.edit_weights(handle), mk.edit_weights(handle)
+    a.__enter__().named(name).add_(1)
+    b.__enter__().named(name).add_(10)
+    a.__exit__(None, None, None)
+    assert torch.equal(dict(handle.model.named_parameters())[name], original + 11)  # b is still open
+    b.__exit__(None, None, None)
+    assert torch.equal(dict(handle.model.named_parameters())[name], original)
+
+
+@pytest.mark.parametrize("call", ["run(None)", "run(3)", "handle+dtype", "handle+device_map", "handle+device",
+                                  "dtype int8", "dtype 5", "n_seqs str", "out int"])
+def test_api_misuse_is_a_mechkit_error_not_a_raw_exception(tiny_llama, call):
+    import mechkit as mk
+
+    calls = {
+        "run(None)": lambda: mk.run(None, write=False),
+        "run(3)": lambda: mk.run(3, write=False),
+        "handle+dtype": lambda: mk.run("inspect", model=tiny_llama, write=False, dtype="float16"),
+        "handle+device_map": lambda: mk.run("inspect", model=tiny_llama, write=False, device_map="auto"),
+        "handle+device": lambda: mk.run("inspect", model=tiny_llama, write=False, device="cpu"),
+        "dtype int8": lambda: mk.load_model("tiny:llama", dtype=torch.int8),
+        "dtype 5": lambda: mk.load_model("tiny:llama", dtype=5),
+        "n_seqs str": lambda: mk.run("detect", model="tiny:llama", write=False, n_seqs="abc"),
+        "out int": lambda: mk.run("inspect", model="tiny:llama", out=3),
+    }
+    with pytest.raises(MechkitError) as err:
+        calls[call]()
+    assert "\n" not in str(err.value)

@@ -83,3 +83,31 @@ def refuse_non_finite_weights(model: Any, label: Any) -> None:
             raise ModelLoadError(f"the model {label} has {what} values in {name}",
                                  "its weights are damaged (a diverged fine-tune, a bad conversion): "
                                  "use the original weights or re-export them")
+
+
+def weights_checksums(model: Any) -> dict[str, int]:
+    """A cheap, exact fingerprint of every parameter held in memory: the sum of its raw bits weighted by
+    position (on its own device, one parameter at a time). Any change of any entry changes its sum, except
+    for changes that cancel modulo 2**63 (not a plugin bug's pattern); restoring the exact bits restores it.
+    Offloaded (meta) parameters are not read."""
+    import torch
+
+    sums: dict[str, int] = {}
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if t.device.type == "meta":
+                continue
+            flat = t.detach().contiguous().view(-1)
+            bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+            raw = flat.view(bits).to(torch.int64)
+            weights = torch.arange(1, raw.numel() + 1, device=raw.device, dtype=torch.int64) % 65521 + 1
+            sums[name] = int((raw * weights).sum())
+    return sums
+
+
+def changed_weight(before: dict[str, int], after: dict[str, int]) -> str | None:
+    """The first parameter whose checksum differs (or that appeared or vanished), else None."""
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            return name
+    return None

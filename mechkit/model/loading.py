@@ -52,6 +52,8 @@ def _dtype(dtype: Any, device: str):
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
             raise ModelLoadError(f"unknown dtype {dtype!r}", "use float32, bfloat16 or float16") from None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ModelLoadError(f"dtype {dtype!r} is not a floating-point torch dtype", "use float32, bfloat16 or float16")
     return dtype
 
 
@@ -87,6 +89,12 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
         if backend != spec.backend.name or remote is not None:
             raise ModelLoadError("a loaded handle keeps the backend it was loaded with",
                                  "load the model again with backend=/remote=")
+        given = {"device": device, "dtype": dtype, "tokenizer": tokenizer, "device_map": device_map,
+                 "max_memory": max_memory, "offload_folder": offload_folder}
+        ignored = [k for k, v in given.items() if v is not None]
+        if ignored:  # it would be silently ignored: the handle is already placed
+            raise ModelLoadError(f"a loaded handle keeps the {', '.join(ignored)} it was loaded with",
+                                 f"pass {ignored[0]}= to mk.load_model, or pass the model spec instead of the handle")
         return spec
     remote = check_remote(remote, backend, spec)  # before anything loads
     if remote == "ndif":
