@@ -30,7 +30,8 @@ def _cli(capsys, *args: str) -> tuple[int, list[str]]:
         code = 0
     except SystemExit as done:
         code = done.code
-    return code, capsys.readouterr().err.strip().splitlines()
+    lines = capsys.readouterr().err.strip().splitlines()
+    return code, [x for x in lines if not x.startswith("mechkit: inspect: ")]  # the heartbeat off a terminal
 
 
 def _model_dir(path: Path, family: str = "llama") -> Path:
@@ -505,3 +506,101 @@ def test_api_misuse_is_a_mechkit_error_not_a_raw_exception(tiny_llama, call):
     with pytest.raises(MechkitError) as err:
         calls[call]()
     assert "\n" not in str(err.value)
+
+
+# ---- 10. the environment and the file system say no; leftovers of killed runs ----------------------
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _leave_killed_writes(folder: Path, name: str) -> list[Path]:
+    """What ``kill -9`` leaves beside ``folder/name``: a temp dir of a dead pid, a set-aside dir, a free lock."""
+    tmp = folder / f".{name}.tmp-{_dead_pid()}-0badc0de"
+    tmp.mkdir(parents=True)
+    (tmp / "model.safetensors").write_bytes(b"x" * 1000)
+    old = folder / f".{name}.old-12345678"
+    old.mkdir()
+    lock = folder / f".{name}.mechkit-lock"
+    lock.write_text("99999\n")
+    return [tmp, old, lock]
+
+
+def test_cache_list_counts_and_cache_clear_removes_killed_runs_leftovers(tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MECHKIT_CACHE", str(cache))
+    left = _leave_killed_writes(cache / "gguf", "model-0123")
+    live = cache / "gguf" / f".other.tmp-{os.getpid()}-0000aaaa"  # a build running now: not a leftover
+    live.mkdir()
+    left.append(cache / "runs" / ".abcd.mechkit-lock")
+    left[-1].parent.mkdir()
+    left[-1].write_text("1\n")
+    code, _ = _cli(capsys, "cache", "list")
+    out = capsys.readouterr().out if code else ""
+    from mechkit.io.disk_cache import list_cache
+
+    rows = [e for e in list_cache() if e.name == "leftovers"]
+    assert len(rows) == 1 and rows[0].source.startswith("4 ") and rows[0].size >= 1000, (rows, out)
+    code, _ = _cli(capsys, "cache", "clear", "leftovers")
+    assert code == 0 and not any(p.exists() for p in left) and live.is_dir()
+    assert not [e for e in list_cache() if e.name == "leftovers"]
+
+
+def test_the_next_run_of_an_out_cleans_what_a_killed_one_left(tmp_path):
+    left = _leave_killed_writes(tmp_path, "run")
+    write_report(tmp_path / "run", _report(1))
+    assert not any(p.exists() for p in left) and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_live_writers_lock_and_temp_dir_are_left_alone(tmp_path):
+    from mechkit.io.leftovers import stale_leftovers
+
+    with out_lock(tmp_path / "run"):
+        (tmp_path / ".run.tmp-1-0badc0de").mkdir()  # pid 1 is alive; untagged-by-us but not dead
+        assert stale_leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EDQUOT", "EROFS"])
+def test_a_full_disk_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, capsys, monkeypatch, errno_name):
+    import errno
+
+    from mechkit.report import writer
+
+    def full(*args, **kwargs):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)), str(tmp_path / "r"))
+
+    monkeypatch.setattr(writer, "render_html", full)
+    code, err = _cli(capsys, "inspect", "--model", "tiny:gpt2", "--out", str(tmp_path / "r"))
+    assert code == 2 and len(err) == 1 and str(tmp_path / "r") in err[0] and " — " in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("length", [230, 300])
+def test_a_name_too_long_for_the_file_system_is_refused_before_any_work(tmp_path, capsys, length):
+    code, err = _cli(capsys, "inspect", "--model", "tiny:gpt2", "--out", str(tmp_path / ("n" * length)))
+    assert code == 2 and len(err) == 1 and "bytes long" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cache", ["a file", "unwritable"])
+def test_an_odd_cache_location_does_not_stop_a_run(tmp_path, monkeypatch, capsys, cache):
+    where = tmp_path / "cache"
+    if cache == "a file":
+        where.write_text("not a directory")
+    else:
+        where.mkdir()
+        where.chmod(0o500)
+    monkeypatch.setenv("MECHKIT_CACHE", str(where))
+    try:
+        if os.geteuid() == 0 and cache == "unwritable":
+            pytest.skip("root writes through permissions")
+        code, err = _cli(capsys, "inspect", "--model", "tiny:gpt2", "--out", str(tmp_path / "r"))
+    finally:
+        where.chmod(0o700) if where.is_dir() else None
+    assert code == 0 and (tmp_path / "r" / "report.json").is_file()
+    assert len(err) <= 1  # at most the warning that steps are not kept

@@ -40,6 +40,9 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
                            "choose a path without them")
     path = Path(path)
+    from mechkit.io.fs_errors import check_name_lengths
+
+    check_name_lengths(path)
     refuse_protected(path, kind, inputs)
     try:
         if kind == "dir":

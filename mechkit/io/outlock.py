@@ -118,9 +118,10 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        from mechkit.io.replace import recover
+        from mechkit.io.leftovers import clean_leftovers
 
-        recover(os.path.realpath(Path(out_dir).expanduser()))  # a set a killed writer left half-installed
+        real = Path(os.path.realpath(Path(out_dir).expanduser()))
+        clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
         yield path
     finally:
         with contextlib.suppress(OSError):
@@ -141,6 +142,9 @@ def _remove_empty(dirs: list[Path]) -> None:
 def check_run_out(out_dir: Path, force: bool, inputs: tuple = ()) -> None:
     """Refuse ``out_dir`` (one line) where a run's report cannot go: a report already there without
     ``force``, a file, a read-only place, the working or home directory, the cache, a place holding an input."""
+    from mechkit.io.fs_errors import check_name_lengths
+
+    check_name_lengths(out_dir)  # first: a name too long makes even exists() fail
     if (out_dir / "report.json").exists() and not force:
         raise ReportExistsError(f"{out_dir} already holds a report", "pass --force to overwrite or choose another --out")
     check_out(out_dir, force=force, kind="dir", inputs=inputs)
