@@ -190,6 +190,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     with heartbeat(console, f"{cls.name}: loading the model {setup.model}"):
         handle = _load(cls, setup)
     load_s = time.perf_counter() - t0
+    check_pruned(cls, handle)
     _seed_everything(setup.seed)
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
@@ -213,6 +214,24 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir)
+
+
+def pruned_kinds(handle) -> set[str]:
+    """How the handle's model was physically pruned (``prune --save-model``): "neurons", "heads", "layers"."""
+    structure = getattr(getattr(handle, "model", None), "_mechkit_structure", None)
+    if structure is None:
+        return set()
+    kinds = {"neurons": structure.mlp_keep, "heads": structure.head_keep, "layers": structure.layers_removed}
+    return {kind for kind, units in kinds.items() if units}
+
+
+def check_pruned(cls: type[Plugin], handle) -> None:
+    """Refuse (one line) a pruned model the plugin does not declare it handles (:attr:`Plugin.pruned`)."""
+    missing = sorted(pruned_kinds(handle) - set(cls.pruned))
+    if missing:
+        raise PluginError(f"{cls.name} cannot run on a model with pruned {' and '.join(missing)}: it assumes every "
+                          "layer keeps all its heads, neurons and blocks",
+                          "run it on the dense model, or use `mechkit inspect` on the pruned one")
 
 
 def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None) -> None:

@@ -104,7 +104,7 @@ def test_out_naming_the_working_or_home_directory_is_refused(tmp_path, monkeypat
     (work / "precious.txt").write_text("x")
     monkeypatch.chdir(work)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    out = {"cwd": ".", "dot-dot": "sub/..", "home": "~", "parent-of-cwd": ".."}[place]
+    out = {"cwd": ".", "dot-dot": "sub/..", "home": str(tmp_path / "home"), "parent-of-cwd": ".."}[place]
     with pytest.raises(MechkitError, match="choose a new directory for --out"):
         check_out(out, force=True)
     with pytest.raises(MechkitError, match="mechkit will not write a run over it"):
@@ -604,3 +604,99 @@ def test_an_odd_cache_location_does_not_stop_a_run(tmp_path, monkeypatch, capsys
         where.chmod(0o700) if where.is_dir() else None
     assert code == 0 and (tmp_path / "r" / "report.json").is_file()
     assert len(err) <= 1  # at most the warning that steps are not kept
+
+
+# ---- 9. pruned models are models -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pruned_dir(tmp_path_factory):
+    """tiny:llama with neurons, heads and a layer removed, saved as `prune --save-model` does."""
+    from mechkit.model import load_model
+    from mechkit.pruning import prune_copy, save_pruned
+    from mechkit.pruning.plan import UnitsToRemove
+
+    handle = load_model("tiny:llama", device="cpu", dtype="float32")
+    plan = UnitsToRemove(mlp={0: [0, 1, 2]}, heads={0: [0, 1]}, layers=[1])  # a whole KV group
+    return save_pruned(prune_copy(handle, plan), tmp_path_factory.mktemp("pruned") / "model")
+
+
+def test_a_pruned_model_reloads_and_inspect_runs_on_it(pruned_dir):
+    import mechkit as mk
+
+    run = mk.run("inspect", model=str(pruned_dir), write=False, batch=1, seq_len=8, repeats=1)
+    assert run.results["anatomy"]["n_layers"] == 1
+
+
+@pytest.mark.parametrize("plugin", ["detect", "sweep", "ablate", "shuffle", "icl-vectors", "prune"])
+def test_a_plugin_that_cannot_handle_a_pruned_model_says_so_in_one_line(pruned_dir, tmp_path, capsys, plugin):
+    code, err = _cli(capsys, plugin, "--model", str(pruned_dir), "--out", str(tmp_path / "r"))
+    assert code == 2 and len(err) == 1 and "cannot run on a model with pruned" in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
+# ---- the fuzz over files and paths ----------------------------------------------------------------
+
+def _bad_outs(tmp_path: Path, kind: str) -> dict[str, str]:
+    """--out values every writer must refuse before any work, with what each needs to exist."""
+    (tmp_path / "home" / "work").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir(exist_ok=True)
+    (tmp_path / "a-dir" / "keep.txt").write_text("x")
+    (tmp_path / "cache").mkdir(exist_ok=True)
+    outs = {"cwd": ".", "dotdot": "..", "home": "~", "cache": str(tmp_path / "cache" / "out"),
+            "newline": str(tmp_path / "a\nb"), "long name": str(tmp_path / ("x" * 240)),
+            "in a file": str(tmp_path / "a-file" / "out")}
+    if kind == "dir":
+        outs["a file"] = str(tmp_path / "a-file")
+        outs["non-empty, no --force"] = str(tmp_path / "a-dir")
+    else:
+        outs["a dir"] = str(tmp_path / "a-dir")
+        outs["existing, no --force"] = str(tmp_path / "a-file")
+    return outs
+
+
+COMMANDS = {  # (argv before --out, kind of --out)
+    "inspect": (("inspect", "--model", "tiny:gpt2"), "dir"),
+    "taskvec apply": (("taskvec", "apply", "--base", "tiny:llama", "-v", "cap=VECTOR", "--expr", "cap"), "dir"),
+    "taskvec merge": (("taskvec", "merge", "-v", "cap=VECTOR", "--expr", "cap"), "file"),
+    "taskvec extract": (("taskvec", "extract", "--base", "tiny:llama", "--finetuned", "FT"), "file"),
+}
+OUT_CASES = [(cmd, case) for cmd, (_, kind) in COMMANDS.items()
+             for case in ["cwd", "dotdot", "home", "cache", "newline", "long name", "in a file",
+                          *(["a file", "non-empty, no --force"] if kind == "dir" else ["a dir", "existing, no --force"])]]
+
+
+@pytest.mark.parametrize(("command", "case"), OUT_CASES)
+def test_fuzz_bad_out_paths_are_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys, vector, command,
+                                                                 case):
+    from mechkit.model import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("mechkit.model.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    argv, kind = COMMANDS[command]
+    outs = _bad_outs(tmp_path, kind)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path / "home" / "work")
+    argv = [a.replace("VECTOR", str(vector)).replace("FT", str(Path(vector).parent / "ft")) for a in argv]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    code, err = _cli(capsys, *argv, "--out", outs[case])
+    assert code == 2 and len(err) == 1 and " — " in err[0], err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing created, nothing removed
+
+
+MODEL_CASES = ["missing tensor", "more layers", "fewer layers", "pickle only", "nan", "non-utf8 config"]
+
+
+@pytest.mark.parametrize("damage", MODEL_CASES)
+@pytest.mark.parametrize("command", ["inspect", "taskvec extract"])
+def test_fuzz_damaged_model_files_are_one_line_and_write_nothing(tmp_path, capsys, command, damage):
+    d = _model_dir(tmp_path / "m")
+    DAMAGE[damage][0](d)
+    argv = {"inspect": ("inspect", "--model", str(d), "--out", str(tmp_path / "r")),
+            "taskvec extract": ("taskvec", "extract", "--base", "tiny:llama", "--finetuned", str(d),
+                                "--out", str(tmp_path / "v.safetensors"))}[command]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    code, err = _cli(capsys, *argv)
+    assert code == 2 and len(err) == 1 and " — " in err[0], err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

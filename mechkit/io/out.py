@@ -85,6 +85,9 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
     """
     from mechkit.io.disk_cache import cache_root
 
+    if str(path).startswith("~"):
+        raise MechkitError(f"--out {path} starts with ~, which no shell expanded (it would be a folder named ~)",
+                           "write the full path, e.g. $HOME/runs/name")
     real = _real(path)
     if kind == "dir":
         for name, place in (("the working directory", Path.cwd()), ("your home directory", Path.home())):
