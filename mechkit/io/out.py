@@ -43,7 +43,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(path)
-    refuse_protected(path, kind, inputs)
+    refuse_protected(path, kind)
     try:
         if kind == "dir":
             if path.exists() and not path.is_dir():
@@ -59,6 +59,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     except OSError as err:  # e.g. a directory that cannot be listed
         raise MechkitError(f"cannot inspect {path}: {err.strerror or type(err).__name__}",
                            "choose another --out") from err
+    refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
     _probe_writable(path)
     return path
 

@@ -31,7 +31,7 @@ def refuse_pickle_only(path: Path) -> None:
         raise ModelLoadError(
             f"{path} holds only pickle weights ({pickles[0]}); mechkit loads safetensors only and never unpickles",
             "convert it once where you trust the file: AutoModelForCausalLM.from_pretrained(DIR)"
-            ".save_pretrained(NEW_DIR, safe_serialization=True), then pass --model NEW_DIR")
+            ".save_pretrained(NEW_DIR, safe_serialization=True), then use NEW_DIR")
     raise ModelLoadError(f"no weights in {path}: no *.safetensors file",
                          "point --model at a directory written by save_pretrained (config.json + model.safetensors)")
 
