@@ -68,6 +68,14 @@ def run_one_line(call) -> Any:
     except MechkitError as err:
         _echo_err(_one_line(str(err)))
         sys.exit(err.exit_code)
+    except OSError as err:  # a full disk, a quota, a read-only place: the environment, one line
+        from mechkit.io.fs_errors import describe
+
+        line = describe(err)
+        if line is None:
+            raise
+        _echo_err(_one_line(str(line)))
+        sys.exit(line.exit_code)
 
 
 @contextlib.contextmanager
@@ -224,7 +232,7 @@ def cache_list() -> None:
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_entries", is_flag=True, help="Remove every model and run step mechkit cached.")
 def cache_clear(names: tuple[str, ...], all_entries: bool) -> None:
-    """Remove cached entries by NAME (as `mechkit cache list` shows them: gguf/…, toy/…, runs), or --all."""
+    """Remove cached entries by NAME (as `mechkit cache list` shows them: gguf/…, toy/…, runs, leftovers), or --all."""
     from mechkit.io.disk_cache import clear_cache
 
     removed = clear_cache(names, all_entries=all_entries)

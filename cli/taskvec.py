@@ -79,7 +79,7 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     from mechkit.io import check_out
     from mechkit.tasks import parse_tasks
 
-    check_out(out, force, kind="file")
+    check_out(out, force, kind="file", inputs=_local(base, finetuned))
     task_ids = parse_tasks(tasks) if tasks is not None else None  # before the model loads
     from mechkit.model import load_model
     from mechkit.taskarith import extract
@@ -93,6 +93,17 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
 
 
 extract_cmd.params.extend(dispatch_options())
+
+
+def _local(*specs: str) -> tuple[str, ...]:
+    """The specs that name local files or directories (inputs an --out must not hold)."""
+    from pathlib import Path
+
+    return tuple(s for s in specs if s and (Path(s).expanduser().exists() or Path(s).is_symlink()))
+
+
+def _vector_paths(vectors: tuple[str, ...]) -> tuple[str, ...]:
+    return _local(*(item.partition("=")[2] or item for item in vectors))
 
 
 def _load_named(vectors: tuple[str, ...]) -> dict:
@@ -145,7 +156,7 @@ def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, ene
     """Combine task vectors (expression or merge method), optionally compress, write a new vector."""
     from mechkit.io import check_out
 
-    check_out(out, force, kind="file")
+    check_out(out, force, kind="file", inputs=_vector_paths(vectors))
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
     tv.save(out)
     _print_summary(tv, out)
@@ -190,7 +201,7 @@ def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, ran
     from mechkit.model import load_model
     from mechkit.taskarith import save_merged
 
-    check_out(out, force, kind="dir")  # before the model loads
+    check_out(out, force, kind="dir", inputs=(*_vector_paths(vectors), *_local(base)))  # before the model loads
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
 
     handle = load_model(base, device="cpu", dtype="float32")

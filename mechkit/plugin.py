@@ -212,6 +212,11 @@ class Plugin:
     # read_weights). A backend that cannot serve one (nnsight on a remote model cannot write weights)
     # refuses before any work.
     needs: ClassVar[frozenset[str]] = frozenset()
+    # Which kinds of physically pruned model (``prune --save-model``) the plugin handles: any of "neurons"
+    # (narrower MLPs), "heads" (layers with different head counts), "layers" (blocks removed). A model
+    # pruned in a way not listed is refused in one line before any work (most analyses index every head
+    # of every layer); the default lists none.
+    pruned: ClassVar[frozenset[str]] = frozenset()
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import shutil
 import time
@@ -21,6 +22,8 @@ from mechkit.executors import check_execution
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
+from mechkit.model.identity import model_identity
+from mechkit.model.integrity import changed_weight, weights_checksums
 from mechkit.options.resolve import check_backend_for, check_seed, resolve_options
 from mechkit.plugin import Plugin, RunContext
 
@@ -137,13 +140,16 @@ def _probe_logits(handle):
         return handle(ids).float().cpu()
 
 
-def resume_dir(cls: type[Plugin], model_key: str, params: dict, seed: int) -> Path:
-    """Where finished steps of this exact run (plugin, options, seed, model weights) are kept."""
+def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int) -> Path:
+    """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
+    plugin and its version, mechkit's version, the options, the seed and the model's identity (weights,
+    config, tokenizer, dtype: :func:`mechkit.model.identity.model_identity`)."""
+    from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    key = json.dumps([cls.name, cls.version, model_key, params, seed], sort_keys=True, default=str)
+    key = json.dumps([cls.name, cls.version, __version__, model_key, params, seed], sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -192,6 +198,9 @@ def run_plugin(
 
     console = console or Console(stderr=True)
     seed = check_seed(seed)
+    if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
+        raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
+                           "pass a name such as \"inspect\" (see `mechkit list`) or your Plugin class")
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     runs_on = check_backend_for(cls, backend, remote, model)
@@ -202,8 +211,11 @@ def run_plugin(
         return _run(cls, params, parsed, None, setup, console)
     with contextlib.ExitStack() as stack:
         if out is not None:
+            if not isinstance(out, (str, os.PathLike)):
+                raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
             out_dir = Path(out)
-            check_run_out(out_dir, force)  # a file, a read-only place, a report without --force: before any work
+            inputs = (model,) if isinstance(model, (str, Path)) and Path(model).expanduser().exists() else ()
+            check_run_out(out_dir, force, inputs)  # a file, a read-only place, a report without --force: before any work
             stack.enter_context(out_lock(out_dir))
             check_run_out(out_dir, force)  # again under the lock: a run that finished there meanwhile wrote a report
         else:
@@ -247,22 +259,22 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     with heartbeat(console, f"{cls.name}: loading the model {setup.model}"):
         handle = _load(cls, setup)
     load_s = time.perf_counter() - t0
+    check_pruned(cls, handle)
     _seed_everything(setup.seed)
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
-    model_key = handle.weights_sha256() if handle is not None else str(setup.model)
+    sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
+    model_key = model_identity(handle) if handle is not None else str(setup.model)
     with claimed(resume_dir(cls, model_key, params, setup.seed), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
         result = _call(cls, ctx, handle, console)
         run_s = time.perf_counter() - t1
-        if before is not None and not bool((_probe_logits(handle) == before).all()):
-            raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
-                              "a hook or weight edit was not undone; report this as a bug in the plugin")
+        _check_unchanged(cls, handle, before, sums)
         report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
-        report["checks"] = {"logits_unchanged": before is not None}
+        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None}
         if out_dir is not None:
             from mechkit.report import write_report
 
@@ -271,6 +283,38 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+
+
+def pruned_kinds(handle) -> set[str]:
+    """How the handle's model was physically pruned (``prune --save-model``): "neurons", "heads", "layers"."""
+    structure = getattr(getattr(handle, "model", None), "_mechkit_structure", None)
+    if structure is None:
+        return set()
+    kinds = {"neurons": structure.mlp_keep, "heads": structure.head_keep, "layers": structure.layers_removed}
+    return {kind for kind, units in kinds.items() if units}
+
+
+def check_pruned(cls: type[Plugin], handle) -> None:
+    """Refuse (one line) a pruned model the plugin does not declare it handles (:attr:`Plugin.pruned`)."""
+    missing = sorted(pruned_kinds(handle) - set(cls.pruned))
+    if missing:
+        raise PluginError(f"{cls.name} cannot run on a model with pruned {' and '.join(missing)}: it assumes every "
+                          "layer keeps all its heads, neurons and blocks",
+                          "run it on the dense model, or use `mechkit inspect` on the pruned one")
+
+
+def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None) -> None:
+    """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed) or the
+    logits of 16 probe tokens (a hook left attached)."""
+    if sums is not None:
+        name = changed_weight(sums, weights_checksums(handle.model))
+        if name is not None:
+            raise PluginError(f"plugin {cls.name!r} left the model changed (weight {name} differs after the run; "
+                              "this in-memory model stays changed)",
+                              "reload the model; a weight edit was not undone: report this as a bug in the plugin")
+    if before is not None and not bool((_probe_logits(handle) == before).all()):
+        raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
+                          "a hook or weight edit was not undone; report this as a bug in the plugin")
 
 
 def _load(cls: type[Plugin], setup: RunSetup):

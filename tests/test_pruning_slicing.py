@@ -87,7 +87,7 @@ def test_save_pruned_refuses_a_non_empty_directory_unless_forced(tiny_llama, tmp
     with pytest.raises(MechkitError):
         save_pruned(pruned, tmp_path / "file")
     save_pruned(pruned, out, force=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert (out / "keep.txt").read_text() == "mine" and (out / "model.safetensors").is_file()  # --force: ours only
     empty = tmp_path / "empty"
     empty.mkdir()
     assert (save_pruned(pruned, empty) / "model.safetensors").is_file()  # an empty directory is fine

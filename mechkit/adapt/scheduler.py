@@ -164,7 +164,9 @@ class Scheduler:
 
     def __init__(self, candidates: Sequence[Candidate], cost: CostTable, tasks: Sequence[str],
                  signal: TaskSignal | None = None, margin: float | None = None, min_cv: float = 0.9,
-                 min_confidence: float = 0.6, select: str = "logprob", adherence: float | None = None):
+                 min_confidence: float = 0.6, select: str = "logprob", adherence: float | None = None,
+                 model: dict | None = None):
+        self.model = dict(model) if model else None  # the structure it was calibrated on (structure_identity)
         if select not in SELECT:
             raise MechkitError(f"unknown selection metric {select!r}", f"use one of: {', '.join(SELECT)}")
         self.candidates, self.cost, self.tasks, self.signal = list(candidates), cost, list(tasks), signal
@@ -284,14 +286,27 @@ class Scheduler:
                 "min_cv": self.min_cv, "min_confidence": self.min_confidence, "select": self.select,
                 "cost": self.cost.as_dict(),
                 "signal": self.signal.as_dict() if self.signal else None,
-                "candidates": [c.as_dict() for c in self.candidates]}
+                "candidates": [c.as_dict() for c in self.candidates],
+                **({"model": self.model} if self.model else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> Scheduler:
         signal = TaskSignal.from_dict(d["signal"]) if d.get("signal") else None
         return cls([Candidate.from_dict(c) for c in d["candidates"]], CostTable.from_dict(d["cost"]), d["tasks"],
                    signal, d.get("margin"), d.get("min_cv", 0.9), d.get("min_confidence", 0.6),
-                   d.get("select", "logprob"), d.get("adherence"))
+                   d.get("select", "logprob"), d.get("adherence"), d.get("model"))
+
+    def check_model(self, handle: ModelHandle) -> None:
+        """Refuse ``handle`` when the scheduler was calibrated on a model of another structure: its plans
+        name layers and heads, its costs and task signal are that model's (one line, before any forward)."""
+        if not self.model:
+            return
+        mine = structure_identity(handle)
+        diff = [k for k in self.model if k in mine and self.model[k] != mine[k]]
+        if diff:
+            k = diff[0]
+            raise MechkitError(f"this scheduler was calibrated on another model ({k} {self.model[k]!r}, this model "
+                               f"has {mine[k]!r})", "calibrate one on this model with `mechkit adapt --model ...`")
 
     @classmethod
     def load(cls, path: str | Path) -> Scheduler:
@@ -304,6 +319,16 @@ class Scheduler:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise MechkitError(f"cannot read a scheduler from {path} ({type(err).__name__}: {err})",
                                "pass the scheduler.json of a `mechkit adapt` run (or its directory)") from None
+
+
+def structure_identity(handle: ModelHandle) -> dict:
+    """What a saved artifact tied to one model records and checks: its architecture and shape (not its
+    weights' hash, which changes with the dtype a model is loaded in)."""
+    config = handle.model.config
+    arch = (getattr(config, "architectures", None) or [type(handle.model).__name__])[0]
+    shape = handle.anatomy.as_dict()
+    return {"architecture": arch, "vocab_size": getattr(config, "vocab_size", None),
+            **{k: shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "d_head", "d_model", "d_mlp")}}
 
 
 @contextlib.contextmanager
@@ -331,6 +356,7 @@ def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Sch
                            "pass scheduler=mechkit.adapt.calibrate(model, tasks) or the scheduler.json of a "
                            "`mechkit adapt` run")
     sched = scheduler if isinstance(scheduler, Scheduler) else Scheduler.load(scheduler)
+    sched.check_model(handle)
     if (budget is None) == (budget_ms is None):
         raise MechkitError("give one latency budget", "pass budget=0.7 (of the dense latency) or budget_ms=...")
     if budget is not None and not budget > 0:

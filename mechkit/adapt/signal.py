@@ -13,7 +13,7 @@ from mechkit.adapt.conformal import calibrate_margin, debiased_residuals, plan_b
 from mechkit.adapt.cost import prompt_ids
 from mechkit.adapt.measures import signal_features
 from mechkit.adapt.plan import ExecutionPlan
-from mechkit.adapt.scheduler import Scheduler, TaskSignal
+from mechkit.adapt.scheduler import Scheduler, TaskSignal, structure_identity
 
 
 class SignalStage:
@@ -42,7 +42,8 @@ class SignalStage:
     def _build(self, budgets: Sequence[float], margin: float, bias: dict[str, float]) -> Scheduler:
         return Scheduler(self.candidates(budgets, margin, bias), self.cost_table(), self.tasks, self.signal(),
                          margin, self.min_cv, select=self.select,
-                         adherence=self.adherence if self.margin is None else None)
+                         adherence=self.adherence if self.margin is None else None,
+                         model=structure_identity(self.handle))
 
     def chosen_plans(self, sched: Scheduler, budgets: Sequence[float]) -> dict[str, ExecutionPlan]:
         """The plans ``sched`` chooses for the margin prompts (at their lengths) at every budget: the

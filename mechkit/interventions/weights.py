@@ -9,6 +9,7 @@ loads instead of the stored weight, and the stored weight is never written — s
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -24,12 +25,23 @@ if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 
+_OPEN: weakref.WeakKeyDictionary[nn.Module, list[weakref.ref]] = weakref.WeakKeyDictionary()
+"""The open :class:`WeightEdits` of each model, oldest first: whoever closes out of order hands its
+snapshots to the next newer one that edited the same tensor."""
+
+
 class WeightEdits:
-    """Hands out weights for in-place editing, snapshotting each one the first time."""
+    """Hands out weights for in-place editing, snapshotting each one the first time.
+
+    Overlapping edits of one model may be closed in any order: when all are closed every tensor holds
+    its value from before the first one opened. One closed before a newer one that touched the same
+    tensor leaves it edited and passes its snapshot on, so the newer one restores the oldest value.
+    """
 
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self._slots: dict[object, WeightSlot] = {}
+        _OPEN.setdefault(handle.model, []).append(weakref.ref(self))
         self._names: dict[int, str] | None = None  # id(module) -> its name in the model, once needed
         self._tied: dict[str, list[str]] | None = None
 
@@ -85,10 +97,24 @@ class WeightEdits:
             slot.reset()
 
     def restore(self) -> None:
-        """Every edited tensor back to its original value, and forget the snapshots."""
-        for slot in self._slots.values():
-            slot.restore()
+        """Every edited tensor back to its original value, and forget the snapshots (a tensor a newer, still
+        open edit also touched is left to it, with this one's snapshot: see the class doc)."""
+        newer = self._close()
+        for key, slot in self._slots.items():
+            heir = next((e._slots[key] for e in newer if key in e._slots), None)
+            if heir is not None and not slot.offloaded and not heir.offloaded:
+                heir.original = slot.original  # the newer edit now restores what was there before this one
+            else:
+                slot.restore()
         self._slots.clear()
+
+    def _close(self) -> list[WeightEdits]:
+        """Leave the model's open edits; the ones opened after this one, oldest first."""
+        refs = _OPEN.get(self.handle.model, [])
+        alive = [e for e in (r() for r in refs) if e is not None]
+        newer = alive[alive.index(self) + 1:] if self in alive else []
+        refs[:] = [weakref.ref(e) for e in alive if e is not self]
+        return newer
 
     @property
     def edited(self) -> int:

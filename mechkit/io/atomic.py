@@ -108,8 +108,8 @@ def temp_dir_beside(target: str | os.PathLike[str]) -> Path:
     >>> shutil.rmtree(tmp)
     """
     target = Path(target)
-    while True:
-        tmp = target.parent / f".{target.name}.tmp-{_token()}"
+    while True:  # the pid lets a later run tell a killed writer's leftover (mechkit.io.leftovers)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{_token()}"
         try:
             tmp.mkdir()
             return tmp
@@ -137,6 +137,9 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
     if not replace and _exists(target):
         raise MechkitError(f"{target} already exists", "pass --force to replace it or choose another --out")
     target.parent.mkdir(parents=True, exist_ok=True)
+    from mechkit.io.leftovers import clean_leftovers
+
+    clean_leftovers(target.parent, target.name)  # what a killed build of the same target left behind
     tmp = temp_dir_beside(target)
     try:
         yield tmp

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mechkit.errors import MechkitError
+from mechkit.io.leftovers import size_of
 
 GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
@@ -113,7 +114,22 @@ def list_cache(root: Path | None = None) -> list[CacheEntry]:
                                   dir_size(root / "runs"), newest, root / "runs"))
     entries += [_model_entry("embedded", p, "mechkit-cache.json", "old layout, unused")
                 for p in _children(root / "embedded")]
+    stale = _leftovers(root)
+    if stale:
+        entries.append(CacheEntry(LEFTOVERS, "leftovers", f"{len(stale)} temporary dir(s) and lock file(s) of killed runs",
+                                  sum(size_of(p) for p in stale), None, root))
     return entries
+
+
+LEFTOVERS = "leftovers"  # the name `cache list` shows and `cache clear` takes for killed runs' leftovers
+
+
+def _leftovers(root: Path) -> list[Path]:
+    """Stale temporary directories, set-aside directories, lock files and journals in the cache."""
+    from mechkit.io.leftovers import stale_leftovers
+
+    folders = [root, *(root / g for g in GROUPS)]
+    return [p for f in folders for p in stale_leftovers(f)]
 
 
 def remove_dir(path: Path) -> None:
@@ -156,11 +172,19 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
         raise MechkitError("pass either NAME… or --all, not both", "see `mechkit cache list`")
     if not all_entries and not names:
         raise MechkitError("nothing to clear", "name entries from `mechkit cache list`, or pass --all")
+    leftovers = all_entries or any(n.strip().strip("/") == LEFTOVERS for n in names)
+    names = [n for n in names if n.strip().strip("/") != LEFTOVERS]
     if all_entries:  # the groups, and what an interrupted clear left renamed aside
         targets = [root / g for g in GROUPS] + sorted(p for g in GROUPS for p in root.glob(f".{g}.old-*"))
     else:
         targets = [_resolve_name(root, n) for n in names]
     removed = []
+    if leftovers:  # before the groups go: a journal's roll-back needs its temporary directory
+        from mechkit.io.leftovers import clean_leftovers
+
+        cleaned = [item for f in [root, *(root / g for g in GROUPS)] for item in clean_leftovers(f)]
+        if cleaned:
+            removed.append((LEFTOVERS, sum(size for _, size in cleaned)))
     for path in dict.fromkeys(targets):  # a name given twice is removed once
         if not path.exists():
             continue

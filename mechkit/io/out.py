@@ -9,13 +9,17 @@ from typing import Literal
 from mechkit.errors import MechkitError
 
 
-def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["dir", "file"] = "dir") -> Path:
+def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["dir", "file"] = "dir",
+              inputs: tuple[str | os.PathLike[str], ...] = ()) -> Path:
     """``path`` as a Path if a ``kind`` can be written there, else a one-line :class:`MechkitError`.
 
     Refused: a file where a directory is wanted and a directory where a file is wanted (also with
     ``force``), a non-empty directory or an existing file without ``force``, and a location whose
     nearest existing parent is not a writable directory (probed by making and removing a hidden
     directory there, so a read-only location fails before any work). An empty directory is fine.
+    Refused too, as the real directory they name (symlinks and ``..`` resolved): the working directory,
+    the home directory, the root and their ancestors (``--out .``), a place inside mechkit's own cache
+    (:func:`mechkit.io.disk_cache.cache_root`), and an ``--out`` that is or holds one of ``inputs``.
 
     >>> import tempfile, pathlib
     >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -36,6 +40,10 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
                            "choose a path without them")
     path = Path(path)
+    from mechkit.io.fs_errors import check_name_lengths
+
+    check_name_lengths(path)
+    refuse_protected(path, kind)
     try:
         if kind == "dir":
             if path.exists() and not path.is_dir():
@@ -51,8 +59,53 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     except OSError as err:  # e.g. a directory that cannot be listed
         raise MechkitError(f"cannot inspect {path}: {err.strerror or type(err).__name__}",
                            "choose another --out") from err
+    refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
     _probe_writable(path)
     return path
+
+
+def _real(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
+                     inputs: tuple[str | os.PathLike[str], ...] = ()) -> None:
+    """One line where ``--out`` names, under any spelling, a directory mechkit must never write into as a
+    whole (see :func:`check_out`); before any work, whatever ``--force`` says.
+
+    >>> import os
+    >>> try:
+    ...     refuse_protected(os.getcwd() + "/sub/..")
+    ... except MechkitError as err:
+    ...     print(str(err).split(" — ")[1])
+    choose a new directory for --out, e.g. --out ./run
+    """
+    from mechkit.io.disk_cache import cache_root
+
+    if str(path).startswith("~"):
+        raise MechkitError(f"--out {path} starts with ~, which no shell expanded (it would be a folder named ~)",
+                           "write the full path, e.g. $HOME/runs/name")
+    real = _real(path)
+    if kind == "dir":
+        for name, place in (("the working directory", Path.cwd()), ("your home directory", Path.home())):
+            place = _real(place)
+            if _within(place, real):
+                what = name if real == place else f"a parent of {name}"
+                raise MechkitError(f"--out {path} is {what} ({real}); mechkit will not write a run over it",
+                                   "choose a new directory for --out, e.g. --out ./run")
+    cache = _real(cache_root())
+    if _within(real, cache) or (kind == "dir" and _within(cache, real)):
+        raise MechkitError(f"--out {path} is inside mechkit's cache ({cache}), which `mechkit cache clear` deletes",
+                           "choose an --out outside the cache")
+    for item in inputs:
+        source = _real(item)
+        if _within(source, real):
+            raise MechkitError(f"--out {path} {'is' if source == real else 'holds'} the input {item}, "
+                               "which the run reads", "choose another --out")
 
 
 def _probe_writable(path: Path) -> None:

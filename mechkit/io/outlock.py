@@ -20,10 +20,16 @@ from mechkit.io.out import check_out
 def lock_path(out_dir: str | os.PathLike[str]) -> Path:
     """The lock file of a run writing ``out_dir``: hidden, beside it, never inside the report directory.
 
-    >>> lock_path("runs/a").as_posix()
-    'runs/.a.mechkit-lock'
+    The directory's real identity decides: ``runs/a``, ``./runs/../runs/a`` and a symlink to it share
+    one lock (symlinks and ``..`` resolved, as far as the path exists).
+
+    >>> import os
+    >>> lock_path("runs/a") == lock_path("runs/../runs/a") == lock_path(os.path.abspath("runs/a"))
+    True
+    >>> lock_path("runs/a").name
+    '.a.mechkit-lock'
     """
-    out = Path(out_dir)
+    out = Path(os.path.realpath(Path(out_dir).expanduser()))
     return out.parent / f".{out.name}.mechkit-lock"
 
 
@@ -112,6 +118,10 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        from mechkit.io.leftovers import clean_leftovers
+
+        real = Path(os.path.realpath(Path(out_dir).expanduser()))
+        clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
         yield path
     finally:
         with contextlib.suppress(OSError):
@@ -129,12 +139,15 @@ def _remove_empty(dirs: list[Path]) -> None:
             break
 
 
-def check_run_out(out_dir: Path, force: bool) -> None:
+def check_run_out(out_dir: Path, force: bool, inputs: tuple = ()) -> None:
     """Refuse ``out_dir`` (one line) where a run's report cannot go: a report already there without
-    ``force``, a file, a read-only place."""
+    ``force``, a file, a read-only place, the working or home directory, the cache, a place holding an input."""
+    from mechkit.io.fs_errors import check_name_lengths
+
+    check_name_lengths(out_dir)  # first: a name too long makes even exists() fail
     if (out_dir / "report.json").exists() and not force:
         raise ReportExistsError(f"{out_dir} already holds a report", "pass --force to overwrite or choose another --out")
-    check_out(out_dir, force=force, kind="dir")
+    check_out(out_dir, force=force, kind="dir", inputs=inputs)
 
 
 @contextlib.contextmanager

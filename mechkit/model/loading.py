@@ -19,6 +19,12 @@ from mechkit.model.backends.base import check_backend
 from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
 from mechkit.model.handle import ModelHandle
+from mechkit.model.integrity import (
+    load_report_muted,
+    refuse_load_gaps,
+    refuse_non_finite_weights,
+    refuse_pickle_only,
+)
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
 from mechkit.model.placement.spread import dispatch_in_memory, load_pretrained
 from mechkit.model.placement.stored import is_dispatched
@@ -46,6 +52,8 @@ def _dtype(dtype: Any, device: str):
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
             raise ModelLoadError(f"unknown dtype {dtype!r}", "use float32, bfloat16 or float16") from None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ModelLoadError(f"dtype {dtype!r} is not a floating-point torch dtype", "use float32, bfloat16 or float16")
     return dtype
 
 
@@ -81,6 +89,12 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
         if backend != spec.backend.name or remote is not None:
             raise ModelLoadError("a loaded handle keeps the backend it was loaded with",
                                  "load the model again with backend=/remote=")
+        given = {"device": device, "dtype": dtype, "tokenizer": tokenizer, "device_map": device_map,
+                 "max_memory": max_memory, "offload_folder": offload_folder}
+        ignored = [k for k, v in given.items() if v is not None]
+        if ignored:  # it would be silently ignored: the handle is already placed
+            raise ModelLoadError(f"a loaded handle keeps the {', '.join(ignored)} it was loaded with",
+                                 f"pass {ignored[0]}= to mk.load_model, or pass the model spec instead of the handle")
         return spec
     remote = check_remote(remote, backend, spec)  # before anything loads
     if remote == "ndif":
@@ -104,6 +118,7 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     else:
         model.to(device=device, dtype=torch_dtype)
     model.eval()
+    refuse_non_finite_weights(model, spec_str)  # before any work, not as "the plugin" failing at the end
     anatomy = discover_anatomy(model)
     handle = ModelHandle(model=model, tokenizer=tok, anatomy=anatomy, spec=spec_str, name=name, source=source)
     if backend == "nnsight":
@@ -197,15 +212,23 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
 
     from mechkit.model.edit.surgery import CONFIG_KEY, load_pruned_directory
 
-    pruned = CONFIG_KEY in (path / "config.json").read_text()
+    try:
+        pruned = CONFIG_KEY in (path / "config.json").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(err)}",
+                             "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
+    refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
+    safe = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True,
+            "output_loading_info": True}
     try:
         if pruned:
             return load_pruned_directory(path, torch_dtype), _tokenizer(path)
-        if placed is not None:
-            model = load_pretrained(path, placed, torch_dtype, local_files_only=True, trust_remote_code=False)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch_dtype, local_files_only=True, trust_remote_code=False)
+        with load_report_muted():
+            if placed is not None:
+                model, info = load_pretrained(path, placed, torch_dtype, **safe)
+            else:
+                model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **safe)
+        refuse_load_gaps(info, path)  # random-initialised or ignored tensors: never computed on
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line
@@ -226,13 +249,16 @@ def _tokenizer(path: Path):
 def _load_hub(repo_id: str, torch_dtype, placed: Dispatch | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    safe = {"trust_remote_code": False, "use_safetensors": True, "output_loading_info": True}
     try:
-        if placed is not None:
-            model = load_pretrained(repo_id, placed, torch_dtype, trust_remote_code=False)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, trust_remote_code=False)
+        with load_report_muted():
+            if placed is not None:
+                model, info = load_pretrained(repo_id, placed, torch_dtype, **safe)
+            else:
+                model, info = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch_dtype, **safe)
         tok = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=False)
     except Exception as err:
         raise ModelLoadError(f"could not load {repo_id!r} from the hub: {first_line(err)}",
                              "check the id and your network, or pass a local directory or .gguf file") from err
+    refuse_load_gaps(info, repo_id)
     return model, tok

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mechkit.io import atomic_dir, check_out, refuse_non_finite
+from mechkit.io import check_out, refuse_non_finite
+from mechkit.io.replace import replacing_dir
 from mechkit.model.edit.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
 from mechkit.model.handle import ModelHandle
 from mechkit.model.linear import weight_out_in
@@ -149,16 +150,24 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
     An existing non-empty ``out_dir`` is refused unless ``force`` is true, a file there always; an
     empty directory is replaced. The directory gets the umask's permissions, not mkdtemp's 0700.
     """
-    from safetensors.torch import save_file
-
     structure = structure_of(handle.model)
     if structure is None:
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
+    from mechkit.io.outlock import out_lock
+
     out = check_out(out_dir, force, kind="dir")
+    with out_lock(out):
+        check_out(out, force, kind="dir")  # again under the lock: another writer may have finished meanwhile
+        return _write_pruned(handle, structure, out, force)
+
+
+def _write_pruned(handle: ModelHandle, structure: Structure, out: Path, force: bool) -> Path:
+    from safetensors.torch import save_file
+
     state = _untied_state(handle.model)
     refuse_non_finite(state, out / "model.safetensors",
                       "check the dense model's weights and the pruning statistics, then prune again")
-    with atomic_dir(out, replace=force or out.is_dir()) as tmp:
+    with replacing_dir(out, force=force) as tmp:  # only its own files replaced, as one set
         config = handle.model.config.to_dict()
         config.update(structure.config_restore)
         config[CONFIG_KEY] = structure.as_dict()

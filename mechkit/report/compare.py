@@ -130,12 +130,39 @@ def _settings(reports: list[dict], dirs: list[Path], labels: list[str]) -> Table
     return Table("Runs", ["", *labels], rows)
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MAX_IMAGE_BYTES = 8 * 2**20  # a run's figure is tens of kB; anything this large is not one
+
+
 def _headline(report: dict, run_dir: Path) -> tuple[str, bytes] | None:
+    """The run's first PNG artifact, read only where it is its own: a plain file name, a regular file (no
+    symlink) directly in ``run_dir``, a real PNG, under :data:`MAX_IMAGE_BYTES`. Anything else is skipped."""
     for name in report.get("artifacts") or []:
-        path = run_dir / name
-        if name.lower().endswith(".png") and path.is_file():
-            return name, path.read_bytes()
+        if not isinstance(name, str) or not name.lower().endswith(".png") or "/" in name or "\\" in name \
+                or name in (".", ".."):
+            continue
+        data = _own_png(run_dir / name)
+        if data is not None:
+            return name, data
     return None
+
+
+def _own_png(path: Path) -> bytes | None:
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a symlink is refused, not followed
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_IMAGE_BYTES:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_IMAGE_BYTES + 1)
+    finally:
+        os.close(fd)
+    return data if data.startswith(PNG_MAGIC) and len(data) <= MAX_IMAGE_BYTES else None
 
 
 def render_compare_html(cmp: Comparison) -> str:
@@ -176,14 +203,17 @@ def write_compare(cmp: Comparison, out_dir: str | os.PathLike[str], force: bool 
     A non-empty ``out_dir`` is refused without ``force`` (one line), as for a run's ``--out``.
     """
     from mechkit.io import atomic_dir, check_out, write_atomic
+    from mechkit.io.outlock import out_lock
 
     out = check_out(out_dir, force=force, kind="dir")
     page = render_compare_html(cmp)
-    if out.exists():
-        write_atomic(out / COMPARE_HTML, page)
-    else:
-        with atomic_dir(out) as tmp:
-            (tmp / COMPARE_HTML).write_text(page, encoding="utf-8")
+    with out_lock(out):
+        out = check_out(out_dir, force=force, kind="dir")  # again under the lock
+        if out.exists():
+            write_atomic(out / COMPARE_HTML, page)
+        else:
+            with atomic_dir(out) as tmp:
+                (tmp / COMPARE_HTML).write_text(page, encoding="utf-8")
     return out
 
 

@@ -3,8 +3,9 @@
 A reader (a script polling ``mechkit-runs/``, or a person after Ctrl-C) must never find a
 half-written report. Everything is rendered into a hidden temporary directory beside ``out_dir``
 (same filesystem, so a rename is atomic). A new ``out_dir`` is then created by renaming that
-directory in one step (:func:`mechkit.io.atomic_dir`); an existing one gets its files moved in with
-``report.json`` last, and the files it held before are put back if a move fails.
+directory in one step (:func:`mechkit.io.atomic_dir`); an existing one gets the run's files as one set
+(:func:`mechkit.io.replace.install_set`): the previous report's files are replaced, all or nothing, and
+files the user keeps there are left alone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError, ReportExistsError
-from mechkit.io import atomic_dir, check_out, temp_dir_beside
+from mechkit.io import check_out
+from mechkit.io.replace import replacing_dir
 from mechkit.report.html import render_html
 from mechkit.report.schema import to_jsonable, validate_report
 
@@ -83,16 +85,8 @@ def write_report(
 
     created_parents = _missing_ancestors(out.parent)
     try:
-        if out.exists():
-            tmp = temp_dir_beside(out)
-            try:
-                _render(tmp, final, figures, files, tables)
-                _move_into(tmp, out, [*names, REPORT_HTML, REPORT_JSON])
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            with atomic_dir(out) as tmp:  # the whole run appears in one step
-                _render(tmp, final, figures, files, tables)
+        with replacing_dir(out, force=True, manifest=False) as tmp:  # new: one rename; existing: one set
+            _render(tmp, final, figures, files, tables)
     except BaseException:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
@@ -166,29 +160,6 @@ def _missing_ancestors(path: Path) -> list[Path]:
             break
         missing.append(p)
     return missing
-
-
-def _move_into(tmp: Path, out: Path, names: list[str]) -> None:
-    """Move ``names`` from ``tmp`` into the existing ``out``, last name last; undo all on failure."""
-    backup = tmp / ".previous"
-    backup.mkdir()
-    moved: list[tuple[str, bool]] = []  # (name, whether an older file was set aside)
-    try:
-        for name in names:
-            had_old = (out / name).exists()
-            if had_old:
-                os.replace(out / name, backup / name)
-            moved.append((name, had_old))
-            os.replace(tmp / name, out / name)
-    except BaseException:
-        for name, had_old in reversed(moved):
-            if (out / name).is_dir():
-                shutil.rmtree(out / name)
-            else:
-                (out / name).unlink(missing_ok=True)
-            if had_old:
-                os.replace(backup / name, out / name)
-        raise
 
 
 __all__ = ["default_out_dir", "figure_png", "write_report"]

@@ -36,7 +36,8 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
-from mechkit.io import atomic_dir, check_out
+from mechkit.io import check_out
+from mechkit.io.replace import replacing_dir
 from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, state_items
 from mechkit.taskarith.checks import (
@@ -186,15 +187,21 @@ def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_di
                 scale: float = 1.0, force: bool = False, allow_other_base: bool = False) -> Path:
     """Write Ψ0 + scale·τ as a loadable model directory (safetensors, config, tokenizer), atomically.
 
-    ``out_dir`` may be new or an empty directory; a non-empty one is replaced only with ``force``.
+    ``out_dir`` may be new or an empty directory; in a non-empty one (only with ``force``) the files a
+    model directory holds are replaced as one set and the user's other files kept
+    (:func:`mechkit.io.replace.replacing_dir`). The directory is locked while it is written.
     Nothing is written when the vector's base is not this model (unless ``allow_other_base``) or
     when a merged weight is NaN or inf.
     """
-    out = check_out(out_dir, force, kind="dir")
-    with apply(handle, vector, scale, allow_other_base=allow_other_base):
+    from mechkit.io.outlock import out_lock
+
+    inputs = (handle.source,) if isinstance(handle.source, Path) else ()
+    out = check_out(out_dir, force, kind="dir", inputs=inputs)
+    with out_lock(out), apply(handle, vector, scale, allow_other_base=allow_other_base):
+        check_out(out, force, kind="dir")  # again under the lock: another writer may have finished meanwhile
         refuse_non_finite(StateView(handle.model), out / "model.safetensors",
                           "lower λ or the vector's scale, or check the base model's weights")
-        with atomic_dir(out, replace=force or out.is_dir()) as tmp:
+        with replacing_dir(out, force=force) as tmp:  # only its own files replaced, as one set
             with warnings.catch_warnings():  # transformers' note that an offloaded model is read back to save it
                 warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
                 handle.model.save_pretrained(tmp, safe_serialization=True, **_offloaded_state(handle.model))

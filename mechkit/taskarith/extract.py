@@ -150,7 +150,7 @@ def _refuse_non_finite(name: str, ft: torch.Tensor, base: torch.Tensor, ft_dir: 
     bad = non_finite({name: ft})
     if bad is not None:
         raise MechkitError(f"the fine-tuned model {ft_dir} holds {bad[1]} values in {name}",
-                           "its fine-tune diverged: fine-tune again with a lower --lr")
+                           "its fine-tune diverged: run `mechkit finetune` again with a lower learning rate")
     bad = non_finite({name: base})
     if bad is not None:
         raise MechkitError(f"the base model holds {bad[1]} values in {name}", "use a base model with finite weights")

@@ -210,10 +210,13 @@ class TaskVector:
         except ValueError:
             raise MechkitError(f"refusing to write {path}: its metadata holds NaN or inf numbers",
                                "record finite numbers in the vector's metadata") from None
+        from mechkit.io.outlock import out_lock
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as tmp:
-            save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp), metadata={"mechkit": header})
-        write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")
+        with out_lock(path):  # two writers of one file never interleave the vector and its .json
+            with atomic_file(path) as tmp:
+                save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp), metadata={"mechkit": header})
+            write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")
         return path
 
     @classmethod

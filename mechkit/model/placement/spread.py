@@ -144,7 +144,8 @@ def load_pretrained(source: str | os.PathLike, dispatch: Dispatch, dtype: torch.
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(source, **kwargs)
+    config = AutoConfig.from_pretrained(source, **{k: v for k, v in kwargs.items()
+                                                   if k in ("local_files_only", "trust_remote_code")})
     with init_empty_weights():
         empty = AutoModelForCausalLM.from_config(config, dtype=dtype)
     empty.tie_weights()  # tied embeddings must be planned onto one device, as from_pretrained will tie them
@@ -159,7 +160,10 @@ def load_pretrained(source: str | os.PathLike, dispatch: Dispatch, dtype: torch.
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
         raise
+    info = None
+    if kwargs.get("output_loading_info"):
+        model, info = model
     if folder is not None:
         weakref.finalize(model, shutil.rmtree, folder, True)
     remember_ties(model, source=empty)
-    return model
+    return model if info is None else (model, info)

@@ -1,0 +1,57 @@
+"""The file system says no: one line naming the path and the fix, for the errors the environment causes.
+
+A full disk, a quota, a read-only mount, a permission, a name too long: none is a bug, and a traceback
+would hide the one thing the user must change. :func:`describe` turns such an :class:`OSError` into a
+:class:`~mechkit.errors.MechkitError`; the CLI does it for any that reaches it (the writers have removed
+their temporary files by then: :mod:`mechkit.io.atomic`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from mechkit.errors import MechkitError
+
+NAME_MAX = 255  # bytes per path component on ext4, xfs, btrfs, tmpfs, apfs, ntfs
+SUFFIX_ROOM = 40  # what mechkit adds to a name for its temporary copies and lock: .NAME.tmp-PID-TOKEN
+
+_WHY = {
+    errno.ENOSPC: ("no space left on the device", "free some space there, or choose another --out"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space in your quota, or choose another --out"),
+    errno.EROFS: ("the file system is read-only", "choose an --out on a writable file system"),
+    errno.EACCES: ("permission denied", "choose a place you can write, or change its permissions"),
+    errno.EPERM: ("operation not permitted", "choose a place you can write, or change its permissions"),
+    errno.ENAMETOOLONG: ("a name is too long for the file system", "choose a shorter --out"),
+    errno.EMLINK: ("too many links", "choose another --out"),
+}
+
+
+def describe(err: OSError) -> MechkitError | None:
+    """The one-line error for an environment :class:`OSError` (``None`` for other kinds: a bug, re-raised)."""
+    why = _WHY.get(err.errno or 0)
+    if why is None:
+        return None
+    where = err.filename if err.filename is not None else "a file mechkit was writing"
+    fix = why[1]
+    from mechkit.io.disk_cache import cache_root
+
+    try:
+        if err.filename is not None and Path(os.path.realpath(cache_root())) in Path(
+                os.path.realpath(str(err.filename))).parents:
+            fix = fix.replace("choose another --out", "point $MECHKIT_CACHE elsewhere")
+    except (OSError, ValueError):
+        pass
+    return MechkitError(f"cannot write {where}: {why[0]}", fix)
+
+
+def check_name_lengths(path: str | os.PathLike[str]) -> None:
+    """Refuse (one line) a path with a component too long for the file system once mechkit adds its
+    temporary suffix, before any work rather than at the last rename."""
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX - SUFFIX_ROOM:
+            raise MechkitError(f"the name {part[:40]}… in --out is {size} bytes long; the file system allows "
+                               f"{NAME_MAX} and mechkit needs {SUFFIX_ROOM} more for its temporary copies",
+                               f"choose a name of at most {NAME_MAX - SUFFIX_ROOM} bytes")

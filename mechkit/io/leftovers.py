@@ -1,0 +1,147 @@
+"""What a killed writer leaves beside its target, recognised and cleaned by the next writer or ``cache clear``.
+
+A write in progress keeps, beside its target (hidden, so listings stay clean):
+
+- ``.NAME.tmp-PID-TOKEN/``: the directory being built (:func:`mechkit.io.temp_dir_beside`); stale once
+  process PID is gone (a name without a pid, from an older mechkit, once it is a day old);
+- ``.NAME.old-TOKEN``: an old directory set aside to be deleted; always stale when no writer holds NAME;
+- ``.NAME.mechkit-lock``: the lock file (:mod:`mechkit.io.outlock`); stale when nobody holds its lock;
+- ``.NAME.mechkit-replace``: the journal of a half-installed set (:mod:`mechkit.io.replace`): rolled back.
+
+:func:`stale_leftovers` finds them without touching a live writer's files; :func:`clean_leftovers`
+removes them (and rolls journals back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+_TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
+_OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]{8}$")
+_LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
+_JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
+UNTAGGED_AGE_S = 24 * 3600
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but is someone else's
+        return True
+    return True
+
+
+def _lock_free(path: Path) -> bool:
+    """Whether nobody holds the flock of lock file ``path`` (checked by taking and releasing it)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: never judged stale
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _held(folder: Path, name: str) -> bool:
+    lock = folder / f".{name}.mechkit-lock"
+    return lock.exists() and not _lock_free(lock)
+
+
+def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False) -> list[Path]:
+    """Leftovers of killed writers in ``folder`` (only those of target ``name`` when given). ``locked``: the
+    caller holds ``name``'s lock, so no other writer of it runs and its lock file is its own."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    found = []
+    for p in entries:
+        for pattern in (_TMP, _OLD, _LOCK, _JOURNAL):
+            m = pattern.match(p.name)
+            if m and (name is None or m["name"] == name) and _stale(folder, p, pattern, m, locked):
+                found.append(p)
+                break
+    return found
+
+
+def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: bool) -> bool:
+    if pattern is _LOCK:
+        return not locked and _lock_free(path)
+    if pattern is _TMP and m["pid"]:
+        return not _alive(int(m["pid"]))
+    if not locked and _held(folder, m["name"]):
+        return False  # a writer of this target is running: its files are live
+    if pattern is _TMP:
+        with contextlib.suppress(OSError):
+            return time.time() - path.lstat().st_mtime > UNTAGGED_AGE_S
+        return False
+    return True
+
+
+def size_of(path: Path) -> int:
+    if path.is_dir() and not path.is_symlink():
+        from mechkit.io.disk_cache import dir_size
+
+        return dir_size(path)
+    with contextlib.suppress(OSError):
+        return path.lstat().st_size
+    return 0
+
+
+def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False) -> list[tuple[Path, int]]:
+    """Remove the stale leftovers in ``folder`` (journals rolled back first); ``(path, bytes)`` of each."""
+    from mechkit.io.replace import recover
+
+    removed = []
+    found = stale_leftovers(folder, name, locked)
+    for path in sorted(found, key=lambda p: not _JOURNAL.match(p.name)):  # roll back before temp dirs go
+        m = _JOURNAL.match(path.name)
+        size = size_of(path)
+        with contextlib.suppress(OSError):
+            if m:
+                recover(folder / m["name"])
+            elif _LOCK.match(path.name):
+                if not _unlink_lock(path):
+                    continue
+            elif path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+            else:
+                continue  # the roll-back removed it
+            removed.append((path, size))
+    return removed
+
+
+def _unlink_lock(path: Path) -> bool:
+    """Remove a lock file nobody holds, holding its lock meanwhile (as :func:`mechkit.io.outlock.out_lock` does
+    when it ends), so a run that opened it just now sees it gone and locks a new one."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        path.unlink()
+        return True
+    finally:
+        os.close(fd)

@@ -1,0 +1,52 @@
+"""What decides a model's results besides its weights: the identity a resume key and a saved artifact record.
+
+Two models with the same weights can still compute differently: another ``config.json`` (an
+``rms_norm_eps``, a rope scaling, a number of heads), another tokenizer (other ids for the same
+text), another dtype. A resume directory keyed on the weights alone would let a rerun with another
+config pick up the steps of the first run and mix both into one report. :func:`model_identity` hashes
+all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset")
+
+
+def config_sha256(model: Any) -> str:
+    """SHA-256 of the model's config as JSON (sorted keys), without the fields that name where it was read
+    from or which transformers wrote it, which do not change what it computes."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return "none"
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    data = {k: v for k, v in data.items() if k not in _CONFIG_NOISE}
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    """SHA-256 of what maps text to ids: a fast tokenizer's whole definition, else its vocabulary and
+    special tokens; ``"none"`` for a model without a tokenizer."""
+    if tokenizer is None:
+        return "none"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        text = backend.to_str()
+    else:
+        try:
+            vocab = sorted(tokenizer.get_vocab().items())
+        except Exception:  # a tokenizer without a vocabulary to list: its type is what we know
+            vocab = []
+        text = json.dumps([type(tokenizer).__name__, vocab], default=str)
+    special = json.dumps(getattr(tokenizer, "special_tokens_map", {}) or {}, sort_keys=True, default=str)
+    return hashlib.sha256((text + special).encode()).hexdigest()
+
+
+def model_identity(handle: Any) -> dict[str, str]:
+    """The parts of a loaded model that decide its results: weights, config, tokenizer and dtype."""
+    return {"weights_sha256": handle.weights_sha256(), "config_sha256": config_sha256(handle.model),
+            "tokenizer_sha256": tokenizer_sha256(handle.tokenizer), "dtype": str(handle.dtype)}

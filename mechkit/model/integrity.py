@@ -1,0 +1,113 @@
+"""Never compute on weights the user did not give: the checks a model directory and a loaded model pass.
+
+transformers fills every tensor a checkpoint lacks with random values and goes on (it logs a table, and
+the run exits 0): a directory missing a tensor, or whose config asks for more layers than its weights
+hold, would be analysed, edited and even saved as if it were the user's model. It also falls back to
+``torch.load`` (pickle) for ``pytorch_model.bin``, which mechkit promises never to run. And a model with
+NaN or inf weights runs to the end, to fail where the first non-finite logit is noticed. Each is refused
+here, in one line naming the fix, before any work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mechkit.errors import ModelLoadError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+_LOAD_REPORT = "transformers.utils.loading_report"
+
+
+def refuse_pickle_only(path: Path) -> None:
+    """A directory without safetensors weights: refused, naming the pickle file it holds instead (if any)."""
+    if any(path.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if pickles:
+        raise ModelLoadError(
+            f"{path} holds only pickle weights ({pickles[0]}); mechkit loads safetensors only and never unpickles",
+            "convert it once where you trust the file: AutoModelForCausalLM.from_pretrained(DIR)"
+            ".save_pretrained(NEW_DIR, safe_serialization=True), then use NEW_DIR")
+    raise ModelLoadError(f"no weights in {path}: no *.safetensors file",
+                         "point --model at a directory written by save_pretrained (config.json + model.safetensors)")
+
+
+def refuse_load_gaps(info: dict, path: Any) -> None:
+    """Refuse a load whose report (``from_pretrained(..., output_loading_info=True)``) shows tensors the
+    config needs that the weights lack (randomly initialised), tensors of the wrong shape, or tensors the
+    config has no place for (weights silently dropped: a config with fewer layers than the weights)."""
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if missing:
+        raise ModelLoadError(
+            f"the weights in {path} lack {len(missing)} tensor(s) its config.json needs (first: {missing[0]}); "
+            "they would be random", "re-export the model with all its weights, or fix config.json "
+            "(e.g. num_hidden_layers) to match the weights")
+    if mismatched:
+        raise ModelLoadError(
+            f"{len(mismatched)} tensor(s) in {path} have another shape than config.json says (first: {mismatched[0]})",
+            "fix config.json (hidden_size, heads, vocab_size) to match the weights, or re-export the model")
+    if unexpected:
+        raise ModelLoadError(
+            f"the weights in {path} hold {len(unexpected)} tensor(s) its config.json has no place for "
+            f"(first: {unexpected[0]}); they would be ignored",
+            "fix config.json (e.g. num_hidden_layers) to match the weights, or re-export the model")
+
+
+@contextlib.contextmanager
+def load_report_muted() -> Iterator[None]:
+    """transformers' load table off: :func:`refuse_load_gaps` says what it would, in one line."""
+    report = logging.getLogger(_LOAD_REPORT)
+    level, report.disabled = report.disabled, True
+    try:
+        yield
+    finally:
+        report.disabled = level
+
+
+def refuse_non_finite_weights(model: Any, label: Any) -> None:
+    """Refuse a model holding NaN or inf in a parameter held in memory (offloaded ones are not read back;
+    buffers are left alone: some models keep -inf masks there on purpose)."""
+    import torch
+
+    for name, t in model.named_parameters():
+        if t.device.type == "meta" or not (t.is_floating_point() or t.is_complex()):
+            continue
+        if not bool(torch.isfinite(t).all()):
+            what = "NaN" if bool(torch.isnan(t).any()) else "inf"
+            raise ModelLoadError(f"the model {label} has {what} values in {name}",
+                                 "its weights are damaged (a diverged fine-tune, a bad conversion): "
+                                 "use the original weights or re-export them")
+
+
+def weights_checksums(model: Any) -> dict[str, int]:
+    """A cheap, exact fingerprint of every parameter held in memory: the sum of its raw bits weighted by
+    position (on its own device, one parameter at a time). Any change of any entry changes its sum, except
+    for changes that cancel modulo 2**63 (not a plugin bug's pattern); restoring the exact bits restores it.
+    Offloaded (meta) parameters are not read."""
+    import torch
+
+    sums: dict[str, int] = {}
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if t.device.type == "meta":
+                continue
+            flat = t.detach().contiguous().view(-1)
+            bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+            raw = flat.view(bits).to(torch.int64)
+            weights = torch.arange(1, raw.numel() + 1, device=raw.device, dtype=torch.int64) % 65521 + 1
+            sums[name] = int((raw * weights).sum())
+    return sums
+
+
+def changed_weight(before: dict[str, int], after: dict[str, int]) -> str | None:
+    """The first parameter whose checksum differs (or that appeared or vanished), else None."""
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            return name
+    return None
