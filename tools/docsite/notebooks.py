@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -103,10 +104,31 @@ def executed(source: Path):
 # --- the docs page of an executed notebook ------------------------------------------------------
 
 
+PROGRESS = re.compile(r"^mechkit: .*\(elapsed [^)]*\)$")
+
+
+def _shown_stream(text: str) -> str:
+    """A stream as a page shows it: progress lines (``mechkit: … (elapsed 40s)``) only where a step ends."""
+    lines = [ln for ln in text.splitlines() if not PROGRESS.match(ln) or " done " in ln]
+    return "\n".join(lines).strip()
+
+
+def _merged(outputs: list) -> list:
+    """Consecutive stream outputs as one (a kernel flushes a long print in pieces)."""
+    merged: list = []
+    for output in outputs:
+        if output.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream":
+            merged[-1] = {**merged[-1], "text": merged[-1]["text"] + output["text"]}
+        else:
+            merged.append(dict(output))
+    return merged
+
+
 def _output_md(output) -> str:
     kind = output.get("output_type")
     if kind == "stream":
-        return "```text\n" + output["text"].rstrip() + "\n```\n"
+        text = _shown_stream(output["text"])
+        return "```text\n" + text + "\n```\n" if text else ""
     if kind == "error":
         return "```text\n" + "\n".join(output.get("traceback", [])) + "\n```\n"
     data = output.get("data", {})
@@ -131,7 +153,7 @@ def to_markdown(nb, source: Path) -> str:
         elif cell.cell_type == "code" and cell.source.strip():
             parts.append("<!-- not run: a tutorial cell; tests/test_docs.py executes the whole notebook -->\n"
                          "```python\n" + cell.source.rstrip() + "\n```\n")
-            parts += [_output_md(o) for o in cell.get("outputs", [])]
+            parts += [_output_md(o) for o in _merged(cell.get("outputs", []))]
     footer = (f"\n---\n\n*Outputs above: executed on the embedded model (`{meta.get('model', '?')}`) by "
               f"`{meta.get('command', COMMAND)}` in {meta.get('seconds', '?')} s, from `notebooks/{source.name}`. "
               "The test suite executes the same notebook on a tiny model.*\n")
