@@ -6,8 +6,17 @@ README's test command installs; if it is missing the embedded tests fail (they n
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# torch on one thread, here and in every process a test starts (they inherit the environment): tiny
+# models are all these tests run, and with two intra-op threads on a shared two-core machine each op's
+# OpenMP team waits for a core, a tiny Llama forward took 1.7 s instead of 49 ms (load 9, torch 2.13).
+# Results do not depend on it (no test compares figures across thread counts); an OMP_NUM_THREADS the
+# caller sets wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import mechkit as mk
 from mechkit.model.sources.tiny import tiny_families
@@ -15,6 +24,7 @@ from mechkit.model.sources.tiny import tiny_families
 pytest_plugins = ["tests.ray_cluster"]  # the local Ray cluster of the executor tests
 
 FAMILIES = tiny_families()
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session", params=FAMILIES)
