@@ -7,6 +7,8 @@ README's test command installs; if it is missing the embedded tests fail (they n
 from __future__ import annotations
 
 import os
+import subprocess
+import traceback
 
 # torch on one thread, here and in every process a test starts (they inherit the environment): tiny
 # models are all these tests run, and with two intra-op threads on a shared two-core machine each op's
@@ -66,3 +68,19 @@ def noisy_model_dir(path, family: str = "llama", seed: int = 1, base_seed: int =
     model.save_pretrained(path, safe_serialization=True)
     byte_tokenizer().save_pretrained(path)
     return path
+
+
+def cli_in_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``mechkit ARGS`` through the console script's own group (standalone, as ``main()`` runs it: one
+    line and exit 2 for a user error), in this process: a test of what the command says to bad input
+    does not need a fresh interpreter, which costs a torch and transformers import (8-10 s on 2 shared
+    cores) each. Tests of the process itself (start-up time, imports, locks, signals) keep a subprocess."""
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, list(args), env=env, prog_name="mechkit")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):  # as a process shows it
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["mechkit", *args], result.exit_code, result.stdout, stderr)
