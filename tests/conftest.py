@@ -6,8 +6,19 @@ README's test command installs; if it is missing the embedded tests fail (they n
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+import subprocess
+import traceback
+
+# torch on one thread, here and in every process a test starts (they inherit the environment): tiny
+# models are all these tests run, and with two intra-op threads on a shared two-core machine each op's
+# OpenMP team waits for a core, a tiny Llama forward took 1.7 s instead of 49 ms (load 9, torch 2.13).
+# Results do not depend on it (no test compares figures across thread counts); an OMP_NUM_THREADS the
+# caller sets wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import mechkit as mk
 from mechkit.model.sources.tiny import tiny_families
@@ -15,6 +26,7 @@ from mechkit.model.sources.tiny import tiny_families
 pytest_plugins = ["tests.ray_cluster"]  # the local Ray cluster of the executor tests
 
 FAMILIES = tiny_families()
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session", params=FAMILIES)
@@ -56,3 +68,19 @@ def noisy_model_dir(path, family: str = "llama", seed: int = 1, base_seed: int =
     model.save_pretrained(path, safe_serialization=True)
     byte_tokenizer().save_pretrained(path)
     return path
+
+
+def cli_in_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``mechkit ARGS`` through the console script's own group (standalone, as ``main()`` runs it: one
+    line and exit 2 for a user error), in this process: a test of what the command says to bad input
+    does not need a fresh interpreter, which costs a torch and transformers import (8-10 s on 2 shared
+    cores) each. Tests of the process itself (start-up time, imports, locks, signals) keep a subprocess."""
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, list(args), env=env, prog_name="mechkit")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):  # as a process shows it
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["mechkit", *args], result.exit_code, result.stdout, stderr)

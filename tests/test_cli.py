@@ -10,6 +10,7 @@ import time
 import pytest
 
 from mechkit.report import load_report
+from tests.conftest import cli_in_process
 
 
 def mechkit(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -67,7 +68,7 @@ def test_inspect_writes_report_and_refuses_overwrite(tmp_path):
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, needle):
     out = tmp_path / "never"
     extra = ["--out", str(out)] if args[0] == "inspect" else []
-    result = mechkit(*args, *extra)
+    result = cli_in_process(*args, *extra)
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr
     assert not out.exists()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 import mechkit as mk
+from tests.conftest import cli_in_process
 
 TINY = dict(model="tiny:llama", write=False)
 
@@ -69,11 +68,6 @@ def test_shuffle_and_sweep_reports():
     assert -1.0 <= swept.results["agreement"]["spearman"] <= 1.0
 
 
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "mechkit.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
-
-
 @pytest.mark.parametrize("args, needle", [
     (["ablate", "--heads", "17-3"], "malformed head spec"),
     (["ablate", "--heads", "5.0"], "out of range"),
@@ -85,7 +79,7 @@ def cli(*args):
 ])
 def test_bad_input_fails_cleanly(tmp_path, args, needle):
     out = tmp_path / "out"
-    result = cli(*args, "--model", "tiny:llama", "--out", str(out))
+    result = cli_in_process(*args, "--model", "tiny:llama", "--out", str(out))
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr.lower() and len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()

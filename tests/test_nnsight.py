@@ -28,6 +28,7 @@ from mechkit.model.backends.ndif import check_hosted, client_model, hosted_model
 from mechkit.model.backends.nnsight_backend import NnsightBackend, Trace
 from mechkit.model.backends.weight_reads import read_weights
 from mechkit.model.sources.tiny import tiny_families
+from tests.conftest import cli_in_process
 
 pytest.importorskip("nnsight")
 
@@ -331,8 +332,8 @@ def test_plugins_on_the_weights_are_refused_remotely(tmp_path, plugin, message):
         for path in paths:
             path.write_bytes(b"")
         extra = ["--vectors", ",".join(map(str, paths))]
-    result = _cli(plugin, "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local", *extra,
-                  "--out", str(out))
+    result = cli_in_process(plugin, "--model", "tiny:llama", "--backend", "nnsight", "--remote", "local", *extra,
+                            "--out", str(out))
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"plugin '{plugin}' needs" in lines[0] and message in lines[0], result.stderr
