@@ -22,8 +22,8 @@ from mechkit.executors import check_execution
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
-from mechkit.model.identity import model_identity
-from mechkit.model.integrity import changed_weight, weights_checksums
+from mechkit.model.checks.identity import model_identity
+from mechkit.model.checks.integrity import changed_weight, weights_checksums
 from mechkit.options.resolve import check_backend_for, check_seed, resolve_options
 from mechkit.plugin import Plugin, RunContext
 
@@ -143,7 +143,7 @@ def _probe_logits(handle):
 def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int) -> Path:
     """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
     plugin and its version, mechkit's version, the options, the seed and the model's identity (weights,
-    config, tokenizer, dtype: :func:`mechkit.model.identity.model_identity`)."""
+    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`)."""
     from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
 

@@ -43,6 +43,7 @@ OPTIONS = {
                     n_contexts=2, n_seqs=4, seg_len=6),
     "adapt": dict(tasks="capitalize,past-tense", budgets="0.7,1.0", calib=3, n=2, shots=1, token_layers="0",
                   token_keep="0.5", signal_layer=0, repeats=1, prune_budgets="0.7", margin=0.05),
+    "patch": dict(clean="abcab", corrupted="abdab", answers="c,d"),
 }
 PENDING: set[str] = set()  # plugins whose page is not checked yet (none)
 # `make demo`'s ablate settings, on a random model shaped like the embedded SmolLM2 (30 layers × 9 heads, 3 KV):

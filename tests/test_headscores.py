@@ -7,7 +7,7 @@ import torch
 
 import mechkit as mk
 from mechkit.heads.scores import copy_loss, head_scores, ov_copying_scores, repeated_tokens
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 
 
 def eager_attentions(handle, tokens):

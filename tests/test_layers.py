@@ -28,7 +28,7 @@ LAYERS = [
     ["mechkit.interventions"],
     ["mechkit.tasks"],
     ["mechkit.eval"],
-    ["mechkit.heads", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose",
+    ["mechkit.heads", "mechkit.patching", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose",
      "mechkit.adapt"],  # the analyses
     ["mechkit.report"],
     ["mechkit.options", "mechkit.executors", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],

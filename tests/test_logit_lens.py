@@ -7,7 +7,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.model import norm
+from mechkit.model.modules import norm
 from mechkit.patching import direct_logit_attribution, dla_names, lens_names, logit_diff, logit_lens
 
 

@@ -373,7 +373,7 @@ def test_weights_of_a_model_on_ndif_are_refused_in_one_line():
     from transformers import AutoModelForCausalLM
 
     from mechkit.model.anatomy import discover_anatomy
-    from mechkit.model.linear import weight_out_in
+    from mechkit.model.modules.linear import weight_out_in
     from mechkit.model.sources.tiny import tiny_model
 
     config = tiny_model("llama")[0].config

@@ -13,7 +13,7 @@ import mechkit as mk
 from mechkit.cli.main import cli, main
 from mechkit.errors import MechkitError
 from mechkit.heads.effects import attribution_effects
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 from mechkit.pruning import (
     PruneStudy,
     calibrate,

@@ -11,7 +11,7 @@ import torch
 
 import mechkit as mk
 from mechkit.model.anatomy import discover_anatomy
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 from mechkit.pruning import UnitsToRemove, calibrate, prune_copy, reconstruct, save_pruned
 from mechkit.pruning.cost import calibration_text, heldout_text
 from mechkit.pruning.reconstruct import Moments, solve

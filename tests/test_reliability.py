@@ -323,7 +323,7 @@ def test_the_resume_key_changes_with_config_tokenizer_dtype_and_mechkit_version(
         handle = load_model(model, tokenizer=tok, device="cpu", dtype=changes.pop("dtype", "float32"))
         for name, value in changes.items():
             setattr(handle.model.config, name, value)
-        from mechkit.model.identity import model_identity
+        from mechkit.model.checks.identity import model_identity
 
         return resume_dir(cls, model_identity(handle), {}, 0)
 
@@ -337,7 +337,7 @@ def test_the_resume_key_changes_with_config_tokenizer_dtype_and_mechkit_version(
 
 
 def test_another_tokenizer_gives_another_resume_key():
-    from mechkit.model.identity import tokenizer_sha256
+    from mechkit.model.checks.identity import tokenizer_sha256
 
     tok = byte_tokenizer()
     other = byte_tokenizer()

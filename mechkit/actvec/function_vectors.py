@@ -30,7 +30,7 @@ from mechkit.eval.scoring import encode, last_logits_only, pad_id, pad_right, pr
 from mechkit.hooking.core import hooks
 from mechkit.hooking.traced import pure
 from mechkit.model.compat import cache_kwargs, cache_of
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from einops import rearrange
 
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 
 
 def head_out_norms(handle: Any) -> list[list[float]]:

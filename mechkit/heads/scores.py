@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mechkit.hooking.core import hooks
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

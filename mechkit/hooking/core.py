@@ -21,8 +21,8 @@ from mechkit.errors import MechkitError
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.points import HookPoint, all_names, resolve
-from mechkit.model import norm
 from mechkit.model.backends.grad import enable_grad
+from mechkit.model.modules import norm
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -64,7 +64,7 @@ def _read_only(point: HookPoint, fn: HookFn) -> HookFn:
 
 
 def _attach_scale(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
-    """``ln_final.hook_scale``: derived from the final norm's input (:func:`mechkit.model.norm.scale`)."""
+    """``ln_final.hook_scale``: derived from the final norm's input (:func:`mechkit.model.modules.norm.scale`)."""
     module = handle.anatomy.final_norm
     guarded = _read_only(point, fn)
 
@@ -175,6 +175,13 @@ def _bind(fn: HookFn, point: HookPoint) -> Callable[[torch.Tensor], torch.Tensor
     return lambda pattern: fn(pattern, point)
 
 
+def _points(handle: ModelHandle, pattern: str) -> list:
+    try:
+        return resolve(handle.anatomy, pattern)
+    except MechkitError:  # a point this family lacks (resid_mid of a parallel block, a norm-less model)
+        return []
+
+
 class Cache(dict):
     """Recorded activations by hook name; several forwards inside one context are concatenated on batch."""
 
@@ -184,9 +191,25 @@ class Cache(dict):
     def to_transformer_lens(self, model: Any = None) -> Any:
         """This recording as a TransformerLens ``ActivationCache`` (the same names; ``model`` defaults to a
         ``TransformerBridge`` over the recorded model): see :mod:`mechkit.hooking.transformer_lens`."""
-        from mechkit.hooking.transformer_lens import activation_cache
+        from mechkit.hooking.transformer_lens import TL_NEEDS, activation_cache
 
-        return activation_cache(self, model)
+        return activation_cache(self, model, extra=self.completion(TL_NEEDS))
+
+    def completion(self, patterns: tuple[str, ...] | list[str]) -> dict:
+        """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
+        ids (one more forward per recorded one, only when something is missing)."""
+        handle, inputs = self.handle, self.inputs
+        if handle is None or not inputs:
+            return {}
+        have = set(all_names(handle.anatomy))
+        missing = [p.name for pattern in patterns for p in _points(handle, pattern)
+                   if p.name in have and p.name not in self]
+        if not missing:
+            return {}
+        with torch.no_grad(), record(handle, missing) as again:
+            for ids in inputs:
+                handle(ids)
+        return dict(again.items())
 
     def __getitem__(self, name: str) -> torch.Tensor:
         parts = super().__getitem__(name)

@@ -48,7 +48,7 @@ def bridge_for(handle: ModelHandle) -> Any:
     return bridge
 
 
-def activation_cache(cache: Recording, model: Any = None) -> Any:
+def activation_cache(cache: Recording, model: Any = None, extra: dict | None = None) -> Any:
     """``cache`` as a TL ``ActivationCache`` over ``model`` (default: the bridge of the recorded model).
     (The example needs TransformerLens, the ``interop`` extra, so it is not run by the doctest suite.)
 
@@ -69,33 +69,5 @@ def activation_cache(cache: Recording, model: Any = None) -> Any:
             raise MechkitError("this recording does not know its model", "pass model= (a TransformerBridge)")
         model = bridge_for(cache.handle)
     found = {name: tensor for name, tensor in cache.items()}
-    found.update(_completion(cache, found))
+    found.update({name: t for name, t in (extra or {}).items() if name not in found})
     return ActivationCache(found, model, has_batch_dim=True)
-
-
-def _completion(cache: Recording, found: dict) -> dict:
-    """The points of :data:`TL_NEEDS` the recording lacks, recorded again on its forwards' token ids."""
-    import torch
-
-    from mechkit.hooking.core import record
-    from mechkit.hooking.points import all_names, resolve
-
-    handle, inputs = cache.handle, getattr(cache, "inputs", None)
-    if handle is None or not inputs:
-        return {}
-    have = set(all_names(handle.anatomy))
-    missing = [p.name for pattern in TL_NEEDS for p in _points(handle, pattern, resolve)
-               if p.name in have and p.name not in found]
-    if not missing:
-        return {}
-    with torch.no_grad(), record(handle, missing) as again:
-        for ids in inputs:
-            handle(ids)
-    return dict(again.items())
-
-
-def _points(handle: ModelHandle, pattern: str, resolve) -> list:
-    try:
-        return resolve(handle.anatomy, pattern)
-    except MechkitError:  # a point this family lacks (resid_mid of a parallel block, a norm-less model)
-        return []

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mechkit.model.headspec import Head
-from mechkit.model.linear import is_transposed
+from mechkit.model.modules.linear import is_transposed
 from mechkit.model.placement.slots import WeightSlot
 from mechkit.model.placement.ties import tied_names
 

@@ -13,7 +13,6 @@ Nothing here imports torch: ``mechkit cache list`` and ``mechkit cache clear`` s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -23,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mechkit.errors import MechkitError
-from mechkit.io.leftovers import size_of
+from mechkit.io.leftovers import dir_size, size_of
 
 GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
@@ -46,16 +45,6 @@ class CacheEntry:
     size: int
     made: datetime | None
     path: Path
-
-
-def dir_size(path: Path) -> int:
-    """Total size in bytes of the files under ``path`` (0 when it is gone)."""
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):  # removed meanwhile
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-    return total
 
 
 def _read_json(path: Path) -> dict:

@@ -21,6 +21,8 @@ import shutil
 import time
 from pathlib import Path
 
+from mechkit.io.journal import recover
+
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
 _OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]{8}$")
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
@@ -95,10 +97,18 @@ def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: b
     return True
 
 
+def dir_size(path: Path) -> int:
+    """Total size in bytes of the files under ``path`` (0 when it is gone)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
 def size_of(path: Path) -> int:
     if path.is_dir() and not path.is_symlink():
-        from mechkit.io.disk_cache import dir_size
-
         return dir_size(path)
     with contextlib.suppress(OSError):
         return path.lstat().st_size
@@ -107,8 +117,6 @@ def size_of(path: Path) -> int:
 
 def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False) -> list[tuple[Path, int]]:
     """Remove the stale leftovers in ``folder`` (journals rolled back first); ``(path, bytes)`` of each."""
-    from mechkit.io.replace import recover
-
     removed = []
     found = stale_leftovers(folder, name, locked)
     for path in sorted(found, key=lambda p: not _JOURNAL.match(p.name)):  # roll back before temp dirs go

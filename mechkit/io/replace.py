@@ -27,19 +27,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mechkit.errors import MechkitError
+from mechkit.io.journal import journal_path, plain_name, recover
 
 MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
 KEY_FILES = ("report.json", "config.json")  # the file that says "this set is whole": out first, in last
-
-
-def journal_path(out: str | os.PathLike[str]) -> Path:
-    """The journal of a set being installed in ``out``: hidden, beside it.
-
-    >>> journal_path("runs/a").as_posix()
-    'runs/.a.mechkit-replace'
-    """
-    out = Path(out)
-    return out.parent / f".{out.name}.mechkit-replace"
 
 
 def owned_names(out: Path) -> list[str]:
@@ -52,18 +43,7 @@ def owned_names(out: Path) -> list[str]:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             report = json.loads((out / "report.json").read_text(encoding="utf-8"))
             names = ["report.json", "report.html", *report.get("artifacts", [])]
-    return [n for n in names if isinstance(n, str) and _plain(n)] if isinstance(names, list) else []
-
-
-def _plain(name: str) -> bool:
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+    return [n for n in names if isinstance(n, str) and plain_name(n)] if isinstance(names, list) else []
 
 
 def _ordered(names: Sequence[str]) -> list[str]:
@@ -103,37 +83,6 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
     journal.unlink()  # the commit
     with contextlib.suppress(OSError):
         _fsync_dir(out.parent)
-
-
-def recover(out: str | os.PathLike[str]) -> bool:
-    """Roll back a set a killed writer left half-installed in ``out``; True when there was one.
-
-    Call it holding ``out``'s lock. A journal whose temporary directory is gone (the write committed, or
-    was already rolled back) is just removed.
-    """
-    out = Path(out)
-    journal = journal_path(out)
-    try:
-        record = json.loads(journal.read_text(encoding="utf-8"))
-        tmp = out.parent / record["tmp"]
-        install = [n for n in record["install"] if _plain(n)]
-        names = install + [n for n in record["remove"] if _plain(n)]
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise MechkitError(f"cannot read the interrupted write's journal {journal}: {err}",
-                           f"move aside the newest files in {out} by hand, then delete {journal}") from None
-    if _plain(record["tmp"]) and tmp.is_dir():
-        backup = tmp / ".previous"
-        for name in install:  # moved in already: ours, from the killed write
-            if not (tmp / name).exists() and ((out / name).exists() or (out / name).is_symlink()):
-                _remove(out / name)
-        for name in names:
-            if (backup / name).exists() or (backup / name).is_symlink():
-                os.replace(backup / name, out / name)
-        shutil.rmtree(tmp, ignore_errors=True)
-    journal.unlink(missing_ok=True)
-    return True
 
 
 @contextlib.contextmanager

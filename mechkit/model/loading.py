@@ -18,13 +18,13 @@ from mechkit.model.backends import ndif
 from mechkit.model.backends.base import check_backend
 from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
-from mechkit.model.handle import ModelHandle
-from mechkit.model.integrity import (
+from mechkit.model.checks.integrity import (
     load_report_muted,
     refuse_load_gaps,
     refuse_non_finite_weights,
     refuse_pickle_only,
 )
+from mechkit.model.handle import ModelHandle
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
 from mechkit.model.placement.spread import dispatch_in_memory, load_pretrained
 from mechkit.model.placement.stored import is_dispatched

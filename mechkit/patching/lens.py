@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 from einops import einsum, rearrange
 
-from mechkit.model import norm
-from mechkit.model.edit.partial import _unembed
-from mechkit.model.linear import weight_out_in
+from mechkit.model.edit.partial import unembed
+from mechkit.model.modules import norm
+from mechkit.model.modules.linear import weight_out_in
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -47,7 +47,7 @@ def logit_lens(handle: ModelHandle, cache: Cache, pos: int = -1) -> torch.Tensor
     n = handle.anatomy.n_layers
     stack = [cache[f"blocks.{L}.hook_resid_pre"][:, pos] for L in range(n)] + [cache[f"blocks.{n - 1}.hook_resid_post"][:, pos]]
     with torch.no_grad():
-        return torch.stack([_unembed(handle, x[:, None].to(handle.device))[:, 0] for x in stack])
+        return torch.stack([unembed(handle, x[:, None].to(handle.device))[:, 0] for x in stack])
 
 
 def lens_names(handle: ModelHandle) -> list[str]:

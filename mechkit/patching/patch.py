@@ -132,13 +132,13 @@ def run_patched(handle: ModelHandle, target: torch.Tensor, source: Cache | torch
     for p in patches:
         point = p.resolved(handle)
         src = cache[point.name]
-        check(handle, p, target.shape[-1], _length(src, point.suffix))
+        check(handle, p, target.shape[-1], point_length(src, point.suffix))
         fns.setdefault(point.name, []).append(_writer(src, point.suffix, p))
     with torch.no_grad(), hooks(handle, fns):
         return handle(target)
 
 
-def _length(act: torch.Tensor, suffix: str) -> int:
+def point_length(act: torch.Tensor, suffix: str) -> int:
     return act.shape[2] if suffix == "attn.hook_pattern" else act.shape[1]
 
 

@@ -22,7 +22,7 @@ import torch
 from mechkit.hooking.core import hooks
 from mechkit.model.edit.partial import BlockInputs, capture_block_inputs, run_from
 from mechkit.patching.answers import normalized_recovery
-from mechkit.patching.patch import Patch, _length, assign, check, source_cache
+from mechkit.patching.patch import Patch, assign, check, point_length, source_cache
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -69,7 +69,7 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
             src = cache[probe.resolved(handle).name]
             units = _units(handle, layer, point, suffix, over, n_pos)
             for u in units:
-                check(handle, u, n_pos, _length(src, suffix))
+                check(handle, u, n_pos, point_length(src, suffix))
             values = []
             for start in range(0, len(units), batch_size):
                 chunk = units[start:start + batch_size]

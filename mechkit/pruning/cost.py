@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mechkit.model.linear import is_transposed
+from mechkit.model.modules.linear import is_transposed
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

@@ -35,7 +35,7 @@ from mechkit.errors import MechkitError
 from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.hooking.core import hooks
 from mechkit.model.backends.grad import enable_grad
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle

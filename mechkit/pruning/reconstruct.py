@@ -50,7 +50,7 @@ import torch
 
 from mechkit.eval.scoring import last_logits_only
 from mechkit.model.edit.partial import capture_block_inputs
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 from mechkit.model.placement.stored import module_tensor
 from mechkit.pruning.stats import encode
 

@@ -23,7 +23,7 @@ from mechkit.io import check_out, refuse_non_finite
 from mechkit.io.replace import replacing_dir
 from mechkit.model.edit.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
 from mechkit.model.handle import ModelHandle
-from mechkit.model.linear import weight_out_in
+from mechkit.model.modules.linear import weight_out_in
 from mechkit.model.placement.stored import is_dispatched
 
 if TYPE_CHECKING:

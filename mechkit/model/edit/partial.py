@@ -53,7 +53,7 @@ def capture_block_inputs(handle: ModelHandle) -> Iterator[BlockInputs]:
             r.remove()
 
 
-def _unembed(handle: ModelHandle, hidden: torch.Tensor) -> torch.Tensor:
+def unembed(handle: ModelHandle, hidden: torch.Tensor) -> torch.Tensor:
     a = handle.anatomy
     if a.final_norm is not None:
         hidden = a.final_norm(hidden)
@@ -85,4 +85,4 @@ def run_from(
         hidden = out[0] if isinstance(out, tuple) else out
     if positions is not None:
         hidden = hidden[:, positions.to(hidden.device)]
-    return _unembed(handle, hidden).to(handle.device)
+    return unembed(handle, hidden).to(handle.device)

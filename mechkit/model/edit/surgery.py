@@ -29,7 +29,7 @@ from torch import nn
 
 from mechkit.errors import MechkitError
 from mechkit.model.anatomy import discover_anatomy
-from mechkit.model.linear import is_transposed
+from mechkit.model.modules.linear import is_transposed
 
 if TYPE_CHECKING:
     from mechkit.model.anatomy import Anatomy

@@ -1,0 +1,67 @@
+"""The journal of a set of files being installed into a directory, and the roll-back after a kill.
+
+:mod:`mechkit.io.replace` writes the journal before it moves anything; :func:`recover` reads it and puts
+the old set back. It lives apart so that the cleaning of leftovers (:mod:`mechkit.io.leftovers`), which
+rolls back journals it finds, needs nothing from the writers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from mechkit.errors import MechkitError
+
+
+def journal_path(out: str | os.PathLike[str]) -> Path:
+    """The journal of a set being installed in ``out``: hidden, beside it.
+
+    >>> journal_path("runs/a").as_posix()
+    'runs/.a.mechkit-replace'
+    """
+    out = Path(out)
+    return out.parent / f".{out.name}.mechkit-replace"
+
+
+def plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def recover(out: str | os.PathLike[str]) -> bool:
+    """Roll back a set a killed writer left half-installed in ``out``; True when there was one.
+
+    Call it holding ``out``'s lock. A journal whose temporary directory is gone (the write committed, or
+    was already rolled back) is just removed.
+    """
+    out = Path(out)
+    journal = journal_path(out)
+    try:
+        record = json.loads(journal.read_text(encoding="utf-8"))
+        tmp = out.parent / record["tmp"]
+        install = [n for n in record["install"] if plain_name(n)]
+        names = install + [n for n in record["remove"] if plain_name(n)]
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise MechkitError(f"cannot read the interrupted write's journal {journal}: {err}",
+                           f"move aside the newest files in {out} by hand, then delete {journal}") from None
+    if plain_name(record["tmp"]) and tmp.is_dir():
+        backup = tmp / ".previous"
+        for name in install:  # moved in already: ours, from the killed write
+            if not (tmp / name).exists() and ((out / name).exists() or (out / name).is_symlink()):
+                remove_path(out / name)
+        for name in names:
+            if (backup / name).exists() or (backup / name).is_symlink():
+                os.replace(backup / name, out / name)
+        shutil.rmtree(tmp, ignore_errors=True)
+    journal.unlink(missing_ok=True)
+    return True
