@@ -40,6 +40,8 @@ _API = {
     "score_prompts": "mechkit.eval.scoring",
     "adaptive": "mechkit.adapt.scheduler",
     "Table": "mechkit.report",
+    "show_attention": "mechkit.report.attention_view",  # where heads attend on a prompt: inline, or .save() a page
+    "AttentionView": "mechkit.report.attention_view",
     "Plugin": "mechkit.plugin",
     "Option": "mechkit.plugin",
     "Result": "mechkit.plugin",

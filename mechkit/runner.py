@@ -346,6 +346,7 @@ def _report(cls: type[Plugin], params: dict, setup: RunSetup, handle, result, ti
     from mechkit.report import build_report
     from mechkit.report.memory import memory_peaks
     from mechkit.report.remote import remote_timings
+    from mechkit.report.views import views_of
 
     return build_report(
         plugin=cls.name, plugin_version=cls.version,
@@ -355,4 +356,5 @@ def _report(cls: type[Plugin], params: dict, setup: RunSetup, handle, result, ti
         timings={**timings, **remote_timings(handle), **memory_peaks()},
         nonfinite="error",  # a NaN metric is refused naming its key, never written as null
         finding=result.finding,
+        views=views_of(result.figures),  # the heatmaps' numbers (and patterns), drawn interactively on the page
     )

@@ -44,10 +44,10 @@ class DetectPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.heads.scores import KINDS, ov_copying_scores
+        from mechkit.heads.scores import KINDS, ov_copying_scores, repeated_tokens
         from mechkit.model.backends.weight_reads import read_weights
         from mechkit.model.headspec import top_heads
-        from mechkit.report import head_heatmap, line_plot
+        from mechkit.report import head_heatmap, line_plot, record_patterns
 
         opts = ctx.options
         if opts["reference"] == "transformer_lens":  # before any work: TransformerLens installed, weights local
@@ -70,8 +70,11 @@ class DetectPlugin(Plugin):
                                               for h in ranked(hs.scores[k], 5)) for k in kinds},
         }
         results["summary"]["loss first → second copy"] = f"{hs.loss_first_copy:.2f} → {hs.loss_second_copy:.2f}"
+        # every head's pattern on the first detection sequence: a click on a score grid opens it on the page
+        patterns = record_patterns(ctx.model, repeated_tokens(ctx.model, 1, opts["seg_len"], ctx.seed),
+                                   name="the first detection sequence")
         figures = {
-            f"{k}_scores": head_heatmap(hs.scores[k], f"{k} score", "mean attention",
+            f"{k}_scores": head_heatmap(hs.scores[k], f"{k} score", "mean attention", patterns=patterns,
                                         highlight=[(h.layer, h.head) for h in top_heads(hs.scores[k], opts["top_k"])])
             for k in kinds
         }
@@ -82,7 +85,6 @@ class DetectPlugin(Plugin):
                                                  "position", "cross-entropy (nats)")
         if opts["reference"] == "transformer_lens":
             from mechkit.heads.reference import transformer_lens_reference
-            from mechkit.heads.scores import repeated_tokens
 
             tokens = repeated_tokens(ctx.model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed)
             results["reference"] = ctx.step("reference|transformer_lens", lambda: transformer_lens_reference(

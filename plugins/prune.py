@@ -125,8 +125,12 @@ class PrunePlugin(Plugin):
             saved = rows[-1] if budget else [r for r in rows if r["guide"] == guides[0]][-1]
             files = {"model": study.save(saved)}
         results = prune_results(study, guides, opts["calib"], dense, rows, budget)
-        return Result(results=results, figures={"accuracy_vs_speedup": _figure(tasks, dense, rows)}, files=files,
-                      finding=finding(results))
+        figures = {"accuracy_vs_speedup": _figure(tasks, dense, rows)}
+        if {"heads", "layers"} & set(targets):  # which heads each guide keeps at its highest sparsity
+            a = ctx.model.anatomy
+            last = {r["guide"]: r for r in rows}
+            figures |= {f"kept_heads_{guide}": _kept_heads(r, a.n_layers, a.n_heads) for guide, r in last.items()}
+        return Result(results=results, figures=figures, files=files, finding=finding(results))
 
     @classmethod
     def tables(cls, results: dict) -> list:
@@ -165,6 +169,17 @@ def _figure(tasks: list[str], dense: dict, rows: list[dict]):
     return xy_plot(series, f"Held-out accuracy vs measured speedup ({', '.join(tasks)})",
                    "forward speedup over dense (×)", "mean exact-match accuracy",
                    reference=(1.0, dense["mean_accuracy"]))
+
+
+def _kept_heads(row: dict, n_layers: int, n_heads: int):
+    """Layer × head: 1 where the row's plan keeps the head, 0 where it removes it (or its whole layer)."""
+    from mechkit.report import head_heatmap
+
+    plan = row.get("plan") or {}
+    gone = set(plan.get("layers", []))
+    removed = {(int(layer), h) for layer, hs in (plan.get("heads") or {}).items() for h in hs}
+    kept = [[0.0 if layer in gone or (layer, h) in removed else 1.0 for h in range(n_heads)] for layer in range(n_layers)]
+    return head_heatmap(kept, f"Heads {row['guide']} keeps at {_level(row['sparsity'])} (1 kept, 0 removed)", "kept")
 
 
 def _level(sparsity: dict) -> str:  # as mechkit.pruning.findings.level_text: the tables must not import torch

@@ -98,8 +98,11 @@ class Chromium:
         self.events: list[dict] = []
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
+        for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=True)
+        # Nothing may leave the machine: requests off it are blocked, and every request is recorded, so a
+        # page that tries one (a CDN script, a web font) fails the test even though it could not load it.
+        self.call("Network.setBlockedURLs", session=True, urls=["http://*", "https://*", "ws://*", "wss://*", "ftp://*"])
         self.call("Emulation.setDeviceMetricsOverride", session=True, width=WIDTH, height=HEIGHT,
                   deviceScaleFactor=1, mobile=False)
 
@@ -154,21 +157,47 @@ class Chromium:
 
     # -- what the tests use ----------------------------------------------------------------------
     def open(self, path: Path, screenshot: Path | None = None) -> dict:
-        """Load ``path``; return its width, images, console errors and the texts the tests look for."""
+        """Load ``path``; return its width, images, console errors, requests beyond the file and the texts the
+        tests look for."""
         self.events.clear()
         self.call("Page.navigate", session=True, url=path.resolve().as_uri())
         self.wait_for("Page.loadEventFired")
         state = self.evaluate(_PROBE)
         state["console_errors"] = self._errors()
+        state["external_requests"] = self.external_requests()
         self.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
         state["scroll_width_open"] = self.evaluate("document.documentElement.scrollWidth")
         if screenshot is not None:
             self.evaluate("document.querySelectorAll('details').forEach(d => d.open = false)")
-            height = self.evaluate("document.documentElement.scrollHeight")
-            shot = self.call("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True,
-                             clip={"x": 0, "y": 0, "width": WIDTH, "height": min(height, 12000), "scale": 1})
-            screenshot.write_bytes(base64.b64decode(shot["data"]))
+            self.screenshot(screenshot)
         return state
+
+    def external_requests(self) -> list[str]:
+        """URLs the page asked for beyond itself and its inline data (``file:``, ``data:``, ``about:``)."""
+        urls = [e["params"]["request"]["url"] for e in self.events if e.get("method") == "Network.requestWillBeSent"]
+        return [u for u in urls if not u.startswith(("file:", "data:", "about:"))]
+
+    def centre(self, selector: str) -> tuple[float, float]:
+        """The viewport centre of the first element matching ``selector``, scrolled into view."""
+        box = self.evaluate(f"""(() => {{ const el = document.querySelector({json.dumps(selector)});
+            el.scrollIntoView({{block: 'center'}}); const r = el.getBoundingClientRect();
+            return [r.left + r.width / 2, r.top + r.height / 2]; }})()""")
+        return box[0], box[1]
+
+    def mouse(self, selector: str, click: bool = False) -> None:
+        """Move the real mouse onto the element (hover), and press and release it there with ``click``."""
+        x, y = self.centre(selector)
+        self.call("Input.dispatchMouseEvent", session=True, type="mouseMoved", x=x, y=y)
+        if click:
+            for kind in ("mousePressed", "mouseReleased"):
+                self.call("Input.dispatchMouseEvent", session=True, type=kind, x=x, y=y, button="left", clickCount=1)
+
+    def screenshot(self, path: Path) -> None:
+        """The whole page as it is now (PNG)."""
+        height = self.evaluate("document.documentElement.scrollHeight")
+        shot = self.call("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True,
+                         clip={"x": 0, "y": 0, "width": WIDTH, "height": min(height, 12000), "scale": 1})
+        path.write_bytes(base64.b64decode(shot["data"]))
 
     def _errors(self) -> list[str]:
         errors = []

@@ -118,6 +118,7 @@ def _check_page(browser: Chromium, page: Path, shot: Path) -> dict:
     broken = [i["alt"] for i in state["images"] if not (i["complete"] and i["width"] > 0)]
     assert not broken, f"images that did not load: {broken}"
     assert not state["console_errors"], state["console_errors"]
+    assert not state["external_requests"], f"requests off the machine: {state['external_requests']}"
     assert shot.read_bytes().startswith(b"\x89PNG")
     return state
 

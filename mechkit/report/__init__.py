@@ -29,13 +29,20 @@ from mechkit.report.table import Table, compare_tables, generic_tables, kv_table
 from mechkit.report.writer import default_out_dir, write_report
 
 if TYPE_CHECKING:
+    from mechkit.report.attention_view import AttentionView, show_attention
+    from mechkit.report.patterns import Patterns, record_patterns
     from mechkit.report.plots import bar_plot, head_heatmap, line_plot, xy_plot
 
 _PLOTS = ("head_heatmap", "line_plot", "bar_plot", "xy_plot")
+# Attention patterns and their viewer (numpy, and torch to record): loaded on first use as well.
+_LAZY = {"Patterns": "patterns", "record_patterns": "patterns", "AttentionView": "attention_view",
+         "show_attention": "attention_view"}
 
 __all__ = [
     "SCHEMA",
+    "AttentionView",
     "Comparison",
+    "Patterns",
     "Table",
     "bar_plot",
     "build_report",
@@ -52,9 +59,11 @@ __all__ = [
     "pm",
     "print_compare",
     "print_summary",
+    "record_patterns",
     "render_compare_html",
     "render_html",
     "rich_table",
+    "show_attention",
     "summary_table",
     "to_jsonable",
     "validate_report",
@@ -69,8 +78,12 @@ def __getattr__(name: str) -> Any:
         from mechkit.report import plots
 
         return getattr(plots, name)
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"mechkit.report.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PLOTS))
+    return sorted(set(globals()) | set(_PLOTS) | set(_LAZY))

@@ -18,10 +18,10 @@ import json
 from html import escape
 from typing import Any
 
-from mechkit.report import values
+from mechkit.report import values, views
 from mechkit.report.table import Table, cell_text, generic_tables, is_value
 
-CSS = """
+CSS = views.CSS + """
 *,*::before,*::after{box-sizing:border-box}
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;max-width:1120px;margin:0 auto;
 padding:1.5em 2em;overflow-wrap:anywhere}
@@ -58,7 +58,7 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_escape(report.get('plugin', 'mechkit'))} — mechkit report</title>",
-        f"<style>{CSS}</style></head><body>",
+        f'<style>{CSS}</style></head><body class="mk-scope">',
         *top_sections(report, images, tables),
     ]
     others = [a for a in report.get("artifacts") or [] if a not in images]
@@ -78,21 +78,31 @@ def render_html(report: dict, images: dict[str, bytes], tables: list[Table] | No
 
 def top_sections(report: dict, images: dict[str, bytes], tables: list[Table] | None = None) -> list[str]:
     """What a reader reads first, in order: the header, the finding, the headline figure, the tables, the
-    other figures. The page and the notebook view (:mod:`mechkit.report.inline`) both start with these."""
+    other figures. The page and the notebook view (:mod:`mechkit.report.inline`) both start with these.
+    A figure the report keeps a layer × head grid for (``report["views"]``, :mod:`mechkit.report.views`)
+    gets that grid beside it, to hover and click; the script and shared patterns come last, once."""
     tables = generic_tables(report.get("results") or {}) if tables is None else tables
     names = [a for a in report.get("artifacts") or [] if a in images] + \
         [n for n in images if n not in (report.get("artifacts") or [])]
+    shown = report.get("views")
     parts = [_header(report)]
     if report.get("finding"):
         parts.append(f'<p class="finding">{_escape(report["finding"])}</p>')
     if names:
-        parts.append(figure_html(names[0], images[names[0]], headline=True))
+        parts.append(_with_grid(shown, names[0], figure_html(names[0], images[names[0]], headline=True)))
     if tables:
         parts += ["<h2>Results</h2>", *(table_html(t) for t in tables)]
     if len(names) > 1:
-        parts += ["<h2>More figures</h2>",
-                  '<div class="figs">' + "".join(figure_html(n, images[n]) for n in names[1:]) + "</div>"]
+        parts += ["<h2>More figures</h2>", '<div class="figs">'
+                  + "".join(_with_grid(shown, n, figure_html(n, images[n])) for n in names[1:]) + "</div>"]
+    parts.append(views.data_html(shown if any(n in (shown or {}).get("grids", {}) for n in names) else None))
     return parts
+
+
+def _with_grid(shown: dict | None, name: str, figure: str) -> str:
+    """The figure, and beside it its interactive grid where the report keeps one."""
+    grid = views.grid_html(shown, name)
+    return f'<div class="mk-pair">{figure}{grid}</div>' if grid else figure
 
 
 def details_html(summary: str, body: str) -> str:

@@ -62,7 +62,7 @@ def render_fragment(report: dict, images: dict[str, bytes], tables: list[Table] 
                     where: str | Path | None = None) -> str:
     """The report as an HTML fragment for a notebook cell: the page's top sections, then parameters and
     timings collapsed, and where the full report is."""
-    parts = [f'<div class="{SCOPE}"><style>{scoped_css()}</style>', *top_sections(report, images, tables),
+    parts = [f'<div class="{SCOPE} mk-scope"><style>{scoped_css()}</style>', *top_sections(report, images, tables),
              details_html("Parameters", kv_html(report.get("params") or {})),
              details_html("Timings", kv_html(seconds(report.get("timings") or {})))]
     if where is not None:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from mechkit.report.patterns import Patterns
+
 
 def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -40,6 +42,7 @@ def head_heatmap(
     highlight: Sequence[tuple[int, int]] | None = None,
     xlabels: Sequence[str] | None = None,
     xlabel: str = "head",
+    patterns: Patterns | None = None,
 ) -> Figure:
     """Heatmap of per-head scores: layer on the y axis (layer 0 at the top), head on the x axis.
 
@@ -47,6 +50,10 @@ def head_heatmap(
 
     ``highlight`` boxes the given ``(layer, head)`` cells, e.g. the heads an ablation removed.
     Missing scores (``None``/NaN) are left blank.
+
+    A layer × head figure also keeps its numbers as ``fig.mechkit_grid`` (a
+    :class:`~mechkit.report.views.HeadGrid`), which a report page draws beside the PNG as a grid to hover;
+    with ``patterns`` (:class:`~mechkit.report.patterns.Patterns`) a click there opens a head's pattern.
 
     >>> fig = head_heatmap([[0.1, 0.9], [0.3, 0.2]], "induction score", highlight=[(0, 1)])
     """
@@ -76,6 +83,10 @@ def head_heatmap(
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise ValueError(f"highlight {layer}.{head} is outside the {n_layers} × {n_heads} grid")
         ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+    if xlabels is None and xlabel == "head":  # a layer × head grid (not a layer × position map)
+        from mechkit.report.views import HeadGrid
+
+        fig.mechkit_grid = HeadGrid(grid.tolist(), title, cbar_label, [tuple(h) for h in highlight or ()], patterns)
     return fig
 
 

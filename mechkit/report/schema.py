@@ -136,11 +136,13 @@ def build_report(
     timings: dict,
     nonfinite: str = "null",
     finding: str | None = None,
+    views: dict | None = None,
 ) -> dict[str, Any]:
     """Assemble a valid ``mechkit.report/v1`` dict; every value is converted to strict JSON.
 
     ``finding`` is the plugin's one- or two-sentence statement of what the run found (numbers
-    included); it is stored as the report's optional ``finding`` string when given.
+    included); it is stored as the report's optional ``finding`` string when given. ``views`` (optional)
+    holds what the page draws interactively: :func:`mechkit.report.views.views_of` the figures.
 
     ``nonfinite="error"`` refuses a NaN or infinite number anywhere with a :class:`MechkitError`
     naming its key path (see :func:`validate_report`); the default ``"null"`` writes it as ``null``
@@ -170,6 +172,8 @@ def build_report(
     }
     if finding is not None:
         report["finding"] = str(finding)
+    if views:
+        report["views"] = to_jsonable(views)
     validate_report(report)
     return report
 

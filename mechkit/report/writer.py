@@ -23,6 +23,7 @@ from mechkit.io import check_out
 from mechkit.io.replace import replacing_dir
 from mechkit.report.html import render_html
 from mechkit.report.schema import to_jsonable, validate_report
+from mechkit.report.views import views_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -79,6 +80,10 @@ def write_report(
     _check_names(names)
     final = dict(to_jsonable(report, "keep"))  # NaN kept, so validate_report names where it is
     final["artifacts"] = list(dict.fromkeys([*final.get("artifacts", []), *names]))
+    if "views" not in final:  # the runner puts them in the report; a direct call gets them from its figures
+        views = views_of(figures)
+        if views:
+            final["views"] = views
     validate_report(final)  # before anything is rendered or written
 
     check_out(out, force=True, kind="dir")  # a file there, or a read-only place: one line, before rendering
