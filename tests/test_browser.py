@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mechkit as mk
@@ -44,6 +45,7 @@ OPTIONS = {
     "adapt": dict(tasks="capitalize,past-tense", budgets="0.7,1.0", calib=3, n=2, shots=1, token_layers="0",
                   token_keep="0.5", signal_layer=0, repeats=1, prune_budgets="0.7", margin=0.05),
     "patch": dict(clean="abcab", corrupted="abdab", answers="c,d"),
+    "attention": dict(prompt="abcdabcd", heads="0.1,1.3"),
 }
 PENDING: set[str] = set()  # plugins whose page is not checked yet (none)
 # `make demo`'s ablate settings, on a random model shaped like the embedded SmolLM2 (30 layers × 9 heads, 3 KV):
@@ -140,3 +142,98 @@ def test_compare_page_in_chromium(runs, browser, artifacts):
     assert len(state["images"]) == 2  # each run's headline figure
     for name in ("ablate", "ablate-demo"):
         assert " ".join(load_report(runs[name])["finding"].split()) in " ".join(state["finding"].split())
+
+
+# --- the interactive views (mechkit.report.views, viewer.js) -------------------------------------------
+
+_ROW = """(() => [...document.querySelectorAll('.mk-view')[%d].querySelectorAll('svg.mk-pattern rect[data-q="%d"]')]
+  .sort((a, b) => a.dataset.k - b.dataset.k).map(r => +r.getAttribute('fill-opacity')))()"""
+_SHOWN = "document.querySelectorAll('.mk-view')[%d].querySelector('svg.mk-pattern').dataset.head"
+_INFO = "document.querySelectorAll('.mk-view')[%d].querySelector('.mk-info').textContent"
+
+
+def test_off_machine_requests_are_caught(browser, tmp_path):
+    """The check the pages pass is a real one: a page asking a CDN for a script is caught (and blocked)."""
+    page = tmp_path / "cdn.html"
+    page.write_text('<!DOCTYPE html><html><body><script src="https://cdn.example.org/viewer.js"></script></body></html>')
+    state = browser.open(page)
+    assert state["external_requests"] == ["https://cdn.example.org/viewer.js"]
+
+
+def test_detect_grid_hover_and_click_show_a_heads_pattern(runs, browser, artifacts):
+    from mechkit.model.headspec import Head
+    from mechkit.report.patterns import MAX_ERROR, Patterns
+
+    report = load_report(runs["detect"])
+    views = report["views"]
+    grid = views["grids"]["induction_scores.png"]  # the headline: the first view on the page
+    patterns = Patterns.from_json(views["patterns"][grid["patterns"]])
+    state = browser.open(runs["detect"] / "report.html")
+    assert not state["console_errors"] and not state["external_requests"]
+    assert browser.evaluate("document.querySelectorAll('.mk-view svg.mk-grid').length") == len(views["grids"])
+    best = max(((v, f"{layer}.{h}") for layer, row in enumerate(grid["values"]) for h, v in enumerate(row)))[1]
+    assert browser.evaluate(_SHOWN % 0) == best  # opens on the strongest head
+    T = len(patterns.tokens)
+    first = ".mk-view svg.mk-grid rect[data-head='%s']"
+    other = next(f"{h.layer}.{h.head}" for h in patterns.heads if f"{h.layer}.{h.head}" != best)
+    browser.mouse(first % other)  # hover: the head, its value, and its pattern
+    layer, head = map(int, other.split("."))
+    assert browser.evaluate(_INFO % 0).startswith(f"head {other} · mean attention: ")
+    assert browser.evaluate(_SHOWN % 0) == other
+    browser.mouse("h1")  # leaving the grid goes back to the kept head
+    assert browser.evaluate(_SHOWN % 0) == best
+    browser.mouse(first % other, click=True)  # a click keeps it
+    browser.mouse("h1")
+    assert browser.evaluate(_SHOWN % 0) == other
+    shown = browser.evaluate(_ROW % (0, T - 1))
+    expected = patterns.of(Head(layer, head))[T - 1]
+    assert len(shown) == T and np.abs(np.array(shown) - expected).max() <= MAX_ERROR + 1e-4
+    browser.screenshot(artifacts / "detect-clicked.png")
+
+
+@pytest.mark.parametrize(("name", "figure"), [("sweep", "exact_logprob_effect.png"), ("inspect", None),
+                                               ("compose", "composite_specific_heads_capitalize_swap.png")])
+def test_report_heatmaps_are_grids_to_hover(name, figure, runs, browser):
+    report = load_report(runs[name])
+    grids = (report.get("views") or {}).get("grids") or {}
+    pngs = [a for a in report["artifacts"] if a in grids]
+    if figure is not None:
+        assert figure in grids
+    browser.open(runs[name] / "report.html")
+    assert browser.evaluate("document.querySelectorAll('.mk-view').length") == len(pngs) >= 1
+    i = pngs.index(figure) if figure else 0
+    values = grids[pngs[i]]["values"]
+    sel = f"[data-mk-view-index='{i}'] svg.mk-grid rect[data-head='1.2']"
+    browser.evaluate("document.querySelectorAll('.mk-view').forEach((v, j) => v.dataset.mkViewIndex = j)")
+    browser.mouse(sel)
+    info = browser.evaluate(_INFO % i)
+    assert info.startswith("head 1.2 · "), info
+    assert abs(float(info.rsplit(": ", 1)[1]) - values[1][2]) <= 5e-3 * max(1.0, abs(values[1][2]))
+
+
+def test_attention_view_page_in_chromium(browser, artifacts, tmp_path):
+    from mechkit.report.patterns import MAX_ERROR
+
+    model = mk.load_model(TINY, device="cpu")
+    view = mk.show_attention(model, "abcdeabcde", heads="0.1,1.2,1.3")
+    page = view.save(tmp_path / "attention.html")
+    state = browser.open(page, screenshot=artifacts / "attention-view.png")
+    assert state["scroll_width"] <= state["inner_width"] == WIDTH
+    assert not state["console_errors"] and not state["external_requests"]
+    p, T = view.patterns, len(view.patterns.tokens)
+    assert browser.evaluate(_SHOWN % 0) == "0.1"
+    browser.mouse(".mk-view svg.mk-grid rect[data-head='1.2']")  # hover a recorded head: its pattern
+    assert browser.evaluate(_SHOWN % 0) == "1.2"
+    browser.mouse(".mk-view svg.mk-grid rect[data-head='1.3']", click=True)
+    browser.mouse("h1")
+    assert browser.evaluate(_SHOWN % 0) == "1.3"
+    assert np.abs(np.array(browser.evaluate(_ROW % (0, T - 1))) - p.of(p.heads[2])[T - 1]).max() <= MAX_ERROR + 1e-4
+    # a query token clicked in the text: each line's tints are that head's attention from it
+    browser.mouse(".mk-text .mk-line .mk-tok[data-k='6']", click=True)
+    tints = browser.evaluate("""[...document.querySelector('.mk-text .mk-line').querySelectorAll('.mk-tok')]
+        .map(s => (m => m.length > 3 ? +m[3] : 1)(getComputedStyle(s).backgroundColor.match(/[\\d.]+/g)))""")
+    assert np.abs(np.array(tints[:7]) - p.of(p.heads[2])[6, :7]).max() <= MAX_ERROR + 4e-3  # alpha kept in 8 bits
+    assert browser.evaluate("document.querySelector('.mk-text .mk-q').dataset.k") == "6"
+    heads_unrecorded = browser.evaluate("document.querySelectorAll('.mk-view svg.mk-grid rect').length")
+    assert heads_unrecorded == 8  # the whole model's grid, the recorded heads outlined
+    browser.screenshot(artifacts / "attention-view-clicked.png")

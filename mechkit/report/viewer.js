@@ -1,14 +1,15 @@
 /* mechkit views: layer × head grids and attention patterns, drawn as plain SVG.
  *
  * Embedded inline in report.html and in notebook output. No library, no network, no fonts: every
- * view reads its data from a <script type="application/json"> block inside it, and the patterns a
- * grid opens from a <script type="application/json" data-mk-patterns="KEY"> block in the same page
- * or notebook output (mechkit.patterns/v1: see mechkit/report/patterns.py). Running it twice (two
- * notebook outputs) is harmless: a view already drawn is marked data-ready and skipped.
+ * view (a div.mk-view) reads its spec from the JSON script block inside it, and the patterns a grid
+ * opens from the JSON block marked data-mk-patterns=KEY in the same page or notebook output
+ * (mechkit.patterns/v1: see mechkit/report/patterns.py). Running it twice (two notebook outputs) is
+ * harmless: a view already drawn is marked data-ready and skipped.
  */
 (function () {
   "use strict";
-  const NS = "http://www.w3.org/2000/svg";
+  // The SVG namespace, read from a parsed <svg>: the page then holds no URL at all, not even this one.
+  const NS = (d => { d.innerHTML = "<svg></svg>"; return d.firstChild.namespaceURI; })(document.createElement("div"));
   const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
   function el(tag, attrs, parent, text) {
@@ -162,6 +163,7 @@
     };
     const show = name => {
       if (!P || !P.index.has(name)) return;
+      if (name === pinned) mark();
       const i = P.index.get(name);
       pattern.show(i);
       title.textContent = `head ${name}: where each query (row) attends (column); \u25cf its top source`;
@@ -177,6 +179,8 @@
         show(name !== null && P && P.index.has(name) ? name : pinned);
       }, name => { if (P && P.index.has(name)) { pinned = name; show(name); } say(name); });
     }
+    const mark = () => root.querySelectorAll("svg.mk-grid rect").forEach(r =>
+      r.classList.toggle("mk-pinned", r.dataset.head === pinned));
     if (P) {
       const pbox = el("div", {class: "mk-panel"}, body);
       if (spec.text) {
@@ -190,7 +194,7 @@
         lines = spec.text === true ? P.heads.map((h, i) => i)
           : spec.text.map(name => P.index.get(name)).filter(i => i !== undefined);
         el("div", {class: "mk-title"}, root, "The prompt: click a token to make it the query; each line is one " +
-           "head, tinted by its attention from the query (underlined).");
+           "head, tinted by its attention from the query (outlined).");
         text = el("div", {class: "mk-text"}, root);
       }
       show(pinned);

@@ -10,7 +10,7 @@ and the page (and the notebook view) draws each grid beside its PNG: hover shows
 value; where the plugin recorded patterns (detect: every head on the first detection sequence) a click
 opens that head's pattern. So no plugin writes HTML, and a new plugin's heatmaps are interactive too.
 
-Drawing is one hand-written script, ``viewer.js`` (package data, ~250 lines, embedded inline): plain
+Drawing is one hand-written script, ``viewer.js`` (package data, ~210 lines, embedded inline): plain
 SVG, because a grid of 270 cells and a pattern of ~1,300 are few enough for DOM elements, which stay
 sharp at any zoom, print, and can be read back by a test. A charting library would be the larger part
 of every page (plotly's standalone bundle is ~3 MB) and loaded from a CDN it would go blank offline.
@@ -39,12 +39,13 @@ CSS = """
 .mk-title{color:#666;margin:.2em 0;max-width:520px}
 .mk-view svg{display:block;font:9px ui-monospace,monospace;fill:#555}
 .mk-grid rect{cursor:pointer;stroke:#fff;stroke-width:.5}.mk-grid rect:hover{stroke:#000;stroke-width:1.5}
-.mk-grid rect.mk-marked{stroke:#d62728;stroke-width:1.5}
+.mk-grid rect.mk-marked{stroke:#d62728;stroke-width:1.5}.mk-grid rect.mk-pinned{stroke:#000;stroke-width:2.5}
 .mk-pattern rect[data-q]{cursor:pointer}
 .mk-view select{font:inherit;margin:.2em 0}
 .mk-text{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap}
 .mk-line{border-bottom:1px solid #eee}.mk-who{display:inline-block;width:4em;color:#666;font-size:11px}
-.mk-tok{cursor:pointer;border-radius:2px}.mk-q{outline:2px solid #e8590c}
+.mk-tok{cursor:pointer;border-radius:2px}.mk-view .mk-tok[title]{text-decoration:none;cursor:pointer}
+.mk-q{outline:2px solid #e8590c}
 """
 
 
