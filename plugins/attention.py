@@ -9,19 +9,11 @@ tokens seen before, how many attend most to the token after their earlier occurr
 
 from __future__ import annotations
 
-from mechkit.options import ExistingPath, HeadSpec
+from mechkit.options import ExistingPath, HeadSpec, Text
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_PROMPT = ("The old lighthouse keeper wrote in his logbook every night. "
                   "The old lighthouse keeper wrote in his logbook every night.")
-
-
-def _prompt(text: str) -> str:
-    from mechkit.options import OptionError
-
-    if not text.strip():
-        raise OptionError("--prompt is empty", 'pass the text to look at, e.g. --prompt "The cat sat. The cat sat."')
-    return text
 
 
 class AttentionPlugin(Plugin):
@@ -31,7 +23,7 @@ class AttentionPlugin(Plugin):
     summary = "Show where heads attend on a prompt: an interactive, offline page of their patterns."
     options = (
         Option("prompt", str, DEFAULT_PROMPT, "The text to look at (a repeated sentence shows induction heads).",
-               parse=_prompt),
+               parse=Text("the prompt")),
         Option("heads", str, "induction", "Head spec: induction, previous-token, random, layer:L or 17.3,18.6.",
                parse=HeadSpec()),
         Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),

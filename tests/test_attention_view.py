@@ -100,7 +100,7 @@ def test_show_attention_renders_inline_and_saves_one_offline_page(tiny_llama, tm
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--heads", "a.b"], "malformed head spec 'a.b'"),
-    (["--prompt", "  "], "--prompt is empty"),
+    (["--prompt", "  "], "the prompt is empty"),
     (["--top-k", "0"], "--top-k 0 is below 1"),
 ])
 def test_bad_input_is_one_line_before_the_model_loads(args, says, tmp_path, capsys, monkeypatch):

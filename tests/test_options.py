@@ -36,6 +36,7 @@ from mechkit.options import (
     SparsityLevels,
     TargetList,
     TaskList,
+    Text,
     parse_lambdas,
 )
 from mechkit.options.option import MAX_COUNT
@@ -367,6 +368,8 @@ def bad_values(opt: Option) -> list[str]:
         bad += [GARBAGE, "", ",", "a.b", "layer:-1", "-0.0", "induction:-1"]
     elif isinstance(p, Choices):
         bad += [GARBAGE, "", ",", f"{p.choices[0]},bogus-choice"]
+    elif isinstance(p, Text):
+        bad += ["", "   ", "x" * (p.max_chars + 1)]
     elif isinstance(p, Paths):
         bad += [GARBAGE, ""] + ([",".join(f"/nonexistent/{i}" for i in range(p.count))] if p.count else [])
     elif isinstance(p, ExistingPath):
@@ -385,7 +388,7 @@ def bad_values(opt: Option) -> list[str]:
 
 
 PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Choices, HeadSpec, Paths, ExistingPath, GuideList, TargetList, SparsityLevels,
-                RayAddress, ExecutorChoice)
+                RayAddress, ExecutorChoice, Text)
 """Every kind of parser :func:`bad_values` derives cases for; a declaration with another kind fails the fuzz."""
 
 

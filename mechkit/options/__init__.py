@@ -25,10 +25,11 @@ from mechkit.options.parsers import (
            Paths,
            Ranges,
            TaskList,
+           Text,
            parse_lambdas,
 )
 from mechkit.options.pruning import GuideList, Levels, SparsityLevels, TargetList
 
 __all__ = ["DEFAULT_TASKS", "EXECUTION", "Bounds", "Choices", "ExecutorChoice", "ExistingPath", "Grid", "GuideList",
            "HeadSpec", "IntRanges", "Levels", "NumberList", "Option", "OptionError", "Paths", "Ranges", "RayAddress",
-           "SparsityLevels", "TargetList", "TaskList", "parse_lambdas"]
+           "SparsityLevels", "TargetList", "TaskList", "Text", "parse_lambdas"]

@@ -294,6 +294,35 @@ class HeadSpec:
 
 
 @dataclass(frozen=True)
+class Text:
+    """Free text that must hold something besides spaces (a prompt) -> the text as given.
+
+    >>> Text("the prompt")("The cat sat.")
+    'The cat sat.'
+    """
+
+    what: str = "text"
+    example: str = "The cat sat. The cat sat."
+    max_chars: int = 100_000
+    metavar: str = "TEXT"
+
+    @property
+    def fix(self) -> str:
+        return f'pass {self.what}, e.g. "{self.example}"'
+
+    def describe(self) -> str:
+        return ""
+
+    def __call__(self, text: str) -> str:
+        if not str(text).strip():
+            raise OptionError(f"{self.what} is empty", self.fix)
+        if len(text) > self.max_chars:
+            raise OptionError(f"{self.what} is {len(text):,} characters long, more than {self.max_chars:,}",
+                              f"pass at most {self.max_chars:,} characters")
+        return text
+
+
+@dataclass(frozen=True)
 class Paths:
     """Comma-separated paths that must exist, ``count`` of them when given -> their list.
 
