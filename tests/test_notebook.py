@@ -45,9 +45,11 @@ def test_run_renders_inline_with_finding_figure_and_tables(written):
     assert html.escape(written.finding) in page
     assert '<img src="data:image/png;base64,' in page
     assert "<table>" in page and "<h2>Results</h2>" in page
-    assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
+    assert "http://" not in page and "https://" not in page and "<link" not in page and " src=" not in page.replace(
+        '<img src="data:', "")  # nothing fetched: images are data URIs, the grids' one script is inline
+    assert page.count("<script>") == 1 and 'class="mk-view' in page  # the heatmap's interactive grid
     assert "body{" not in page and "<html" not in page  # a fragment, its CSS scoped to its own div
-    assert page.startswith('<div class="mechkit-report">')
+    assert page.startswith('<div class="mechkit-report mk-scope">')
 
 
 def test_unwritten_run_draws_its_figures_inline():

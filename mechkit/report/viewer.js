@@ -152,7 +152,7 @@
     }
     const P = raw ? decode(raw) : null, g = spec.grid;
     const info = el("div", {class: "mk-info"}, root, "\u00a0");
-    const body = el("div", {class: "mk-body"}, root);
+    const body = el("div", {class: "mk-panels"}, root);
     let pinned = spec.pick || (P ? P.heads[0][0] + "." + P.heads[0][1] : null), query = P ? P.T - 1 : 0;
     let pattern = null, select = null, text = null, title = null, lines = [];
     const valueOf = name => { if (!g) return null; const [l, h] = name.split(".").map(Number); return g.values[l][h]; };

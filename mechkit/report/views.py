@@ -34,7 +34,7 @@ CSS = """
 .mk-pair{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start;margin:1em 0}
 .mk-pair>figure{flex:0 1 400px;margin:0;min-width:0}
 .mk-view{flex:1 1 300px;max-width:100%;overflow-x:auto;font-size:12px}
-.mk-body{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}
+.mk-panels{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}
 .mk-info{font-variant-numeric:tabular-nums;color:#333;min-height:1.5em;font-weight:600}
 .mk-title{color:#666;margin:.2em 0;max-width:520px}
 .mk-view svg{display:block;font:9px ui-monospace,monospace;fill:#555}
