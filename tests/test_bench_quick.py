@@ -24,6 +24,7 @@ HELPERS = {"common"}  # imported by the benches, not run
 
 # bench -> extra arguments beside --quick ({tmp}: a temporary folder); every bench file is listed here
 ARGS: dict[str, list[str]] = {
+    "activation_patching": ["--out", "{tmp}/out.json", "--threads", "1"],
     "adapt_reproduce": ["--out", "{tmp}/out.json"],
     "backend_equality": ["--out", "{tmp}/out.json", "--threads", "1"],
     "detect": ["--out", "{tmp}/out.json", "--threads", "1"],
@@ -46,6 +47,7 @@ ABSENT = {"taskarith_mergekit": "mergekit is not importable"}
 # MECHKIT_BENCH_SMOKE=all (measured on 2 shared cores at load 5-7: icl_vectors --quick 7 min, adapt_reproduce
 # 85 s, prune_reproduce 63 s)
 HEAVY = {
+    "activation_patching": "imports TransformerLens and builds a bridge: 48 s (its TL equality is in test_patching)",
     "adapt_reproduce": "runs a whole `mechkit adapt` study first (85 s)",
     "detect": "five worker processes, each loading the embedded model (and a TransformerLens bridge): 240 s",
     "gpu": "a GPU bench; on a CPU its tiny shape still takes 46 s (15 s of CPU)",

@@ -147,3 +147,105 @@ def test_the_plugin_refuses_incomplete_pairs_before_loading(tmp_path, options, m
 
     with pytest.raises(OptionError, match=message):
         mk.run(PatchPlugin, model="no-such-model", out=tmp_path / "x", **options)
+
+
+# --- attribution patching, prompt pairs, averaging, every backend -------------------------------------------
+
+def test_attribution_is_exact_to_first_order(model):
+    """With a source a small step ε from the target, exact patching moves the metric by (a' − a)·∇ + O(ε²):
+    the attribution estimate matches it to within a tenth of the largest change (an independent check of the
+    gradient bookkeeping; a wrong sign, slice or scale misses by the whole change)."""
+    from mechkit.patching.attribution import attribute
+
+    clean, _, c, w = _pair(model)
+    metric = lambda logits: logit_diff(logits, c, w)  # noqa: E731
+    _, cache = mk.run_with_cache(model, clean, ["blocks.*.hook_resid_pre", "blocks.*.attn.hook_z"])
+    step = {k: v + 1e-3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) for k, v in cache.items()}
+    for point, over in (("hook_resid_pre", "position"), ("attn.hook_z", "head")):
+        est, base = attribute(model, clean, step, point, metric, over=over)
+        from mechkit.patching import scan
+
+        exact = scan(model, clean, step, point, metric, over=over)
+        assert (est - base).abs().max() > 1e-6  # the step moves the metric
+        assert torch.allclose(est, exact, atol=2e-5 + 0.1 * float((exact - base).abs().max())), point
+
+
+def test_attribution_ranks_like_exact_patching_and_says_so(model):
+    from mechkit.patching.attribution import agreement, attribute_patching
+
+    clean, corrupted = model.to_tokens("the cat sat on the mat"), model.to_tokens("the dog sat on the mat")
+    metric = lambda logits: logit_diff(logits, 5, 6)  # noqa: E731
+    exact = denoise(model, clean, corrupted, "attn.hook_z", metric, over="head")
+    approx = attribute_patching(model, clean, corrupted, "attn.hook_z", metric, over="head")
+    assert (approx.clean, approx.corrupted) == pytest.approx((exact.clean, exact.corrupted), abs=1e-5)
+    assert approx.direction == "denoising (attribution)"
+    found = agreement(exact.values, approx.values)
+    assert found["spearman"] > 0.5 and found["top_k_overlap"] >= 0.6
+
+
+def test_icl_pairs_shuffle_every_label_and_keep_the_query():
+    from mechkit.patching.pairs import icl_pairs
+
+    for pair in icl_pairs("country-capital", 5, seed=3, shots=5):
+        demos = lambda text: [d.split("\noutput: ") for d in text.split("input: ")[1:-1]]  # noqa: E731
+        clean, corrupted = demos(pair.clean), demos(pair.corrupted)
+        assert [i for i, _ in clean] == [i for i, _ in corrupted]  # the same inputs, in order
+        assert sorted(o for _, o in clean) == sorted(o for _, o in corrupted)  # the same labels ...
+        assert all(a != b for (_, a), (_, b) in zip(clean, corrupted, strict=True))  # ... none in its place
+        assert pair.clean.rsplit("input: ", 1)[1] == pair.corrupted.rsplit("input: ", 1)[1]
+
+
+def test_averaging_pairs_averages_the_metric_then_normalizes(model):
+    from mechkit.patching.pairs import PromptPair, tokens
+    from mechkit.patching.study import run_study
+
+    a = tokens(model, PromptPair("abcab", "abdab", "c", "d"))
+    b = tokens(model, PromptPair("xbcab", "xbdab", "c", "d"))
+    one, two = run_study(model, [a]), run_study(model, [b])
+    both = run_study(model, [a, b])
+    assert both.n_pairs == 2 and both.n_resid_pairs == 2
+    assert torch.allclose(both.resid.values, (one.resid.values + two.resid.values) / 2)
+    assert both.heads.clean == pytest.approx((one.heads.clean + two.heads.clean) / 2)
+    assert torch.allclose(both.dla_heads, (one.dla_heads + two.dla_heads) / 2)
+    longer = tokens(model, PromptPair("abcabz", "abdabz", "c", "d"))  # another length: heads only
+    mixed = run_study(model, [a, longer])
+    assert mixed.n_pairs == 2 and mixed.n_resid_pairs == 1 and torch.equal(mixed.resid.values, one.resid.values)
+
+
+def test_the_plugin_patches_an_icl_task_with_attribution_and_its_agreement(tmp_path):
+    run = mk.run("patch", model="tiny:llama", out=tmp_path / "icl", task="capitalize", pairs=2, shots=3, method="both")
+    results = run.report["results"]
+    assert results["n_pairs"] == 2 and results["pairs"][0]["first_token"]
+    assert set(results["agreement"]) == {"resid", "heads"}
+    assert "Attribution patching ranks the heads" in run.report["finding"] and "mean of 2 pairs" in run.report["finding"]
+    assert "attribution_head_recovery.png" in run.report["artifacts"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"task": "repeat-tokens"}, "no prompt pairs"),
+    ({"task": "capitalise"}, "unknown task"),
+    ({"method": "fast"}, "fast"),
+])
+def test_the_plugin_refuses_bad_tasks_before_loading(tmp_path, options, message):
+    with pytest.raises(MechkitError, match=message):
+        mk.run("patch", model="no-such-model", out=tmp_path / "x", **options)
+    assert not (tmp_path / "x").exists()
+
+
+RUNS = [("native", None), ("nnsight", None), ("nnsight", "local")]
+
+
+def test_the_same_numbers_on_every_backend_and_a_device_map(tmp_path):
+    """native, nnsight in process, nnsight --remote local (the strict NDIF simulation) and a model with a
+    layer offloaded to disk give bit-identical patching, attribution, DLA and lens results."""
+    options = {"clean": "abcab xy", "corrupted": "abdab xy", "answers": "c,d", "method": "both", "write": False}
+    runs = [mk.run("patch", model="tiny:llama", device="cpu", backend=b, remote=r, **options).results for b, r in RUNS]
+    disk = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+            "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "disk"}
+    offloaded = mk.load_model("tiny:llama", device_map=disk, offload_folder=tmp_path / "off")
+    runs.append(mk.run("patch", model=offloaded, **options).results)
+    keys = ("resid_recovery", "head_recovery", "attribution_resid_recovery", "attribution_head_recovery", "dla_heads",
+            "dla_attn", "dla_mlp", "lens_logit_diff", "clean", "corrupted")
+    for other in runs[1:]:
+        for key in keys:
+            assert torch.allclose(torch.tensor(other[key]), torch.tensor(runs[0][key]), atol=1e-6), key

@@ -345,6 +345,60 @@ def test_another_tokenizer_gives_another_resume_key():
     assert tokenizer_sha256(tok) == tokenizer_sha256(byte_tokenizer()) != tokenizer_sha256(other)
 
 
+
+def test_a_killed_compose_rerun_with_another_config_recomputes_everything(tmp_path, monkeypatch):
+    """The whole scenario of issue 32: a `compose` run is killed midway, the model directory's config is
+    changed (``rms_norm_eps``) while its weights stay, and the same command runs again. It must not reuse
+    a step of the first run: every step is computed again and the report equals a fresh run's on the
+    changed model (which differs from the first config's)."""
+    import mechkit as mk
+    from mechkit.plugin import RunContext
+
+    model, tok = tiny_model("llama")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    options = dict(pairs="capitalize+swap", parts="study", shots="0,1,2", n=2, seeds=1, n_seqs=4, seg_len=5,
+                   top_k=2, verify=1, draws=1, n_dev=2, n_test=2, n_contexts=2, n_effect=2)
+    real = RunContext._write_step
+    written: list[str] = []
+
+    def counting(stop_after: int | None):
+        def write(self, path, key, value):
+            if stop_after is not None and len(written) == stop_after:
+                raise KeyboardInterrupt  # killed between two steps
+            written.append(key)
+            return real(self, path, key, value)
+        return write
+
+    def fresh(name: str) -> dict:
+        monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / name))
+        return mk.run("compose", model=str(folder), write=False, **options).results
+
+    first_config = fresh("fresh-a")
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    with monkeypatch.context() as patch:
+        patch.setattr(RunContext, "_write_step", counting(stop_after=2))
+        with pytest.raises(KeyboardInterrupt):
+            mk.run("compose", model=str(folder), out=tmp_path / "run", **options)
+    assert len(written) == 2
+    config = json.loads((folder / "config.json").read_text())
+    config["rms_norm_eps"] = 0.5  # the same weights, another computation
+    (folder / "config.json").write_text(json.dumps(config))
+    written.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(RunContext, "_write_step", counting(stop_after=None))
+        rerun = mk.run("compose", model=str(folder), out=tmp_path / "run", **options).results
+    n_steps = len(written)
+    second_config = fresh("fresh-b")
+    assert rerun == second_config != first_config
+    written.clear()
+    with monkeypatch.context() as patch:  # and a fresh run computes exactly as many steps: none was reused
+        patch.setattr(RunContext, "_write_step", counting(stop_after=None))
+        monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "fresh-c"))
+        mk.run("compose", model=str(folder), out=tmp_path / "run-c", **options)
+    assert len(written) == n_steps > 2
+
 # ---- 6. reports read only their own files ---------------------------------------------------------
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64

@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 import torch
 from einops import einsum, rearrange
 
+from mechkit.model.backends.weight_reads import read_weights
 from mechkit.model.edit.partial import unembed
-from mechkit.model.modules import norm
 from mechkit.model.modules.linear import weight_out_in
+from mechkit.model.modules.norm import frozen as frozen_norm
+from mechkit.model.modules.norm import scale as norm_scale
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -46,8 +48,15 @@ def logit_lens(handle: ModelHandle, cache: Cache, pos: int = -1) -> torch.Tensor
     """
     n = handle.anatomy.n_layers
     stack = [cache[f"blocks.{L}.hook_resid_pre"][:, pos] for L in range(n)] + [cache[f"blocks.{n - 1}.hook_resid_post"][:, pos]]
+    return read_weights(handle, _decode, torch.stack(stack).cpu())
+
+
+def _decode(view, stack: torch.Tensor) -> torch.Tensor:
+    """Each row of ``stack`` through the final norm and unembedding, where the weights are (``view``: the
+    handle, or the server's model on a remote backend)."""
+    device = _device(view)
     with torch.no_grad():
-        return torch.stack([unembed(handle, x[:, None].to(handle.device))[:, 0] for x in stack])
+        return torch.stack([unembed(view, x[:, None].to(device))[:, 0] for x in stack]).cpu()
 
 
 def lens_names(handle: ModelHandle) -> list[str]:
@@ -58,7 +67,7 @@ def lens_names(handle: ModelHandle) -> list[str]:
 def dla_names(handle: ModelHandle) -> list[str]:
     """The hook points :func:`direct_logit_attribution` reads."""
     return ["blocks.0.hook_resid_pre", "blocks.*.attn.hook_z", "blocks.*.hook_attn_out", "blocks.*.hook_mlp_out",
-            f"blocks.{handle.anatomy.n_layers - 1}.hook_resid_post", "ln_final.hook_scale"]
+            f"blocks.{handle.anatomy.n_layers - 1}.hook_resid_post"]
 
 
 @dataclass
@@ -95,33 +104,51 @@ def direct_logit_attribution(handle: ModelHandle, cache: Cache, correct: int, wr
     >>> dla.heads.shape, bool(dla.unexplained.abs().max() < 1e-4)
     (torch.Size([1, 2, 4]), True)
     """
-    a = handle.anatomy
+    n = handle.anatomy.n_layers
+    acts = {"z": torch.stack([cache[f"blocks.{L}.attn.hook_z"][:, pos] for L in range(n)]),
+            "attn": torch.stack([cache[f"blocks.{L}.hook_attn_out"][:, pos] for L in range(n)]),
+            "mlp": torch.stack([cache[f"blocks.{L}.hook_mlp_out"][:, pos] for L in range(n)]),
+            "final": cache[f"blocks.{n - 1}.hook_resid_post"][:, pos], "embed": cache["blocks.0.hook_resid_pre"][:, pos]}
+    parts = read_weights(handle, _dla, {k: v.cpu() for k, v in acts.items()}, correct, wrong)
+    return DLA(**parts)
+
+
+def _device(view) -> torch.device:
+    """Where to compute: the handle's device (a dispatched model's execution device), or on a server the
+    unembedding's."""
+    device = getattr(view, "device", None)
+    return torch.device(device) if device is not None else view.model.get_submodule(view.anatomy.family.unembed).weight.device
+
+
+def _dla(view, acts: dict, correct: int, wrong: int) -> dict:
+    """The shares, computed where the weights are (``view``: the handle, or the server's model). It names
+    functions, not modules: a module would be shipped whole to a remote server, loader and all."""
+    a = view.anatomy
     with torch.no_grad():
-        unembed = weight_out_in(handle.model.get_submodule(a.family.unembed)).float()
-        direction = (unembed[correct] - unembed[wrong]).to(handle.device)
-        scale = cache["ln_final.hook_scale"][:, pos].to(handle.device)
-        gamma = a.final_norm_scale()
+        device = _device(view)
+        unembed_w = weight_out_in(view.model.get_submodule(a.family.unembed))
+        direction = (unembed_w[correct] - unembed_w[wrong]).float().to(device)
+        # the final norm's divisor at this run (ln_final.hook_scale, derived from its input as the hook does)
+        scale, gamma = norm_scale(a.final_norm, acts["final"].to(device)), a.final_norm_scale()
 
         def share(x: torch.Tensor) -> torch.Tensor:  # [..., batch, d_model] -> [..., batch]
-            return norm.frozen(a.final_norm, x.to(handle.device), scale, gamma, bias=False) @ direction
+            return frozen_norm(a.final_norm, x.to(device), scale, gamma, bias=False) @ direction
 
         heads, attn, mlp = [], [], []
         for layer in range(a.n_layers):
-            z = cache[f"blocks.{layer}.attn.hook_z"][:, pos].float().to(handle.device)  # [batch, heads, d_head]
+            z = acts["z"][layer].float().to(device)  # [batch, heads, d_head]
             w_o = rearrange(weight_out_in(a.attn_out(layer)).float(), "m (h d) -> h d m", d=a.d_head)
-            per_head = einsum(z, w_o.to(z.device), "b h d, h d m -> h b m")
+            per_head = einsum(z, w_o.to(device), "b h d, h d m -> h b m")
             heads.append(share(per_head).T)
-            attn.append(share(cache[f"blocks.{layer}.hook_attn_out"][:, pos]))
-            mlp.append(share(cache[f"blocks.{layer}.hook_mlp_out"][:, pos]))
-        final = cache[f"blocks.{a.n_layers - 1}.hook_resid_post"][:, pos]
-        constant = _constant(handle, a, direction, correct, wrong, final.shape[0])
-        actual = share(final) + constant
-        return DLA(heads=torch.stack(heads, 1).cpu(), attn=torch.stack(attn, 1).cpu(), mlp=torch.stack(mlp, 1).cpu(),
-                   embed=share(cache["blocks.0.hook_resid_pre"][:, pos]).cpu(), constant=constant.cpu(),
-                   actual=actual.cpu())
+            attn.append(share(acts["attn"][layer]))
+            mlp.append(share(acts["mlp"][layer]))
+        constant = _constant(view, a, direction, correct, wrong, acts["final"].shape[0])
+        actual = share(acts["final"]) + constant
+        return {"heads": torch.stack(heads, 1).cpu(), "attn": torch.stack(attn, 1).cpu(), "mlp": torch.stack(mlp, 1).cpu(),
+                "embed": share(acts["embed"]).cpu(), "constant": constant.cpu(), "actual": actual.cpu()}
 
 
-def _constant(handle: ModelHandle, a, direction: torch.Tensor, correct: int, wrong: int, batch: int) -> torch.Tensor:
+def _constant(handle, a, direction: torch.Tensor, correct: int, wrong: int, batch: int) -> torch.Tensor:
     """What no component writes: the final norm's bias on the direction, and the unembedding's bias."""
     value = torch.zeros((), device=direction.device)
     bias = getattr(a.final_norm, "bias", None)

@@ -1,8 +1,14 @@
 """Clean/corrupted prompt pairs with two single-token answers: what a patching run compares.
 
-IOI with the name swapped (as in TransformerLens' exploratory analysis of Wang et al.'s task): the
-corrupted sentence repeats the indirect object instead of the subject, so the right answer becomes the
-subject and ``logit(IO) − logit(S)`` flips sign; both sentences have the same tokens but one.
+- **IOI with the name swapped** (as in TransformerLens' exploratory analysis of Wang et al.'s task): the
+  corrupted sentence repeats the indirect object instead of the subject, so the right answer becomes the
+  subject and ``logit(IO) − logit(S)`` flips sign; both sentences have the same tokens but one.
+- **An ICL task with its demonstrations' labels shuffled**: the same inputs, outputs and query, but no
+  demonstration maps its input to its own output any more, so the prompt no longer shows the task, only
+  its format. The answers compared are the query's first answer token and the first token of the query
+  copied unchanged (what a model that has not found the task tends to write), at their first differing
+  token (the tokens they share before it are appended to both prompts). Pairs whose answers no token
+  tells apart, or whose corrupted prompt tokenizes to another length, are skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 
+_ICL_KINDS = ("simple", "composite", "logic", "logic-composite")
+
+
 @dataclass(frozen=True)
 class PromptPair:
     """A clean and a corrupted text, the clean answer (``correct``) and the competing one (``wrong``)."""
@@ -27,6 +36,7 @@ class PromptPair:
     corrupted: str
     correct: str
     wrong: str
+    first_token: bool = False  # compare the answers' first tokens (ICL answers are often several tokens)
 
 
 def ioi_pairs(n: int, seed: int = 0) -> list[PromptPair]:
@@ -46,6 +56,99 @@ def ioi_pairs(n: int, seed: int = 0) -> list[PromptPair]:
     return pairs
 
 
+def _first_differing(handle: ModelHandle, clean, corrupted, pair: PromptPair):
+    """The answers' first differing tokens, the tokens they share before it appended to both prompts (a
+    byte-level tokenizer spells the leading space alone; SmolLM2 shares `` destroy`` of ``destroyed``)."""
+    import torch
+
+    a, b = (handle.tokenizer(t, add_special_tokens=False)["input_ids"] for t in (pair.correct, pair.wrong))
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    if k >= min(len(a), len(b)):
+        raise MechkitError(f"the answer {pair.wrong!r} is a prefix of {pair.correct!r} (or the reverse): no token "
+                           "tells them apart", "give two answers that differ within their tokens")
+    shared = torch.tensor([a[:k]], dtype=clean.dtype)
+    return torch.cat([clean, shared], 1), torch.cat([corrupted, shared], 1), a[k], b[k]
+
+
+def icl_pairs(task: str, n: int, seed: int = 0, shots: int | None = None) -> list[PromptPair]:
+    """``n`` prompts of an ICL task and their label-shuffled corruptions (a derangement of the outputs).
+
+    >>> p = icl_pairs("capitalize", 1, shots=3)[0]
+    >>> p.clean.endswith(p.corrupted.rsplit("input:", 1)[1]), p.clean != p.corrupted
+    (True, True)
+    """
+    from mechkit.tasks import build_prompts
+    from mechkit.tasks.prompt import stream_rng
+
+    rng = stream_rng(seed, "patch-pairs", task)
+    pairs = []
+    for q in build_prompts(task, n=n, shots=shots, seed=seed):
+        *demos, query = q.text.split("input: ")[1:]
+        split = [d.split("\noutput: ", 1) for d in demos]
+        if len(split) < 2 or len({out for _, out in split}) < 2:
+            raise MechkitError(f"{task!r} prompts have fewer than two distinct demonstration labels to shuffle",
+                               "use --shots 2 or more, or another task")
+        order = _derangement(len(split), rng, [out for _, out in split])
+        corrupted = "".join(f"input: {inp}\noutput: {split[j][1]}" for (inp, _), j in zip(split, order, strict=True))
+        pairs.append(PromptPair(q.text, corrupted + "input: " + query, q.answer, " " + q.query, first_token=True))
+    return pairs
+
+
+def _derangement(n: int, rng, labels: list[str]) -> list[int]:
+    """A permutation moving every label to a demonstration whose own label differs (where one exists)."""
+    best = list(range(n))
+    for _ in range(100):
+        order = list(range(n))
+        rng.shuffle(order)
+        moved = sum(labels[j] != labels[i] for i, j in enumerate(order))
+        if moved > sum(labels[j] != labels[i] for i, j in enumerate(best)):
+            best = order
+        if moved == n:
+            break
+    return best
+
+
+def check_pair_task(task: str) -> None:
+    """Refuse, before any model loads, a task that gives no prompt pairs (neither ioi nor an ICL task)."""
+    from mechkit.tasks import get_task
+
+    kind = get_task(task).kind  # an unknown id is refused here, with close matches
+    if task != "ioi" and kind not in _ICL_KINDS:
+        raise MechkitError(f"task {task!r} ({kind}) has no prompt pairs to patch",
+                           "use ioi, an ICL task (`mechkit tasks`), or --clean/--corrupted/--answers")
+
+
+def task_pairs(task: str, n: int, seed: int = 0, shots: int | None = None) -> list[PromptPair]:
+    """``n`` pairs of ``task``: IOI's name swap, or an ICL task's shuffled labels."""
+    check_pair_task(task)
+    return ioi_pairs(n, seed) if task == "ioi" else icl_pairs(task, n, seed, shots)
+
+
+def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) -> list[tuple[PromptPair, tuple]]:
+    """Each pair with its :func:`tokens`, keeping only pairs that can be patched position by position and
+    whose two answers differ: the rest are skipped, not refused (a task's prompts vary), unless ``strict``
+    (the user's own pair), or none is left."""
+    kept, last = [], None
+    for pair in pairs:
+        try:
+            toks = tokens(handle, pair)
+        except MechkitError as err:
+            if strict:
+                raise
+            last = err
+            continue
+        if toks[2] == toks[3]:
+            last = MechkitError(f"the answers {pair.correct!r} and {pair.wrong!r} are the same token",
+                                "give two different answers")
+            if strict:
+                raise last
+            continue
+        kept.append((pair, toks))
+    if not kept:
+        raise MechkitError(f"no prompt pair could be patched (the last: {last})", "try another task, seed or --shots")
+    return kept
+
+
 def tokens(handle: ModelHandle, pair: PromptPair) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """``(clean ids, corrupted ids, correct id, wrong id)``, refused in one line where the answers are not
     single tokens or the prompts' lengths differ (there is no position alignment to patch along)."""
@@ -53,4 +156,6 @@ def tokens(handle: ModelHandle, pair: PromptPair) -> tuple[torch.Tensor, torch.T
     if clean.shape[-1] != corrupted.shape[-1]:
         raise MechkitError(f"the clean prompt has {clean.shape[-1]} tokens and the corrupted {corrupted.shape[-1]}",
                            "give prompts of the same length in tokens (swap words of equal token counts)")
+    if pair.first_token:
+        return _first_differing(handle, clean, corrupted, pair)
     return clean, corrupted, answer_id(handle, pair.correct), answer_id(handle, pair.wrong)

@@ -39,6 +39,11 @@ class Patch:
     neurons: tuple[int, ...] | None = None
     source_positions: tuple[int, ...] | None = None
 
+    def where(self) -> tuple:
+        """``(positions, heads, neurons, source_positions)`` as plain tuples: what a hook function carries, so
+        a remote job ships plain data, not this class."""
+        return self.positions, self.heads, self.neurons, self.source_positions
+
     def suffix(self, handle: ModelHandle) -> str:
         return self.resolved(handle).suffix
 
@@ -85,18 +90,19 @@ def _in_range(what: str, values: Sequence[int] | None, n: int, of: str, negative
                                f"use 0..{n - 1}" + (" (or negative from the end)" if negative else ""))
 
 
-def assign(new: torch.Tensor, src: torch.Tensor, suffix: str, patch: Patch) -> None:
-    """Write ``src``'s values into ``new`` (one row each, no batch dim) where ``patch`` says."""
+def assign(new: torch.Tensor, src: torch.Tensor, suffix: str, where: tuple) -> None:
+    """Write ``src``'s values into ``new`` (one row each, no batch dim) where a :meth:`Patch.where` says."""
+    positions, heads, neurons, source_positions = where
     src = src.to(device=new.device, dtype=new.dtype)
     all_pos = range(new.shape[1] if suffix == "attn.hook_pattern" else new.shape[0])
-    pos = list(patch.positions) if patch.positions is not None else list(all_pos)
-    spos = list(patch.source_positions) if patch.source_positions is not None else pos
+    pos = list(positions) if positions is not None else list(all_pos)
+    spos = list(source_positions) if source_positions is not None else pos
     if suffix == "attn.hook_pattern":  # [heads, q, k]
-        heads = list(patch.heads) if patch.heads is not None else list(range(new.shape[0]))
+        heads = list(heads) if heads is not None else list(range(new.shape[0]))
         new[torch.tensor(heads)[:, None], torch.tensor(pos)[None, :]] = \
             src[torch.tensor(heads)[:, None], torch.tensor(spos)[None, :]]
         return
-    second = patch.heads if patch.heads is not None else patch.neurons
+    second = heads if heads is not None else neurons
     if second is None:
         new[pos] = src[spos]
     else:
@@ -133,7 +139,7 @@ def run_patched(handle: ModelHandle, target: torch.Tensor, source: Cache | torch
         point = p.resolved(handle)
         src = cache[point.name]
         check(handle, p, target.shape[-1], point_length(src, point.suffix))
-        fns.setdefault(point.name, []).append(_writer(src, point.suffix, p))
+        fns.setdefault(point.name, []).append(_writer(src, point.suffix, p.where()))
     with torch.no_grad(), hooks(handle, fns):
         return handle(target)
 
@@ -142,11 +148,11 @@ def point_length(act: torch.Tensor, suffix: str) -> int:
     return act.shape[2] if suffix == "attn.hook_pattern" else act.shape[1]
 
 
-def _writer(src: torch.Tensor, suffix: str, patch: Patch):
+def _writer(src: torch.Tensor, suffix: str, where: tuple):
     def fn(act: torch.Tensor, _point) -> torch.Tensor:
         new = act.clone()
         for row in range(new.shape[0]):
-            assign(new[row], src[row if src.shape[0] == new.shape[0] else 0], suffix, patch)
+            assign(new[row], src[row if src.shape[0] == new.shape[0] else 0], suffix, where)
         return new
 
     return fn

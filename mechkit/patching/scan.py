@@ -93,11 +93,13 @@ def _units(handle: ModelHandle, layer: int, point: str, suffix: str, over: str, 
 
 
 def _row_writer(src: torch.Tensor, suffix: str, units: list[Patch]):
-    """A hook function giving row r of the batch the patch ``units[r]``."""
+    """A hook function giving row r of the batch the patch ``units[r]`` (carried as plain tuples)."""
+    wheres = [unit.where() for unit in units]
+
     def fn(act: torch.Tensor, _point) -> torch.Tensor:
         new = act.clone()
-        for row, unit in enumerate(units):
-            assign(new[row], src[0], suffix, unit)
+        for row, where in enumerate(wheres):
+            assign(new[row], src[0], suffix, where)
         return new
 
     return fn
@@ -129,12 +131,16 @@ def _directed(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor,
         base = {"clean": float(metric(handle(clean)[:, kwargs.get("answer_pos", -1)])[0]),
                 "corrupted": float(metric(handle(corrupted)[:, kwargs.get("answer_pos", -1)])[0])}
     values = scan(handle, target, source, point, metric, over=over, **kwargs)
-    labels = [str(h) for h in range(values.shape[1])]
-    if over == "position":  # a token the prompts disagree on shows both: clean/corrupted
-        labels = [a if a == b else f"{a}/{b}" for a, b in zip(handle.to_str_tokens(clean), handle.to_str_tokens(corrupted),
-                                                               strict=True)]
     return PatchScan(point, over, values, base["clean"], base["corrupted"], "denoising" if denoising else "noising",
-                     labels)
+                     _labels(handle, clean, corrupted, over, values.shape[1]))
+
+
+def _labels(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, over: str, n: int) -> list[str]:
+    """Column labels: head indices, or tokens (a token the prompts disagree on shows both: clean/corrupted)."""
+    if over != "position":
+        return [str(h) for h in range(n)]
+    return [a if a == b else f"{a}/{b}" for a, b in zip(handle.to_str_tokens(clean), handle.to_str_tokens(corrupted),
+                                                        strict=True)]
 
 
 def denoise(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, point: str, metric: Metric,
