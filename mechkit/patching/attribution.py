@@ -21,7 +21,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import gradients
 from mechkit.patching.patch import source_cache
-from mechkit.patching.scan import Metric, PatchScan, _labels
+from mechkit.patching.scan import Metric, PatchScan, column_labels
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -82,7 +82,7 @@ def attribute_patching(handle: ModelHandle, clean: torch.Tensor, corrupted: torc
         other = float(metric(handle(source)[:, answer_pos])[0])
     clean_v, corrupted_v = (other, base) if denoising else (base, other)
     direction = ("denoising" if denoising else "noising") + " (attribution)"
-    return PatchScan(point, over, values, clean_v, corrupted_v, direction, _labels(handle, clean, corrupted, over,
+    return PatchScan(point, over, values, clean_v, corrupted_v, direction, column_labels(handle, clean, corrupted, over,
                                                                                   values.shape[1]))
 
 

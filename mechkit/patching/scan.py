@@ -132,10 +132,10 @@ def _directed(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor,
                 "corrupted": float(metric(handle(corrupted)[:, kwargs.get("answer_pos", -1)])[0])}
     values = scan(handle, target, source, point, metric, over=over, **kwargs)
     return PatchScan(point, over, values, base["clean"], base["corrupted"], "denoising" if denoising else "noising",
-                     _labels(handle, clean, corrupted, over, values.shape[1]))
+                     column_labels(handle, clean, corrupted, over, values.shape[1]))
 
 
-def _labels(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, over: str, n: int) -> list[str]:
+def column_labels(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, over: str, n: int) -> list[str]:
     """Column labels: head indices, or tokens (a token the prompts disagree on shows both: clean/corrupted)."""
     if over != "position":
         return [str(h) for h in range(n)]
