@@ -11,7 +11,7 @@ from mechkit.tasks import build_prompts
 @pytest.mark.slow
 def test_teacher_forced_equals_greedy_on_embedded_model(embedded):
     for task, seed in (("capitalize", 0), ("country-capital", 1), ("ioi", 0), ("plus-one", 0)):
-        prompts = build_prompts(task, n=10, seed=seed)
+        prompts = build_prompts(task, n=5, seed=seed)  # 5 per task: the greedy reference decodes one by one
         scored = score_prompts(embedded, prompts, batch_size=4)
         assert scored.correct == greedy_exact_match(embedded, prompts), task
 
@@ -19,9 +19,10 @@ def test_teacher_forced_equals_greedy_on_embedded_model(embedded):
 @pytest.mark.slow
 def test_answers_spelled_with_other_tokens_still_count(embedded):
     # On these prompts SmolLM2 writes e.g. " LADYBUG" as L|AD|Y|B|UG rather than the canonical L|AD|Y|BUG.
-    prompts = build_prompts("capitalize", n=20, seed=0)
+    # Of seed 0's first 20, prompts 5, 8, 10 and 11 need a decode (5 right, the others wrong): 5..11 hold both.
+    prompts = build_prompts("capitalize", n=20, seed=0)[5:12]
     scored = score_prompts(embedded, prompts)
-    assert scored.decoded >= 1
+    assert scored.decoded >= 2 and 0 < sum(scored.correct) < len(prompts)
     assert scored.correct == greedy_exact_match(embedded, prompts)
 
 
