@@ -100,6 +100,23 @@ def _attach_mid(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch
             handle.anatomy.block(point.layer).register_forward_hook(post)]
 
 
+def _attach_router(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
+    """``mlp.hook_router``: the router's logits (its first output, ``[tokens, n_experts]`` over the flattened
+    batch), viewed as ``[batch, pos, n_experts]`` with the shape the MoE block's input had."""
+    shape: list[tuple[int, ...]] = []
+    guarded = _read_only(point, fn)
+
+    def pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def post(_module, _args, output):
+        logits = _output_tensor(output)
+        guarded(logits.reshape(*shape[0], logits.shape[-1]) if shape else logits, point)
+
+    return [handle.anatomy.mlp(point.layer).register_forward_pre_hook(pre, with_kwargs=True),
+            handle.anatomy.router(point.layer).register_forward_hook(post)]
+
+
 def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
@@ -156,6 +173,8 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
                             qkv.setdefault(point.layer, {}).setdefault(_QKV[point.suffix], []).append(_bind(fn, point))
                         elif point.suffix == "hook_resid_mid":
                             removers.extend(_attach_mid(handle, point, fn))
+                        elif point.suffix == "mlp.hook_router":
+                            removers.extend(_attach_router(handle, point, fn))
                         elif point.suffix == "ln_final.hook_scale":
                             removers.append(_attach_scale(handle, point, fn))
                         else:

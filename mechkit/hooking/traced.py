@@ -239,10 +239,10 @@ class Planner:
         names = {id(m): n for n, m in handle.model.named_modules()}
         self.paths: dict[str, str] = {}
         for layer in range(a.n_layers):
+            dense = () if a.is_moe else (("mlp.hook_post", a.mlp_out(layer)),)  # MoE: no dense neurons
             for suffix, module in (("hook_resid_pre", a.block(layer)), ("attn.hook_pattern", a.attn(layer)),
                                    ("attn.hook_z", a.attn_out(layer)), ("hook_attn_out", a.attn(layer)),
-                                   ("mlp.hook_post", a.mlp_out(layer)), ("hook_mlp_out", a.mlp(layer)),
-                                   ("hook_resid_post", a.block(layer))):
+                                   *dense, ("hook_mlp_out", a.mlp(layer)), ("hook_resid_post", a.block(layer))):
                 self.paths[f"blocks.{layer}.{suffix}"] = names[id(module)]
         self.paths["hook_embed"] = names[id(a.embed)]
         self.remote = handle.backend.remote is not None

@@ -32,7 +32,8 @@ class Family:
     v: str | None = None
     qkv: str | None = None  # fused query/key/value projection
     # How a fused projection orders its output rows: "concat" = [all q | all k | all v],
-    # "interleaved" = per head [q_h | k_h | v_h] (GPT-NeoX).
+    # "interleaved" = per head [q_h | k_h | v_h] (GPT-NeoX), "mp4" = four model-parallel blocks, each
+    # [q | v | k] for a quarter of the heads (CodeGen).
     qkv_layout: str = "concat"
     mlp_in: tuple[str, ...] = ()
     unembed: str = "lm_head"
@@ -40,6 +41,12 @@ class Family:
     # The module (inside a block) whose input is the residual stream between attention and MLP
     # (``hook_resid_mid``); None where attention and MLP read the same input (GPT-NeoX's parallel residual).
     resid_mid: str | None = "post_attention_layernorm"
+    # Mixture of experts: the expert bank inside ``mlp`` (its units are experts, not neurons), the router
+    # and any shared expert. Filled in by the MoE rule of :func:`discover_anatomy` where ``mlp`` holds an
+    # ``experts`` module instead of ``mlp_out``.
+    experts: str | None = None
+    router: str | None = None
+    shared_expert: str | None = None
 
 
 _LLAMA_LIKE = Family(
@@ -50,6 +57,20 @@ _LLAMA_LIKE = Family(
 
 _GEMMA = replace(_LLAMA_LIKE, norm_offset=1.0)
 _GEMMA2 = replace(_GEMMA, resid_mid="pre_feedforward_layernorm")  # sandwich norms: the MLP's own pre-norm
+
+_PARALLEL = dict(resid_mid=None)  # attention and MLP read the same normed input (GPT-J, Phi, Falcon)
+# OPT-style blocks hold fc1/fc2 directly: the "MLP" is fc2 itself (mlp_out "" = the module is its own
+# output projection), its output is the MLP's output, its input the neurons.
+_OPT = Family(
+    layers="model.decoder.layers", attn="self_attn", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
+    mlp="fc2", mlp_out="", embed="model.decoder.embed_tokens", final_norm="model.decoder.final_layer_norm",
+    resid_mid="final_layer_norm",
+)
+_GPTJ = Family(
+    layers="transformer.h", attn="attn", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
+    mlp="mlp", mlp_in=("fc_in",), mlp_out="fc_out", embed="transformer.wte", final_norm="transformer.ln_f",
+    **_PARALLEL,
+)
 
 FAMILIES: dict[str, Family] = {
     "llama": _LLAMA_LIKE,
@@ -77,7 +98,24 @@ FAMILIES: dict[str, Family] = {
         mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
         embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm", resid_mid=None,
     ),
+    "opt": _OPT,
+    "biogpt": replace(_OPT, layers="biogpt.layers", embed="biogpt.embed_tokens", final_norm="biogpt.layer_norm",
+                      unembed="output_projection"),
+    "xglm": replace(_OPT, layers="model.layers", embed="model.embed_tokens", final_norm="model.layer_norm"),
+    "gptj": _GPTJ,
+    "codegen": replace(_GPTJ, q=None, k=None, v=None, qkv="qkv_proj", qkv_layout="mp4"),
+    "phi": replace(_LLAMA_LIKE, attn_out="dense", mlp_in=("fc1",), mlp_out="fc2", final_norm="model.final_layernorm",
+                   **_PARALLEL),
+    "persimmon": replace(_LLAMA_LIKE, attn_out="dense", q=None, k=None, v=None, qkv="query_key_value",
+                         qkv_layout="interleaved", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
+                         final_norm="model.final_layernorm"),
+    "starcoder2": replace(_LLAMA_LIKE, mlp_in=("c_fc",), mlp_out="c_proj"),
+    "granitemoe": replace(_LLAMA_LIKE, mlp="block_sparse_moe"),
 }
+# Other model types with a row's layout (tried first for them; any type also falls back to every row).
+FAMILIES.update({t: FAMILIES["granitemoe"] for t in ("granitemoeshared", "granitemoe_swa")})
+_ROUTERS = ("gate", "router")
+_SHARED = ("shared_expert", "shared_experts")
 
 
 def _get(root: nn.Module, path: str) -> nn.Module | None:
@@ -87,13 +125,30 @@ def _get(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _missing(model: nn.Module, fam: Family) -> list[str]:
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _with_moe(block: nn.Module, fam: Family) -> Family:
+    """The MoE rule: where the MLP holds an ``experts`` bank and no ``mlp_out``, the family's MoE variant
+    (experts as units, its router and any shared expert)."""
+    mlp = _get(block, fam.mlp)
+    if fam.experts is not None or mlp is None or _get(mlp, fam.mlp_out) is not None or _get(mlp, "experts") is None:
+        return fam
+    router = next((r for r in _ROUTERS if _get(mlp, r) is not None), None)
+    shared = next((s for s in _SHARED if _get(mlp, s) is not None), None)
+    return replace(fam, mlp_in=(), mlp_out="", experts="experts", router=router, shared_expert=shared)
+
+
+def _missing(model: nn.Module, fam: Family) -> tuple[list[str], Family]:
     layers = _get(model, fam.layers)
     if layers is None or len(layers) == 0:
-        return [fam.layers]
+        return [fam.layers], fam
     block = layers[0]
-    wanted = [fam.attn, f"{fam.attn}.{fam.attn_out}", fam.mlp, f"{fam.mlp}.{fam.mlp_out}"]
-    return [f"{fam.layers}.0.{p}" for p in wanted if _get(block, p) is None]
+    fam = _with_moe(block, fam)
+    wanted = [fam.attn, _join(fam.attn, fam.attn_out), fam.mlp,
+              _join(fam.mlp, fam.experts or fam.mlp_out)]
+    return [f"{fam.layers}.0.{p}" for p in wanted if _get(block, p) is None], fam
 
 
 @dataclass
@@ -107,10 +162,11 @@ class Anatomy:
     n_kv_heads: int
     d_head: int
     d_model: int
-    d_mlp: int
+    d_mlp: int  # 0 for a mixture of experts
     layers: list = field(repr=False)
     embed: nn.Module = field(repr=False)
     final_norm: nn.Module | None = field(repr=False)
+    n_experts: int = 0
 
     def block(self, layer: int) -> nn.Module:
         return self.layers[layer]
@@ -126,8 +182,31 @@ class Anatomy:
         return self.layers[layer].get_submodule(self.family.mlp)
 
     def mlp_out(self, layer: int) -> nn.Module:
-        """The MLP down projection; its input is the MLP's neurons."""
+        """The MLP down projection; its input is the MLP's neurons. A mixture of experts has none."""
+        self.refuse_moe("dense MLP neurons")
         return self.mlp(layer).get_submodule(self.family.mlp_out)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLP is a mixture of experts (its units are experts, not neurons)."""
+        return self.family.experts is not None
+
+    def refuse_moe(self, what: str) -> None:
+        """Raise one line, before any work, where an analysis needs ``what`` of a dense MLP."""
+        if self.is_moe:
+            raise UnsupportedArchitectureError(
+                f"this model's MLP is a mixture of {self.n_experts} experts: it has no {what}",
+                "work at the expert level: blocks.L.mlp.hook_router (router logits) and blocks.L.hook_mlp_out, "
+                "or the attention-side analyses (detect, ablate, shuffle, sweep, head pruning)")
+
+    def experts(self, layer: int) -> nn.Module:
+        """The expert bank of an MoE layer."""
+        return self.mlp(layer).get_submodule(self.family.experts)
+
+    def router(self, layer: int) -> nn.Module | None:
+        """The MoE router (its first output: router logits ``[tokens, n_experts]``), or None."""
+        path = self.family.router
+        return None if path is None else self.mlp(layer).get_submodule(path)
 
     def resid_mid_reader(self, layer: int) -> nn.Module | None:
         """The module whose input is ``hook_resid_mid`` (the stream between attention and MLP), or None
@@ -150,7 +229,11 @@ class Anatomy:
         if self.family.qkv is None:
             return self.attn_proj(layer, role), slice(index * d, (index + 1) * d)
         module = self.attn_proj(layer, "qkv")
-        if self.family.qkv_layout == "interleaved":
+        if self.family.qkv_layout == "mp4":
+            per_block = self.n_heads // 4
+            block, within = divmod(index, per_block)
+            start = block * 3 * per_block * d + {"q": 0, "v": 1, "k": 2}[role] * per_block * d + within * d
+        elif self.family.qkv_layout == "interleaved":
             start = index * 3 * d + {"q": 0, "k": d, "v": 2 * d}[role]
         else:
             start = {"q": 0, "k": self.n_heads * d, "v": (self.n_heads + self.n_kv_heads) * d}[role] + index * d
@@ -178,7 +261,7 @@ class Anatomy:
         return {
             "family": self.family_name, "n_layers": self.n_layers, "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads, "d_head": self.d_head, "d_model": self.d_model,
-            "d_mlp": self.d_mlp,
+            "d_mlp": self.d_mlp, **({"n_experts": self.n_experts} if self.is_moe else {}),
         }
 
 
@@ -202,7 +285,7 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
     candidates += [(k, f) for k, f in FAMILIES.items() if k != model_type]
     first_missing: list[str] | None = None
     for name, fam in candidates:
-        missing = _missing(model, fam)
+        missing, fam = _missing(model, fam)
         if not missing:
             return _build(model, name, fam)
         if first_missing is None:
@@ -221,15 +304,25 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
     layers = list(model.get_submodule(fam.layers))
     d_model = _config_int(config, "hidden_size", "n_embd", "d_model")
     n_heads = _config_int(config, "num_attention_heads", "n_head")
-    n_kv = _config_int(config, "num_key_value_heads", "n_head_kv", default=n_heads) or n_heads
+    n_kv = _config_int(config, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=n_heads) or n_heads
+    if getattr(config, "multi_query", False) is True:  # GPT-BigCode, Falcon: one KV head
+        n_kv = 1
     d_head = _config_int(config, "head_dim", default=None) or d_model // n_heads
-    mlp_out = layers[0].get_submodule(fam.mlp).get_submodule(fam.mlp_out)
-    d_mlp = _in_features(mlp_out)
+    mlp = layers[0].get_submodule(fam.mlp)
+    d_mlp = 0 if fam.experts else _in_features(mlp.get_submodule(fam.mlp_out))
+    n_experts = _n_experts(mlp.get_submodule(fam.experts), config) if fam.experts else 0
     return Anatomy(
         family_name=name, family=fam, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
         d_head=d_head, d_model=d_model, d_mlp=d_mlp, layers=layers,
-        embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm),
+        embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm), n_experts=n_experts,
     )
+
+
+def _n_experts(experts: nn.Module, config) -> int:
+    n = getattr(experts, "num_experts", None)
+    if isinstance(n, int):
+        return n
+    return _config_int(config, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
 
 
 def _in_features(module: nn.Module) -> int:

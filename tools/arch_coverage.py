@@ -1,0 +1,116 @@
+"""Measured architecture coverage: every causal-LM type of the installed transformers, built tiny and
+checked on each mechkit primitive.
+
+    python -m tools.arch_coverage            # measure, print, write docs/architectures.json
+    python -m tools.arch_coverage llama opt  # measure a few types, print only
+
+A type is ``works`` (every check passed), ``unsupported`` (a one-line reason: not a decoder-only
+transformer, or attention mechkit cannot split into heads), ``failing`` (it loads or should, and a
+check fails: a bug to fix) or ``not-buildable`` (no tiny model could be built from its config class).
+The suite (tests/test_architectures.py) fails on any ``failing`` type and on any type that was
+``works`` in the committed matrix and no longer is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = ROOT / "docs" / "architectures.json"
+
+_ENCODER = "encoder (bidirectional, BERT-style): its causal-LM head is a decoder-mode variant, not a decoder-only LM"
+_SEQ2SEQ = "seq2seq decoder: the decoder half of an encoder-decoder model (cross-attention needs the encoder)"
+_SSM = "not attention-based: a state-space / recurrent model has no attention heads"
+_HYBRID = "hybrid: state-space or linear-attention layers between attention layers; mechkit's anatomy needs heads in every layer"
+# Types that are not decoder-only transformer LMs, with why (checked by hand against each modeling file).
+UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(("bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie",
+                     "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer",
+                     "xlm", "xlm-roberta", "xlm-roberta-xl", "xmod"), _ENCODER),
+    **dict.fromkeys(("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp",
+                     "pegasus", "plbart", "prophetnet", "trocr", "whisper", "musicgen", "musicgen_melody"), _SEQ2SEQ),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), _SSM),
+    **dict.fromkeys(("bamba", "jamba", "zamba", "zamba2", "falcon_h1", "granitemoehybrid", "nemotron_h",
+                     "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear",
+                     "olmo_hybrid", "bailing_hybrid", "lfm2", "lfm2_moe", "recurrent_gemma", "minimax"), _HYBRID),
+    "reformer": "not a standard transformer: LSH / chunked local attention with reversible layers",
+    "xlnet": "permutation language model with two-stream relative attention, not a causal decoder",
+    "jetmoe": "mixture of attention heads (MoA): heads are routed experts, with no fixed per-head output projection",
+    "cpmant": "attention with a segment-relative position bias computed outside the attention function",
+}
+CHECKS = ("logits", "record", "ablate", "weights", "detect", "nnsight")
+
+
+def model_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+
+
+def measure(model_type: str, costly: bool = True) -> dict:
+    """One row of the matrix: ``{"status", "reason", "checks": {check: "ok" | error line}, "seconds"}``."""
+    start = time.perf_counter()
+    if model_type in UNSUPPORTED:
+        return {"status": "unsupported", "reason": UNSUPPORTED[model_type]}
+    from tools.arch_build import build
+
+    from tools.arch_checks import reference_logits, run_checks
+
+    try:
+        model, _config = build(model_type)
+        ref = reference_logits(model)
+    except Exception as err:  # noqa: BLE001 - any failure to build and run it is the finding
+        return {"status": "not-buildable", "reason": _line(err)}
+    checks, reason = run_checks(model, ref, costly=costly)
+    row = {"status": "works", "reason": "", "checks": checks}
+    if reason is not None:
+        row.update(status="unsupported", reason=reason)
+    elif any(v != "ok" for v in checks.values()):
+        bad = next(k for k, v in checks.items() if v != "ok")
+        row.update(status="failing", reason=f"{bad}: {checks[bad]}")
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def measure_all(types: list[str] | None = None, costly: bool = True, echo: bool = False) -> dict:
+    import transformers
+
+    rows = {}
+    for t in types or model_types():
+        rows[t] = measure(t, costly=costly)
+        if echo:
+            print(f"{t:28s} {rows[t]['status']:14s} {rows[t].get('seconds', '')} {rows[t].get('reason', '')}",
+                  flush=True)
+    return {"transformers": transformers.__version__, "types": rows}
+
+
+def counts(matrix: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in matrix["types"].values():
+        out[row["status"]] = out.get(row["status"], 0) + 1
+    return out
+
+
+def main(argv: list[str]) -> None:
+    warnings.filterwarnings("ignore")
+    from mechkit.io.quiet import quiet
+
+    with quiet():
+        matrix = measure_all(argv or None, echo=True)
+    print(counts(matrix))
+    if not argv:
+        MATRIX.write_text(json.dumps(matrix, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {MATRIX.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
