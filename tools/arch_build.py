@@ -26,7 +26,9 @@ SMALL = dict(
     use_cache=False,
 )
 # Per-type constraints the generic sizes break (set before the config derives the rest).
-OVERRIDES: dict[str, dict] = {}
+OVERRIDES: dict[str, dict] = {
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+}
 
 
 def config_for(model_type: str):
@@ -41,6 +43,8 @@ def _small(cls, sizes: dict):
     default = cls()
     known = set(default.to_dict()) | set(inspect.signature(cls.__init__).parameters)
     kwargs = {k: v for k, v in sizes.items() if k in known}
+    if "qk_rope_head_dim" in known:  # multi-head latent attention: head_dim is derived from the rope part
+        kwargs.pop("head_dim", None)
     for key, sub in default.to_dict().items():  # nested text/decoder configs get small too
         if isinstance(sub, dict) and "model_type" in sub and key.endswith("config"):
             sub_cls = type(getattr(default, key))

@@ -158,6 +158,10 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
         raise MechkitError("pattern_hooks attaches to the local attention function, which an nnsight trace does "
                            "not call", "use mechkit.hooks(handle, {'blocks.L.attn.hook_pattern': fn}) (fn(pattern, "
                            "point)), which runs on every backend")
+    if handle.anatomy.family.pattern is not None:  # attention computed inline: hook its pattern module
+        with _module_patterns(handle, fns, qkv):
+            yield
+        return
     configs = _configs(handle.model)
     base = _base(configs)
     name = _register(base)
@@ -211,3 +215,34 @@ def _base(configs: list) -> str:
         (configs[0]._attn_implementation if configs else "sdpa")
     impl = impl.removeprefix("mechkit_") if isinstance(impl, str) else "sdpa"
     return impl if impl in _BASES else "sdpa"
+
+
+@contextlib.contextmanager
+def _module_patterns(handle: ModelHandle, fns: dict[int, list[PatternFn]],
+                     qkv: dict[int, dict[str, list[PatternFn]]] | None) -> Iterator[None]:
+    """Pattern functions on a family that computes attention inline (Bloom, GPT-Neo): a forward hook on the
+    module whose output is the pattern (``Family.pattern``), reading it or replacing what multiplies the values."""
+    if qkv:
+        from mechkit.errors import MechkitError
+
+        raise MechkitError(f"{handle.anatomy.family_name} computes attention inline: its post-RoPE q/k/v are not "
+                           "hook points", "hook blocks.L.attn.hook_pattern or blocks.L.attn.hook_z instead")
+
+    def make(layer_fns: list[PatternFn]):
+        def post(_module, _args, pattern):
+            changed = False
+            for fn in layer_fns:
+                new = fn(pattern)
+                if new is not None:
+                    pattern, changed = new.to(device=pattern.device, dtype=pattern.dtype), True
+            return pattern if changed else None
+
+        return post
+
+    removers = [handle.anatomy.pattern_module(layer).register_forward_hook(make(layer_fns))
+                for layer, layer_fns in fns.items()]
+    try:
+        yield
+    finally:
+        for remover in removers:
+            remover.remove()

@@ -41,10 +41,12 @@ def _replace_first(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tupl
 
 
 def _output_tensor(output):
-    return output[0] if isinstance(output, tuple) else output
+    return output[0] if isinstance(output, tuple | list) else output  # OpenAI GPT's blocks return lists
 
 
 def _replace_output(output, value: torch.Tensor):
+    if isinstance(output, list):
+        return [value, *output[1:]]
     return (value, *output[1:]) if isinstance(output, tuple) else value
 
 
@@ -117,9 +119,30 @@ def _attach_router(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[to
             handle.anatomy.router(point.layer).register_forward_hook(post)]
 
 
-def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
+def _unflattened(handle: ModelHandle, point: HookPoint, fn: HookFn) -> tuple[HookFn, list]:
+    """``fn`` seeing ``[batch, pos, …]`` where the family's MLP runs on flattened tokens (OPT's fc1/fc2 take
+    ``[batch·pos, …]``): the block's input shape, read by a pre-hook, unflattens it and a replacement is
+    flattened back."""
+    shape: list[tuple[int, ...]] = []
+
+    def pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def wrapped(x: torch.Tensor, p: HookPoint):
+        if x.dim() != 2 or not shape:
+            return fn(x, p)
+        new = fn(x.reshape(*shape[0], x.shape[-1]), p)
+        return None if new is None else new.reshape(x.shape)
+
+    return wrapped, [handle.anatomy.block(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
+
+
+def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
+    extra: list = []
+    if suffix in ("mlp.hook_post", "hook_mlp_out"):
+        fn, extra = _unflattened(handle, point, fn)
     if suffix in ("attn.hook_z", "mlp.hook_post", "hook_resid_pre"):
         module = {"attn.hook_z": a.attn_out, "mlp.hook_post": a.mlp_out, "hook_resid_pre": a.block}[suffix](layer)
         split = suffix == "attn.hook_z"
@@ -133,7 +156,7 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.ho
             new = rearrange(new, "b p h d -> b p (h d)") if split else new
             return _replace_first(args, kwargs, _beside(new, x))
 
-        return module.register_forward_pre_hook(pre, with_kwargs=True)
+        return [*extra, module.register_forward_pre_hook(pre, with_kwargs=True)]
     module = a.embed if suffix == "hook_embed" else \
         {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp}[suffix](layer)
 
@@ -142,7 +165,7 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.ho
         new = fn(x, point)
         return None if new is None else _replace_output(output, _beside(new, x))
 
-    return module.register_forward_hook(post)
+    return [*extra, module.register_forward_hook(post)]
 
 
 @contextlib.contextmanager
@@ -178,7 +201,7 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
                         elif point.suffix == "ln_final.hook_scale":
                             removers.append(_attach_scale(handle, point, fn))
                         else:
-                            removers.append(_attach(handle, point, fn))
+                            removers.extend(_attach(handle, point, fn))
             if patterns or qkv:
                 stack.enter_context(pattern_hooks(handle, patterns, qkv))
             yield

@@ -93,7 +93,8 @@ def all_names(anatomy: Anatomy) -> list[str]:
     """Every hook point of the model, in the order a forward reaches them."""
     first = [name for name, where in GLOBALS if where == "first"]
     last = [name for name, where in GLOBALS if where == "last" and anatomy.final_norm is not None]
-    return first + [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in _suffixes(anatomy)] + last
+    return first + [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in _suffixes(anatomy)
+                    if s != "mlp.hook_router" or anatomy.router(layer) is not None] + last
 
 
 def _point(anatomy: Anatomy, name: str) -> HookPoint:

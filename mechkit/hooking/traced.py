@@ -277,8 +277,11 @@ class Planner:
         for point in sorted(points, key=lambda p: (p.layer, ORDER[p.suffix])):
             where = {"hook_resid_pre": "input", "attn.hook_z": "input", "mlp.hook_post": "input",
                      "attn.hook_pattern": "pattern"}.get(point.suffix, "output")
+            path = self.paths[point.name]
+            if where == "pattern" and self.anatomy.family.pattern is not None:  # inline attention: its pattern module
+                where, path = "output", f"{path}.{self.anatomy.family.pattern}"
             lookup, op = self.attention_call() if where == "pattern" else (None, None)
-            out.append(Site(point, self.paths[point.name], where,
+            out.append(Site(point, path, where,
                             d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
         return out
 

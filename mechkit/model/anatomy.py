@@ -47,6 +47,10 @@ class Family:
     experts: str | None = None
     router: str | None = None
     shared_expert: str | None = None
+    # Families that compute attention inline instead of through transformers' attention functions: the
+    # module inside ``attn`` whose input and output are the pattern (its dropout; identity in eval). A
+    # pattern hook reads and replaces that module's output.
+    pattern: str | None = None
 
 
 _LLAMA_LIKE = Family(
@@ -111,9 +115,32 @@ FAMILIES: dict[str, Family] = {
                          final_norm="model.final_layernorm"),
     "starcoder2": replace(_LLAMA_LIKE, mlp_in=("c_fc",), mlp_out="c_proj"),
     "granitemoe": replace(_LLAMA_LIKE, mlp="block_sparse_moe"),
+    "bloom": Family(
+        layers="transformer.h", attn="self_attention", attn_out="dense", qkv="query_key_value",
+        qkv_layout="interleaved", mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
+        embed="transformer.word_embeddings", final_norm="transformer.ln_f", pattern="attention_dropout",
+    ),
+    "gpt_neo": Family(
+        layers="transformer.h", attn="attn.attention", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
+        mlp="mlp", mlp_in=("c_fc",), mlp_out="c_proj", embed="transformer.wte", final_norm="transformer.ln_f",
+        resid_mid="ln_2", pattern="attn_dropout",
+    ),
+    "openai-gpt": Family(  # post-norm blocks: the MLP reads the normed stream after attention
+        layers="transformer.h", attn="attn", attn_out="c_proj", qkv="c_attn", mlp="mlp", mlp_in=("c_fc",),
+        mlp_out="c_proj", embed="transformer.tokens_embed", final_norm="transformer.ln_f", resid_mid="mlp",
+        pattern="attn_dropout",
+    ),
+    "llama4_text": replace(_LLAMA_LIKE, mlp="feed_forward"),
+    "nanochat": replace(_LLAMA_LIKE, mlp_in=("fc1",), mlp_out="fc2"),
+    "modernbert-decoder": replace(_LLAMA_LIKE, attn="attn", attn_out="Wo", mlp_in=("Wi",), mlp_out="Wo",
+                                  embed="model.embeddings.tok_embeddings", final_norm="model.final_norm",
+                                  resid_mid="mlp_norm"),
 }
 # Other model types with a row's layout (tried first for them; any type also falls back to every row).
 FAMILIES.update({t: FAMILIES["granitemoe"] for t in ("granitemoeshared", "granitemoe_swa")})
+FAMILIES.update({"moshi": FAMILIES["nanochat"], "phi4_multimodal": FAMILIES["phi3"]})
+# Multimodal models keep a family's text model under this path (Gemma 3, Fuyu…): each row is also tried there.
+_TEXT_MODEL = "model.language_model"
 _ROUTERS = ("gate", "router")
 _SHARED = ("shared_expert", "shared_experts")
 
@@ -144,11 +171,14 @@ def _missing(model: nn.Module, fam: Family) -> tuple[list[str], Family]:
     layers = _get(model, fam.layers)
     if layers is None or len(layers) == 0:
         return [fam.layers], fam
-    block = layers[0]
-    fam = _with_moe(block, fam)
-    wanted = [fam.attn, _join(fam.attn, fam.attn_out), fam.mlp,
-              _join(fam.mlp, fam.experts or fam.mlp_out)]
-    return [f"{fam.layers}.0.{p}" for p in wanted if _get(block, p) is None], fam
+    fam = _with_moe(layers[-1], fam)  # DeepSeek-style models keep their first layers dense
+    last = len(layers) - 1
+    projections = [fam.qkv] if fam.qkv else [fam.q, fam.k, fam.v]
+    wanted = [(0, fam.attn), (0, _join(fam.attn, fam.attn_out)), (0, fam.mlp),
+              *((0, _join(fam.attn, p)) for p in projections),
+              (last, _join(fam.mlp, fam.experts or fam.mlp_out))]
+    wanted += [(i, fam.attn) for i in range(1, len(layers))]  # every layer has heads (not a hybrid)
+    return [f"{fam.layers}.{i}.{p}" for i, p in wanted if _get(layers[i], p) is None], fam
 
 
 @dataclass
@@ -206,13 +236,18 @@ class Anatomy:
     def router(self, layer: int) -> nn.Module | None:
         """The MoE router (its first output: router logits ``[tokens, n_experts]``), or None."""
         path = self.family.router
-        return None if path is None else self.mlp(layer).get_submodule(path)
+        return None if path is None else _get(self.mlp(layer), path)  # None in a leading dense layer
 
     def resid_mid_reader(self, layer: int) -> nn.Module | None:
         """The module whose input is ``hook_resid_mid`` (the stream between attention and MLP), or None
         where the family has no such point (parallel attention and MLP)."""
         path = self.family.resid_mid
         return None if path is None else self.layers[layer].get_submodule(path)
+
+    def pattern_module(self, layer: int) -> nn.Module | None:
+        """Where the family computes attention inline: the module whose output is the pattern, else None."""
+        path = self.family.pattern
+        return None if path is None else self.attn(layer).get_submodule(path)
 
     def attn_proj(self, layer: int, role: str) -> nn.Module | None:
         """``role`` in q, k, v, qkv: the projection module, or None where this family fuses it."""
@@ -267,7 +302,10 @@ class Anatomy:
 
 def _config_int(config, *names: str, default: int | None = None) -> int | None:
     for name in names:
-        value = getattr(config, name, None)
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # noqa: BLE001 - a config that refuses a global value (per-layer attributes)
+            value = None
         if isinstance(value, int):
             return value
     return default
@@ -283,6 +321,7 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
     model_type = getattr(config, "model_type", None)
     candidates = [(model_type, FAMILIES[model_type])] if model_type in FAMILIES else []
     candidates += [(k, f) for k, f in FAMILIES.items() if k != model_type]
+    candidates += [(k, _under(f, _TEXT_MODEL)) for k, f in candidates if f.layers.startswith("model.")]
     first_missing: list[str] | None = None
     for name, fam in candidates:
         missing, fam = _missing(model, fam)
@@ -299,16 +338,26 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
     )
 
 
+def _under(fam: Family, prefix: str) -> Family:
+    """A row with its top-level ``model.`` paths moved under ``prefix`` (a multimodal model's text model)."""
+    def moved(path: str) -> str:
+        return prefix + path.removeprefix("model") if path.startswith("model.") else path
+
+    return replace(fam, layers=moved(fam.layers), embed=moved(fam.embed), final_norm=moved(fam.final_norm))
+
+
 def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
     config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config  # multimodal: its text model
     layers = list(model.get_submodule(fam.layers))
     d_model = _config_int(config, "hidden_size", "n_embd", "d_model")
     n_heads = _config_int(config, "num_attention_heads", "n_head")
     n_kv = _config_int(config, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=n_heads) or n_heads
     if getattr(config, "multi_query", False) is True:  # GPT-BigCode, Falcon: one KV head
         n_kv = 1
-    d_head = _config_int(config, "head_dim", default=None) or d_model // n_heads
-    mlp = layers[0].get_submodule(fam.mlp)
+    # multi-head latent attention (DeepSeek) has per-head values of v_head_dim, q/k of another size
+    d_head = _config_int(config, "v_head_dim", "head_dim", default=None) or d_model // n_heads
+    mlp = layers[-1].get_submodule(fam.mlp)
     d_mlp = 0 if fam.experts else _in_features(mlp.get_submodule(fam.mlp_out))
     n_experts = _n_experts(mlp.get_submodule(fam.experts), config) if fam.experts else 0
     return Anatomy(
