@@ -123,7 +123,9 @@ class Checks:
         import mechkit as mk
 
         traced = mk.load_model(self.m.model, tokenizer=self.m.tokenizer, backend="nnsight")
-        names = ["blocks.*.attn.hook_z", "blocks.0.attn.hook_pattern", "blocks.*.hook_mlp_out"]
+        names = ["blocks.*.attn.hook_z", "blocks.*.hook_resid_post"]
+        if self.m.anatomy.family.pattern != "softmax":  # an inline softmax is out of a trace's reach (NOTES)
+            names.append("blocks.0.attn.hook_pattern")
         runs = []
         for handle in (self.m, traced):
             with mk.record(handle, names) as cache:
@@ -155,7 +157,7 @@ def reference_logits(model) -> torch.Tensor:
 
 
 def run_checks(model, ref: torch.Tensor, costly: bool = True) -> tuple[dict[str, str], str | None]:
-    """``({check: "ok" | error line}, reason it is unsupported or None)``."""
+    """``({check: "ok" | error line}, a note on the type or None where it did not load)``."""
     import mechkit as mk
     from mechkit.model.sources.tiny import byte_tokenizer
 
@@ -165,4 +167,18 @@ def run_checks(model, ref: torch.Tensor, costly: bool = True) -> tuple[dict[str,
         return {"load": _run(lambda: (_ for _ in ()).throw(err))}, None
     checks = Checks(handle, ref)
     names = ["logits", "record", "ablate", "weights"] + (["detect", "nnsight"] if costly else [])
-    return {"load": "ok", **{name: _run(getattr(checks, name)) for name in names}}, None
+    return {"load": "ok", **{name: _run(getattr(checks, name)) for name in names}}, _note(handle.anatomy)
+
+
+def _note(anatomy) -> str:
+    """What a user of a working type should know (shown in the matrix's reason column)."""
+    notes = [f"family row {anatomy.family_name!r}"]
+    if anatomy.is_moe:
+        notes.append(f"mixture of {anatomy.n_experts} experts: mlp.hook_router, no dense mlp.hook_post")
+    if anatomy.family.pattern == "softmax":
+        notes.append("patterns on the native backend only (inline softmax)")
+    elif anatomy.family.pattern is not None:
+        notes.append(f"inline attention: patterns at attn.{anatomy.family.pattern}")
+    if anatomy.n_kv_heads != anatomy.n_heads:
+        notes.append(f"{anatomy.n_kv_heads} KV heads")
+    return "; ".join(notes)

@@ -70,11 +70,9 @@ def measure(model_type: str, costly: bool = True) -> dict:
         ref = reference_logits(model)
     except Exception as err:  # noqa: BLE001 - any failure to build and run it is the finding
         return {"status": "not-buildable", "reason": _line(err)}
-    checks, reason = run_checks(model, ref, costly=costly)
-    row = {"status": "works", "reason": "", "checks": checks}
-    if reason is not None:
-        row.update(status="unsupported", reason=reason)
-    elif any(v != "ok" for v in checks.values()):
+    checks, note = run_checks(model, ref, costly=costly)
+    row = {"status": "works", "reason": note or "", "checks": checks}
+    if any(v != "ok" for v in checks.values()):
         bad = next(k for k, v in checks.items() if v != "ok")
         row.update(status="failing", reason=f"{bad}: {checks[bad]}")
     row["seconds"] = round(time.perf_counter() - start, 2)

@@ -239,6 +239,10 @@ def _module_patterns(handle: ModelHandle, fns: dict[int, list[PatternFn]],
 
         return post
 
+    if handle.anatomy.family.pattern == "softmax":
+        with _softmax_patterns(handle, {layer: make(layer_fns) for layer, layer_fns in fns.items()}):
+            yield
+        return
     removers = [handle.anatomy.pattern_module(layer).register_forward_hook(make(layer_fns))
                 for layer, layer_fns in fns.items()]
     try:
@@ -246,3 +250,57 @@ def _module_patterns(handle: ModelHandle, fns: dict[int, list[PatternFn]],
     finally:
         for remover in removers:
             remover.remove()
+
+
+_SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax)
+
+
+class _SoftmaxMode(torch.overrides.TorchFunctionMode):
+    """Inside one attention forward: hands each 4-d softmax result (the pattern) to ``post``."""
+
+    def __init__(self, post) -> None:
+        super().__init__()
+        self.post = post
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.dim() == 4:
+            new = self.post(None, None, out)
+            return out if new is None else new
+        return out
+
+
+@contextlib.contextmanager
+def _softmax_patterns(handle: ModelHandle, posts: dict) -> Iterator[None]:
+    """Families whose attention calls softmax inline with no module around it (MPT, Falcon): a torch function
+    mode, entered only while a hooked layer's attention runs, sees that softmax. The model's kernel setting
+    is switched to eager meanwhile (Falcon takes SDPA otherwise), and back on exit."""
+    a = handle.anatomy
+    removers, configs = [], _configs(handle.model)
+    before = [c._attn_implementation for c in configs]
+
+    def hooks_for(post):
+        mode: list = []
+
+        def pre(_module, _args):
+            mode.append(_SoftmaxMode(post))
+            mode[-1].__enter__()
+
+        def after(_module, _args, _output):
+            mode.pop().__exit__(None, None, None)
+
+        return pre, after
+
+    try:
+        for config in configs:
+            config._attn_implementation = "eager"
+        for layer, post in posts.items():
+            pre, after = hooks_for(post)
+            removers += [a.attn(layer).register_forward_pre_hook(pre),
+                         a.attn(layer).register_forward_hook(after, always_call=True)]  # the mode ends on error too
+        yield
+    finally:
+        for remover in removers:
+            remover.remove()
+        for config, impl in zip(configs, before, strict=True):
+            config._attn_implementation = impl

@@ -278,6 +278,11 @@ class Planner:
             where = {"hook_resid_pre": "input", "attn.hook_z": "input", "mlp.hook_post": "input",
                      "attn.hook_pattern": "pattern"}.get(point.suffix, "output")
             path = self.paths[point.name]
+            if where == "pattern" and self.anatomy.family.pattern == "softmax":
+                from mechkit.errors import MechkitError
+
+                raise MechkitError(f"{self.anatomy.family_name} computes its pattern with an inline softmax, which an "
+                                   "nnsight trace cannot reach", "read patterns with --backend native")
             if where == "pattern" and self.anatomy.family.pattern is not None:  # inline attention: its pattern module
                 where, path = "output", f"{path}.{self.anatomy.family.pattern}"
             lookup, op = self.attention_call() if where == "pattern" else (None, None)

@@ -48,8 +48,9 @@ class Family:
     router: str | None = None
     shared_expert: str | None = None
     # Families that compute attention inline instead of through transformers' attention functions: the
-    # module inside ``attn`` whose input and output are the pattern (its dropout; identity in eval). A
-    # pattern hook reads and replaces that module's output.
+    # module inside ``attn`` whose input and output are the pattern (its dropout; identity in eval), whose
+    # output a pattern hook reads and replaces; or "softmax": the softmax the attention module calls
+    # (MPT, Falcon compute it with no module around it).
     pattern: str | None = None
 
 
@@ -129,6 +130,16 @@ FAMILIES: dict[str, Family] = {
         layers="transformer.h", attn="attn", attn_out="c_proj", qkv="c_attn", mlp="mlp", mlp_in=("c_fc",),
         mlp_out="c_proj", embed="transformer.tokens_embed", final_norm="transformer.ln_f", resid_mid="mlp",
         pattern="attn_dropout",
+    ),
+    "mpt": Family(
+        layers="transformer.blocks", attn="attn", attn_out="out_proj", qkv="Wqkv", mlp="ffn", mlp_in=("up_proj",),
+        mlp_out="down_proj", embed="transformer.wte", final_norm="transformer.norm_f", resid_mid="norm_2",
+        pattern="softmax",
+    ),
+    "falcon": Family(  # the layout of query_key_value and the block follow the config: see _falcon
+        layers="transformer.h", attn="self_attention", attn_out="dense", qkv="query_key_value",
+        mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h", embed="transformer.word_embeddings",
+        final_norm="transformer.ln_f", pattern="softmax", **_PARALLEL,
     ),
     "llama4_text": replace(_LLAMA_LIKE, mlp="feed_forward"),
     "nanochat": replace(_LLAMA_LIKE, mlp_in=("fc1",), mlp_out="fc2"),
@@ -264,7 +275,13 @@ class Anatomy:
         if self.family.qkv is None:
             return self.attn_proj(layer, role), slice(index * d, (index + 1) * d)
         module = self.attn_proj(layer, "qkv")
-        if self.family.qkv_layout == "mp4":
+        if self.family.qkv_layout == "grouped":  # per KV group: its query heads, then its k, then its v
+            per = self.n_groups + 2
+            if role == "q":
+                start = (self.kv_head(index) * per + index % self.n_groups) * d
+            else:
+                start = (index * per + self.n_groups + (role == "v")) * d
+        elif self.family.qkv_layout == "mp4":
             per_block = self.n_heads // 4
             block, within = divmod(index, per_block)
             start = block * 3 * per_block * d + {"q": 0, "v": 1, "k": 2}[role] * per_block * d + within * d
@@ -353,10 +370,14 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
     d_model = _config_int(config, "hidden_size", "n_embd", "d_model")
     n_heads = _config_int(config, "num_attention_heads", "n_head")
     n_kv = _config_int(config, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=n_heads) or n_heads
-    if getattr(config, "multi_query", False) is True:  # GPT-BigCode, Falcon: one KV head
-        n_kv = 1
+    if getattr(config, "multi_query", False) is True and not getattr(config, "new_decoder_architecture", False):
+        n_kv = 1  # GPT-BigCode, Falcon: one KV head
+    elif name == "falcon" and not getattr(config, "new_decoder_architecture", False):
+        n_kv = n_heads  # Falcon without multi-query: one KV head per query head, whatever num_kv_heads says
     # multi-head latent attention (DeepSeek) has per-head values of v_head_dim, q/k of another size
     d_head = _config_int(config, "v_head_dim", "head_dim", default=None) or d_model // n_heads
+    if name == "falcon":
+        fam = _falcon(fam, config)
     mlp = layers[-1].get_submodule(fam.mlp)
     d_mlp = 0 if fam.experts else _in_features(mlp.get_submodule(fam.mlp_out))
     n_experts = _n_experts(mlp.get_submodule(fam.experts), config) if fam.experts else 0
@@ -365,6 +386,16 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
         d_head=d_head, d_model=d_model, d_mlp=d_mlp, layers=layers,
         embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm), n_experts=n_experts,
     )
+
+
+def _falcon(fam: Family, config) -> Family:
+    """Falcon's config picks its layout: multi-query (one KV head after all query heads, the concat layout),
+    per-head interleaved (neither flag), or grouped (new decoder architecture, not yet mapped here); and
+    a parallel or sequential block."""
+    layout = "grouped" if getattr(config, "new_decoder_architecture", False) else \
+        "concat" if getattr(config, "multi_query", True) else "interleaved"
+    mid = None if getattr(config, "parallel_attn", True) or layout == "grouped" else "post_attention_layernorm"
+    return replace(fam, qkv_layout=layout, resid_mid=mid)
 
 
 def _n_experts(experts: nn.Module, config) -> int:
