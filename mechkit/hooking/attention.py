@@ -69,6 +69,19 @@ def attend(pattern: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> t
     return torch.matmul(pattern.to(device=v.device, dtype=v.dtype), v).transpose(1, 2).contiguous()
 
 
+def effective_pattern(weights: torch.Tensor, out: torch.Tensor, query: torch.Tensor,
+                      value: torch.Tensor) -> torch.Tensor:
+    """The pattern that multiplies the values: the eager weights, or, where the family scales each row of
+    the output after attending (Granite-SWA's learnable sinks: ``(P·V)·σ(lse − sink)``), the weights with
+    that per-row scale folded in, so a pattern hook reads what the model uses and a replacement means
+    the same thing. The scale is read off the output (a least-squares ratio per row), never assumed."""
+    implied = attend(weights, query, value)  # [batch, q, heads, d_head], like ``out``
+    if implied.shape != out.shape or torch.allclose(implied, out, atol=1e-5, rtol=1e-4):
+        return weights
+    scale = (out * implied).sum(-1) / implied.pow(2).sum(-1).clamp_min(torch.finfo(implied.dtype).tiny)
+    return weights * scale.transpose(1, 2).unsqueeze(-1).to(weights.dtype)
+
+
 def _apply_qkv(fns: dict[str, list[PatternFn]], query, key, value) -> tuple:
     """Run the q/k/v functions on ``[batch, pos, heads, d_head]`` views of what attention receives."""
     out = {"q": query, "k": key, "v": value}
@@ -97,6 +110,7 @@ def _make_dispatch(base: str) -> Callable:
 
             return ALL_ATTENTION_FUNCTIONS[base](module, query, key, value, attention_mask, **kwargs)
         out, weights = eager_attention(module, query, key, value, attention_mask, **kwargs)
+        weights = effective_pattern(weights, out, query, value)
         changed = False
         for fn in hooks:
             new = fn(weights)
@@ -163,8 +177,9 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
             yield
         return
     configs = _configs(handle.model)
-    base = _base(configs)
-    name = _register(base)
+    # what each config holds before any is switched: a composite config's setter passes its value on to
+    # its sub-configs (GOT-OCR2), so reading one after switching another would keep the switched name
+    originals = [_SWITCHED[id(c)][0] if id(c) in _SWITCHED else c._attn_implementation for c in configs]
     keys, qkv_keys = [], []
     switched = []
     try:
@@ -178,11 +193,11 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
             for role, role_fns in roles.items():
                 entry.setdefault(role, []).extend(role_fns)
             qkv_keys.append((key, roles))
-        for config in configs:
-            entry = _SWITCHED.setdefault(id(config), [config._attn_implementation, 0])
+        for config, original in zip(configs, originals, strict=True):  # outer config first, then its parts
+            entry = _SWITCHED.setdefault(id(config), [original, 0])
             entry[1] += 1
             switched.append(config)
-            config._attn_implementation = name
+            config._attn_implementation = _register(_base(entry[0]))  # each keeps its own kernel when unhooked
         yield
     finally:
         for config in switched:
@@ -209,10 +224,8 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
                 _QKV.pop(key, None)
 
 
-def _base(configs: list) -> str:
-    """The kernel the unhooked layers keep: the model's own (before any pattern context switched it)."""
-    impl = _SWITCHED[id(configs[0])][0] if configs and id(configs[0]) in _SWITCHED else \
-        (configs[0]._attn_implementation if configs else "sdpa")
+def _base(impl) -> str:
+    """The kernel a config's unhooked layers keep: its own (before any pattern context switched it)."""
     impl = impl.removeprefix("mechkit_") if isinstance(impl, str) else "sdpa"
     return impl if impl in _BASES else "sdpa"
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import rearrange
 
-from mechkit.hooking.attention import additive_mask, attend
+from mechkit.hooking.attention import additive_mask, attend, effective_pattern
 from mechkit.hooking.points import HookPoint
 
 if TYPE_CHECKING:
@@ -144,6 +144,7 @@ class Site:
         attn_module, query, key, value, mask = parts
         kwargs.pop("is_causal", None)
         out, weights = eager(attn_module, query, key, value, additive_mask(mask, query, key), **kwargs)
+        weights = effective_pattern(weights, out, query, value)
         new = self.apply(weights, store, replay)
         if new is not None:
             weights, out = new, attend(new, query, value)

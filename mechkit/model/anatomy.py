@@ -141,6 +141,17 @@ FAMILIES: dict[str, Family] = {
         mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h", embed="transformer.word_embeddings",
         final_norm="transformer.ln_f", pattern="softmax", **_PARALLEL,
     ),
+    "ctrl": Family(
+        layers="transformer.h", attn="multi_head_attention", attn_out="dense", q="Wq", k="Wk", v="Wv",
+        mlp="ffn", mlp_in=("0",), mlp_out="2", embed="transformer.w", final_norm="transformer.layernorm",
+        resid_mid="layernorm2", pattern="softmax", unembed="lm_head",
+    ),
+    "gpt_neox_japanese": Family(
+        layers="gpt_neox_japanese.layers", attn="attention", attn_out="dense", qkv="query_key_value",
+        qkv_layout="interleaved", mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
+        embed="gpt_neox_japanese.embed_in", final_norm="gpt_neox_japanese.final_layer_norm",
+        pattern="attention_dropout", unembed="embed_out",
+    ),
     "llama4_text": replace(_LLAMA_LIKE, mlp="feed_forward"),
     "nanochat": replace(_LLAMA_LIKE, mlp_in=("fc1",), mlp_out="fc2"),
     "modernbert-decoder": replace(_LLAMA_LIKE, attn="attn", attn_out="Wo", mlp_in=("Wi",), mlp_out="Wo",
@@ -232,13 +243,14 @@ class Anatomy:
         """Whether the MLP is a mixture of experts (its units are experts, not neurons)."""
         return self.family.experts is not None
 
-    def refuse_moe(self, what: str) -> None:
+    def refuse_moe(self, what: str, instead: str = "") -> None:
         """Raise one line, before any work, where an analysis needs ``what`` of a dense MLP."""
         if self.is_moe:
             raise UnsupportedArchitectureError(
                 f"this model's MLP is a mixture of {self.n_experts} experts: it has no {what}",
-                "work at the expert level: blocks.L.mlp.hook_router (router logits) and blocks.L.hook_mlp_out, "
-                "or the attention-side analyses (detect, ablate, shuffle, sweep, head pruning)")
+                (f"{instead}; " if instead else "") + "at the expert level: blocks.L.mlp.hook_router (router "
+                "logits) and blocks.L.hook_mlp_out; the attention-side analyses (detect, ablate, shuffle, "
+                "sweep, head pruning) work unchanged")
 
     def experts(self, layer: int) -> nn.Module:
         """The expert bank of an MoE layer."""

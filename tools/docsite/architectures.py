@@ -8,7 +8,7 @@ from pathlib import Path
 
 MARKER = "<!-- architectures-table -->"
 MATRIX = Path(__file__).resolve().parents[2] / "docs" / "architectures.json"
-ORDER = ("works", "unsupported", "failing", "not-buildable")
+ORDER = ("works", "unsupported", "gap", "failing", "not-buildable")
 
 
 def _cell(text: str) -> str:
