@@ -37,11 +37,14 @@ UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), _SSM),
     **dict.fromkeys(("bamba", "jamba", "zamba", "zamba2", "falcon_h1", "granitemoehybrid", "nemotron_h",
                      "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear",
-                     "olmo_hybrid", "bailing_hybrid", "lfm2", "lfm2_moe", "recurrent_gemma", "minimax"), _HYBRID),
+                     "olmo_hybrid", "bailing_hybrid", "lfm2", "lfm2_moe", "recurrent_gemma", "minimax", "lfm3",
+                     "qwen4_exp", "qwen4_exp_text", "lara_mini"), _HYBRID),
     "reformer": "not a standard transformer: LSH / chunked local attention with reversible layers",
     "xlnet": "permutation language model with two-stream relative attention, not a causal decoder",
     "diffllama": "differential attention: a head's output is the difference of two softmax patterns, not one pattern",
     "hrm_text": "hierarchical recurrent model: two stacks (L and H modules) run in loops, not one stack of layers",
+    "dory": "looped (recurrent-depth) model: its layers run several times per forward, so a hook point has several "
+            "activations per token",
     "jetmoe": "mixture of attention heads (MoA): heads are routed experts, with no fixed per-head output projection",
     "cpmant": "attention with a segment-relative position bias computed outside the attention function",
 }

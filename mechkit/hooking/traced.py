@@ -100,11 +100,12 @@ class Site:
                 module.input = _beside(self.unview(new), x)
         else:
             out = module.output
-            x = out[0] if isinstance(out, tuple) else out
+            x = out[0] if isinstance(out, tuple | list) else out  # OpenAI GPT's blocks return lists
             new = self.apply(x, store, replay)
             if new is not None:
                 new = _beside(new, x)
-                module.output = (new, *out[1:]) if isinstance(out, tuple) else new
+                module.output = [new, *out[1:]] if isinstance(out, list) else \
+                    (new, *out[1:]) if isinstance(out, tuple) else new
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.d_head is None else rearrange(x, "b p (h d) -> b p h d", d=self.d_head)
@@ -208,7 +209,7 @@ class GradTraceProgram(TraceProgram):
                 acts[site.point.name] = module.input
             else:
                 out = module.output
-                acts[site.point.name] = out[0] if isinstance(out, tuple) else out
+                acts[site.point.name] = out[0] if isinstance(out, tuple | list) else out
 
     def finish(self, output: Any, store: dict) -> Any:
         acts = store.pop("acts")

@@ -156,11 +156,13 @@ FAMILIES: dict[str, Family] = {
     "nanochat": replace(_LLAMA_LIKE, mlp_in=("fc1",), mlp_out="fc2"),
     "modernbert-decoder": replace(_LLAMA_LIKE, attn="attn", attn_out="Wo", mlp_in=("Wi",), mlp_out="Wo",
                                   embed="model.embeddings.tok_embeddings", final_norm="model.final_norm",
-                                  resid_mid="mlp_norm"),
+                                  resid_mid="mlp_norm", unembed="decoder"),
 }
 # Other model types with a row's layout (tried first for them; any type also falls back to every row).
 FAMILIES.update({t: FAMILIES["granitemoe"] for t in ("granitemoeshared", "granitemoe_swa")})
-FAMILIES.update({"moshi": FAMILIES["nanochat"], "phi4_multimodal": FAMILIES["phi3"]})
+FAMILIES.update({"phi4_multimodal": FAMILIES["phi3"],  # Moshi wraps each projection's Linear in a MoshiLinear
+                 "moshi": replace(FAMILIES["nanochat"], attn_out="o_proj.linear", q="q_proj.linear",
+                                  k="k_proj.linear", v="v_proj.linear")})
 # Multimodal models keep a family's text model under this path (Gemma 3, Fuyu…): each row is also tried there.
 _TEXT_MODEL = "model.language_model"
 _ROUTERS = ("gate", "router")
