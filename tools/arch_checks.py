@@ -55,8 +55,8 @@ class Checks:
         _same(logits, self.ref, "logits while recording")
         for layer in range(a.n_layers):
             z = cache[f"blocks.{layer}.attn.hook_z"]
-            if tuple(z.shape) != (b, p, a.n_heads, a.d_head):
-                raise AssertionError(f"hook_z shape {tuple(z.shape)} != {(b, p, a.n_heads, a.d_head)}")
+            if tuple(z.shape) != (b, p, a.n_heads, a.head_size(layer)):
+                raise AssertionError(f"hook_z shape {tuple(z.shape)} != {(b, p, a.n_heads, a.head_size(layer))}")
             pat = cache[f"blocks.{layer}.attn.hook_pattern"]
             if tuple(pat.shape) != (b, a.n_heads, p, p):
                 raise AssertionError(f"hook_pattern shape {tuple(pat.shape)} != {(b, a.n_heads, p, p)}")

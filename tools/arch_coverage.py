@@ -50,7 +50,6 @@ UNSUPPORTED: dict[str, str] = {
 }
 _MLA = ("gap: multi-head latent attention (keys and values from a shared low-rank latent, kv_b_proj): "
         "the anatomy has no rows for it yet")
-_HEAD_SIZES = "gap: head size varies across layers (sliding vs global layers); the anatomy holds one d_head"
 # Decoder-only transformers mechkit does not handle yet: measured like every type (a gap that starts
 # working shows as a stale matrix), reported as "gap" with what is missing, instead of failing the suite.
 KNOWN_GAPS: dict[str, str] = {
@@ -59,8 +58,8 @@ KNOWN_GAPS: dict[str, str] = {
     "deepseek_v4": "gap: compressed attention (q_a/q_b, a single kv_proj, a grouped two-stage output projection) "
                    "and hyper-connections: the anatomy has no rows for it yet",
     "git": "gap: image-to-text model whose text layers are BERT-style (git.encoder.layer.N.attention.self): no row yet",
-    **dict.fromkeys(("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text", "inkling_text",
-                     "inkling2_text", "inkling2_loop_text"), _HEAD_SIZES),
+    **dict.fromkeys(("inkling2_text", "inkling2_loop_text"),
+                    "gap: gated output projection (Inkling2GatedOutputProjection) with no single weight: no row yet"),
 }
 CHECKS = ("logits", "record", "ablate", "weights", "detect", "nnsight")
 

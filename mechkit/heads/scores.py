@@ -164,7 +164,8 @@ def ov_copying_scores(handle: ModelHandle) -> np.ndarray:
             for h in range(a.n_heads):
                 module, rows = a.head_rows(layer, "v", a.kv_head(h))
                 w_v = weight_out_in(module)[rows].float().to(dev)  # [d_head, d_model]
-                w_oh = w_o[:, h * a.d_head:(h + 1) * a.d_head]  # [d_model, d_head]
+                d = a.head_size(layer)
+                w_oh = w_o[:, h * d:(h + 1) * d]  # [d_model, d_head]
                 eig = torch.linalg.eigvals(w_oh.T @ bridge @ w_v.T)
                 out[layer, h] = float(eig.real.sum() / eig.abs().sum().clamp_min(1e-12))
     return out

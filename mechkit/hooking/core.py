@@ -149,7 +149,7 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.uti
 
         def pre(_module, args, kwargs):
             x = _first(args, kwargs)
-            view = rearrange(x, "b p (h d) -> b p h d", d=a.d_head) if split else x  # pruned layers keep fewer heads
+            view = rearrange(x, "b p (h d) -> b p h d", d=a.head_size(layer)) if split else x  # pruned layers keep fewer heads
             new = fn(view, point)
             if new is None:
                 return None
@@ -158,7 +158,7 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.uti
 
         return [*extra, module.register_forward_pre_hook(pre, with_kwargs=True)]
     module = a.embed if suffix == "hook_embed" else \
-        {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp}[suffix](layer)
+        {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp_output}[suffix](layer)
 
     def post(_module, _args, output):
         x = _output_tensor(output)

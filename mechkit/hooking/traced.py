@@ -244,7 +244,7 @@ class Planner:
             dense = () if a.is_moe else (("mlp.hook_post", a.mlp_out(layer)),)  # MoE: no dense neurons
             for suffix, module in (("hook_resid_pre", a.block(layer)), ("attn.hook_pattern", a.attn(layer)),
                                    ("attn.hook_z", a.attn_out(layer)), ("hook_attn_out", a.attn(layer)),
-                                   *dense, ("hook_mlp_out", a.mlp(layer)), ("hook_resid_post", a.block(layer))):
+                                   *dense, ("hook_mlp_out", a.mlp_output(layer)), ("hook_resid_post", a.block(layer))):
                 self.paths[f"blocks.{layer}.{suffix}"] = names[id(module)]
         self.paths["hook_embed"] = names[id(a.embed)]
         self.remote = handle.backend.remote is not None
@@ -289,7 +289,7 @@ class Planner:
                 where, path = "output", f"{path}.{self.anatomy.family.pattern}"
             lookup, op = self.attention_call() if where == "pattern" else (None, None)
             out.append(Site(point, path, where,
-                            d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
+                            d_head=self.anatomy.head_size(point.layer) if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
         return out
 
     def __call__(self, entries: list[tuple[HookPoint, Callable]]) -> TraceProgram:

@@ -41,6 +41,9 @@ class Family:
     # The module (inside a block) whose input is the residual stream between attention and MLP
     # (``hook_resid_mid``); None where attention and MLP read the same input (GPT-NeoX's parallel residual).
     resid_mid: str | None = "post_attention_layernorm"
+    # Where the MLP module adds the residual itself (Bloom, MPT): the module inside ``mlp`` whose output is
+    # the MLP's own output (``hook_mlp_out``); "" = the MLP module.
+    mlp_output: str = ""
     # Mixture of experts: the expert bank inside ``mlp`` (its units are experts, not neurons), the router
     # and any shared expert. Filled in by the MoE rule of :func:`discover_anatomy` where ``mlp`` holds an
     # ``experts`` module instead of ``mlp_out``.
@@ -120,6 +123,7 @@ FAMILIES: dict[str, Family] = {
         layers="transformer.h", attn="self_attention", attn_out="dense", qkv="query_key_value",
         qkv_layout="interleaved", mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
         embed="transformer.word_embeddings", final_norm="transformer.ln_f", pattern="attention_dropout",
+        mlp_output="dense_4h_to_h",
     ),
     "gpt_neo": Family(
         layers="transformer.h", attn="attn.attention", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
@@ -134,7 +138,7 @@ FAMILIES: dict[str, Family] = {
     "mpt": Family(
         layers="transformer.blocks", attn="attn", attn_out="out_proj", qkv="Wqkv", mlp="ffn", mlp_in=("up_proj",),
         mlp_out="down_proj", embed="transformer.wte", final_norm="transformer.norm_f", resid_mid="norm_2",
-        pattern="softmax",
+        pattern="softmax", mlp_output="down_proj",
     ),
     "falcon": Family(  # the layout of query_key_value and the block follow the config: see _falcon
         layers="transformer.h", attn="self_attention", attn_out="dense", qkv="query_key_value",
@@ -191,11 +195,30 @@ def _with_moe(block: nn.Module, fam: Family) -> Family:
     return replace(fam, mlp_in=(), mlp_out="", experts="experts", router=router, shared_expert=shared)
 
 
+_MLP_PRE_NORMS = ("pre_feedforward_layernorm", "pre_mlp_layernorm", "feedforward_layernorm", "ffn_norm")
+
+
+def _resid_mid(block: nn.Module, fam: Family) -> str | None:
+    """The norm rule for ``hook_resid_mid`` where a row's Llama default does not fit the block: sandwich
+    norms (Gemma, AFMoE: ``post_attention_layernorm`` normalises the attention output, the MLP has its own
+    pre-norm), norms after each sublayer (OLMo 2/3, EXAONE 4: no input norm, the MLP reads the stream), other
+    names for the MLP's pre-norm (Apertus); None where nothing fits (a parallel block, Cohere)."""
+    if fam.resid_mid != "post_attention_layernorm":
+        return fam.resid_mid
+    for name in _MLP_PRE_NORMS:
+        if _get(block, name) is not None:
+            return name
+    if _get(block, "input_layernorm") is None and _get(block, "post_feedforward_layernorm") is not None:
+        return fam.mlp
+    return fam.resid_mid if _get(block, fam.resid_mid) is not None else None
+
+
 def _missing(model: nn.Module, fam: Family) -> tuple[list[str], Family]:
     layers = _get(model, fam.layers)
     if layers is None or len(layers) == 0:
         return [fam.layers], fam
     fam = _with_moe(layers[-1], fam)  # DeepSeek-style models keep their first layers dense
+    fam = replace(fam, resid_mid=_resid_mid(layers[0], fam))
     last = len(layers) - 1
     projections = [fam.qkv] if fam.qkv else [fam.q, fam.k, fam.v]
     wanted = [(0, fam.attn), (0, _join(fam.attn, fam.attn_out)), (0, fam.mlp),
@@ -221,6 +244,8 @@ class Anatomy:
     embed: nn.Module = field(repr=False)
     final_norm: nn.Module | None = field(repr=False)
     n_experts: int = 0
+    # per-layer head sizes where they differ across layers (Gemma 4's global layers); None: d_head everywhere
+    d_heads: tuple[int, ...] | None = None
 
     def block(self, layer: int) -> nn.Module:
         return self.layers[layer]
@@ -234,6 +259,10 @@ class Anatomy:
 
     def mlp(self, layer: int) -> nn.Module:
         return self.layers[layer].get_submodule(self.family.mlp)
+
+    def mlp_output(self, layer: int) -> nn.Module:
+        """The module whose output is the MLP's contribution to the stream (``hook_mlp_out``)."""
+        return self.mlp(layer).get_submodule(self.family.mlp_output)
 
     def mlp_out(self, layer: int) -> nn.Module:
         """The MLP down projection; its input is the MLP's neurons. A mixture of experts has none."""
@@ -285,7 +314,7 @@ class Anatomy:
         ``role`` is ``q`` (``index`` = query head) or ``k``/``v`` (``index`` = KV head, see
         :meth:`kv_head`). Works the same for separate, concatenated and interleaved projections.
         """
-        d = self.d_head
+        d = self.head_size(layer)
         if self.family.qkv is None:
             return self.attn_proj(layer, role), slice(index * d, (index + 1) * d)
         module = self.attn_proj(layer, "qkv")
@@ -313,6 +342,10 @@ class Anatomy:
 
             gamma = module_tensor(self.final_norm)
         return None if gamma is None else gamma + self.family.norm_offset
+
+    def head_size(self, layer: int) -> int:
+        """The head size of ``layer``: ``d_head``, unless the family's layers differ (Gemma 4)."""
+        return self.d_head if self.d_heads is None else self.d_heads[layer]
 
     def kv_head(self, head: int) -> int:
         """The KV head a query head reads under grouped-query attention."""
@@ -390,6 +423,11 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
         n_kv = n_heads  # Falcon without multi-query: one KV head per query head, whatever num_kv_heads says
     # multi-head latent attention (DeepSeek) has per-head values of v_head_dim, q/k of another size
     d_head = _config_int(config, "v_head_dim", "head_dim", default=None) or d_model // n_heads
+    d_heads, heads = _head_sizes(layers, fam, d_head, n_heads)
+    if heads != n_heads:  # the modules' own head count (Inkling): KV heads from their group size too
+        groups = getattr(layers[0].get_submodule(fam.attn), "num_key_value_groups", None)
+        n_heads, n_kv = heads, heads // groups if isinstance(groups, int) and groups > 0 else heads
+    d_head = d_heads[0] if d_heads else d_head
     if name == "falcon":
         fam = _falcon(fam, config)
     mlp = layers[-1].get_submodule(fam.mlp)
@@ -399,7 +437,19 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
         family_name=name, family=fam, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
         d_head=d_head, d_model=d_model, d_mlp=d_mlp, layers=layers,
         embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm), n_experts=n_experts,
+        d_heads=d_heads if d_heads and len(set(d_heads)) > 1 else None,
     )
+
+
+def _head_sizes(layers: list, fam: Family, d_head: int, n_heads: int) -> tuple[list[int] | None, int]:
+    """Per-layer head sizes from the attention modules' own ``head_dim`` where the config's global one is
+    not what the modules use (Gemma 4's global layers, Inkling), and the head count that fits the output
+    projection then; ``(None, n_heads)`` where the modules say nothing or agree with the config."""
+    sizes = [getattr(block.get_submodule(fam.attn), "head_dim", None) for block in layers]
+    if not all(isinstance(s, int) and s > 0 for s in sizes) or all(s == d_head for s in sizes):
+        return None, n_heads
+    width = _in_features(layers[0].get_submodule(fam.attn).get_submodule(fam.attn_out))
+    return sizes, width // sizes[0] if width % sizes[0] == 0 else n_heads
 
 
 def _falcon(fam: Family, config) -> Family:
