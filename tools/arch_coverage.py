@@ -57,7 +57,6 @@ KNOWN_GAPS: dict[str, str] = {
                      "sarvam_mla", "longcat_flash", "deepseek_v32", "glm_moe_dsa", "axk2"), _MLA),
     "deepseek_v4": "gap: compressed attention (q_a/q_b, a single kv_proj, a grouped two-stage output projection) "
                    "and hyper-connections: the anatomy has no rows for it yet",
-    "git": "gap: image-to-text model whose text layers are BERT-style (git.encoder.layer.N.attention.self): no row yet",
     **dict.fromkeys(("inkling2_text", "inkling2_loop_text"),
                     "gap: gated output projection (Inkling2GatedOutputProjection) with no single weight: no row yet"),
 }

@@ -57,6 +57,19 @@ def pure(fn: Callable) -> Callable:
     return fn
 
 
+def envoy_at(root: Any, path: str) -> Any:
+    """The envoy of the module at ``path``. ``root.get`` reads each part as an attribute, and a module named
+    like one of nnsight's own attributes (BERT-style layers' ``output``) would resolve to the live value
+    instead: such a part is looked up among the envoy's children."""
+    if not any(part in ("output", "input", "inputs", "source") for part in path.split(".")):
+        return root.get(path)
+    envoy = root
+    for part in path.split("."):
+        children = dict(envoy._named_children())
+        envoy = children[part] if part in children else getattr(envoy, part)
+    return envoy
+
+
 def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     return new if new.device == old.device else new.to(old.device)
 
@@ -90,7 +103,7 @@ class Site:
         return state
 
     def visit(self, root: Any, store: dict, replay: bool) -> None:
-        module = root.get(self.path)
+        module = envoy_at(root, self.path)
         if self.where == "pattern":
             self._pattern(module, store, replay)
         elif self.where == "input":
@@ -204,7 +217,7 @@ class GradTraceProgram(TraceProgram):
     def run(self, root: Any, store: dict) -> None:
         acts = store.setdefault("acts", {})
         for site in self.sites:
-            module = root.get(site.path)
+            module = envoy_at(root, site.path)
             if site.where == "input":
                 acts[site.point.name] = module.input
             else:
@@ -256,7 +269,7 @@ class Planner:
         (``ALL_ATTENTION_FUNCTIONS_get_interface_0``: its default is the family's eager attention) and the
         call of it (the last ``attention_interface_N``: ``_0`` is the lookup's result, the call comes after)."""
         if self._ops is None:
-            envoy = self._backend.lm.get(self.paths["blocks.0.attn.hook_pattern"])
+            envoy = envoy_at(self._backend.lm, self.paths["blocks.0.attn.hook_pattern"])
             names = envoy.source.names
             calls = [n for n in names if n.startswith("attention_interface_")]
             lookups = [n for n in names if "get_interface" in n]

@@ -156,6 +156,11 @@ FAMILIES: dict[str, Family] = {
         embed="gpt_neox_japanese.embed_in", final_norm="gpt_neox_japanese.final_layer_norm",
         pattern="attention_dropout", unembed="embed_out",
     ),
+    "git": Family(  # BERT-style post-norm layers run with a causal mask: the MLP's halves are siblings
+        layers="git.encoder.layer", attn="attention", attn_out="output.dense", q="self.query", k="self.key",
+        v="self.value", mlp="output", mlp_out="dense", mlp_output="dense", embed="git.embeddings.word_embeddings",
+        final_norm="git.final_norm", resid_mid="intermediate", pattern="self.dropout", unembed="output",
+    ),
     "llama4_text": replace(_LLAMA_LIKE, mlp="feed_forward"),
     "nanochat": replace(_LLAMA_LIKE, mlp_in=("fc1",), mlp_out="fc2"),
     "modernbert-decoder": replace(_LLAMA_LIKE, attn="attn", attn_out="Wo", mlp_in=("Wi",), mlp_out="Wo",
