@@ -80,7 +80,6 @@ def measure(model_type: str, costly: bool = True) -> dict:
     if model_type in UNSUPPORTED:
         return {"status": "unsupported", "reason": UNSUPPORTED[model_type]}
     from tools.arch_build import build
-
     from tools.arch_checks import reference_logits, run_checks
 
     try:
