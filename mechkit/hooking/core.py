@@ -137,6 +137,34 @@ def _unflattened(handle: ModelHandle, point: HookPoint, fn: HookFn) -> tuple[Hoo
     return wrapped, [handle.anatomy.block(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
 
 
+def _attach_routing(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
+    """``mlp.hook_routing``: what the expert bank receives (``experts(hidden, indices [tokens, k], weights
+    [tokens, k])``, the convention of transformers' MoE blocks) as one dense ``[batch, pos, n_experts]`` grid.
+    A replacement is read back at the chosen experts: zeroing a column removes that expert's output;
+    experts the router did not choose stay unchosen."""
+    a = handle.anatomy
+    shape: list[tuple[int, ...]] = []
+
+    def block_pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def pre(_module, args, kwargs):
+        if len(args) < 3:
+            raise MechkitError(f"{type(_module).__name__} is not called as experts(hidden, indices, weights)",
+                               "read blocks.L.mlp.hook_router and blocks.L.hook_mlp_out instead")
+        indices, weights = args[1], args[2]
+        dense = torch.zeros(*indices.shape[:-1], a.n_experts, dtype=weights.dtype, device=weights.device)
+        dense = dense.scatter(-1, indices.long(), weights)
+        new = fn(dense.reshape(*shape[0], a.n_experts) if shape else dense, point)
+        if new is None:
+            return None
+        chosen = new.reshape(dense.shape).to(weights.dtype).gather(-1, indices.long())
+        return (args[0], indices, chosen, *args[3:]), kwargs
+
+    return [a.mlp(point.layer).register_forward_pre_hook(block_pre, with_kwargs=True),
+            a.experts(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
+
+
 def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
@@ -198,6 +226,8 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
                             removers.extend(_attach_mid(handle, point, fn))
                         elif point.suffix == "mlp.hook_router":
                             removers.extend(_attach_router(handle, point, fn))
+                        elif point.suffix == "mlp.hook_routing":
+                            removers.extend(_attach_routing(handle, point, fn))
                         elif point.suffix == "ln_final.hook_scale":
                             removers.append(_attach_scale(handle, point, fn))
                         else:

@@ -20,6 +20,8 @@ Names follow TransformerLens so researchers already know them::
                                    (the input of the MLP down projection)
     blocks.{L}.hook_mlp_out        MLP block output           [batch, pos, d_model]
     blocks.{L}.mlp.hook_router     router logits (mixture of experts, read-only)  [batch, pos, n_experts]
+    blocks.{L}.mlp.hook_routing    the weight each expert's output gets, 0 where not chosen  [batch, pos, n_experts]
+                                   (replace a column by 0 to ablate that expert; native backend)
     ln_final.hook_scale            final norm's divisor       [batch, pos, 1]   (read-only)
 
 ``*`` matches any layer: ``blocks.*.attn.hook_z``.
@@ -51,6 +53,7 @@ SUFFIXES = (
 GLOBALS = (("hook_embed", "first"), ("ln_final.hook_scale", "last"))
 # Points a hook function may read but not replace.
 READ_ONLY = ("ln_final.hook_scale", "mlp.hook_router")
+_MOE = ("mlp.hook_router", "mlp.hook_routing")  # only in a mixture of experts' routed layers
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 # TransformerBridge names for the same activations -> mechkit's (TL's HookedTransformer) names
 ALIASES = {"hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "attn.hook_out": "hook_attn_out",
@@ -85,7 +88,8 @@ def _suffixes(anatomy: Anatomy) -> tuple[str, ...]:
     absent = {"hook_resid_mid"} if anatomy.family.resid_mid is None else set()
     if anatomy.is_moe:
         absent.add("mlp.hook_post")
-    moe = ("mlp.hook_router",) if anatomy.is_moe and anatomy.family.router is not None else ()
+    moe = (("mlp.hook_router",) if anatomy.family.router is not None else ()) + ("mlp.hook_routing",) \
+        if anatomy.is_moe else ()
     return tuple(s for s in SUFFIXES if s not in absent) + moe
 
 
@@ -94,7 +98,7 @@ def all_names(anatomy: Anatomy) -> list[str]:
     first = [name for name, where in GLOBALS if where == "first"]
     last = [name for name, where in GLOBALS if where == "last" and anatomy.final_norm is not None]
     return first + [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in _suffixes(anatomy)
-                    if s != "mlp.hook_router" or anatomy.router(layer) is not None] + last
+                    if s not in _MOE or anatomy.router(layer) is not None] + last
 
 
 def _point(anatomy: Anatomy, name: str) -> HookPoint:
