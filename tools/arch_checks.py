@@ -49,7 +49,7 @@ class Checks:
         import mechkit as mk
 
         a, (b, p) = self.m.anatomy, self.ids.shape
-        names = [*NAMES, f"blocks.*.{_mlp_point(a)}", *(["blocks.*.mlp.hook_routing"] if a.is_moe else [])]
+        names = [*NAMES, f"blocks.*.{_mlp_point(a)}", *(["blocks.*.mlp.hook_routing"] if a.expert_routing else [])]
         with mk.record(self.m, names) as cache:
             logits = self.m(self.ids)
         _same(logits, self.ref, "logits while recording")
@@ -77,7 +77,7 @@ class Checks:
             want = (b, p, a.n_experts if a.is_moe else a.d_mlp)
             if tuple(units.shape) != want:
                 raise AssertionError(f"{_mlp_point(a)} shape {tuple(units.shape)} != {want}")
-            if a.is_moe and tuple(cache[f"blocks.{layer}.mlp.hook_routing"].shape) != want:
+            if a.expert_routing and tuple(cache[f"blocks.{layer}.mlp.hook_routing"].shape) != want:
                 raise AssertionError(f"mlp.hook_routing shape {tuple(cache[f'blocks.{layer}.mlp.hook_routing'].shape)}")
 
         def same(pattern, _point):
@@ -180,8 +180,8 @@ def _note(anatomy) -> str:
     """What a user of a working type should know (shown in the matrix's reason column)."""
     notes = [f"family row {anatomy.family_name!r}"]
     if anatomy.is_moe:
-        notes.append(f"mixture of {anatomy.n_experts} experts: mlp.hook_router and mlp.hook_routing, no dense "
-                     "mlp.hook_post")
+        points = "mlp.hook_router and mlp.hook_routing" if anatomy.expert_routing else "mlp.hook_router"
+        notes.append(f"mixture of {anatomy.n_experts} experts: {points}, no dense mlp.hook_post")
     if anatomy.family.pattern == "softmax":
         notes.append("patterns on the native backend only (inline softmax)")
     elif anatomy.family.pattern is not None:

@@ -88,8 +88,8 @@ def _suffixes(anatomy: Anatomy) -> tuple[str, ...]:
     absent = {"hook_resid_mid"} if anatomy.family.resid_mid is None else set()
     if anatomy.is_moe:
         absent.add("mlp.hook_post")
-    moe = (("mlp.hook_router",) if anatomy.family.router is not None else ()) + ("mlp.hook_routing",) \
-        if anatomy.is_moe else ()
+    moe = (("mlp.hook_router",) if anatomy.family.router is not None else ()) + \
+        (("mlp.hook_routing",) if anatomy.expert_routing else ()) if anatomy.is_moe else ()
     return tuple(s for s in SUFFIXES if s not in absent) + moe
 
 

@@ -251,6 +251,8 @@ class Anatomy:
     n_experts: int = 0
     # per-layer head sizes where they differ across layers (Gemma 4's global layers); None: d_head everywhere
     d_heads: tuple[int, ...] | None = None
+    # whether the expert bank is called as experts(hidden, indices, weights) (mlp.hook_routing can read it)
+    expert_routing: bool = False
 
     def block(self, layer: int) -> nn.Module:
         return self.layers[layer]
@@ -443,7 +445,18 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
         d_head=d_head, d_model=d_model, d_mlp=d_mlp, layers=layers,
         embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm), n_experts=n_experts,
         d_heads=d_heads if d_heads and len(set(d_heads)) > 1 else None,
+        expert_routing=bool(fam.experts) and _takes_routing(mlp.get_submodule(fam.experts)),
     )
+
+
+def _takes_routing(experts: nn.Module) -> bool:
+    """Whether an expert bank's forward takes (hidden, indices, weights): transformers' convention, which
+    Llama 4's bank (called on pre-routed tokens) does not follow."""
+    import inspect
+
+    params = [p for p in inspect.signature(experts.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(params) >= 3
 
 
 def _head_sizes(layers: list, fam: Family, d_head: int, n_heads: int) -> tuple[list[int] | None, int]:
