@@ -91,6 +91,8 @@ class AdaptPlugin(Plugin):
         from mechkit.adapt.findings import finding, same_latency, summary_lines
 
         opts = ctx.options
+        if "neurons" in opts["prune_targets"]:  # before any work: a mixture of experts has experts, not neurons
+            ctx.model.anatomy.refuse_moe("dense MLP neurons to prune", "pass --prune-targets heads,layers")
         config = AdaptConfig(**{name: opts[name] for name in SAME_NAMES}, n_calib=opts["calib"], seed=ctx.seed,
                              token_options=[(k, keep) for k in opts["token_layers"] for keep in opts["token_keep"]])
         study = AdaptStudy(ctx.model, opts["tasks"], config, step=ctx.step)

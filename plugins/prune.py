@@ -94,6 +94,8 @@ class PrunePlugin(Plugin):
 
         opts = ctx.options
         guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
+        if "neurons" in targets:  # before any work: a mixture of experts has experts, not neurons
+            ctx.model.anatomy.refuse_moe("dense MLP neurons to prune", "pass --target heads,layers")
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
         levels = [] if opts["budget"] is not None else opts["sparsity"].resolve(targets)
         config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],

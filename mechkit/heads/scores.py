@@ -35,7 +35,8 @@ def repeated_tokens(handle: ModelHandle, n_seqs: int = 50, seg_len: int = 25, se
 
     tok = handle.tokenizer
     special = tuple(getattr(tok, "all_special_ids", ()) or ()) if tok is not None else ()
-    vocab = handle.model.config.vocab_size
+    config = handle.model.config
+    vocab = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size  # multimodal
     arr = repeated_random_tokens(vocab, n_seqs=n_seqs, seg_len=seg_len, seed=seed,
                                  bos_id=handle.bos_id, exclude_ids=special)
     return torch.as_tensor(arr, dtype=torch.long)
@@ -155,14 +156,16 @@ def ov_copying_scores(handle: ModelHandle) -> np.ndarray:
         scale = a.final_norm_scale()
         if scale is not None:
             unembed = unembed * scale.float().to(dev)
-        bridge = unembed.T @ embed  # [d_model, d_model]: from output direction back to input direction
+        vocab = min(len(unembed), len(embed))  # tokens only one side has (Mllama's image tokens) copy nothing
+        bridge = unembed[:vocab].T @ embed[:vocab]  # [d_model, d_model]: from output direction back to input direction
         out = np.zeros((a.n_layers, a.n_heads))
         for layer in range(a.n_layers):
             w_o = weight_out_in(a.attn_out(layer)).float().to(dev)
             for h in range(a.n_heads):
                 module, rows = a.head_rows(layer, "v", a.kv_head(h))
                 w_v = weight_out_in(module)[rows].float().to(dev)  # [d_head, d_model]
-                w_oh = w_o[:, h * a.d_head:(h + 1) * a.d_head]  # [d_model, d_head]
+                d = a.head_size(layer)
+                w_oh = w_o[:, h * d:(h + 1) * d]  # [d_model, d_head]
                 eig = torch.linalg.eigvals(w_oh.T @ bridge @ w_v.T)
                 out[layer, h] = float(eig.real.sum() / eig.abs().sum().clamp_min(1e-12))
     return out

@@ -69,6 +69,19 @@ def attend(pattern: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> t
     return torch.matmul(pattern.to(device=v.device, dtype=v.dtype), v).transpose(1, 2).contiguous()
 
 
+def effective_pattern(weights: torch.Tensor, out: torch.Tensor, query: torch.Tensor,
+                      value: torch.Tensor) -> torch.Tensor:
+    """The pattern that multiplies the values: the eager weights, or, where the family scales each row of
+    the output after attending (Granite-SWA's learnable sinks: ``(P·V)·σ(lse − sink)``), the weights with
+    that per-row scale folded in, so a pattern hook reads what the model uses and a replacement means
+    the same thing. The scale is read off the output (a least-squares ratio per row), never assumed."""
+    implied = attend(weights, query, value)  # [batch, q, heads, d_head], like ``out``
+    if implied.shape != out.shape or torch.allclose(implied, out, atol=1e-5, rtol=1e-4):
+        return weights
+    scale = (out * implied).sum(-1) / implied.pow(2).sum(-1).clamp_min(torch.finfo(implied.dtype).tiny)
+    return weights * scale.transpose(1, 2).unsqueeze(-1).to(weights.dtype)
+
+
 def _apply_qkv(fns: dict[str, list[PatternFn]], query, key, value) -> tuple:
     """Run the q/k/v functions on ``[batch, pos, heads, d_head]`` views of what attention receives."""
     out = {"q": query, "k": key, "v": value}
@@ -97,6 +110,7 @@ def _make_dispatch(base: str) -> Callable:
 
             return ALL_ATTENTION_FUNCTIONS[base](module, query, key, value, attention_mask, **kwargs)
         out, weights = eager_attention(module, query, key, value, attention_mask, **kwargs)
+        weights = effective_pattern(weights, out, query, value)
         changed = False
         for fn in hooks:
             new = fn(weights)
@@ -158,9 +172,14 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
         raise MechkitError("pattern_hooks attaches to the local attention function, which an nnsight trace does "
                            "not call", "use mechkit.hooks(handle, {'blocks.L.attn.hook_pattern': fn}) (fn(pattern, "
                            "point)), which runs on every backend")
+    if handle.anatomy.family.pattern is not None:  # attention computed inline: hook its pattern module
+        with _module_patterns(handle, fns, qkv):
+            yield
+        return
     configs = _configs(handle.model)
-    base = _base(configs)
-    name = _register(base)
+    # what each config holds before any is switched: a composite config's setter passes its value on to
+    # its sub-configs (GOT-OCR2), so reading one after switching another would keep the switched name
+    originals = [_SWITCHED[id(c)][0] if id(c) in _SWITCHED else c._attn_implementation for c in configs]
     keys, qkv_keys = [], []
     switched = []
     try:
@@ -174,11 +193,11 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
             for role, role_fns in roles.items():
                 entry.setdefault(role, []).extend(role_fns)
             qkv_keys.append((key, roles))
-        for config in configs:
-            entry = _SWITCHED.setdefault(id(config), [config._attn_implementation, 0])
+        for config, original in zip(configs, originals, strict=True):  # outer config first, then its parts
+            entry = _SWITCHED.setdefault(id(config), [original, 0])
             entry[1] += 1
             switched.append(config)
-            config._attn_implementation = name
+            config._attn_implementation = _register(_base(entry[0]))  # each keeps its own kernel when unhooked
         yield
     finally:
         for config in switched:
@@ -205,9 +224,96 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
                 _QKV.pop(key, None)
 
 
-def _base(configs: list) -> str:
-    """The kernel the unhooked layers keep: the model's own (before any pattern context switched it)."""
-    impl = _SWITCHED[id(configs[0])][0] if configs and id(configs[0]) in _SWITCHED else \
-        (configs[0]._attn_implementation if configs else "sdpa")
+def _base(impl) -> str:
+    """The kernel a config's unhooked layers keep: its own (before any pattern context switched it)."""
     impl = impl.removeprefix("mechkit_") if isinstance(impl, str) else "sdpa"
     return impl if impl in _BASES else "sdpa"
+
+
+@contextlib.contextmanager
+def _module_patterns(handle: ModelHandle, fns: dict[int, list[PatternFn]],
+                     qkv: dict[int, dict[str, list[PatternFn]]] | None) -> Iterator[None]:
+    """Pattern functions on a family that computes attention inline (Bloom, GPT-Neo): a forward hook on the
+    module whose output is the pattern (``Family.pattern``), reading it or replacing what multiplies the values."""
+    if qkv:
+        from mechkit.errors import MechkitError
+
+        raise MechkitError(f"{handle.anatomy.family_name} computes attention inline: its post-RoPE q/k/v are not "
+                           "hook points", "hook blocks.L.attn.hook_pattern or blocks.L.attn.hook_z instead")
+
+    def make(layer_fns: list[PatternFn]):
+        def post(_module, _args, pattern):
+            changed = False
+            for fn in layer_fns:
+                new = fn(pattern)
+                if new is not None:
+                    pattern, changed = new.to(device=pattern.device, dtype=pattern.dtype), True
+            return pattern if changed else None
+
+        return post
+
+    if handle.anatomy.family.pattern == "softmax":
+        with _softmax_patterns(handle, {layer: make(layer_fns) for layer, layer_fns in fns.items()}):
+            yield
+        return
+    removers = [handle.anatomy.pattern_module(layer).register_forward_hook(make(layer_fns))
+                for layer, layer_fns in fns.items()]
+    try:
+        yield
+    finally:
+        for remover in removers:
+            remover.remove()
+
+
+_SOFTMAX = (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax)
+
+
+class _SoftmaxMode(torch.overrides.TorchFunctionMode):
+    """Inside one attention forward: hands each 4-d softmax result (the pattern) to ``post``."""
+
+    def __init__(self, post) -> None:
+        super().__init__()
+        self.post = post
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.dim() == 4:
+            new = self.post(None, None, out)
+            return out if new is None else new
+        return out
+
+
+@contextlib.contextmanager
+def _softmax_patterns(handle: ModelHandle, posts: dict) -> Iterator[None]:
+    """Families whose attention calls softmax inline with no module around it (MPT, Falcon): a torch function
+    mode, entered only while a hooked layer's attention runs, sees that softmax. The model's kernel setting
+    is switched to eager meanwhile (Falcon takes SDPA otherwise), and back on exit."""
+    a = handle.anatomy
+    removers, configs = [], _configs(handle.model)
+    before = [c._attn_implementation for c in configs]
+
+    def hooks_for(post):
+        mode: list = []
+
+        def pre(_module, _args):
+            mode.append(_SoftmaxMode(post))
+            mode[-1].__enter__()
+
+        def after(_module, _args, _output):
+            mode.pop().__exit__(None, None, None)
+
+        return pre, after
+
+    try:
+        for config in configs:
+            config._attn_implementation = "eager"
+        for layer, post in posts.items():
+            pre, after = hooks_for(post)
+            removers += [a.attn(layer).register_forward_pre_hook(pre),
+                         a.attn(layer).register_forward_hook(after, always_call=True)]  # the mode ends on error too
+        yield
+    finally:
+        for remover in removers:
+            remover.remove()
+        for config, impl in zip(configs, before, strict=True):
+            config._attn_implementation = impl

@@ -41,10 +41,12 @@ def _replace_first(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tupl
 
 
 def _output_tensor(output):
-    return output[0] if isinstance(output, tuple) else output
+    return output[0] if isinstance(output, tuple | list) else output  # OpenAI GPT's blocks return lists
 
 
 def _replace_output(output, value: torch.Tensor):
+    if isinstance(output, list):
+        return [value, *output[1:]]
     return (value, *output[1:]) if isinstance(output, tuple) else value
 
 
@@ -100,32 +102,98 @@ def _attach_mid(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch
             handle.anatomy.block(point.layer).register_forward_hook(post)]
 
 
-def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
+def _attach_router(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
+    """``mlp.hook_router``: the router's logits (its first output, ``[tokens, n_experts]`` over the flattened
+    batch), viewed as ``[batch, pos, n_experts]`` with the shape the MoE block's input had."""
+    shape: list[tuple[int, ...]] = []
+    guarded = _read_only(point, fn)
+
+    def pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def post(_module, _args, output):
+        logits = _output_tensor(output)
+        guarded(logits.reshape(*shape[0], logits.shape[-1]) if shape else logits, point)
+
+    return [handle.anatomy.mlp(point.layer).register_forward_pre_hook(pre, with_kwargs=True),
+            handle.anatomy.router(point.layer).register_forward_hook(post)]
+
+
+def _unflattened(handle: ModelHandle, point: HookPoint, fn: HookFn) -> tuple[HookFn, list]:
+    """``fn`` seeing ``[batch, pos, …]`` where the family's MLP runs on flattened tokens (OPT's fc1/fc2 take
+    ``[batch·pos, …]``): the block's input shape, read by a pre-hook, unflattens it and a replacement is
+    flattened back."""
+    shape: list[tuple[int, ...]] = []
+
+    def pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def wrapped(x: torch.Tensor, p: HookPoint):
+        if x.dim() != 2 or not shape:
+            return fn(x, p)
+        new = fn(x.reshape(*shape[0], x.shape[-1]), p)
+        return None if new is None else new.reshape(x.shape)
+
+    return wrapped, [handle.anatomy.block(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
+
+
+def _attach_routing(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
+    """``mlp.hook_routing``: what the expert bank receives (``experts(hidden, indices [tokens, k], weights
+    [tokens, k])``, the convention of transformers' MoE blocks) as one dense ``[batch, pos, n_experts]`` grid.
+    A replacement is read back at the chosen experts: zeroing a column removes that expert's output;
+    experts the router did not choose stay unchosen."""
+    a = handle.anatomy
+    shape: list[tuple[int, ...]] = []
+
+    def block_pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def pre(_module, args, kwargs):
+        if len(args) < 3:
+            raise MechkitError(f"{type(_module).__name__} is not called as experts(hidden, indices, weights)",
+                               "read blocks.L.mlp.hook_router and blocks.L.hook_mlp_out instead")
+        indices, weights = args[1], args[2]
+        dense = torch.zeros(*indices.shape[:-1], a.n_experts, dtype=weights.dtype, device=weights.device)
+        dense = dense.scatter(-1, indices.long(), weights)
+        new = fn(dense.reshape(*shape[0], a.n_experts) if shape else dense, point)
+        if new is None:
+            return None
+        chosen = new.reshape(dense.shape).to(weights.dtype).gather(-1, indices.long())
+        return (args[0], indices, chosen, *args[3:]), kwargs
+
+    return [a.mlp(point.layer).register_forward_pre_hook(block_pre, with_kwargs=True),
+            a.experts(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
+
+
+def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
+    extra: list = []
+    if suffix in ("mlp.hook_post", "hook_mlp_out"):
+        fn, extra = _unflattened(handle, point, fn)
     if suffix in ("attn.hook_z", "mlp.hook_post", "hook_resid_pre"):
         module = {"attn.hook_z": a.attn_out, "mlp.hook_post": a.mlp_out, "hook_resid_pre": a.block}[suffix](layer)
         split = suffix == "attn.hook_z"
 
         def pre(_module, args, kwargs):
             x = _first(args, kwargs)
-            view = rearrange(x, "b p (h d) -> b p h d", d=a.d_head) if split else x  # pruned layers keep fewer heads
+            view = rearrange(x, "b p (h d) -> b p h d", d=a.head_size(layer)) if split else x  # pruned layers keep fewer heads
             new = fn(view, point)
             if new is None:
                 return None
             new = rearrange(new, "b p h d -> b p (h d)") if split else new
             return _replace_first(args, kwargs, _beside(new, x))
 
-        return module.register_forward_pre_hook(pre, with_kwargs=True)
+        return [*extra, module.register_forward_pre_hook(pre, with_kwargs=True)]
     module = a.embed if suffix == "hook_embed" else \
-        {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp}[suffix](layer)
+        {"hook_resid_post": a.block, "hook_attn_out": a.attn_out, "hook_mlp_out": a.mlp_output}[suffix](layer)
 
     def post(_module, _args, output):
         x = _output_tensor(output)
         new = fn(x, point)
         return None if new is None else _replace_output(output, _beside(new, x))
 
-    return module.register_forward_hook(post)
+    return [*extra, module.register_forward_hook(post)]
 
 
 @contextlib.contextmanager
@@ -156,10 +224,14 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
                             qkv.setdefault(point.layer, {}).setdefault(_QKV[point.suffix], []).append(_bind(fn, point))
                         elif point.suffix == "hook_resid_mid":
                             removers.extend(_attach_mid(handle, point, fn))
+                        elif point.suffix == "mlp.hook_router":
+                            removers.extend(_attach_router(handle, point, fn))
+                        elif point.suffix == "mlp.hook_routing":
+                            removers.extend(_attach_routing(handle, point, fn))
                         elif point.suffix == "ln_final.hook_scale":
                             removers.append(_attach_scale(handle, point, fn))
                         else:
-                            removers.append(_attach(handle, point, fn))
+                            removers.extend(_attach(handle, point, fn))
             if patterns or qkv:
                 stack.enter_context(pattern_hooks(handle, patterns, qkv))
             yield

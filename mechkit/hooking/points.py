@@ -19,6 +19,9 @@ Names follow TransformerLens so researchers already know them::
     blocks.{L}.mlp.hook_post       MLP neurons                [batch, pos, d_mlp]
                                    (the input of the MLP down projection)
     blocks.{L}.hook_mlp_out        MLP block output           [batch, pos, d_model]
+    blocks.{L}.mlp.hook_router     router logits (mixture of experts, read-only)  [batch, pos, n_experts]
+    blocks.{L}.mlp.hook_routing    the weight each expert's output gets, 0 where not chosen  [batch, pos, n_experts]
+                                   (replace a column by 0 to ablate that expert; native backend)
     ln_final.hook_scale            final norm's divisor       [batch, pos, 1]   (read-only)
 
 ``*`` matches any layer: ``blocks.*.attn.hook_z``.
@@ -49,7 +52,8 @@ SUFFIXES = (
 # Points outside the blocks: (name, where it sits in the forward: before block 0 or after the last)
 GLOBALS = (("hook_embed", "first"), ("ln_final.hook_scale", "last"))
 # Points a hook function may read but not replace.
-READ_ONLY = ("ln_final.hook_scale",)
+READ_ONLY = ("ln_final.hook_scale", "mlp.hook_router")
+_MOE = ("mlp.hook_router", "mlp.hook_routing")  # only in a mixture of experts' routed layers
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 # TransformerBridge names for the same activations -> mechkit's (TL's HookedTransformer) names
 ALIASES = {"hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "attn.hook_out": "hook_attn_out",
@@ -79,15 +83,22 @@ class HookPoint:
 
 
 def _suffixes(anatomy: Anatomy) -> tuple[str, ...]:
-    """The block points this model has (``hook_resid_mid`` only where the family's block is sequential)."""
-    return tuple(s for s in SUFFIXES if s != "hook_resid_mid" or anatomy.family.resid_mid is not None)
+    """The block points this model has (``hook_resid_mid`` only where the family's block is sequential;
+    a mixture of experts has no dense ``mlp.hook_post`` but ``mlp.hook_router``)."""
+    absent = {"hook_resid_mid"} if anatomy.family.resid_mid is None else set()
+    if anatomy.is_moe:
+        absent.add("mlp.hook_post")
+    moe = (("mlp.hook_router",) if anatomy.family.router is not None else ()) + \
+        (("mlp.hook_routing",) if anatomy.expert_routing else ()) if anatomy.is_moe else ()
+    return tuple(s for s in SUFFIXES if s not in absent) + moe
 
 
 def all_names(anatomy: Anatomy) -> list[str]:
     """Every hook point of the model, in the order a forward reaches them."""
     first = [name for name, where in GLOBALS if where == "first"]
     last = [name for name, where in GLOBALS if where == "last" and anatomy.final_norm is not None]
-    return first + [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in _suffixes(anatomy)] + last
+    return first + [f"blocks.{layer}.{s}" for layer in range(anatomy.n_layers) for s in _suffixes(anatomy)
+                    if s not in _MOE or anatomy.router(layer) is not None] + last
 
 
 def _point(anatomy: Anatomy, name: str) -> HookPoint:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import rearrange
 
-from mechkit.hooking.attention import additive_mask, attend
+from mechkit.hooking.attention import additive_mask, attend, effective_pattern
 from mechkit.hooking.points import HookPoint
 
 if TYPE_CHECKING:
@@ -55,6 +55,19 @@ def pure(fn: Callable) -> Callable:
     back nor calls them again here."""
     fn.mechkit_pure = True
     return fn
+
+
+def envoy_at(root: Any, path: str) -> Any:
+    """The envoy of the module at ``path``. ``root.get`` reads each part as an attribute, and a module named
+    like one of nnsight's own attributes (BERT-style layers' ``output``) would resolve to the live value
+    instead: such a part is looked up among the envoy's children."""
+    if not any(part in ("output", "input", "inputs", "source") for part in path.split(".")):
+        return root.get(path)
+    envoy = root
+    for part in path.split("."):
+        children = dict(envoy._named_children())
+        envoy = children[part] if part in children else getattr(envoy, part)
+    return envoy
 
 
 def _beside(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -90,7 +103,7 @@ class Site:
         return state
 
     def visit(self, root: Any, store: dict, replay: bool) -> None:
-        module = root.get(self.path)
+        module = envoy_at(root, self.path)
         if self.where == "pattern":
             self._pattern(module, store, replay)
         elif self.where == "input":
@@ -100,11 +113,12 @@ class Site:
                 module.input = _beside(self.unview(new), x)
         else:
             out = module.output
-            x = out[0] if isinstance(out, tuple) else out
+            x = out[0] if isinstance(out, tuple | list) else out  # OpenAI GPT's blocks return lists
             new = self.apply(x, store, replay)
             if new is not None:
                 new = _beside(new, x)
-                module.output = (new, *out[1:]) if isinstance(out, tuple) else new
+                module.output = [new, *out[1:]] if isinstance(out, list) else \
+                    (new, *out[1:]) if isinstance(out, tuple) else new
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.d_head is None else rearrange(x, "b p (h d) -> b p h d", d=self.d_head)
@@ -144,6 +158,7 @@ class Site:
         attn_module, query, key, value, mask = parts
         kwargs.pop("is_causal", None)
         out, weights = eager(attn_module, query, key, value, additive_mask(mask, query, key), **kwargs)
+        weights = effective_pattern(weights, out, query, value)
         new = self.apply(weights, store, replay)
         if new is not None:
             weights, out = new, attend(new, query, value)
@@ -202,12 +217,12 @@ class GradTraceProgram(TraceProgram):
     def run(self, root: Any, store: dict) -> None:
         acts = store.setdefault("acts", {})
         for site in self.sites:
-            module = root.get(site.path)
+            module = envoy_at(root, site.path)
             if site.where == "input":
                 acts[site.point.name] = module.input
             else:
                 out = module.output
-                acts[site.point.name] = out[0] if isinstance(out, tuple) else out
+                acts[site.point.name] = out[0] if isinstance(out, tuple | list) else out
 
     def finish(self, output: Any, store: dict) -> Any:
         acts = store.pop("acts")
@@ -239,10 +254,10 @@ class Planner:
         names = {id(m): n for n, m in handle.model.named_modules()}
         self.paths: dict[str, str] = {}
         for layer in range(a.n_layers):
+            dense = () if a.is_moe else (("mlp.hook_post", a.mlp_out(layer)),)  # MoE: no dense neurons
             for suffix, module in (("hook_resid_pre", a.block(layer)), ("attn.hook_pattern", a.attn(layer)),
                                    ("attn.hook_z", a.attn_out(layer)), ("hook_attn_out", a.attn(layer)),
-                                   ("mlp.hook_post", a.mlp_out(layer)), ("hook_mlp_out", a.mlp(layer)),
-                                   ("hook_resid_post", a.block(layer))):
+                                   *dense, ("hook_mlp_out", a.mlp_output(layer)), ("hook_resid_post", a.block(layer))):
                 self.paths[f"blocks.{layer}.{suffix}"] = names[id(module)]
         self.paths["hook_embed"] = names[id(a.embed)]
         self.remote = handle.backend.remote is not None
@@ -254,7 +269,7 @@ class Planner:
         (``ALL_ATTENTION_FUNCTIONS_get_interface_0``: its default is the family's eager attention) and the
         call of it (the last ``attention_interface_N``: ``_0`` is the lookup's result, the call comes after)."""
         if self._ops is None:
-            envoy = self._backend.lm.get(self.paths["blocks.0.attn.hook_pattern"])
+            envoy = envoy_at(self._backend.lm, self.paths["blocks.0.attn.hook_pattern"])
             names = envoy.source.names
             calls = [n for n in names if n.startswith("attention_interface_")]
             lookups = [n for n in names if "get_interface" in n]
@@ -277,9 +292,17 @@ class Planner:
         for point in sorted(points, key=lambda p: (p.layer, ORDER[p.suffix])):
             where = {"hook_resid_pre": "input", "attn.hook_z": "input", "mlp.hook_post": "input",
                      "attn.hook_pattern": "pattern"}.get(point.suffix, "output")
+            path = self.paths[point.name]
+            if where == "pattern" and self.anatomy.family.pattern == "softmax":
+                from mechkit.errors import MechkitError
+
+                raise MechkitError(f"{self.anatomy.family_name} computes its pattern with an inline softmax, which an "
+                                   "nnsight trace cannot reach", "read patterns with --backend native")
+            if where == "pattern" and self.anatomy.family.pattern is not None:  # inline attention: its pattern module
+                where, path = "output", f"{path}.{self.anatomy.family.pattern}"
             lookup, op = self.attention_call() if where == "pattern" else (None, None)
-            out.append(Site(point, self.paths[point.name], where,
-                            d_head=self.anatomy.d_head if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
+            out.append(Site(point, path, where,
+                            d_head=self.anatomy.head_size(point.layer) if point.suffix == "attn.hook_z" else None, op=op, lookup=lookup))
         return out
 
     def __call__(self, entries: list[tuple[HookPoint, Callable]]) -> TraceProgram:

@@ -46,7 +46,8 @@ def _slots(handle: ModelHandle, head: Head, part: str, gqa: str) -> list[tuple[t
     """(module, slice, is_column) for one part of one head."""
     a = handle.anatomy
     if part == "o":
-        return [(a.attn_out(head.layer), slice(head.head * a.d_head, (head.head + 1) * a.d_head), True)]
+        d = a.head_size(head.layer)
+        return [(a.attn_out(head.layer), slice(head.head * d, (head.head + 1) * d), True)]
     if part in ("k", "v") and a.n_kv_heads != a.n_heads and gqa == "query":
         return []
     index = head.head if part == "q" else a.kv_head(head.head)

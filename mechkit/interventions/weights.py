@@ -87,7 +87,7 @@ class WeightEdits:
 
     def zero_head_output(self, head: Head) -> None:
         """Zero the attention output projection's input columns that read ``head``."""
-        d = self.handle.anatomy.d_head
+        d = self.handle.anatomy.head_size(head.layer)
         w = self.weight_out_in(self.handle.anatomy.attn_out(head.layer))
         w[:, head.head * d:(head.head + 1) * d] = 0
 

@@ -32,7 +32,8 @@ class Family:
     v: str | None = None
     qkv: str | None = None  # fused query/key/value projection
     # How a fused projection orders its output rows: "concat" = [all q | all k | all v],
-    # "interleaved" = per head [q_h | k_h | v_h] (GPT-NeoX).
+    # "interleaved" = per head [q_h | k_h | v_h] (GPT-NeoX), "mp4" = four model-parallel blocks, each
+    # [q | v | k] for a quarter of the heads (CodeGen).
     qkv_layout: str = "concat"
     mlp_in: tuple[str, ...] = ()
     unembed: str = "lm_head"
@@ -40,6 +41,20 @@ class Family:
     # The module (inside a block) whose input is the residual stream between attention and MLP
     # (``hook_resid_mid``); None where attention and MLP read the same input (GPT-NeoX's parallel residual).
     resid_mid: str | None = "post_attention_layernorm"
+    # Where the MLP module adds the residual itself (Bloom, MPT): the module inside ``mlp`` whose output is
+    # the MLP's own output (``hook_mlp_out``); "" = the MLP module.
+    mlp_output: str = ""
+    # Mixture of experts: the expert bank inside ``mlp`` (its units are experts, not neurons), the router
+    # and any shared expert. Filled in by the MoE rule of :func:`discover_anatomy` where ``mlp`` holds an
+    # ``experts`` module instead of ``mlp_out``.
+    experts: str | None = None
+    router: str | None = None
+    shared_expert: str | None = None
+    # Families that compute attention inline instead of through transformers' attention functions: the
+    # module inside ``attn`` whose input and output are the pattern (its dropout; identity in eval), whose
+    # output a pattern hook reads and replaces; or "softmax": the softmax the attention module calls
+    # (MPT, Falcon compute it with no module around it).
+    pattern: str | None = None
 
 
 _LLAMA_LIKE = Family(
@@ -50,6 +65,20 @@ _LLAMA_LIKE = Family(
 
 _GEMMA = replace(_LLAMA_LIKE, norm_offset=1.0)
 _GEMMA2 = replace(_GEMMA, resid_mid="pre_feedforward_layernorm")  # sandwich norms: the MLP's own pre-norm
+
+_PARALLEL = dict(resid_mid=None)  # attention and MLP read the same normed input (GPT-J, Phi, Falcon)
+# OPT-style blocks hold fc1/fc2 directly: the "MLP" is fc2 itself (mlp_out "" = the module is its own
+# output projection), its output is the MLP's output, its input the neurons.
+_OPT = Family(
+    layers="model.decoder.layers", attn="self_attn", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
+    mlp="fc2", mlp_out="", embed="model.decoder.embed_tokens", final_norm="model.decoder.final_layer_norm",
+    resid_mid="final_layer_norm",
+)
+_GPTJ = Family(
+    layers="transformer.h", attn="attn", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
+    mlp="mlp", mlp_in=("fc_in",), mlp_out="fc_out", embed="transformer.wte", final_norm="transformer.ln_f",
+    **_PARALLEL,
+)
 
 FAMILIES: dict[str, Family] = {
     "llama": _LLAMA_LIKE,
@@ -77,7 +106,76 @@ FAMILIES: dict[str, Family] = {
         mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
         embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm", resid_mid=None,
     ),
+    "opt": _OPT,
+    "biogpt": replace(_OPT, layers="biogpt.layers", embed="biogpt.embed_tokens", final_norm="biogpt.layer_norm",
+                      unembed="output_projection"),
+    "xglm": replace(_OPT, layers="model.layers", embed="model.embed_tokens", final_norm="model.layer_norm"),
+    "gptj": _GPTJ,
+    "codegen": replace(_GPTJ, q=None, k=None, v=None, qkv="qkv_proj", qkv_layout="mp4"),
+    "phi": replace(_LLAMA_LIKE, attn_out="dense", mlp_in=("fc1",), mlp_out="fc2", final_norm="model.final_layernorm",
+                   **_PARALLEL),
+    "persimmon": replace(_LLAMA_LIKE, attn_out="dense", q=None, k=None, v=None, qkv="query_key_value",
+                         qkv_layout="interleaved", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
+                         final_norm="model.final_layernorm"),
+    "starcoder2": replace(_LLAMA_LIKE, mlp_in=("c_fc",), mlp_out="c_proj"),
+    "granitemoe": replace(_LLAMA_LIKE, mlp="block_sparse_moe"),
+    "bloom": Family(
+        layers="transformer.h", attn="self_attention", attn_out="dense", qkv="query_key_value",
+        qkv_layout="interleaved", mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
+        embed="transformer.word_embeddings", final_norm="transformer.ln_f", pattern="attention_dropout",
+        mlp_output="dense_4h_to_h",
+    ),
+    "gpt_neo": Family(
+        layers="transformer.h", attn="attn.attention", attn_out="out_proj", q="q_proj", k="k_proj", v="v_proj",
+        mlp="mlp", mlp_in=("c_fc",), mlp_out="c_proj", embed="transformer.wte", final_norm="transformer.ln_f",
+        resid_mid="ln_2", pattern="attn_dropout",
+    ),
+    "openai-gpt": Family(  # post-norm blocks: the MLP reads the normed stream after attention
+        layers="transformer.h", attn="attn", attn_out="c_proj", qkv="c_attn", mlp="mlp", mlp_in=("c_fc",),
+        mlp_out="c_proj", embed="transformer.tokens_embed", final_norm="transformer.ln_f", resid_mid="mlp",
+        pattern="attn_dropout",
+    ),
+    "mpt": Family(
+        layers="transformer.blocks", attn="attn", attn_out="out_proj", qkv="Wqkv", mlp="ffn", mlp_in=("up_proj",),
+        mlp_out="down_proj", embed="transformer.wte", final_norm="transformer.norm_f", resid_mid="norm_2",
+        pattern="softmax", mlp_output="down_proj",
+    ),
+    "falcon": Family(  # the layout of query_key_value and the block follow the config: see _falcon
+        layers="transformer.h", attn="self_attention", attn_out="dense", qkv="query_key_value",
+        mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h", embed="transformer.word_embeddings",
+        final_norm="transformer.ln_f", pattern="softmax", **_PARALLEL,
+    ),
+    "ctrl": Family(
+        layers="transformer.h", attn="multi_head_attention", attn_out="dense", q="Wq", k="Wk", v="Wv",
+        mlp="ffn", mlp_in=("0",), mlp_out="2", embed="transformer.w", final_norm="transformer.layernorm",
+        resid_mid="layernorm2", pattern="softmax", unembed="lm_head",
+    ),
+    "gpt_neox_japanese": Family(
+        layers="gpt_neox_japanese.layers", attn="attention", attn_out="dense", qkv="query_key_value",
+        qkv_layout="interleaved", mlp="mlp", mlp_in=("dense_h_to_4h",), mlp_out="dense_4h_to_h",
+        embed="gpt_neox_japanese.embed_in", final_norm="gpt_neox_japanese.final_layer_norm",
+        pattern="attention_dropout", unembed="embed_out",
+    ),
+    "git": Family(  # BERT-style post-norm layers run with a causal mask: the MLP's halves are siblings
+        layers="git.encoder.layer", attn="attention", attn_out="output.dense", q="self.query", k="self.key",
+        v="self.value", mlp="output", mlp_out="dense", mlp_output="dense", embed="git.embeddings.word_embeddings",
+        final_norm="git.final_norm", resid_mid="intermediate", pattern="self.dropout", unembed="output",
+    ),
+    "llama4_text": replace(_LLAMA_LIKE, mlp="feed_forward"),
+    "nanochat": replace(_LLAMA_LIKE, mlp_in=("fc1",), mlp_out="fc2"),
+    "modernbert-decoder": replace(_LLAMA_LIKE, attn="attn", attn_out="Wo", mlp_in=("Wi",), mlp_out="Wo",
+                                  embed="model.embeddings.tok_embeddings", final_norm="model.final_norm",
+                                  resid_mid="mlp_norm", unembed="decoder"),
 }
+# Other model types with a row's layout (tried first for them; any type also falls back to every row).
+FAMILIES.update({t: FAMILIES["granitemoe"] for t in ("granitemoeshared", "granitemoe_swa")})
+FAMILIES.update({"phi4_multimodal": FAMILIES["phi3"],  # Moshi wraps each projection's Linear in a MoshiLinear
+                 "moshi": replace(FAMILIES["nanochat"], attn_out="o_proj.linear", q="q_proj.linear",
+                                  k="k_proj.linear", v="v_proj.linear")})
+# Multimodal models keep a family's text model under this path (Gemma 3, Fuyu…): each row is also tried there.
+_TEXT_MODEL = "model.language_model"
+_ROUTERS = ("gate", "router")
+_SHARED = ("shared_expert", "shared_experts")
 
 
 def _get(root: nn.Module, path: str) -> nn.Module | None:
@@ -87,13 +185,52 @@ def _get(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _missing(model: nn.Module, fam: Family) -> list[str]:
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _with_moe(block: nn.Module, fam: Family) -> Family:
+    """The MoE rule: where the MLP holds an ``experts`` bank and no ``mlp_out``, the family's MoE variant
+    (experts as units, its router and any shared expert)."""
+    mlp = _get(block, fam.mlp)
+    if fam.experts is not None or mlp is None or _get(mlp, fam.mlp_out) is not None or _get(mlp, "experts") is None:
+        return fam
+    router = next((r for r in _ROUTERS if _get(mlp, r) is not None), None)
+    shared = next((s for s in _SHARED if _get(mlp, s) is not None), None)
+    return replace(fam, mlp_in=(), mlp_out="", experts="experts", router=router, shared_expert=shared)
+
+
+_MLP_PRE_NORMS = ("pre_feedforward_layernorm", "pre_mlp_layernorm", "feedforward_layernorm", "ffn_norm")
+
+
+def _resid_mid(block: nn.Module, fam: Family) -> str | None:
+    """The norm rule for ``hook_resid_mid`` where a row's Llama default does not fit the block: sandwich
+    norms (Gemma, AFMoE: ``post_attention_layernorm`` normalises the attention output, the MLP has its own
+    pre-norm), norms after each sublayer (OLMo 2/3, EXAONE 4: no input norm, the MLP reads the stream), other
+    names for the MLP's pre-norm (Apertus); None where nothing fits (a parallel block, Cohere)."""
+    if fam.resid_mid != "post_attention_layernorm":
+        return fam.resid_mid
+    for name in _MLP_PRE_NORMS:
+        if _get(block, name) is not None:
+            return name
+    if _get(block, "input_layernorm") is None and _get(block, "post_feedforward_layernorm") is not None:
+        return fam.mlp
+    return fam.resid_mid if _get(block, fam.resid_mid) is not None else None
+
+
+def _missing(model: nn.Module, fam: Family) -> tuple[list[str], Family]:
     layers = _get(model, fam.layers)
     if layers is None or len(layers) == 0:
-        return [fam.layers]
-    block = layers[0]
-    wanted = [fam.attn, f"{fam.attn}.{fam.attn_out}", fam.mlp, f"{fam.mlp}.{fam.mlp_out}"]
-    return [f"{fam.layers}.0.{p}" for p in wanted if _get(block, p) is None]
+        return [fam.layers], fam
+    fam = _with_moe(layers[-1], fam)  # DeepSeek-style models keep their first layers dense
+    fam = replace(fam, resid_mid=_resid_mid(layers[0], fam))
+    last = len(layers) - 1
+    projections = [fam.qkv] if fam.qkv else [fam.q, fam.k, fam.v]
+    wanted = [(0, fam.attn), (0, _join(fam.attn, fam.attn_out)), (0, fam.mlp),
+              *((0, _join(fam.attn, p)) for p in projections),
+              (last, _join(fam.mlp, fam.experts or fam.mlp_out))]
+    wanted += [(i, fam.attn) for i in range(1, len(layers))]  # every layer has heads (not a hybrid)
+    return [f"{fam.layers}.{i}.{p}" for i, p in wanted if _get(layers[i], p) is None], fam
 
 
 @dataclass
@@ -107,10 +244,15 @@ class Anatomy:
     n_kv_heads: int
     d_head: int
     d_model: int
-    d_mlp: int
+    d_mlp: int  # 0 for a mixture of experts
     layers: list = field(repr=False)
     embed: nn.Module = field(repr=False)
     final_norm: nn.Module | None = field(repr=False)
+    n_experts: int = 0
+    # per-layer head sizes where they differ across layers (Gemma 4's global layers); None: d_head everywhere
+    d_heads: tuple[int, ...] | None = None
+    # whether the expert bank is called as experts(hidden, indices, weights) (mlp.hook_routing can read it)
+    expert_routing: bool = False
 
     def block(self, layer: int) -> nn.Module:
         return self.layers[layer]
@@ -125,15 +267,48 @@ class Anatomy:
     def mlp(self, layer: int) -> nn.Module:
         return self.layers[layer].get_submodule(self.family.mlp)
 
+    def mlp_output(self, layer: int) -> nn.Module:
+        """The module whose output is the MLP's contribution to the stream (``hook_mlp_out``)."""
+        return self.mlp(layer).get_submodule(self.family.mlp_output)
+
     def mlp_out(self, layer: int) -> nn.Module:
-        """The MLP down projection; its input is the MLP's neurons."""
+        """The MLP down projection; its input is the MLP's neurons. A mixture of experts has none."""
+        self.refuse_moe("dense MLP neurons")
         return self.mlp(layer).get_submodule(self.family.mlp_out)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLP is a mixture of experts (its units are experts, not neurons)."""
+        return self.family.experts is not None
+
+    def refuse_moe(self, what: str, instead: str = "") -> None:
+        """Raise one line, before any work, where an analysis needs ``what`` of a dense MLP."""
+        if self.is_moe:
+            raise UnsupportedArchitectureError(
+                f"this model's MLP is a mixture of {self.n_experts} experts: it has no {what}",
+                (f"{instead}; " if instead else "") + "at the expert level: blocks.L.mlp.hook_router (router "
+                "logits) and blocks.L.hook_mlp_out; the attention-side analyses (detect, ablate, shuffle, "
+                "sweep, head pruning) work unchanged")
+
+    def experts(self, layer: int) -> nn.Module:
+        """The expert bank of an MoE layer."""
+        return self.mlp(layer).get_submodule(self.family.experts)
+
+    def router(self, layer: int) -> nn.Module | None:
+        """The MoE router (its first output: router logits ``[tokens, n_experts]``), or None."""
+        path = self.family.router
+        return None if path is None else _get(self.mlp(layer), path)  # None in a leading dense layer
 
     def resid_mid_reader(self, layer: int) -> nn.Module | None:
         """The module whose input is ``hook_resid_mid`` (the stream between attention and MLP), or None
         where the family has no such point (parallel attention and MLP)."""
         path = self.family.resid_mid
         return None if path is None else self.layers[layer].get_submodule(path)
+
+    def pattern_module(self, layer: int) -> nn.Module | None:
+        """Where the family computes attention inline: the module whose output is the pattern, else None."""
+        path = self.family.pattern
+        return None if path is None else self.attn(layer).get_submodule(path)
 
     def attn_proj(self, layer: int, role: str) -> nn.Module | None:
         """``role`` in q, k, v, qkv: the projection module, or None where this family fuses it."""
@@ -146,11 +321,21 @@ class Anatomy:
         ``role`` is ``q`` (``index`` = query head) or ``k``/``v`` (``index`` = KV head, see
         :meth:`kv_head`). Works the same for separate, concatenated and interleaved projections.
         """
-        d = self.d_head
+        d = self.head_size(layer)
         if self.family.qkv is None:
             return self.attn_proj(layer, role), slice(index * d, (index + 1) * d)
         module = self.attn_proj(layer, "qkv")
-        if self.family.qkv_layout == "interleaved":
+        if self.family.qkv_layout == "grouped":  # per KV group: its query heads, then its k, then its v
+            per = self.n_groups + 2
+            if role == "q":
+                start = (self.kv_head(index) * per + index % self.n_groups) * d
+            else:
+                start = (index * per + self.n_groups + (role == "v")) * d
+        elif self.family.qkv_layout == "mp4":
+            per_block = self.n_heads // 4
+            block, within = divmod(index, per_block)
+            start = block * 3 * per_block * d + {"q": 0, "v": 1, "k": 2}[role] * per_block * d + within * d
+        elif self.family.qkv_layout == "interleaved":
             start = index * 3 * d + {"q": 0, "k": d, "v": 2 * d}[role]
         else:
             start = {"q": 0, "k": self.n_heads * d, "v": (self.n_heads + self.n_kv_heads) * d}[role] + index * d
@@ -165,6 +350,10 @@ class Anatomy:
             gamma = module_tensor(self.final_norm)
         return None if gamma is None else gamma + self.family.norm_offset
 
+    def head_size(self, layer: int) -> int:
+        """The head size of ``layer``: ``d_head``, unless the family's layers differ (Gemma 4)."""
+        return self.d_head if self.d_heads is None else self.d_heads[layer]
+
     def kv_head(self, head: int) -> int:
         """The KV head a query head reads under grouped-query attention."""
         return head // self.n_groups
@@ -178,13 +367,16 @@ class Anatomy:
         return {
             "family": self.family_name, "n_layers": self.n_layers, "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads, "d_head": self.d_head, "d_model": self.d_model,
-            "d_mlp": self.d_mlp,
+            "d_mlp": self.d_mlp, **({"n_experts": self.n_experts} if self.is_moe else {}),
         }
 
 
 def _config_int(config, *names: str, default: int | None = None) -> int | None:
     for name in names:
-        value = getattr(config, name, None)
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # noqa: BLE001 - a config that refuses a global value (per-layer attributes)
+            value = None
         if isinstance(value, int):
             return value
     return default
@@ -200,9 +392,10 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
     model_type = getattr(config, "model_type", None)
     candidates = [(model_type, FAMILIES[model_type])] if model_type in FAMILIES else []
     candidates += [(k, f) for k, f in FAMILIES.items() if k != model_type]
+    candidates += [(k, _under(f, _TEXT_MODEL)) for k, f in candidates if f.layers.startswith("model.")]
     first_missing: list[str] | None = None
     for name, fam in candidates:
-        missing = _missing(model, fam)
+        missing, fam = _missing(model, fam)
         if not missing:
             return _build(model, name, fam)
         if first_missing is None:
@@ -216,20 +409,82 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
     )
 
 
+def _under(fam: Family, prefix: str) -> Family:
+    """A row with its top-level ``model.`` paths moved under ``prefix`` (a multimodal model's text model)."""
+    def moved(path: str) -> str:
+        return prefix + path.removeprefix("model") if path.startswith("model.") else path
+
+    return replace(fam, layers=moved(fam.layers), embed=moved(fam.embed), final_norm=moved(fam.final_norm))
+
+
 def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
     config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config  # multimodal: its text model
     layers = list(model.get_submodule(fam.layers))
     d_model = _config_int(config, "hidden_size", "n_embd", "d_model")
     n_heads = _config_int(config, "num_attention_heads", "n_head")
-    n_kv = _config_int(config, "num_key_value_heads", "n_head_kv", default=n_heads) or n_heads
-    d_head = _config_int(config, "head_dim", default=None) or d_model // n_heads
-    mlp_out = layers[0].get_submodule(fam.mlp).get_submodule(fam.mlp_out)
-    d_mlp = _in_features(mlp_out)
+    n_kv = _config_int(config, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=n_heads) or n_heads
+    if getattr(config, "multi_query", False) is True and not getattr(config, "new_decoder_architecture", False):
+        n_kv = 1  # GPT-BigCode, Falcon: one KV head
+    elif name == "falcon" and not getattr(config, "new_decoder_architecture", False):
+        n_kv = n_heads  # Falcon without multi-query: one KV head per query head, whatever num_kv_heads says
+    # multi-head latent attention (DeepSeek) has per-head values of v_head_dim, q/k of another size
+    d_head = _config_int(config, "v_head_dim", "head_dim", default=None) or d_model // n_heads
+    d_heads, heads = _head_sizes(layers, fam, d_head, n_heads)
+    if heads != n_heads:  # the modules' own head count (Inkling): KV heads from their group size too
+        groups = getattr(layers[0].get_submodule(fam.attn), "num_key_value_groups", None)
+        n_heads, n_kv = heads, heads // groups if isinstance(groups, int) and groups > 0 else heads
+    d_head = d_heads[0] if d_heads else d_head
+    if name == "falcon":
+        fam = _falcon(fam, config)
+    mlp = layers[-1].get_submodule(fam.mlp)
+    d_mlp = 0 if fam.experts else _in_features(mlp.get_submodule(fam.mlp_out))
+    n_experts = _n_experts(mlp.get_submodule(fam.experts), config) if fam.experts else 0
     return Anatomy(
         family_name=name, family=fam, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
         d_head=d_head, d_model=d_model, d_mlp=d_mlp, layers=layers,
-        embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm),
+        embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm), n_experts=n_experts,
+        d_heads=d_heads if d_heads and len(set(d_heads)) > 1 else None,
+        expert_routing=bool(fam.experts) and _takes_routing(mlp.get_submodule(fam.experts)),
     )
+
+
+def _takes_routing(experts: nn.Module) -> bool:
+    """Whether an expert bank's forward takes (hidden, indices, weights): transformers' convention, which
+    Llama 4's bank (called on pre-routed tokens) does not follow."""
+    import inspect
+
+    params = [p for p in inspect.signature(experts.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(params) >= 3
+
+
+def _head_sizes(layers: list, fam: Family, d_head: int, n_heads: int) -> tuple[list[int] | None, int]:
+    """Per-layer head sizes from the attention modules' own ``head_dim`` where the config's global one is
+    not what the modules use (Gemma 4's global layers, Inkling), and the head count that fits the output
+    projection then; ``(None, n_heads)`` where the modules say nothing or agree with the config."""
+    sizes = [getattr(block.get_submodule(fam.attn), "head_dim", None) for block in layers]
+    if not all(isinstance(s, int) and s > 0 for s in sizes) or all(s == d_head for s in sizes):
+        return None, n_heads
+    width = _in_features(layers[0].get_submodule(fam.attn).get_submodule(fam.attn_out))
+    return sizes, width // sizes[0] if width % sizes[0] == 0 else n_heads
+
+
+def _falcon(fam: Family, config) -> Family:
+    """Falcon's config picks its layout: multi-query (one KV head after all query heads, the concat layout),
+    per-head interleaved (neither flag), or grouped (new decoder architecture, not yet mapped here); and
+    a parallel or sequential block."""
+    layout = "grouped" if getattr(config, "new_decoder_architecture", False) else \
+        "concat" if getattr(config, "multi_query", True) else "interleaved"
+    mid = None if getattr(config, "parallel_attn", True) or layout == "grouped" else "post_attention_layernorm"
+    return replace(fam, qkv_layout=layout, resid_mid=mid)
+
+
+def _n_experts(experts: nn.Module, config) -> int:
+    n = getattr(experts, "num_experts", None)
+    if isinstance(n, int):
+        return n
+    return _config_int(config, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
 
 
 def _in_features(module: nn.Module) -> int:

@@ -3,7 +3,8 @@
 - ``reference/cli.md`` from the commands and the plugins' ``Option`` declarations;
 - ``reference/api.md`` from ``mechkit._API`` and each public subpackage's ``__all__``;
 - ``tutorials/<name>.md`` from the executed notebooks in ``notebooks/executed/``;
-- ``benchmarks.md`` from ``bench/README.md``, which stays the benchmarks' one source.
+- ``benchmarks.md`` from ``bench/README.md``, which stays the benchmarks' one source;
+- the table of ``guides/architectures.md`` from the measured matrix ``docs/architectures.json``.
 
 Generated pages exist only in the build, so none of them can be stale in the repository.
 """
@@ -21,7 +22,7 @@ if str(ROOT) not in sys.path:
 from mkdocs.structure.files import File  # noqa: E402
 
 from mechkit.io.quiet import quiet  # noqa: E402
-from tools.docsite import api_reference, cli_reference, notebooks  # noqa: E402
+from tools.docsite import api_reference, architectures, cli_reference, notebooks  # noqa: E402
 
 
 def benchmarks_page() -> str:
@@ -49,3 +50,7 @@ def on_files(files, config):
     for path, content in pages.items():
         files.append(File.generated(config, path, content=content))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    return architectures.render(markdown)
