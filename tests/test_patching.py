@@ -195,6 +195,23 @@ def test_icl_pairs_shuffle_every_label_and_keep_the_query():
         assert pair.clean.rsplit("input: ", 1)[1] == pair.corrupted.rsplit("input: ", 1)[1]
 
 
+def test_icl_pairs_line_up_token_by_token(model):
+    """With the model's tokenizer every label is replaced by one of the same length in tokens, so a patch
+    at position p reads the same role in both prompts; the rest of the prompt is unchanged."""
+    from mechkit.patching.pairs import aligned, icl_pairs
+
+    pairs = icl_pairs("country-capital", 6, seed=1, shots=4, tokenizer=model.tokenizer)
+    kept = aligned(model, pairs)
+    assert len(kept) >= 4
+    n_tokens = lambda text: len(model.tokenizer(" " + text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    for pair, (clean, corrupted, _c, _w) in kept:
+        assert clean.shape == corrupted.shape
+        a, b = (t.split("\n") for t in (pair.clean, pair.corrupted))
+        assert [x for x in a if not x.startswith("output: ")] == [y for y in b if not y.startswith("output: ")]
+        labels = [(x[8:], y[8:]) for x, y in zip(a, b, strict=True) if x.startswith("output: ") and x != "output:"]
+        assert all(x != y and n_tokens(x) == n_tokens(y) for x, y in labels)
+
+
 def test_averaging_pairs_averages_the_metric_then_normalizes(model):
     from mechkit.patching.pairs import PromptPair, tokens
     from mechkit.patching.study import run_study

@@ -70,8 +70,14 @@ def _first_differing(handle: ModelHandle, clean, corrupted, pair: PromptPair):
     return torch.cat([clean, shared], 1), torch.cat([corrupted, shared], 1), a[k], b[k]
 
 
-def icl_pairs(task: str, n: int, seed: int = 0, shots: int | None = None) -> list[PromptPair]:
-    """``n`` prompts of an ICL task and their label-shuffled corruptions (a derangement of the outputs).
+def icl_pairs(task: str, n: int, seed: int = 0, shots: int | None = None, tokenizer=None) -> list[PromptPair]:
+    """``n`` prompts of an ICL task and their corruptions: every demonstration's label moved to another
+    demonstration whose own label differs (a derangement of the outputs).
+
+    With ``tokenizer``, a label only moves to a label of the same length in tokens, and a demonstration
+    with no such partner in its prompt takes another example's label of that length, so the two prompts
+    line up token by token (a patch at position p must read the same role in both); :func:`aligned`
+    checks that they do.
 
     >>> p = icl_pairs("capitalize", 1, shots=3)[0]
     >>> p.clean.endswith(p.corrupted.rsplit("input:", 1)[1]), p.clean != p.corrupted
@@ -81,17 +87,47 @@ def icl_pairs(task: str, n: int, seed: int = 0, shots: int | None = None) -> lis
     from mechkit.tasks.prompt import stream_rng
 
     rng = stream_rng(seed, "patch-pairs", task)
+    prompts = build_prompts(task, n=n, shots=shots, seed=seed)
+    length = (lambda text: len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])) if tokenizer else (lambda _t: 0)
+    pool: dict[int, list[str]] = {}
+    for q in prompts:
+        for _, out in _demos(q.text)[0]:
+            pool.setdefault(length(out), []).append(out)
     pairs = []
-    for q in build_prompts(task, n=n, shots=shots, seed=seed):
-        *demos, query = q.text.split("input: ")[1:]
-        split = [d.split("\noutput: ", 1) for d in demos]
+    for q in prompts:
+        split, query = _demos(q.text)
         if len(split) < 2 or len({out for _, out in split}) < 2:
             raise MechkitError(f"{task!r} prompts have fewer than two distinct demonstration labels to shuffle",
                                "use --shots 2 or more, or another task")
-        order = _derangement(len(split), rng, [out for _, out in split])
-        corrupted = "".join(f"input: {inp}\noutput: {split[j][1]}" for (inp, _), j in zip(split, order, strict=True))
+        labels = _relabel([out for _, out in split], length, pool, rng)
+        corrupted = "".join(f"input: {inp}\noutput: {out}\n" for (inp, _), out in zip(split, labels, strict=True))
         pairs.append(PromptPair(q.text, corrupted + "input: " + query, q.answer, " " + q.query, first_token=True))
     return pairs
+
+
+def _demos(text: str) -> tuple[list[tuple[str, str]], str]:
+    """``([(input, output), ...], query)`` of an ``input: X\noutput: Y\n`` prompt."""
+    *demos, query = text.split("input: ")[1:]
+    return [tuple(d[:-1].split("\noutput: ", 1)) for d in demos], query
+
+
+def _relabel(labels: list[str], length, pool: dict[int, list[str]], rng) -> list[str]:
+    """Each label replaced by one of the same ``length`` that differs from it: a derangement within each
+    length group of the prompt, else another example's label of that length."""
+    out = list(labels)
+    groups: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(length(label), []).append(i)
+    for size, idx in groups.items():
+        order = _derangement(len(idx), rng, [labels[i] for i in idx])
+        for i, j in zip(idx, order, strict=True):
+            out[i] = labels[idx[j]]
+        for i in idx:
+            if out[i] == labels[i]:  # nobody in this prompt to swap with: another example's label
+                others = [label for label in pool.get(size, []) if label != labels[i]]
+                if others:
+                    out[i] = rng.choice(others)
+    return out
 
 
 def _derangement(n: int, rng, labels: list[str]) -> list[int]:
@@ -108,6 +144,20 @@ def _derangement(n: int, rng, labels: list[str]) -> list[int]:
     return best
 
 
+def _lines_up(handle: ModelHandle, pair: PromptPair) -> bool:
+    """True when the two prompts differ only inside demonstration labels, token by token (an ICL pair)."""
+    import re
+
+    tok = handle.tokenizer
+    a = tok(pair.clean, return_offsets_mapping=True, add_special_tokens=False)
+    b = tok(pair.corrupted, add_special_tokens=False)["input_ids"]
+    if len(a["input_ids"]) != len(b):
+        return False
+    spans = [(m.start(1) - 1, m.end(1)) for m in re.finditer(r"output: ([^\n]*)\n", pair.clean)]
+    return all(any(lo <= start and end <= hi for lo, hi in spans)
+               for x, y, (start, end) in zip(a["input_ids"], b, a["offset_mapping"], strict=True) if x != y)
+
+
 def check_pair_task(task: str) -> None:
     """Refuse, before any model loads, a task that gives no prompt pairs (neither ioi nor an ICL task)."""
     from mechkit.tasks import get_task
@@ -118,10 +168,10 @@ def check_pair_task(task: str) -> None:
                            "use ioi, an ICL task (`mechkit tasks`), or --clean/--corrupted/--answers")
 
 
-def task_pairs(task: str, n: int, seed: int = 0, shots: int | None = None) -> list[PromptPair]:
-    """``n`` pairs of ``task``: IOI's name swap, or an ICL task's shuffled labels."""
+def task_pairs(task: str, n: int, seed: int = 0, shots: int | None = None, tokenizer=None) -> list[PromptPair]:
+    """``n`` pairs of ``task``: IOI's name swap, or an ICL task's shuffled labels (see :func:`icl_pairs`)."""
     check_pair_task(task)
-    return ioi_pairs(n, seed) if task == "ioi" else icl_pairs(task, n, seed, shots)
+    return ioi_pairs(n, seed) if task == "ioi" else icl_pairs(task, n, seed, shots, tokenizer)
 
 
 def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) -> list[tuple[PromptPair, tuple]]:
@@ -136,6 +186,10 @@ def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) 
             if strict:
                 raise
             last = err
+            continue
+        if pair.first_token and not _lines_up(handle, pair):
+            last = MechkitError("the corrupted prompt does not line up with the clean one token by token",
+                                "labels of other lengths in tokens")
             continue
         if toks[2] == toks[3]:
             last = MechkitError(f"the answers {pair.correct!r} and {pair.wrong!r} are the same token",
