@@ -140,6 +140,35 @@ class SelectTasksPlugin(Plugin):
 
     @classmethod
     def tables(cls, results: dict) -> list:
-        from mechkit.taskselect.findings import tables
-
         return tables(results)
+
+
+def tables(results: dict) -> list:
+    """Per target: candidates by similarity with the coverage curve; with --validate the Table 3.1 shape
+    (targets × methods, mean ± std) and the Spearman ρ of single-candidate gain."""
+    from mechkit.report import Table, pm
+    from mechkit.taskselect.conditions import METHODS
+
+    out = []
+    for target, r in results["targets"].items():
+        s = r["selection"]
+        rows = [[i + 1, t, s["similarity"][t], s["curve"][i], s["single"][t], "yes" if t in s["selected"] else ""]
+                for i, t in enumerate(s["order"])]
+        out.append(Table(f"{target}: candidates by similarity", ["rank", "task", "cosine similarity",
+                                                                  "coverage of the first k", "coverage alone",
+                                                                  "selected"],
+                         rows, note=s["stop"], digits=4))
+    table, cols = results.get("table") or {}, results.get("columns") or []
+    for col in cols:
+        rows = [[t, *(pm(row[m][col]["mean"], row[m][col]["std"]) if m in row else None for m in METHODS)]
+                for t, row in table.items()]
+        out.append(Table(f"Target exact match, {col} (Table 3.1 shape)", ["target", *METHODS], rows,
+                         note="mean ± std over seeds (Random and No Con.: over seeds and draws); every fine-tune "
+                              "has the same steps and the same number of training examples", digits=3))
+    rho_rows = [[t, key, v["similarity"], v["coverage"]] for t, r in results["targets"].items()
+                for key, v in ((r.get("transfer") or {}).get("rho") or {}).items()]
+    if rho_rows:
+        out.append(Table("Does the metric predict transfer? Spearman ρ with single-candidate gain",
+                         ["target", "representation | eval", "ρ(gain, similarity)", "ρ(gain, log coverage alone)"],
+                         rho_rows, digits=2))
+    return out

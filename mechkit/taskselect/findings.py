@@ -1,16 +1,11 @@
 """What a select-tasks report says: the finding sentence, the tables and the two figures.
 
-Tables are built from the JSON results at render time (``report.html``, ``mechkit report show``):
-the similarity ranking with the coverage curve per target, the selected sets with their stopping
-reasons, and with ``--validate`` seed 000 Table 3.1's shape (targets × methods, mean ± std over seeds
-and random draws) and the Spearman ρ of single-candidate gain with similarity and with coverage.
+The tables are the plugin's (``mechkit.plugins.select_tasks``): reports sit above the analyses.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from mechkit.taskselect.conditions import METHODS
 
 
 def _pm(cell: dict | None) -> str:
@@ -55,34 +50,6 @@ def _num(x: Any) -> str:
     return "—" if x is None else f"{x:.2f}"
 
 
-def tables(results: dict) -> list:
-    from mechkit.report import Table, pm
-
-    out = []
-    for target, r in results["targets"].items():
-        s = r["selection"]
-        rows = [[i + 1, t, s["similarity"][t], s["curve"][i], s["single"][t], "yes" if t in s["selected"] else ""]
-                for i, t in enumerate(s["order"])]
-        out.append(Table(f"{target}: candidates by similarity", ["rank", "task", "cosine similarity",
-                                                                  "coverage of the first k", "coverage alone",
-                                                                  "selected"],
-                         rows, note=s["stop"], digits=4))
-    table, cols = results.get("table") or {}, results.get("columns") or []
-    for col in cols:
-        rows = [[t, *(pm(row[m][col]["mean"], row[m][col]["std"]) if m in row else None for m in METHODS)]
-                for t, row in table.items()]
-        out.append(Table(f"Target exact match, {col} (Table 3.1 shape)", ["target", *METHODS], rows,
-                         note="mean ± std over seeds (Random and No Con.: over seeds and draws); every fine-tune "
-                              "has the same steps and the same number of training examples", digits=3))
-    rho_rows = [[t, key, v["similarity"], v["coverage"]] for t, r in results["targets"].items()
-                for key, v in ((r.get("transfer") or {}).get("rho") or {}).items()]
-    if rho_rows:
-        out.append(Table("Does the metric predict transfer? Spearman ρ with single-candidate gain",
-                         ["target", "representation | eval", "ρ(gain, similarity)", "ρ(gain, log coverage alone)"],
-                         rho_rows, digits=2))
-    return out
-
-
 def _figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -122,4 +89,4 @@ def heatmap_figure(names: list[str], cosine: list[list[float]], title: str):
     return fig
 
 
-__all__ = ["coverage_figure", "finding", "heatmap_figure", "tables"]
+__all__ = ["coverage_figure", "finding", "heatmap_figure"]
