@@ -74,25 +74,28 @@ class SelectTasksPlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.taskselect.pool import resolve_pool
-        from mechkit.taskselect.study import FeatureConfig, selection_study
+        from mechkit.taskselect.study import FeatureConfig, features, selection_study
 
         opts = ctx.options
         cfg = FeatureConfig(representation=opts["representation"], n=opts["n"], layer=opts["layer"],
                             position=opts["position"], seed=ctx.seed, estimator=opts["estimator"],
                             center=not opts["raw"])
+        pools = {target: resolve_pool(target, opts["pool"]) for target in opts["target"]}
+        every = list(dict.fromkeys(t for target, pool in pools.items() for t in (target, *pool)))
+        have = features(ctx.model, every, cfg)  # each task embedded once, centred on the whole study's mean
         targets, feats = {}, {}
-        for target in opts["target"]:
-            pool = resolve_pool(target, opts["pool"])
-            targets[target], feats[target] = selection_study(ctx.model, target, pool, opts["p"], cfg)
+        for target, pool in pools.items():
+            targets[target], feats[target] = selection_study(ctx.model, target, pool, opts["p"], cfg, have)
         results = {"features": {**cfg.__dict__, "layer": cfg.layer % ctx.model.anatomy.n_layers},
                    "targets": targets}
         if opts["validate"]:
-            self._validate(ctx, results, feats, cfg)
+            self._validate(ctx, results, feats, cfg, have)
         return self._result(results)
 
-    def _validate(self, ctx: RunContext, results: dict, feats: dict, cfg) -> None:
+    def _validate(self, ctx: RunContext, results: dict, feats: dict, cfg, have: dict) -> None:
         from mechkit.taskselect.select import Selection
         from mechkit.taskselect.study import (
+            features_by_representation,
             measures_by_representation,
             method_table,
             reselector,
@@ -106,6 +109,7 @@ class SelectTasksPlugin(Plugin):
         columns = [f"{s}-shot" for s in opts["eval_shots"]]
         results["columns"], results["table"] = columns, {}
         scratch = ctx.scratch("finetunes")
+        by_rep = None
         for target, r in results["targets"].items():
             config = TrainConfig(target=target, steps=opts["steps"], budget=opts["budget"],
                                  batch_size=opts["batch_size"], lr=opts["lr"], rank=opts["rank"],
@@ -119,7 +123,9 @@ class SelectTasksPlugin(Plugin):
                 done = run_units(ctx.map_units, config, units, str(scratch) if scratch else None,
                                  on_result=lambda _i, _v, job=job: bar.advance(job))
             pool = sel.order
-            measures = (measures_by_representation(ctx.model, target, pool, opts["p"], cfg, feats[target])
+            if opts["transfer_seeds"] and by_rep is None:  # every representation, every task, once
+                by_rep = features_by_representation(ctx.model, list(have), cfg, have)
+            measures = (measures_by_representation(target, pool, opts["p"], cfg.estimator, by_rep)
                         if opts["transfer_seeds"] else {})
             r["config"], r["units"] = config.as_dict(), done
             r["transfer"] = transfer(done, columns, measures)

@@ -62,9 +62,10 @@ def reselector(feats: dict[str, TaskFeatures], target: str, p: float, estimator:
 
 
 def selection_study(handle: ModelHandle, target: str, pool: Sequence[str], p: float, cfg: FeatureConfig,
-                    step: Callable = lambda _k, f: f()) -> tuple[dict, dict[str, TaskFeatures]]:
-    """Selection results (JSON-able) and the features they came from."""
-    feats = features(handle, [target, *pool], cfg)
+                    have: dict[str, TaskFeatures] | None = None) -> tuple[dict, dict[str, TaskFeatures]]:
+    """Selection results (JSON-able) and the features they came from (``have``: features already
+    computed for every task of the study, so several targets embed each task once)."""
+    feats = {t: have[t] for t in [target, *pool]} if have else features(handle, [target, *pool], cfg)
     sel = run_selection(feats, target, pool, p, cfg.estimator)
     names, sims = _similarities(feats)
     return {"selection": sel.as_dict(), "heatmap": {"tasks": names, "cosine": sims}}, feats
@@ -135,15 +136,28 @@ def transfer(done: list[dict], columns: Sequence[str], measures: dict[str, Selec
     return {"gain": gain, "rho": rho, "tasks": tasks}
 
 
-def measures_by_representation(handle: ModelHandle, target: str, pool: Sequence[str], p: float,
-                               cfg: FeatureConfig, have: dict[str, TaskFeatures]) -> dict[str, Selection]:
-    """Algorithm 1's similarity and single coverage under every representation (for the ρ table)."""
-    out = {}
+def features_by_representation(handle: ModelHandle, tasks: Sequence[str], cfg: FeatureConfig,
+                               have: dict[str, TaskFeatures]) -> dict[str, dict[str, TaskFeatures]]:
+    """Every representation's features of ``tasks``; ``hidden`` and ``pc1`` share their points, so
+    one is derived from the other (``have`` holds ``cfg.representation``'s)."""
+    from mechkit.taskselect.representations import first_component
+
+    out = {cfg.representation: have}
+    if cfg.representation in ("hidden", "pc1"):
+        other = "pc1" if cfg.representation == "hidden" else "hidden"
+        out[other] = {t: TaskFeatures(f.points, first_component(f.points) if other == "pc1" else f.points.mean(0))
+                      for t, f in have.items()}
     for rep in REPRESENTATIONS:
-        feats = have if rep == cfg.representation else features(handle, [target, *pool], cfg, rep)
-        out[rep] = run_selection(feats, target, pool, p, cfg.estimator)
-    return out
+        if rep not in out:
+            out[rep] = features(handle, tasks, cfg, rep)
+    return {rep: out[rep] for rep in REPRESENTATIONS}
 
 
-__all__ = ["FeatureConfig", "measures_by_representation", "method_table", "reselector", "run_selection",
+def measures_by_representation(target: str, pool: Sequence[str], p: float, estimator: str,
+                               by_rep: dict[str, dict[str, TaskFeatures]]) -> dict[str, Selection]:
+    """Algorithm 1's similarity and single coverage under every representation (for the ρ table)."""
+    return {rep: run_selection(feats, target, pool, p, estimator) for rep, feats in by_rep.items()}
+
+
+__all__ = ["FeatureConfig", "features_by_representation", "measures_by_representation", "method_table", "reselector", "run_selection",
            "run_units", "selection_study", "transfer", "validation_units"]
