@@ -98,8 +98,8 @@ def centred(feats: dict[str, TaskFeatures], representation: str) -> dict[str, Ta
     """Every task's points less the mean over all tasks' points, vectors recomputed from them.
 
     A causal LM's residual stream shares one large direction across all inputs, so raw task means
-    all point the same way (cosines of 0.85–0.97 between unrelated tasks on SmolLM2-135M's last block)
-    and the ranking rests on small differences. Centring on the study's overall mean removes that common
+    all point the same way (on SmolLM2-135M's last block, raw cosines of 0.89–0.97 to past-tense for its
+    eight nearest tasks, modular and negation among them) and the ranking rests on small differences. Centring on the study's overall mean removes that common
     part; it leaves coverage unchanged (μ_D − μ_T0 and C_D do not move under a shift). ``--raw`` keeps
     the seeds' uncentred cosine.
     """
