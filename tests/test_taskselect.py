@@ -185,8 +185,8 @@ def test_tiny_end_to_end_with_validation(tmp_path):
     import mechkit as mk
 
     run = mk.run("select-tasks", model="tiny:llama", out=tmp_path / "r", **dict(
-        target="past-tense", pool="capitalize,swap,opposite,negation", n=6, validate=True, seeds="0",
-        steps=2, budget=12, batch_size=4, eval_n=3, eval_shots="0,1", draws=3, transfer_seeds=1))
+        target="past-tense", pool="capitalize,swap,opposite,negation", n=4, validate=True, seeds="0",
+        steps=1, budget=8, batch_size=4, eval_n=2, eval_shots="0,1", draws=3, transfer_seeds=1))
     r = run.results["targets"]["past-tense"]
     sel = r["selection"]
     assert sorted(sel["order"]) == ["capitalize", "negation", "opposite", "swap"]
@@ -194,7 +194,7 @@ def test_tiny_end_to_end_with_validation(tmp_path):
     methods = run.results["table"]["past-tense"]
     assert set(methods) == {"None", "Random", "No Con.", "No Div.", "All", "Selected"}
     assert all(0 <= cell["0-shot"]["mean"] <= 1 for cell in methods.values())
-    assert {sum(u["counts"]) for u in r["units"] if u["tasks"]} == {12}
+    assert {sum(u["counts"]) for u in r["units"] if u["tasks"]} == {8}
     assert set(r["transfer"]["rho"]) == {f"{rep} | {c}" for rep in ("hidden", "pc1", "actvec")
                                          for c in ("0-shot", "1-shot")}
     assert (tmp_path / "r" / "report.html").exists() and run.finding.startswith("For past-tense")
