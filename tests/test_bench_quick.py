@@ -38,6 +38,7 @@ ARGS: dict[str, list[str]] = {
     "ray_executor": ["--out", "{tmp}/out.json", "--threads", "1"],
     "sweep": ["--out", "{tmp}/out.json", "--threads", "1"],
     "taskarith_mergekit": [],
+    "taskselect": ["--out", "{tmp}/out.json", "--threads", "1"],
     "taskarith_sweep": [],
     "timing_noise": ["--out", "{tmp}/out.json"],
 }
@@ -58,6 +59,7 @@ HEAVY = {
     "prune": "a pruning study with reconstruction, then a saved model re-measured in a new process",
     "prune_reproduce": "prunes tiny:llama with mechkit prune first (63 s)",
     "ray_executor": "starts a local Ray cluster and its workers",
+    "taskselect": "starts a local Ray cluster and its workers, and fine-tunes under each executor",
     "sweep": "the exact and attribution sweeps, and TransformerLens hooks, on the embedded model",
 }
 TIMEOUT_S = 600

@@ -29,7 +29,7 @@ LAYERS = [
     ["mechkit.tasks"],
     ["mechkit.eval"],
     ["mechkit.heads", "mechkit.patching", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose",
-     "mechkit.adapt"],  # the analyses
+     "mechkit.adapt", "mechkit.taskselect"],  # the analyses
     ["mechkit.report"],
     ["mechkit.options", "mechkit.executors", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],
     ["mechkit.plugins"],

@@ -70,6 +70,8 @@ ANALYSES: tuple[Analysis, ...] = (
              prepare=(DETECT,)),
     Analysis("sweep", f"mechkit sweep --model llama --tasks capitalize --n 6 --shots 5 --method both --out {_out('sweep')}"),
     Analysis("finetune", FINETUNE_PAST),
+    Analysis("select-tasks", "mechkit select-tasks --model llama --target past-tense,country-capital,negation "
+                             f"--out {_out('select-tasks')}"),
     Analysis("taskvec", f"mechkit taskvec-sweep --model llama --vectors {TV_PAST},{TV_LOW} "
                         f"--lambdas=-1,-0.5,0,0.5,1,1.5,2 --shots 0,5 --out {_out('taskvec')}",
              prepare=(FINETUNE_PAST,

@@ -156,8 +156,12 @@ def _trainable(model: nn.Module, recipe: Recipe, targets: list[str]) -> nn.Modul
 @torch.enable_grad()  # training: grad on even under the caller's torch.no_grad() (mechkit.model.backends.grad)
 def finetune(handle: ModelHandle, recipe: Recipe,
              on_step: Callable[[int, float], None] | None = None,
-             checkpoint: Path | None = None, checkpoint_every: int = 50) -> Finetuned:
+             checkpoint: Path | None = None, checkpoint_every: int = 50,
+             rows: list[tuple[list[int], int]] | None = None) -> Finetuned:
     """Train a deep copy of ``handle.model`` for ``recipe.steps`` AdamW steps; the handle is untouched.
+
+    ``rows`` (token ids and answer start, as :func:`training_rows` makes them) replaces the recipe's own
+    training prompts: a multitask mix (:mod:`mechkit.taskselect.validate`) names itself in ``recipe.task``.
 
     With ``checkpoint`` (a directory), the trainable weights, AdamW moments, batch-sampler state and
     losses are written there every ``checkpoint_every`` steps (0: never), and a later call with the same
@@ -173,7 +177,9 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     if checkpoint_every < 0:
         raise MechkitError(f"--checkpoint-every must be 0 or more, got {checkpoint_every}",
                            "pass e.g. --checkpoint-every 50 (0 turns checkpoints off)")
-    rows = training_rows(handle, recipe)
+    rows = training_rows(handle, recipe) if rows is None else rows
+    if not rows:
+        raise MechkitError("no training rows given", "pass at least one encoded training prompt")
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
     if recipe.method == "lora" and recipe.rank < 1:
