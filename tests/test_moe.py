@@ -67,3 +67,51 @@ def test_attention_side_analyses_run_unchanged_and_neuron_ones_refuse():
         mk.record(m, "blocks.0.mlp.hook_post").__enter__()
     with pytest.raises(MechkitError, match="mixture of 4 experts.*--target heads,layers"):
         mk.run("prune", model=m, write=False, target="neurons")
+
+
+def _mlp_input_and_routing(m, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE block's input ``[tokens, d_model]`` and, by hand from the router's weight, the dense routing
+    ``[tokens, n_experts]`` (softmax, top-k, renormalised where the config says so)."""
+    seen = []
+    remover = m.anatomy.mlp(layer).register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            m(ids)
+    finally:
+        remover.remove()
+    x = seen[0].reshape(-1, seen[0].shape[-1])
+    config = m.model.config
+    probs = torch.softmax(x @ m.anatomy.router(layer).weight.T, dim=-1)
+    top = probs.topk(config.num_experts_per_tok, dim=-1)
+    weights = top.values
+    if getattr(config, "norm_topk_prob", True):  # Mixtral always renormalises; OLMoE's config says
+        weights = weights / weights.sum(-1, keepdim=True)
+    return x, torch.zeros_like(probs).scatter(-1, top.indices, weights)
+
+
+def _by_hand(m, layer: int, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """Expert ``expert``'s unweighted output on ``x`` from its fused weights: down(silu(gate) * up)."""
+    bank = m.anatomy.experts(layer)
+    gate, up = (x @ bank.gate_up_proj[expert].T).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up) @ bank.down_proj[expert].T
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_expert_out_is_each_experts_weighted_output(family):
+    m = _model(family)
+    with torch.no_grad(), mk.record(m, ["blocks.1.mlp.hook_expert_out", "blocks.1.hook_mlp_out"]) as cache:
+        clean = m(IDS)
+    out = cache["blocks.1.mlp.hook_expert_out"]
+    assert out.shape == (2, 7, 4, 64)
+    x, routing = _mlp_input_and_routing(m, 1, IDS)
+    with torch.no_grad():
+        for e in range(4):
+            want = (_by_hand(m, 1, e, x) * routing[:, e:e + 1]).reshape(2, 7, 64)
+            torch.testing.assert_close(out[:, :, e], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.sum(-2), cache["blocks.1.hook_mlp_out"], rtol=1e-5, atol=1e-6)
+        with mk.hooks(m, {"blocks.1.mlp.hook_expert_out": lambda o, _p: o.index_fill(2, torch.tensor([1]), 0)}):
+            cut = m(IDS)  # a replacement: the bank's output is its sum over experts
+        with mk.hooks(m, {"blocks.1.mlp.hook_routing": lambda w, _p: w.index_fill(-1, torch.tensor([1]), 0)}):
+            zeroed = m(IDS)
+        torch.testing.assert_close(cut, zeroed, rtol=1e-5, atol=1e-5)
+        assert torch.equal(m(IDS), clean)
