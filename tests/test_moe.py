@@ -115,3 +115,44 @@ def test_expert_out_is_each_experts_weighted_output(family):
             zeroed = m(IDS)
         torch.testing.assert_close(cut, zeroed, rtol=1e-5, atol=1e-5)
         assert torch.equal(m(IDS), clean)
+
+
+REF = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_zero_and_mean_ablation_of_an_expert_match_a_hand_computation(family):
+    m = _model(family)
+    with torch.no_grad(), mk.record(m, "blocks.1.hook_resid_post") as cache:
+        clean = m(IDS)
+    x, routing = _mlp_input_and_routing(m, 1, IDS)
+    rx, rrouting = _mlp_input_and_routing(m, 1, REF)
+    with torch.no_grad():
+        own = (_by_hand(m, 1, 3, x) * routing[:, 3:4]).reshape(2, 7, 64)  # expert 3's part of the stream
+        mean = (_by_hand(m, 1, 3, rx) * rrouting[:, 3:4]).mean(0)  # over every reference token, chosen or not
+        resid = cache["blocks.1.hook_resid_post"]
+        unembed = m.model.get_output_embeddings()
+        want = {"zero": unembed(m.anatomy.final_norm(resid - own)),
+                "mean": unembed(m.anatomy.final_norm(resid - own + mean))}
+        for mode, logits in want.items():
+            with mk.ablate(m, experts="1.e3", mode=mode, reference=REF) as chosen:
+                got = m(IDS)
+            assert [str(e) for e in chosen] == ["1.e3"]
+            torch.testing.assert_close(got, logits, rtol=1e-4, atol=1e-5)
+            assert not torch.allclose(got, clean, atol=1e-4)
+        with mk.ablate(m, "0.1", "resample", experts="*.e1", reference=REF) as chosen:
+            m(IDS)
+        assert [str(u) for u in chosen] == ["0.1", "0.e1", "1.e1"]
+        assert torch.equal(m(IDS), clean)  # every hook detached: logits bit-exact
+
+
+def test_expert_specs_are_checked_and_stay_apart_from_head_specs():
+    m = _model("mixtral")
+    for spec, problem in [("1.2", "malformed expert spec"), ("2.e0", "out of range"), ("1.e4", "out of range"),
+                          ("", "empty expert spec")]:
+        with pytest.raises(MechkitError, match=problem):
+            mk.ablate(m, experts=spec).__enter__()
+    with pytest.raises(MechkitError, match="malformed head spec"):
+        mk.ablate(m, heads="1.e2").__enter__()
+    with pytest.raises(MechkitError, match="no expert bank"):
+        mk.ablate(mk.load_model("tiny:llama"), experts="0.e0").__enter__()

@@ -288,7 +288,8 @@ class Anatomy:
             raise UnsupportedArchitectureError(
                 f"this model's MLP is a mixture of {self.n_experts} experts: it has no {what}",
                 (f"{instead}; " if instead else "") + "at the expert level: blocks.L.mlp.hook_router (router "
-                "logits), blocks.L.mlp.hook_expert_out (each expert's output) and blocks.L.hook_mlp_out; the "
+                "logits), blocks.L.mlp.hook_expert_out (each expert's output), mk.ablate(experts='L.eN') and "
+                "blocks.L.hook_mlp_out; the "
                 "attention-side analyses (detect, ablate, shuffle, sweep, head pruning) work unchanged")
 
     def experts(self, layer: int) -> nn.Module:
