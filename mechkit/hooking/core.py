@@ -409,8 +409,10 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
 
     Caching everything costs memory and time: per layer and token about ``6 * d_model + 3 * n_heads *
     d_head + d_mlp`` floats plus ``n_heads * pos`` for the pattern (on SmolLM2-135M, ~9 MB per layer for a
-    100-token prompt), and the patterns are computed by eager attention in every layer instead of the
-    fused kernel. Name only what you need where memory or speed matters.
+    100-token prompt; a mixture of experts' ``mlp.hook_expert_out`` adds ``n_experts * d_model`` per routed
+    layer and token, and one more pass of its expert bank), and the patterns are computed by eager
+    attention in every layer instead of the fused kernel. Name only what you need where memory or speed
+    matters.
 
     >>> import mechkit as mk
     >>> m = mk.load_model("tiny:llama")
