@@ -67,3 +67,92 @@ def test_attention_side_analyses_run_unchanged_and_neuron_ones_refuse():
         mk.record(m, "blocks.0.mlp.hook_post").__enter__()
     with pytest.raises(MechkitError, match="mixture of 4 experts.*--target heads,layers"):
         mk.run("prune", model=m, write=False, target="neurons")
+
+
+def _mlp_input_and_routing(m, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE block's input ``[tokens, d_model]`` and, by hand from the router's weight, the dense routing
+    ``[tokens, n_experts]`` (softmax, top-k, renormalised where the config says so)."""
+    seen = []
+    remover = m.anatomy.mlp(layer).register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            m(ids)
+    finally:
+        remover.remove()
+    x = seen[0].reshape(-1, seen[0].shape[-1])
+    config = m.model.config
+    probs = torch.softmax(x @ m.anatomy.router(layer).weight.T, dim=-1)
+    top = probs.topk(config.num_experts_per_tok, dim=-1)
+    weights = top.values
+    if getattr(config, "norm_topk_prob", True):  # Mixtral always renormalises; OLMoE's config says
+        weights = weights / weights.sum(-1, keepdim=True)
+    return x, torch.zeros_like(probs).scatter(-1, top.indices, weights)
+
+
+def _by_hand(m, layer: int, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """Expert ``expert``'s unweighted output on ``x`` from its fused weights: down(silu(gate) * up)."""
+    bank = m.anatomy.experts(layer)
+    gate, up = (x @ bank.gate_up_proj[expert].T).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up) @ bank.down_proj[expert].T
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_expert_out_is_each_experts_weighted_output(family):
+    m = _model(family)
+    with torch.no_grad(), mk.record(m, ["blocks.1.mlp.hook_expert_out", "blocks.1.hook_mlp_out"]) as cache:
+        clean = m(IDS)
+    out = cache["blocks.1.mlp.hook_expert_out"]
+    assert out.shape == (2, 7, 4, 64)
+    x, routing = _mlp_input_and_routing(m, 1, IDS)
+    with torch.no_grad():
+        for e in range(4):
+            want = (_by_hand(m, 1, e, x) * routing[:, e:e + 1]).reshape(2, 7, 64)
+            torch.testing.assert_close(out[:, :, e], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.sum(-2), cache["blocks.1.hook_mlp_out"], rtol=1e-5, atol=1e-6)
+        with mk.hooks(m, {"blocks.1.mlp.hook_expert_out": lambda o, _p: o.index_fill(2, torch.tensor([1]), 0)}):
+            cut = m(IDS)  # a replacement: the bank's output is its sum over experts
+        with mk.hooks(m, {"blocks.1.mlp.hook_routing": lambda w, _p: w.index_fill(-1, torch.tensor([1]), 0)}):
+            zeroed = m(IDS)
+        torch.testing.assert_close(cut, zeroed, rtol=1e-5, atol=1e-5)
+        assert torch.equal(m(IDS), clean)
+
+
+REF = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_zero_and_mean_ablation_of_an_expert_match_a_hand_computation(family):
+    m = _model(family)
+    with torch.no_grad(), mk.record(m, "blocks.1.hook_resid_post") as cache:
+        clean = m(IDS)
+    x, routing = _mlp_input_and_routing(m, 1, IDS)
+    rx, rrouting = _mlp_input_and_routing(m, 1, REF)
+    with torch.no_grad():
+        own = (_by_hand(m, 1, 3, x) * routing[:, 3:4]).reshape(2, 7, 64)  # expert 3's part of the stream
+        mean = (_by_hand(m, 1, 3, rx) * rrouting[:, 3:4]).mean(0)  # over every reference token, chosen or not
+        resid = cache["blocks.1.hook_resid_post"]
+        unembed = m.model.get_output_embeddings()
+        want = {"zero": unembed(m.anatomy.final_norm(resid - own)),
+                "mean": unembed(m.anatomy.final_norm(resid - own + mean))}
+        for mode, logits in want.items():
+            with mk.ablate(m, experts="1.e3", mode=mode, reference=REF) as chosen:
+                got = m(IDS)
+            assert [str(e) for e in chosen] == ["1.e3"]
+            torch.testing.assert_close(got, logits, rtol=1e-4, atol=1e-5)
+            assert not torch.allclose(got, clean, atol=1e-4)
+        with mk.ablate(m, "0.1", "resample", experts="*.e1", reference=REF) as chosen:
+            m(IDS)
+        assert [str(u) for u in chosen] == ["0.1", "0.e1", "1.e1"]
+        assert torch.equal(m(IDS), clean)  # every hook detached: logits bit-exact
+
+
+def test_expert_specs_are_checked_and_stay_apart_from_head_specs():
+    m = _model("mixtral")
+    for spec, problem in [("1.2", "malformed expert spec"), ("2.e0", "out of range"), ("1.e4", "out of range"),
+                          ("", "empty expert spec")]:
+        with pytest.raises(MechkitError, match=problem):
+            mk.ablate(m, experts=spec).__enter__()
+    with pytest.raises(MechkitError, match="malformed head spec"):
+        mk.ablate(m, heads="1.e2").__enter__()
+    with pytest.raises(MechkitError, match="no expert bank"):
+        mk.ablate(mk.load_model("tiny:llama"), experts="0.e0").__enter__()

@@ -49,7 +49,8 @@ class Checks:
         import mechkit as mk
 
         a, (b, p) = self.m.anatomy, self.ids.shape
-        names = [*NAMES, f"blocks.*.{_mlp_point(a)}", *(["blocks.*.mlp.hook_routing"] if a.expert_routing else [])]
+        routed = ["blocks.*.mlp.hook_routing", "blocks.*.mlp.hook_expert_out"] if a.expert_routing else []
+        names = [*NAMES, f"blocks.*.{_mlp_point(a)}", *routed]
         with mk.record(self.m, names) as cache:
             logits = self.m(self.ids)
         _same(logits, self.ref, "logits while recording")
@@ -79,6 +80,11 @@ class Checks:
                 raise AssertionError(f"{_mlp_point(a)} shape {tuple(units.shape)} != {want}")
             if a.expert_routing and tuple(cache[f"blocks.{layer}.mlp.hook_routing"].shape) != want:
                 raise AssertionError(f"mlp.hook_routing shape {tuple(cache[f'blocks.{layer}.mlp.hook_routing'].shape)}")
+            if a.expert_routing and tuple(cache[f"blocks.{layer}.mlp.hook_expert_out"].shape) != (*want, a.d_model):
+                raise AssertionError(f"mlp.hook_expert_out shape {tuple(cache[f'blocks.{layer}.mlp.hook_expert_out'].shape)}")
+        if a.expert_routing:  # each expert's output, summed back, is the bank's output
+            with mk.hooks(self.m, {"blocks.*.mlp.hook_expert_out": lambda out, _p: out.clone()}):
+                _same(self.m(self.ids), self.ref, "logits with each expert's output summed back")
 
         def same(pattern, _point):
             return pattern.clone()  # replacing the pattern with itself recomputes the output from it
@@ -93,6 +99,22 @@ class Checks:
             with mk.ablate(self.m, self.heads, mode=mode, reference=self.other):
                 _differs(self.m(self.ids), self.ref, f"{mode} ablation")
             _same(self.m(self.ids), self.ref, f"logits after {mode} ablation", exact=True)
+        if self.m.anatomy.expert_routing:
+            expert = self._busy_expert()
+            for mode in ("zero", "mean"):
+                with mk.ablate(self.m, experts=expert, mode=mode, reference=self.other):
+                    _differs(self.m(self.ids), self.ref, f"{mode} ablation of expert {expert}")
+                _same(self.m(self.ids), self.ref, f"logits after {mode} ablation of expert {expert}", exact=True)
+
+    def _busy_expert(self) -> str:
+        """The expert the most tokens chose in the last routed layer (a tiny model's router may leave some
+        experts unchosen: ablating one of those rightly changes nothing)."""
+        import mechkit as mk
+
+        with mk.record(self.m, "blocks.*.mlp.hook_routing") as cache:
+            self.m(self.ids)
+        name = list(cache)[-1]
+        return f"{name.split('.')[1]}.e{int((cache[name] != 0).sum(dim=(0, 1)).argmax())}"
 
     def weights(self) -> None:
         import mechkit as mk
@@ -180,7 +202,7 @@ def _note(anatomy) -> str:
     """What a user of a working type should know (shown in the matrix's reason column)."""
     notes = [f"family row {anatomy.family_name!r}"]
     if anatomy.is_moe:
-        points = "mlp.hook_router and mlp.hook_routing" if anatomy.expert_routing else "mlp.hook_router"
+        points = "mlp.hook_router, mlp.hook_routing and mlp.hook_expert_out" if anatomy.expert_routing else "mlp.hook_router"
         notes.append(f"mixture of {anatomy.n_experts} experts: {points}, no dense mlp.hook_post")
     if anatomy.family.pattern == "softmax":
         notes.append("patterns on the native backend only (inline softmax)")

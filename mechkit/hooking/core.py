@@ -165,6 +165,43 @@ def _attach_routing(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[t
             a.experts(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
 
 
+def expert_outputs(experts: torch.nn.Module, args: tuple, n_experts: int) -> torch.Tensor:
+    """Each expert's weighted output, dense over experts: ``[tokens, n_experts, d_model]``, 0 where the router
+    did not choose the expert. The bank itself computes it (``experts.forward``, whichever kernel transformers
+    picked, hooks bypassed) once per routing slot: slot ``j`` alone is one expert per token, so the extra cost
+    is one more pass of the bank's own work, and the grid holds ``n_experts * d_model`` floats per token."""
+    hidden, indices, weights = args[0], args[1], args[2]
+    parts = torch.stack([experts.forward(hidden, indices[:, j:j + 1], weights[:, j:j + 1], *args[3:])
+                         for j in range(indices.shape[-1])], dim=1)  # [tokens, k, d_model]
+    slots = indices.long().clamp(0, n_experts)[..., None].expand(-1, -1, parts.shape[-1])  # n_experts: a masked slot
+    dense = parts.new_zeros(parts.shape[0], n_experts + 1, parts.shape[-1]).scatter(1, slots, parts)
+    return dense[:, :n_experts]
+
+
+def _attach_expert_out(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
+    """``mlp.hook_expert_out``: :func:`expert_outputs` of the routing the bank received (after any
+    ``mlp.hook_routing`` replacement), as ``[batch, pos, n_experts, d_model]``. A replacement's sum over
+    experts becomes the bank's output (the shared expert, outside the bank, is still added)."""
+    a = handle.anatomy
+    shape: list[tuple[int, ...]] = []
+
+    def block_pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    def post(module, args, output):
+        if len(args) < 3:
+            raise MechkitError(f"{type(module).__name__} is not called as experts(hidden, indices, weights)",
+                               "read blocks.L.mlp.hook_router and blocks.L.hook_mlp_out instead")
+        dense = expert_outputs(module, args, a.n_experts)
+        new = fn(dense.reshape(*shape[0], *dense.shape[1:]) if shape else dense, point)
+        if new is None:
+            return None
+        return _beside(new, output).reshape(dense.shape).sum(dim=1).to(output.dtype)
+
+    return [a.mlp(point.layer).register_forward_pre_hook(block_pre, with_kwargs=True),
+            a.experts(point.layer).register_forward_hook(post)]
+
+
 def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
     a = handle.anatomy
     layer, suffix = point.layer, point.suffix
@@ -228,6 +265,8 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
                             removers.extend(_attach_router(handle, point, fn))
                         elif point.suffix == "mlp.hook_routing":
                             removers.extend(_attach_routing(handle, point, fn))
+                        elif point.suffix == "mlp.hook_expert_out":
+                            removers.extend(_attach_expert_out(handle, point, fn))
                         elif point.suffix == "ln_final.hook_scale":
                             removers.append(_attach_scale(handle, point, fn))
                         else:
@@ -370,8 +409,10 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
 
     Caching everything costs memory and time: per layer and token about ``6 * d_model + 3 * n_heads *
     d_head + d_mlp`` floats plus ``n_heads * pos`` for the pattern (on SmolLM2-135M, ~9 MB per layer for a
-    100-token prompt), and the patterns are computed by eager attention in every layer instead of the
-    fused kernel. Name only what you need where memory or speed matters.
+    100-token prompt; a mixture of experts' ``mlp.hook_expert_out`` adds ``n_experts * d_model`` per routed
+    layer and token, and one more pass of its expert bank), and the patterns are computed by eager
+    attention in every layer instead of the fused kernel. Name only what you need where memory or speed
+    matters.
 
     >>> import mechkit as mk
     >>> m = mk.load_model("tiny:llama")

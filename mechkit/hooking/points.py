@@ -22,6 +22,9 @@ Names follow TransformerLens so researchers already know them::
     blocks.{L}.mlp.hook_router     router logits (mixture of experts, read-only)  [batch, pos, n_experts]
     blocks.{L}.mlp.hook_routing    the weight each expert's output gets, 0 where not chosen  [batch, pos, n_experts]
                                    (replace a column by 0 to ablate that expert; native backend)
+    blocks.{L}.mlp.hook_expert_out each expert's output times its routing weight, 0 where not chosen
+                                   [batch, pos, n_experts, d_model]  (sums over experts to the routed part
+                                   of hook_mlp_out; a replacement's sum is the expert bank's output)
     ln_final.hook_scale            final norm's divisor       [batch, pos, 1]   (read-only)
 
 ``*`` matches any layer: ``blocks.*.attn.hook_z``.
@@ -53,7 +56,7 @@ SUFFIXES = (
 GLOBALS = (("hook_embed", "first"), ("ln_final.hook_scale", "last"))
 # Points a hook function may read but not replace.
 READ_ONLY = ("ln_final.hook_scale", "mlp.hook_router")
-_MOE = ("mlp.hook_router", "mlp.hook_routing")  # only in a mixture of experts' routed layers
+_MOE = ("mlp.hook_router", "mlp.hook_routing", "mlp.hook_expert_out")  # only in a mixture of experts' routed layers
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 # TransformerBridge names for the same activations -> mechkit's (TL's HookedTransformer) names
 ALIASES = {"hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "attn.hook_out": "hook_attn_out",
@@ -89,7 +92,7 @@ def _suffixes(anatomy: Anatomy) -> tuple[str, ...]:
     if anatomy.is_moe:
         absent.add("mlp.hook_post")
     moe = (("mlp.hook_router",) if anatomy.family.router is not None else ()) + \
-        (("mlp.hook_routing",) if anatomy.expert_routing else ()) if anatomy.is_moe else ()
+        (("mlp.hook_routing", "mlp.hook_expert_out") if anatomy.expert_routing else ()) if anatomy.is_moe else ()
     return tuple(s for s in SUFFIXES if s not in absent) + moe
 
 

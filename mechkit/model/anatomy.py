@@ -251,7 +251,8 @@ class Anatomy:
     n_experts: int = 0
     # per-layer head sizes where they differ across layers (Gemma 4's global layers); None: d_head everywhere
     d_heads: tuple[int, ...] | None = None
-    # whether the expert bank is called as experts(hidden, indices, weights) (mlp.hook_routing can read it)
+    # whether the expert bank is called as experts(hidden, indices, weights) (mlp.hook_routing and
+    # mlp.hook_expert_out can read it)
     expert_routing: bool = False
 
     def block(self, layer: int) -> nn.Module:
@@ -287,8 +288,9 @@ class Anatomy:
             raise UnsupportedArchitectureError(
                 f"this model's MLP is a mixture of {self.n_experts} experts: it has no {what}",
                 (f"{instead}; " if instead else "") + "at the expert level: blocks.L.mlp.hook_router (router "
-                "logits) and blocks.L.hook_mlp_out; the attention-side analyses (detect, ablate, shuffle, "
-                "sweep, head pruning) work unchanged")
+                "logits), blocks.L.mlp.hook_expert_out (each expert's output), mk.ablate(experts='L.eN') and "
+                "blocks.L.hook_mlp_out; the "
+                "attention-side analyses (detect, ablate, shuffle, sweep, head pruning) work unchanged")
 
     def experts(self, layer: int) -> nn.Module:
         """The expert bank of an MoE layer."""
