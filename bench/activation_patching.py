@@ -32,6 +32,9 @@ def main() -> None:
     repeats = args.repeats or (1 if quick else 3)
 
     common.go_offline()
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")  # TransformerLens' patching prints a progress bar per cell
     threads = common.set_threads(args.threads)
     import numpy as np
     import torch
