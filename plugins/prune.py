@@ -96,6 +96,8 @@ class PrunePlugin(Plugin):
         guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
         if "neurons" in targets:  # before any work: a mixture of experts has experts, not neurons
             ctx.model.anatomy.refuse_moe("dense MLP neurons to prune", "pass --target heads,layers")
+        if "heads" in targets:  # before any work: heads normalised together cannot be sliced apart
+            ctx.model.anatomy.refuse_joint_head_norm("pruning heads", "pass --target layers")
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
         levels = [] if opts["budget"] is not None else opts["sparsity"].resolve(targets)
         config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],

@@ -156,3 +156,17 @@ def test_expert_specs_are_checked_and_stay_apart_from_head_specs():
         mk.ablate(m, heads="1.e2").__enter__()
     with pytest.raises(MechkitError, match="no expert bank"):
         mk.ablate(mk.load_model("tiny:llama"), experts="0.e0").__enter__()
+
+
+def test_head_pruning_works_on_mixtral_and_is_refused_where_heads_share_a_norm(tmp_path):
+    """Head pruning is attention-side: it runs unchanged on Mixtral (the neuron statistics a dense MLP would
+    add are skipped). OLMoE's q_norm normalises all heads together, so slicing one out would change the
+    others: refused in one line before any work, with a target that works."""
+    run = mk.run("prune", model=_model("mixtral"), write=False, target="heads", sparsity="0.25", n=2, shots=1,
+                 tasks="capitalize")
+    assert run.report["checks"]["logits_unchanged"] and "heads=0.25" in run.report["finding"]
+    olmoe = _model("olmoe")
+    with pytest.raises(MechkitError, match=r"normalises all heads together \(q_norm.*--target layers"):
+        mk.run("prune", model=olmoe, write=False, target="heads", sparsity="0.25", n=2, shots=1, tasks="capitalize")
+    assert mk.run("prune", model=olmoe, write=False, target="layers", sparsity="0.5", n=2, shots=1,
+                  tasks="capitalize").report["checks"]["logits_unchanged"]

@@ -290,7 +290,28 @@ class Anatomy:
                 (f"{instead}; " if instead else "") + "at the expert level: blocks.L.mlp.hook_router (router "
                 "logits), blocks.L.mlp.hook_expert_out (each expert's output), mk.ablate(experts='L.eN') and "
                 "blocks.L.hook_mlp_out; the "
-                "attention-side analyses (detect, ablate, shuffle, sweep, head pruning) work unchanged")
+                "attention-side analyses (detect, ablate, shuffle, sweep, patch, attention, and head pruning where "
+                "each head is normalised on its own) work unchanged")
+
+    def joint_head_norm(self) -> str | None:
+        """The name of a query/key norm that normalises all heads together (OLMoE's ``q_norm`` over
+        ``n_heads · d_head``), or None. With one, a head's output depends on the others' pre-norm values,
+        so heads can be masked or ablated but not sliced out of the weights."""
+        for layer in range(self.n_layers):
+            attn = self.attn(layer)
+            for name in ("q_norm", "k_norm"):
+                weight = getattr(getattr(attn, name, None), "weight", None)
+                if hasattr(weight, "numel") and weight.numel() not in (0, self.d_head):
+                    return f"{name} ({weight.numel()} channels, {weight.numel() // self.d_head} heads)"
+        return None
+
+    def refuse_joint_head_norm(self, what: str, instead: str) -> None:
+        """Raise one line, before any work, where ``what`` slices heads out of a jointly normalised layer."""
+        found = self.joint_head_norm()
+        if found:
+            raise UnsupportedArchitectureError(
+                f"this model's attention normalises all heads together ({found}): {what} would change the "
+                "heads it keeps", instead)
 
     def experts(self, layer: int) -> nn.Module:
         """The expert bank of an MoE layer."""

@@ -36,6 +36,7 @@ from mechkit.eval.scoring import batches, forward_kept, row_metrics
 from mechkit.hooking.core import hooks
 from mechkit.model.backends.grad import enable_grad
 from mechkit.model.modules.linear import weight_out_in
+from mechkit.pruning.stats import neuron_points
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -67,6 +68,8 @@ def check_guide(guide: str) -> str:
 def _down_cols(handle: ModelHandle) -> torch.Tensor:
     """``[L, d_mlp]`` squared column norms of every MLP output projection."""
     a = handle.anatomy
+    if not neuron_points(a):  # a mixture of experts: no neurons to score (neuron targets are refused)
+        return torch.zeros(a.n_layers, a.d_mlp, dtype=torch.float64)
     return torch.stack([weight_out_in(a.mlp_out(i)).detach().double().pow(2).sum(0).cpu() for i in range(a.n_layers)])
 
 
@@ -151,8 +154,7 @@ def _attribute(handle: ModelHandle, passes, stats: UnitStats, baseline: str, gui
             acts[point.name] = x
             return x
 
-        names = ["blocks.*.mlp.hook_post", "blocks.*.attn.hook_z", "blocks.*.hook_resid_pre",
-                 "blocks.*.hook_resid_post"]
+        names = [*neuron_points(a), "blocks.*.attn.hook_z", "blocks.*.hook_resid_pre", "blocks.*.hook_resid_post"]
         with enable_grad(), hooks(handle, dict.fromkeys(names, keep)):
             logp = forward()
             order = sorted(acts)
@@ -161,8 +163,9 @@ def _attribute(handle: ModelHandle, passes, stats: UnitStats, baseline: str, gui
         valid = mask.to(handle.device).to(logp.dtype)
         with torch.no_grad():
             for layer in range(L):
-                mlp[layer] += _unit_effect(acts, grads, f"blocks.{layer}.mlp.hook_post", valid,
-                                           stats.mlp_mean[layer] if baseline == "mean" else None)
+                if neuron_points(a):
+                    mlp[layer] += _unit_effect(acts, grads, f"blocks.{layer}.mlp.hook_post", valid,
+                                               stats.mlp_mean[layer] if baseline == "mean" else None)
                 heads[layer] += _unit_effect(acts, grads, f"blocks.{layer}.attn.hook_z", valid,
                                              stats.head_mean[layer] if baseline == "mean" else None)
                 out, inp = f"blocks.{layer}.hook_resid_post", f"blocks.{layer}.hook_resid_pre"

@@ -85,7 +85,7 @@ def collect_stats(handle: ModelHandle, texts: Sequence[str], batch_size: int = 8
             cos = torch.nn.functional.cosine_similarity(pre.pop(point.layer), x[mask].double(), dim=-1)
             acc["infl"][point.layer] += (1 - cos).sum().cpu()
 
-        fns = {"blocks.*.mlp.hook_post": lambda x, p: moments(x, p, "mlp"),
+        fns = {**{name: (lambda x, p: moments(x, p, "mlp")) for name in neuron_points(handle.anatomy)},
                "blocks.*.attn.hook_z": lambda x, p: moments(x, p, "head"),
                "blocks.*.hook_resid_pre": keep_pre, "blocks.*.hook_resid_post": influence}
         with torch.no_grad(), hooks(handle, fns):
@@ -93,3 +93,9 @@ def collect_stats(handle: ModelHandle, texts: Sequence[str], batch_size: int = 8
         n_tokens += int(mask.sum())
     n = max(n_tokens, 1)
     return UnitStats(acc["mlp"] / n, acc["mlp2"] / n, acc["head"] / n, acc["head2"] / n, acc["infl"] / n, n_tokens)
+
+
+def neuron_points(anatomy) -> list[str]:
+    """The MLP-neuron hook point, where the model has dense MLP neurons; none for a mixture of experts (its
+    units are experts: neuron targets are refused, and head and layer pruning need no neuron statistics)."""
+    return [] if anatomy.is_moe else ["blocks.*.mlp.hook_post"]

@@ -180,6 +180,7 @@ def slice_heads(anatomy: Anatomy, layer: int, keep: Sequence[int], n_heads: int 
     """Keep query heads ``keep`` of ``layer`` (dense indices) and the KV heads they read."""
     n_heads = n_heads or anatomy.n_heads
     n_kv = n_kv or anatomy.n_kv_heads
+    anatomy.refuse_joint_head_norm("removing heads from the weights", "mask or ablate the heads (mk.ablate) instead")
     keep = sorted(int(h) for h in keep)
     if not keep:
         raise MechkitError(f"layer {layer}: cannot remove every attention head", "remove the whole layer instead")
