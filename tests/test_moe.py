@@ -170,3 +170,18 @@ def test_head_pruning_works_on_mixtral_and_is_refused_where_heads_share_a_norm(t
         mk.run("prune", model=olmoe, write=False, target="heads", sparsity="0.25", n=2, shots=1, tasks="capitalize")
     assert mk.run("prune", model=olmoe, write=False, target="layers", sparsity="0.5", n=2, shots=1,
                   tasks="capitalize").report["checks"]["logits_unchanged"]
+
+
+ATTENTION_SIDE = [("detect", dict(n_seqs=4, seg_len=5, batch_size=2)),
+                  ("shuffle", dict(heads="0.1,1.2", n_seqs=4, seg_len=5, tasks="capitalize", n=2, shots=1)),
+                  ("sweep", dict(method="both", tasks="capitalize", n=2, shots=1)),
+                  ("patch", dict(clean="abcab", corrupted="abdab", answers="c,d", method="both")),
+                  ("attention", dict(prompt="abc abc abc", heads="0.1,layer:1"))]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_attention_side_plugins_run_on_a_mixture_of_experts(family):
+    m = _model(family)
+    for plugin, options in ATTENTION_SIDE:
+        run = mk.run(plugin, model=m, write=False, **options)
+        assert run.report["checks"]["logits_unchanged"] and run.report["finding"], plugin
