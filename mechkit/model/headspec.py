@@ -236,7 +236,20 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
     if not scores or score not in scores:
         raise HeadSpecError(f"the {score!r} head spec needs {score} scores",
                             "run `mechkit detect` first and pass --from REPORT, or let the plugin compute them")
-    return top_heads(scores[score], top_k)
+    grid = scores[score]
+    if not _is_grid(grid, n_layers, n_heads):  # another model's scores would rank heads silently wrong
+        raise HeadSpecError(f"the {score} scores are not a {n_layers} × {n_heads} grid of numbers (this model's layers × "
+                            "heads)", "use scores from `mechkit detect` on this same model")
+    return top_heads(grid, top_k)
+
+
+def _is_grid(grid, n_layers: int, n_heads: int) -> bool:
+    """Whether ``grid`` is ``n_layers`` rows of ``n_heads`` numbers (lists, arrays or tensors)."""
+    try:
+        rows = [[float(v) for v in row] for row in grid]
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == n_heads for r in rows)
 
 
 def _validated(heads: list[Head], n_layers: int, n_heads: int) -> list[Head]:
