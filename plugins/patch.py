@@ -62,7 +62,7 @@ class PatchPlugin(Plugin):
             pairs = [PromptPair(opts["clean"], opts["corrupted"], correct, wrong)]
         else:
             wanted = opts["pair"] + opts["pairs"]
-            pairs = task_pairs(opts["task"], 4 * wanted + 8, ctx.seed, opts["shots"], m.tokenizer)
+            pairs = task_pairs(opts["task"], 4 * wanted + 8, ctx.seed, opts["shots"], m.text_tokenizer())
         kept = aligned(m, pairs, strict=opts["clean"] is not None)[opts["pair"]:][:opts["pairs"]]
         with ctx.progress() as bar:
             job = bar.add_task("patching prompt pairs", total=len(kept))

@@ -136,3 +136,47 @@ def test_a_save_to_a_place_no_file_can_go_is_one_line_and_leaves_nothing(tiny_ll
             save(target)
         assert " — " in str(err.value) and "\n" not in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [("attention", "--heads", "0.0"), ("patch",),
+                                  ("ablate", "--top-k", "2", "--tasks", "capitalize")])
+def test_a_model_without_a_tokenizer_is_one_line_naming_the_fix_that_works(tmp_path, capsys, argv):
+    """A model directory without tokenizer files loads (analyses on token ids need none); one that reads
+    text said ``'NoneType' object is not callable``. Now one line, and following its fix runs."""
+    from mechkit.model.sources.tiny import byte_tokenizer
+    from tests.test_reliability import _model_dir
+
+    d = _model_dir(tmp_path / "m")
+    for f in d.glob("*token*"):
+        f.unlink()
+    code, err = _cli(capsys, argv[0], "--model", str(d), *argv[1:], "--out", str(tmp_path / "r"))
+    assert code == 2 and len(err) == 1 and "has no tokenizer" in err[0] and "save_pretrained" in err[0], err
+    assert not (tmp_path / "r").exists()
+    if argv[0] == "attention":  # the fix, followed
+        byte_tokenizer().save_pretrained(d)
+        code, err = _cli(capsys, argv[0], "--model", str(d), *argv[1:], "--out", str(tmp_path / "r"))
+        assert code == 0 and (tmp_path / "r" / "report.json").is_file(), err
+
+
+SMALL = ("--tasks", "capitalize", "--n", "4", "--shots", "2", "--n-seqs", "2", "--seg-len", "5")
+
+
+@pytest.mark.parametrize(("plugin", "fixes"), [("ablate", [("--top-k", "4", "--baseline-seeds", "1"),
+                                                           ("--baseline", "none")]),
+                                               ("shuffle", [("--top-k", "4", "--seeds", "1")])])
+def test_a_k_leaving_no_random_baseline_is_refused_before_scores_and_the_fixes_work(tmp_path, monkeypatch, capsys,
+                                                                                    plugin, fixes):
+    """On tiny:llama (8 heads) the default k=10 names every head: the random baseline failed only after the
+    head scores, saying "lower --top-k" without how far. Now refused first; each fix it names runs."""
+    import mechkit.heads.scores as hs
+
+    real = hs.compute_scores
+    monkeypatch.setattr(hs, "compute_scores", lambda *a, **k: pytest.fail("scores computed before the refusal"))
+    code, err = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, "--out", str(tmp_path / "r"))
+    assert code == 2 and len(err) == 1 and "random baseline" in err[0], err
+    _fix_names_real_options((plugin,), err[0])
+    monkeypatch.setattr(hs, "compute_scores", real)
+    for i, fix in enumerate(fixes):
+        assert all(word in err[0] for word in fix[:2])
+        code, out = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, *fix, "--out", str(tmp_path / f"ok{i}"))
+        assert code == 0 and (tmp_path / f"ok{i}" / "report.json").is_file(), out

@@ -184,6 +184,7 @@ def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) 
     """Each pair with its :func:`tokens`, keeping only pairs that can be patched position by position and
     whose two answers differ: the rest are skipped, not refused (a task's prompts vary), unless ``strict``
     (the user's own pair), or none is left."""
+    handle.text_tokenizer()  # a model without a tokenizer: its own line, not "no pair could be patched"
     kept, last = [], None
     for pair in pairs:
         try:
