@@ -180,3 +180,14 @@ def test_a_k_leaving_no_random_baseline_is_refused_before_scores_and_the_fixes_w
         assert all(word in err[0] for word in fix[:2])
         code, out = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, *fix, "--out", str(tmp_path / f"ok{i}"))
         assert code == 0 and (tmp_path / f"ok{i}" / "report.json").is_file(), out
+
+
+@pytest.mark.parametrize(("icl", "shots"), [(False, False), (True, True)])
+def test_no_patchable_pair_names_shots_only_for_icl_pairs(tiny_llama, icl, shots):
+    from mechkit.errors import MechkitError
+    from mechkit.patching.pairs import PromptPair, aligned
+
+    pair = PromptPair("ab", "abc", " x", " y", first_token=True, shuffled_labels=icl)  # lengths differ
+    with pytest.raises(MechkitError) as err:
+        aligned(tiny_llama, [pair])
+    assert ("--shots" in str(err.value)) == shots and "--seed" in str(err.value)

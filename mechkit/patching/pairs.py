@@ -206,7 +206,9 @@ def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) 
             continue
         kept.append((pair, toks))
     if not kept:
-        raise MechkitError(f"no prompt pair could be patched (the last: {last})", "try another task, seed or --shots")
+        icl = any(p.shuffled_labels for p in pairs)  # --shots shapes ICL prompts only; ioi has none
+        raise MechkitError(f"no prompt pair could be patched (the last: {last})",
+                           "try another --task, --seed" + (" or --shots" if icl else ""))
     return kept
 
 
