@@ -56,6 +56,8 @@ class AblatePlugin(Plugin):
         # k is how many heads a ranked spec takes (each checked now, before scores are computed);
         # an explicit spec (17.3,layer:2) ablates what it names
         ks = selection.ks(n_layers, n_heads, opts["sweep"], opts["top_k"], ctx.seed)
+        if opts["baseline"] == "random":
+            selection.check_baseline(n_layers, n_heads, ks, ctx.seed, other=", or --baseline none")
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"])
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None

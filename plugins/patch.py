@@ -13,7 +13,7 @@ Algorithms: :mod:`mechkit.patching`.
 
 from __future__ import annotations
 
-from mechkit.options import OptionError
+from mechkit.options import OptionError, Text
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -25,11 +25,12 @@ class PatchPlugin(Plugin):
     options = (
         Option("task", str, "ioi", "Prompt pairs from this task: ioi (the name swapped) or an ICL task id (its "
                "demonstrations' labels shuffled); ignored with --clean."),
-        Option("clean", str, None, "Clean prompt text (with --corrupted and --answers)."),
-        Option("corrupted", str, None, "Corrupted prompt text, the same number of tokens as --clean."),
+        Option("clean", str, None, "Clean prompt text (with --corrupted and --answers).", parse=Text("the clean prompt")),
+        Option("corrupted", str, None, "Corrupted prompt text, the same number of tokens as --clean.",
+               parse=Text("the corrupted prompt", "The cat sat. The dog sat.")),
         Option("answers", str, None, "The clean answer and the competing one, comma-separated (' Mary, John')."),
         Option("pairs", int, 1, "Prompt pairs to average over (seeded by --seed).", min=1, max=256),
-        Option("pair", int, 0, "The first pair to use (0 = the seed's first).", min=0),
+        Option("pair", int, 0, "The first pair to use (0 = the seed's first).", min=0, max=10_000),
         Option("shots", int, 5, "Demonstrations per ICL prompt (ICL tasks only).", min=2, max=40),
         Option("method", str, "exact", "exact, attribution (one forward and backward per pair), or both (adds "
                "their rank agreement).", choices=("exact", "attribution", "both")),
@@ -43,6 +44,9 @@ class PatchPlugin(Plugin):
             raise OptionError("--clean, --corrupted and --answers go together; give all three")
         if parsed.get("answers") is not None and len(parsed["answers"].split(",")) != 2:
             raise OptionError("--answers takes two answers, comma-separated: the clean one, then the competing one")
+        if given and (parsed.get("pairs", 1) != 1 or parsed.get("pair", 0) != 0):
+            raise OptionError("--pairs and --pair choose among a task's prompt pairs; --clean/--corrupted give one pair",
+                              "drop --pairs and --pair, or drop --clean/--corrupted/--answers to use --task")
         if not given:
             from mechkit.patching.pairs import check_pair_task
 
@@ -58,7 +62,7 @@ class PatchPlugin(Plugin):
             pairs = [PromptPair(opts["clean"], opts["corrupted"], correct, wrong)]
         else:
             wanted = opts["pair"] + opts["pairs"]
-            pairs = task_pairs(opts["task"], 4 * wanted + 8, ctx.seed, opts["shots"], m.tokenizer)
+            pairs = task_pairs(opts["task"], 4 * wanted + 8, ctx.seed, opts["shots"], m.text_tokenizer())
         kept = aligned(m, pairs, strict=opts["clean"] is not None)[opts["pair"]:][:opts["pairs"]]
         with ctx.progress() as bar:
             job = bar.add_task("patching prompt pairs", total=len(kept))

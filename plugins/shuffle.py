@@ -62,6 +62,7 @@ class ShufflePlugin(Plugin):
 
             raise HeadSpecError(f"--heads {selection.spec} names {named} head: a shuffle permutes weights among "
                                 "heads, so one head would be left as it is", "name at least 2 heads (or --top-k 2+)")
+        selection.check_baseline(n_layers, n_heads, [opts["top_k"]], ctx.seed)  # the random-heads comparison
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]) if tasks else {}
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None

@@ -41,7 +41,7 @@ def reference_tokens(handle: ModelHandle, prompts: dict[str, list], per_task: in
 
     Cropping (rather than padding) keeps pad tokens out of the reference activations.
     """
-    encoded = [handle.tokenizer(p.text)["input_ids"] for ps in prompts.values() for p in ps[:per_task]]
+    encoded = [handle.text_tokenizer()(p.text)["input_ids"] for ps in prompts.values() for p in ps[:per_task]]
     width = min(len(ids) for ids in encoded)
     return torch.tensor([ids[:width] for ids in encoded], dtype=torch.long)
 

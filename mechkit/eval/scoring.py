@@ -145,10 +145,10 @@ def pad_batch(rows: Sequence[Encoded], pad: int) -> Batch:
 def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Batch]:
     """Every prompt's (first accepted) answer row, length-sorted and padded into batches."""
     check_batch_size(batch_size)
-    rows = sorted(encode_rows(handle.tokenizer, prompts, None), key=lambda r: len(r.ids))
+    rows = sorted(encode_rows(handle.text_tokenizer(), prompts, None), key=lambda r: len(r.ids))
     if rows:
         check_context(handle, len(rows[-1].ids))
-    pad = pad_id(handle.tokenizer)
+    pad = pad_id(handle.text_tokenizer())
     return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
 
 
@@ -176,7 +176,7 @@ def pad_right(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, to
 
 def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
     """Token ids of each prompt's text (no answer), checked against the model's context."""
-    ids = [handle.tokenizer(p.text)["input_ids"] for p in prompts]
+    ids = [handle.text_tokenizer()(p.text)["input_ids"] for p in prompts]
     if ids:
         check_context(handle, max(len(i) for i in ids))
     return ids
@@ -230,7 +230,7 @@ def greedy_writes(handle: ModelHandle, row: Encoded) -> bool:
     Greedy decoding reproduces the canonical answer tokens up to the first mismatch, so decoding
     starts there (one cached prefill), and most wrong answers are settled after a step or two.
     """
-    tok = handle.tokenizer
+    tok = handle.text_tokenizer()
     start = row.answer_start
     ids = torch.tensor([row.ids[:start]], device=handle.device)
     out = handle.forward(ids, use_cache=True)  # through the backend: its hook functions apply to every step
@@ -256,7 +256,7 @@ def score_rows(handle: ModelHandle, rows: Sequence[Encoded], batch_size: int = 1
     ``prepare(indices)`` runs before every forward over ``rows[indices]`` (a batch, or one row for
     its greedy check): the hook for callers that edit each row differently (activation vectors).
     """
-    tok = handle.tokenizer
+    tok = handle.text_tokenizer()
     pad = pad_id(tok)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
     if rows:
@@ -305,7 +305,7 @@ def score_prompts(
     if not prompts:
         raise MechkitError("no prompts to score", "pass at least one prompt (mk.build_prompts(task, n=...))")
     check_batch_size(batch_size)
-    rows = encode_rows(handle.tokenizer, prompts, terminator)
+    rows = encode_rows(handle.text_tokenizer(), prompts, terminator)
     scored, decoded = score_rows(handle, rows, batch_size)
     return aggregate(len(prompts), rows, scored, decoded)
 
@@ -321,7 +321,7 @@ def greedy_exact_match(handle: ModelHandle, prompts: Sequence, terminator: str |
 
     Correct when the decoded text begins with an accepted answer followed by the terminator.
     """
-    tok = handle.tokenizer
+    tok = handle.text_tokenizer()
     out = []
     with torch.no_grad():
         for p in prompts:

@@ -59,7 +59,7 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     >>> p.read_bytes(), sorted(q.name for q in p.parent.iterdir())
     (b'weights', ['w.bin'])
     """
-    path = Path(path)
+    path = _file_target(path)
     while True:
         tmp = path.with_name(f".{path.name}.{_token()}.tmp")
         try:
@@ -79,6 +79,20 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     _fsync(path.parent, directory=True)
 
 
+def _file_target(path: object) -> Path:
+    """``path`` as a :class:`Path` a file can be renamed onto, else one line naming it and the fix: a save
+    given a directory, a folder that does not exist or a non-path would otherwise raise a bare OSError
+    or TypeError (and a rename onto a directory fails only after the whole file is written)."""
+    if not isinstance(path, str | os.PathLike) or not str(os.fspath(path)).strip():
+        raise MechkitError(f"cannot write a file to {path!r}", "pass a file path, e.g. 'out/attention.html'")
+    target = Path(path)
+    if target.is_dir():
+        raise MechkitError(f"{target} is a directory, not a file name", f"name a file inside it, e.g. {target / 'out'}")
+    if not target.parent.is_dir():
+        raise MechkitError(f"the folder {target.parent} does not exist", f"create it first (mkdir -p {target.parent})")
+    return target
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """Write ``data`` to ``path`` atomically (text is UTF-8); return the path.
 
@@ -87,7 +101,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
     >>> write_atomic(p, '{"a": 1}').read_text()
     '{"a": 1}'
     """
-    path = Path(path)
+    path = _file_target(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     with atomic_file(path) as tmp, open(tmp, "wb") as f:
         f.write(payload)

@@ -129,10 +129,22 @@ class ModelHandle:
         """The same rows as a small table, for Jupyter."""
         return handle_html(self)
 
+    def text_tokenizer(self) -> Any:
+        """The tokenizer, for an analysis that reads text; one line naming the fix where the model has none
+        (a model directory without tokenizer files loads, for analyses on token ids only)."""
+        if self.tokenizer is None:
+            from mechkit.errors import MechkitError
+
+            where = self.source if self.source is not None else self.spec
+            raise MechkitError(f"{where} has no tokenizer (no tokenizer files beside its weights), and this "
+                               "analysis reads text", f"save the model's tokenizer into {where} "
+                               "(tokenizer.save_pretrained)")
+        return self.tokenizer
+
     def to_tokens(self, text: str | list[str]) -> torch.Tensor:
         """Token ids (with BOS where the tokenizer adds one), right-padded to a batch."""
         texts = [text] if isinstance(text, str) else text
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True)
+        enc = self.text_tokenizer()(texts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(self.device)
 
     def to_str_tokens(self, text: str | torch.Tensor | list[int]) -> list[str]:
@@ -146,7 +158,7 @@ class ModelHandle:
         """
         ids = self.to_tokens(text)[0] if isinstance(text, str) else text
         ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
-        return [self.tokenizer.decode([i]) for i in ids]
+        return [self.text_tokenizer().decode([i]) for i in ids]
 
     def weights_sha256(self) -> str:
         """SHA-256 of the parameters' bytes in name order (computed once, then remembered).

@@ -108,6 +108,19 @@ class HeadSelection:
         placeholder = {kind: [[0.0] * n_heads for _ in range(n_layers)] for kind in SCORE_KINDS}
         return len(self.resolve(n_layers, n_heads, scores=placeholder, top_k=top_k, seed=seed))
 
+    def check_baseline(self, n_layers: int, n_heads: int, ks: Sequence[int] = (10,), seed: int = 0,
+                       other: str = "") -> None:
+        """Refuse now, before scores are computed, a k whose random baseline (as many heads, none of the
+        selected) cannot be drawn: on a small model the default k can name half its heads or more, and the
+        draw failed only after the scores, with a fix that did not say how far to lower k."""
+        total = n_layers * n_heads
+        for k in ks:
+            named = self.count(n_layers, n_heads, k, seed)
+            if named > total - named:
+                raise HeadSpecError(f"--heads {self.spec} names {named} of the model's {total} heads, leaving "
+                                    f"{total - named} for a random baseline of {named} heads none of them",
+                                    f"name at most {total // 2} heads (--top-k {total // 2}){other}")
+
     def check(self, n_layers: int, n_heads: int, ks: Sequence[int] = (10,), seed: int = 0) -> None:
         """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""
         for k in ks:
@@ -236,7 +249,20 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
     if not scores or score not in scores:
         raise HeadSpecError(f"the {score!r} head spec needs {score} scores",
                             "run `mechkit detect` first and pass --from REPORT, or let the plugin compute them")
-    return top_heads(scores[score], top_k)
+    grid = scores[score]
+    if not _is_grid(grid, n_layers, n_heads):  # another model's scores would rank heads silently wrong
+        raise HeadSpecError(f"the {score} scores are not a {n_layers} × {n_heads} grid of numbers (this model's layers × "
+                            "heads)", "use scores from `mechkit detect` on this same model")
+    return top_heads(grid, top_k)
+
+
+def _is_grid(grid, n_layers: int, n_heads: int) -> bool:
+    """Whether ``grid`` is ``n_layers`` rows of ``n_heads`` numbers (lists, arrays or tensors)."""
+    try:
+        rows = [[float(v) for v in row] for row in grid]
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == n_heads for r in rows)
 
 
 def _validated(heads: list[Head], n_layers: int, n_heads: int) -> list[Head]:

@@ -2,7 +2,9 @@
 
 - **IOI with the name swapped** (as in TransformerLens' exploratory analysis of Wang et al.'s task): the
   corrupted sentence repeats the indirect object instead of the subject, so the right answer becomes the
-  subject and ``logit(IO) − logit(S)`` flips sign; both sentences have the same tokens but one.
+  subject and ``logit(IO) − logit(S)`` flips sign; both sentences have the same tokens but one. The names
+  are compared at their first differing token (the whole name where it is one token; on a byte-level
+  tokenizer, the pairs whose names have equal token counts line up).
 - **An ICL task with its demonstrations' labels shuffled**: the same inputs, outputs and query, but no
   demonstration maps its input to its own output any more, so the prompt no longer shows the task, only
   its format. The answers compared are the query's first answer token and the first token of the query
@@ -37,6 +39,7 @@ class PromptPair:
     correct: str
     wrong: str
     first_token: bool = False  # compare the answers' first tokens (ICL answers are often several tokens)
+    shuffled_labels: bool = False  # an ICL pair: the prompts may differ only inside demonstration labels
 
 
 def ioi_pairs(n: int, seed: int = 0) -> list[PromptPair]:
@@ -52,7 +55,9 @@ def ioi_pairs(n: int, seed: int = 0) -> list[PromptPair]:
     for q in build_prompts("ioi", n=n, seed=seed):
         io, subject = q.answer.strip(), q.distractor.strip()
         head, _, tail = q.text.rpartition(subject)
-        pairs.append(PromptPair(q.text, head + io + tail, q.answer, q.distractor))
+        # first tokens: a tokenizer that spells names in several tokens (a byte-level one) still gets pairs,
+        # those whose names have equal token counts; where names are single tokens nothing changes
+        pairs.append(PromptPair(q.text, head + io + tail, q.answer, q.distractor, first_token=True))
     return pairs
 
 
@@ -101,7 +106,8 @@ def icl_pairs(task: str, n: int, seed: int = 0, shots: int | None = None, tokeni
                                "use --shots 2 or more, or another task")
         labels = _relabel([out for _, out in split], length, pool, rng)
         corrupted = "".join(f"input: {inp}\noutput: {out}\n" for (inp, _), out in zip(split, labels, strict=True))
-        pairs.append(PromptPair(q.text, corrupted + "input: " + query, q.answer, " " + q.query, first_token=True))
+        pairs.append(PromptPair(q.text, corrupted + "input: " + query, q.answer, " " + q.query, first_token=True,
+                                shuffled_labels=True))
     return pairs
 
 
@@ -178,6 +184,7 @@ def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) 
     """Each pair with its :func:`tokens`, keeping only pairs that can be patched position by position and
     whose two answers differ: the rest are skipped, not refused (a task's prompts vary), unless ``strict``
     (the user's own pair), or none is left."""
+    handle.text_tokenizer()  # a model without a tokenizer: its own line, not "no pair could be patched"
     kept, last = [], None
     for pair in pairs:
         try:
@@ -187,7 +194,7 @@ def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) 
                 raise
             last = err
             continue
-        if pair.first_token and not _lines_up(handle, pair):
+        if pair.shuffled_labels and not _lines_up(handle, pair):
             last = MechkitError("the corrupted prompt does not line up with the clean one token by token",
                                 "labels of other lengths in tokens")
             continue
@@ -199,7 +206,9 @@ def aligned(handle: ModelHandle, pairs: list[PromptPair], strict: bool = False) 
             continue
         kept.append((pair, toks))
     if not kept:
-        raise MechkitError(f"no prompt pair could be patched (the last: {last})", "try another task, seed or --shots")
+        icl = any(p.shuffled_labels for p in pairs)  # --shots shapes ICL prompts only; ioi has none
+        raise MechkitError(f"no prompt pair could be patched (the last: {last})",
+                           "try another --task, --seed" + (" or --shots" if icl else ""))
     return kept
 
 

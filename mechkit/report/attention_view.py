@@ -100,9 +100,7 @@ class AttentionView:
         """Write :meth:`html` to ``path`` (atomically); return it."""
         from mechkit.io import write_atomic
 
-        out = Path(path)
-        write_atomic(out, self.html())
-        return out
+        return write_atomic(path, self.html())  # refuses a directory, a missing folder or a non-path in one line
 
     def __repr__(self) -> str:
         n = len(self.patterns.heads)
@@ -132,7 +130,7 @@ def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence 
     """
     from mechkit.model.handle import ModelHandle
 
-    if not isinstance(text, str) or not text:
+    if not isinstance(text, str) or not text.strip():
         raise MechkitError("show_attention needs a non-empty prompt text", 'pass the prompt, e.g. "The cat sat"')
     if not isinstance(model, ModelHandle):
         from mechkit.model.loading import load_model
@@ -142,7 +140,11 @@ def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence 
     if ids.shape[1] > MAX_TOKENS:
         raise MechkitError(f"the prompt has {ids.shape[1]} tokens; a view holds at most {MAX_TOKENS}",
                            "shorten the prompt")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise MechkitError(f"top_k must be a whole number of at least 1, not {top_k!r}", "pass top_k=10, say")
     chosen = select_heads(model, heads, top_k, seed, scores)
+    if not chosen:
+        raise MechkitError("the head spec selects no heads", 'name at least one, e.g. heads="0.1" or heads=None for all')
     patterns = record_patterns(model, ids, chosen, name="prompt")
     return AttentionView(patterns, model.anatomy.n_layers, model.anatomy.n_heads, str(model.spec))
 

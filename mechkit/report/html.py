@@ -84,7 +84,7 @@ def top_sections(report: dict, images: dict[str, bytes], tables: list[Table] | N
     tables = generic_tables(report.get("results") or {}) if tables is None else tables
     names = [a for a in report.get("artifacts") or [] if a in images] + \
         [n for n in images if n not in (report.get("artifacts") or [])]
-    shown = report.get("views")
+    shown = views.sane(report.get("views"))  # a crafted or damaged report.json renders without its grids
     parts = [_header(report)]
     if report.get("finding"):
         parts.append(f'<p class="finding">{_escape(report["finding"])}</p>')

@@ -87,6 +87,59 @@ def views_of(figures: Mapping[str, Any]) -> dict | None:
     return {"grids": grids, "patterns": patterns} if grids else None
 
 
+MAX_CELLS = 250_000
+"""Most cells a grid of a read-back report may hold (a 128-layer × 2,048-position residual map fits); a
+crafted larger one is left out, not drawn for minutes."""
+
+
+def sane(views: Any) -> dict | None:
+    """The well-formed part of a report's ``views`` as read back from disk, ``None`` when nothing is.
+
+    A report.json may be crafted or damaged, and the grids are an extra beside the PNGs: a grid that is not
+    a list of rows of numbers (or blanks), that is larger than :data:`MAX_CELLS`, or whose fields have the
+    wrong types is left out, so the page still renders, with its figures, instead of raising.
+
+    >>> sane({"grids": {"a.png": {"values": [[1, None]], "title": "t", "patterns": "p9"}, "b.png": "x"}})
+    {'grids': {'a.png': {'title': 't', 'label': 'value', 'values': [[1.0, None]], 'highlight': []}}, 'patterns': {}}
+    >>> sane([1, 2]) is None
+    True
+    """
+    if not isinstance(views, Mapping) or not isinstance(views.get("grids"), Mapping):
+        return None
+    patterns = views.get("patterns") if isinstance(views.get("patterns"), Mapping) else {}
+    grids, used = {}, {}
+    for name, grid in views["grids"].items():
+        entry = _sane_grid(grid)
+        if not isinstance(name, str) or entry is None:
+            continue
+        key = grid.get("patterns")
+        if isinstance(key, str) and isinstance(patterns.get(key), Mapping):
+            entry["patterns"], used[key] = key, patterns[key]
+            if grid.get("text") is True:
+                entry["text"] = True
+        grids[name] = entry
+    return {"grids": grids, "patterns": used} if grids else None
+
+
+def _sane_grid(grid: Any) -> dict | None:
+    """One grid's fields checked and copied (see :func:`sane`), or ``None``."""
+    if not isinstance(grid, Mapping):
+        return None
+    rows = grid.get("values")
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows) or \
+            sum(len(r) for r in rows) > MAX_CELLS:
+        return None
+    if not all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for r in rows for v in r):
+        return None
+    pairs = grid.get("highlight") if isinstance(grid.get("highlight"), list) else []
+    highlight = [[a, b] for a, b in (p for p in pairs if isinstance(p, list) and len(p) == 2)
+                 if isinstance(a, int) and isinstance(b, int)]
+    text = lambda key, default: grid[key] if isinstance(grid.get(key), str) else default  # noqa: E731
+    return {"title": text("title", ""), "label": text("label", "value"),
+            "values": [[None if v is None or not math.isfinite(v) else float(v) for v in r] for r in rows],
+            "highlight": highlight}
+
+
 def json_script(data: Any, attrs: str = "") -> str:
     """``data`` as an inert JSON block (``<`` escaped, so no text in it can close the script)."""
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
@@ -136,5 +189,5 @@ def script_html() -> str:
     return f"<script>{viewer_js()}</script>"
 
 
-__all__ = ["CSS", "HeadGrid", "data_html", "grid_html", "json_script", "script_html", "view_html", "views_of",
-           "viewer_js"]
+__all__ = ["CSS", "MAX_CELLS", "HeadGrid", "data_html", "grid_html", "json_script", "sane", "script_html", "view_html",
+           "views_of", "viewer_js"]
