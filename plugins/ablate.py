@@ -25,7 +25,8 @@ class AblatePlugin(Plugin):
     summary = "Ablate heads (e.g. the top induction heads) vs random heads and measure ICL accuracy."
     options = (
         Option("heads", str, "induction", "Head spec: induction, previous-token, random, layer:L or 17.3,18.6.", parse=HeadSpec()),
-        Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),
+        Option("top_k", int, None, "k for score-ranked and random head specs (default 10, at most half the "
+               "model's heads, so the random baseline has heads to draw from).", min=1),
         Option("mode", str, "zero", "Ablation: zero, mean or resample.", choices=("zero", "mean", "resample")),
         Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
         Option("n", int, 30, "Prompts per task.", min=1),
@@ -53,9 +54,10 @@ class AblatePlugin(Plugin):
         opts, model = ctx.options, ctx.model
         n_layers, n_heads = model.anatomy.n_layers, model.anatomy.n_heads
         selection, tasks = opts["heads"], opts["tasks"]
+        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, n_layers * n_heads // 2)
         # k is how many heads a ranked spec takes (each checked now, before scores are computed);
         # an explicit spec (17.3,layer:2) ablates what it names
-        ks = selection.ks(n_layers, n_heads, opts["sweep"], opts["top_k"], ctx.seed)
+        ks = selection.ks(n_layers, n_heads, opts["sweep"], top_k, ctx.seed)
         if opts["baseline"] == "random":
             selection.check_baseline(n_layers, n_heads, ks, ctx.seed, other=", or --baseline none")
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"])

@@ -28,7 +28,8 @@ class ShufflePlugin(Plugin):
     summary = "Permute QK or QKOV weights among selected heads (e.g. induction) vs among random heads."
     options = (
         Option("heads", str, "induction", "Head spec (see `mechkit ablate --help`).", parse=HeadSpec()),
-        Option("top_k", int, 10, "k for score-ranked and random head specs.", min=1),
+        Option("top_k", int, None, "k for score-ranked and random head specs (default 10, at most half the "
+               "model's heads, so the random baseline has heads to draw from).", min=1),
         Option("component", str, "qk", "What moves: qk (attention pattern) or qkov (whole head).",
                choices=("qk", "qkov")),
         Option("gqa", str, "query", "Under grouped-query attention: move query rows only, or also the KV group.",
@@ -56,17 +57,18 @@ class ShufflePlugin(Plugin):
         opts, model = ctx.options, ctx.model
         n_layers, n_heads = model.anatomy.n_layers, model.anatomy.n_heads
         selection, tasks = opts["heads"], opts["tasks"]
-        named = selection.count(n_layers, n_heads, opts["top_k"], ctx.seed)  # before head scores are computed
+        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, n_layers * n_heads // 2)
+        named = selection.count(n_layers, n_heads, top_k, ctx.seed)  # before head scores are computed
         if named < 2:
             from mechkit.errors import HeadSpecError
 
             raise HeadSpecError(f"--heads {selection.spec} names {named} head: a shuffle permutes weights among "
                                 "heads, so one head would be left as it is", "name at least 2 heads (or --top-k 2+)")
-        selection.check_baseline(n_layers, n_heads, [opts["top_k"]], ctx.seed)  # the random-heads comparison
+        selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed)  # the random-heads comparison
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]) if tasks else {}
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
-        target = selection.resolve(n_layers, n_heads, scores=scores, top_k=opts["top_k"], seed=ctx.seed)
+        target = selection.resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=ctx.seed)
         # Held-out sequences: never the ones the heads were selected on.
         tokens = repeated_tokens(model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed + 1)
         plan = shuffle_conditions(target, n_layers, n_heads, opts["seeds"], ctx.seed)

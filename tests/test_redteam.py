@@ -166,13 +166,14 @@ SMALL = ("--tasks", "capitalize", "--n", "4", "--shots", "2", "--n-seqs", "2", "
                                                ("shuffle", [("--top-k", "4", "--seeds", "1")])])
 def test_a_k_leaving_no_random_baseline_is_refused_before_scores_and_the_fixes_work(tmp_path, monkeypatch, capsys,
                                                                                     plugin, fixes):
-    """On tiny:llama (8 heads) the default k=10 names every head: the random baseline failed only after the
-    head scores, saying "lower --top-k" without how far. Now refused first; each fix it names runs."""
+    """On tiny:llama (8 heads) k=10 names every head: the random baseline failed only after the head scores,
+    saying "lower --top-k" without how far. Now refused first; each fix it names runs. (The default k is now
+    at most half the model's heads, so the defaults run: the next test.)"""
     import mechkit.heads.scores as hs
 
     real = hs.compute_scores
     monkeypatch.setattr(hs, "compute_scores", lambda *a, **k: pytest.fail("scores computed before the refusal"))
-    code, err = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, "--out", str(tmp_path / "r"))
+    code, err = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, "--top-k", "10", "--out", str(tmp_path / "r"))
     assert code == 2 and len(err) == 1 and "random baseline" in err[0], err
     _fix_names_real_options((plugin,), err[0])
     monkeypatch.setattr(hs, "compute_scores", real)
@@ -180,6 +181,18 @@ def test_a_k_leaving_no_random_baseline_is_refused_before_scores_and_the_fixes_w
         assert all(word in err[0] for word in fix[:2])
         code, out = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, *fix, "--out", str(tmp_path / f"ok{i}"))
         assert code == 0 and (tmp_path / f"ok{i}" / "report.json").is_file(), out
+
+
+@pytest.mark.parametrize("plugin", ["ablate", "shuffle"])
+def test_the_default_k_runs_on_a_tiny_model(tmp_path, capsys, plugin):
+    """Class 11: a default that fails on the default tiny models is a bug. k defaults to 10 but at most half
+    the heads (4 of tiny:llama's 8), leaving the random baseline heads to draw from."""
+    code, out = _cli(capsys, plugin, "--model", "tiny:llama", *SMALL, "--out", str(tmp_path / "ok"))
+    assert code == 0, out
+    import json
+
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    assert report["params"]["top_k"] is None and report["checks"]["logits_unchanged"]
 
 
 @pytest.mark.parametrize(("icl", "shots"), [(False, False), (True, True)])
