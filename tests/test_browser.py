@@ -46,6 +46,7 @@ OPTIONS = {
                   token_keep="0.5", signal_layer=0, repeats=1, prune_budgets="0.7", margin=0.05),
     "patch": dict(clean="abcab", corrupted="abdab", answers="c,d"),
     "attention": dict(prompt="abcdabcd", heads="0.1,1.3"),
+    "select-tasks": dict(target="past-tense", pool="capitalize,swap,opposite", n=4),
 }
 PENDING: set[str] = set()  # plugins whose page is not checked yet (none)
 # `make demo`'s ablate settings, on a random model shaped like the embedded SmolLM2 (30 layers × 9 heads, 3 KV):

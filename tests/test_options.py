@@ -404,6 +404,9 @@ def _required(plugin: str, tmp_path: Path, skip: str) -> dict[str, str]:
     """Valid values for the plugin's required options (existing files for a ``Paths`` parser)."""
     values = {}
     for opt in registry.get(plugin).options:
+        if opt.required and opt.name != skip and isinstance(opt.parse, TaskList):
+            values[opt.name] = "capitalize"
+            continue
         if opt.required and opt.name != skip:
             assert isinstance(opt.parse, Paths), f"derive a valid value for {plugin} {opt.flag}"
             files = [tmp_path / f"{opt.name}{i}" for i in range(opt.parse.count or 1)]
