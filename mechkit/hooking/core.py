@@ -137,6 +137,21 @@ def _unflattened(handle: ModelHandle, point: HookPoint, fn: HookFn) -> tuple[Hoo
     return wrapped, [handle.anatomy.block(point.layer).register_forward_pre_hook(pre, with_kwargs=True)]
 
 
+def _token_shape(shape: list) -> Callable:
+    """A pre-hook for an MoE block that keeps its input's ``[batch, pos]`` in ``shape`` (the expert bank
+    sees the tokens flattened)."""
+    def block_pre(_module, args, kwargs):
+        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+
+    return block_pre
+
+
+def _check_bank_call(module: torch.nn.Module, args: tuple) -> None:
+    if len(args) < 3:
+        raise MechkitError(f"{type(module).__name__} is not called as experts(hidden, indices, weights)",
+                           "read blocks.L.mlp.hook_router and blocks.L.hook_mlp_out instead")
+
+
 def _attach_routing(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.utils.hooks.RemovableHandle]:
     """``mlp.hook_routing``: what the expert bank receives (``experts(hidden, indices [tokens, k], weights
     [tokens, k])``, the convention of transformers' MoE blocks) as one dense ``[batch, pos, n_experts]`` grid.
@@ -144,14 +159,10 @@ def _attach_routing(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[t
     experts the router did not choose stay unchosen."""
     a = handle.anatomy
     shape: list[tuple[int, ...]] = []
-
-    def block_pre(_module, args, kwargs):
-        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+    block_pre = _token_shape(shape)
 
     def pre(_module, args, kwargs):
-        if len(args) < 3:
-            raise MechkitError(f"{type(_module).__name__} is not called as experts(hidden, indices, weights)",
-                               "read blocks.L.mlp.hook_router and blocks.L.hook_mlp_out instead")
+        _check_bank_call(_module, args)
         indices, weights = args[1], args[2]
         dense = torch.zeros(*indices.shape[:-1], a.n_experts, dtype=weights.dtype, device=weights.device)
         dense = dense.scatter(-1, indices.long(), weights)
@@ -184,14 +195,10 @@ def _attach_expert_out(handle: ModelHandle, point: HookPoint, fn: HookFn) -> lis
     experts becomes the bank's output (the shared expert, outside the bank, is still added)."""
     a = handle.anatomy
     shape: list[tuple[int, ...]] = []
-
-    def block_pre(_module, args, kwargs):
-        shape[:] = [tuple(_first(args, kwargs).shape[:-1])]
+    block_pre = _token_shape(shape)
 
     def post(module, args, output):
-        if len(args) < 3:
-            raise MechkitError(f"{type(module).__name__} is not called as experts(hidden, indices, weights)",
-                               "read blocks.L.mlp.hook_router and blocks.L.hook_mlp_out instead")
+        _check_bank_call(module, args)
         dense = expert_outputs(module, args, a.n_experts)
         new = fn(dense.reshape(*shape[0], *dense.shape[1:]) if shape else dense, point)
         if new is None:
