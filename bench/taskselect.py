@@ -7,7 +7,11 @@ the serial run, and whether the Table 3.1 cells are identical to the serial run'
 result depends only on the unit). The first Ray run per worker count is cold (workers start and load
 the model); warm runs reuse them. Medians over ``--repeats``.
 
-    python bench/taskselect.py [--quick] [--model llama] [--threads 1] [--repeats 2] [--workers 2]
+    python bench/taskselect.py [--quick] [--study full|embedded] [--model llama] [--threads 1] [--repeats 2]
+                               [--workers 2]
+
+The default study on the embedded model is ``embedded`` (a 3-task pool, 4-step fine-tunes); ``--study full``
+is the 6-task pool of 10-step fine-tunes (about an hour on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ STUDY = {  # one target, a 6-task pool: 10 condition fine-tunes + 6 single-task 
     "full": {"target": "past-tense", "pool": "opposite,lowercase,capitalize,swap,country-capital,negation",
              "n": 16, "validate": True, "seeds": "0", "steps": 10, "budget": 48, "batch_size": 8, "eval_n": 20,
              "eval_shots": "0,3", "draws": 3, "transfer_seeds": 1},
+    # the embedded model on 2 shared cores: one study is minutes, so a 3-task pool and short fine-tunes
+    # (about 7 fine-tunes: Selected, All, Random and No Con. draws, No Div., and one per candidate)
+    "embedded": {"target": "past-tense", "pool": "opposite,lowercase,capitalize", "n": 16, "validate": True,
+                 "seeds": "0", "steps": 4, "budget": 32, "batch_size": 8, "eval_n": 10, "eval_shots": "0",
+                 "draws": 2, "transfer_seeds": 1},
     "quick": {"target": "past-tense", "pool": "opposite,capitalize,swap", "n": 4, "validate": True, "seeds": "0",
               "steps": 1, "budget": 6, "batch_size": 2, "eval_n": 2, "eval_shots": "0", "draws": 3,
               "transfer_seeds": 0},
@@ -38,11 +47,12 @@ def main() -> None:
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model spec (default llama; quick tiny:llama)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per setting (default 2; quick 1)")
+    p.add_argument("--study", choices=("full", "embedded"), default="embedded", help="the study timed (not --quick)")
     p.add_argument("--workers", default="2", help="worker counts to time, comma-separated")
     args = p.parse_args()
     model = args.model or ("tiny:llama" if args.quick else "llama")
     repeats = args.repeats or (1 if args.quick else 2)
-    options = STUDY["quick" if args.quick else "full"]
+    options = STUDY["quick" if args.quick else args.study]
     common.go_offline()
     threads = common.set_threads(args.threads or 1)
     os.environ["OMP_NUM_THREADS"] = str(threads)
