@@ -200,7 +200,7 @@ def run_plugin(
     seed = check_seed(seed)
     if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
         raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
-                           "pass a name such as \"inspect\" (see `mechkit list`) or your Plugin class")
+                           "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     runs_on = check_backend_for(cls, backend, remote, model)
