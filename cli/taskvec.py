@@ -172,7 +172,8 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
     ignored = [flag for flag, value, default in (("--weights", weights, None), ("--density", density, 1.0),
                                                  ("--p", p, 0.0), ("--seed", seed, 0)) if value != default]
     if expr is not None and ignored:  # an expression carries its own weights: these would be silently ignored
-        raise MechkitError(f"{', '.join(ignored)} apply to --method merges, not to --expr",
+        raise MechkitError(f"{', '.join(ignored)} appl{'y' if len(ignored) > 1 else 'ies'} to --method merges, "
+                           "not to --expr",
                            "write the weights into the expression (e.g. --expr '0.7*cap + 0.3*past'), "
                            "or merge with --method")
     if expr is not None:

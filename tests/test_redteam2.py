@@ -246,6 +246,7 @@ def _calls(bad):
         "score_prompts": lambda: mk.score_prompts(bad, ["x"]),
         "to_transformer_lens": lambda: mk.to_transformer_lens(bad),
         "adaptive": lambda: mk.adaptive(bad, 0.5).__enter__(),
+        "parse_heads": lambda: mk.parse_heads("0.0", bad if not isinstance(bad, int) else 0, 4),
     }
 
 
@@ -254,7 +255,20 @@ def _calls(bad):
 def test_an_api_function_given_no_model_is_a_mechkit_error_naming_load_model(call, bad):
     with pytest.raises(MechkitError) as err:
         _calls(bad)[call]()
-    assert f"mk.{call} needs a loaded model" in str(err.value) and "mk.load_model(" in str(err.value)
+    if call == "parse_heads":  # takes the model's shape, not the model
+        assert "n_layers must be a whole number" in str(err.value) and "m.anatomy.n_layers" in str(err.value)
+    else:
+        assert f"mk.{call} needs a loaded model" in str(err.value) and "mk.load_model(" in str(err.value)
+
+
+@pytest.mark.parametrize(("switch", "value"), [("write", "no"), ("write", None), ("force", "yes"), ("force", 1)])
+def test_run_switches_that_are_not_true_or_false_are_refused_before_the_model_loads(tmp_path, monkeypatch,
+                                                                                   switch, value):
+    """``mk.run(..., write="no")`` wrote the report: any non-empty string is true."""
+    monkeypatch.setattr("mechkit.model.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(MechkitError, match=f"{switch} must be True or False"):
+        mk.run("inspect", model="tiny:llama", out=tmp_path / "r", **{switch: value})
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("ignored", [("--weights", "0.5"), ("--density", "0.5"), ("--p", "0.3"), ("--seed", "3")])
@@ -266,7 +280,7 @@ def test_expr_with_a_merge_method_option_is_refused_not_ignored(tmp_path, capsys
     out = tmp_path / ("o" if command == "apply" else "o.safetensors")
     argv = ("taskvec", command, *base, "-v", f"a={vector}", "--expr", "a", *ignored, "--out", str(out))
     code, err = _cli(capsys, *argv)
-    assert code == 2 and len(err) == 1 and f"{ignored[0]} apply to --method merges" in err[0], err
+    assert code == 2 and len(err) == 1 and f"{ignored[0]} applies to --method merges" in err[0], err
     _fix_names_real_options(argv, err[0])
     assert not out.exists()
 
