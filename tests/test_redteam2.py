@@ -6,7 +6,7 @@ for a million layers that took minutes to refuse, transformers' load table print
 line, a symlinked or oversized ``report.json`` read (and embedded) whole, public API functions raising
 ``AttributeError`` on a non-model, ``--expr`` silently ignoring ``--weights``, and fixes that named a
 command or option that does not exist or does not help. The last test reads every error message in
-``mechkit/`` and ``plugins/`` and checks the options and commands its fix names exist.
+``mechkit/``, ``cli/`` and ``plugins/`` and checks the options and commands it names exist.
 """
 
 from __future__ import annotations
@@ -79,6 +79,31 @@ def test_a_new_file_inside_an_input_directory_is_still_allowed(tmp_path, capsys,
         assert code == 0 and out.is_file(), err
     finally:
         out.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("writer", ["taskvec merge --force", "taskvec extract --force", "write_atomic", "check_out"])
+def test_a_pipe_or_device_is_never_replaced_by_a_file(tmp_path, capsys, dirs, writer):
+    """As root, ``taskvec merge --out /dev/full --force`` renamed a regular file over the device (found on
+    /dev/full itself; here a FIFO stands in for every special file)."""
+    import stat
+
+    from mechkit.io import check_out, write_atomic
+
+    base, ft, vector = dirs
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    if writer == "write_atomic":
+        with pytest.raises(MechkitError, match="not a regular file"):
+            write_atomic(fifo, "x")
+    elif writer == "check_out":
+        with pytest.raises(MechkitError, match="not a regular file"):
+            check_out(fifo, force=True, kind="file")
+    else:
+        argv = {"taskvec merge --force": ("taskvec", "merge", "-v", f"a={vector}", "--expr", "a"),
+                "taskvec extract --force": ("taskvec", "extract", "--base", str(base), "--finetuned", str(ft))}[writer]
+        code, err = _cli(capsys, *argv, "--out", str(fifo), "--force")
+        assert code == 2 and len(err) == 1 and "not a regular file" in err[0], err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
 # ---- class 2 and 10: damaged tokenizer files, absurd configs, one line only -------------------------
@@ -350,8 +375,9 @@ NOT_OURS = {"--head", "--no-deps", "--force-reinstall"}  # `ray start --head`, `
 
 
 def _messages():
-    """Every string of every error constructed in mechkit/ and plugins/: (file, line, text)."""
-    files = [*sorted((ROOT / "mechkit").rglob("*.py")), *sorted((ROOT / "plugins").glob("*.py"))]
+    """Every string of every error constructed in mechkit/, cli/ and plugins/: (file, line, text)."""
+    files = [*sorted((ROOT / "mechkit").rglob("*.py")), *sorted((ROOT / "cli").glob("*.py")),
+             *sorted((ROOT / "plugins").glob("*.py"))]
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Call):
@@ -396,4 +422,4 @@ def test_every_option_and_command_a_message_names_exists():
                 wrong.append(f"{path}:{line}: `mechkit {cmd}`")
         wrong += [f"{path}:{line}: {o}" for o in sorted(options - scope)]
         checked += 1
-    assert checked > 400 and not wrong, wrong
+    assert checked > 500 and not wrong, wrong

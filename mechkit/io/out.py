@@ -55,6 +55,9 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         else:
             if path.is_dir():
                 raise MechkitError(f"{path} is a directory, not a file", "pass a file name for --out")
+            from mechkit.io.atomic import refuse_special_file
+
+            refuse_special_file(path)  # a device or a pipe is never replaced, whatever --force says
             if path.exists() and not force:
                 raise MechkitError(f"{path} already exists", "pass --force to overwrite it or choose another --out")
     except OSError as err:  # e.g. a directory that cannot be listed
