@@ -164,10 +164,18 @@ def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, ene
 
 def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density):
     from mechkit.taskarith import evaluate_expression, merge
+    from mechkit.taskarith.merge import example_weights
 
     named = _load_named(vectors)
     if (expr is None) == (method is None):
         raise MechkitError("pass exactly one of --expr and --method", "e.g. --expr 'cap + past' or --method ties")
+    ignored = [flag for flag, value, default in (("--weights", weights, None), ("--density", density, 1.0),
+                                                 ("--p", p, 0.0), ("--seed", seed, 0)) if value != default]
+    if expr is not None and ignored:  # an expression carries its own weights: these would be silently ignored
+        raise MechkitError(f"{', '.join(ignored)} appl{'y' if len(ignored) > 1 else 'ies'} to --method merges, "
+                           "not to --expr",
+                           "write the weights into the expression (e.g. --expr '0.7*cap + 0.3*past'), "
+                           "or merge with --method")
     if expr is not None:
         tv = evaluate_expression(expr, named) * scale if scale != 1.0 else evaluate_expression(expr, named)
     else:
@@ -175,7 +183,7 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
             ws = [FINITE.convert(w, None, None) for w in weights.split(",")] if weights else None
         except click.BadParameter:
             raise MechkitError(f"malformed --weights {weights!r}: each must be a finite number",
-                               "pass one number per vector, e.g. 0.7,0.3") from None
+                               f"pass one number per vector, e.g. {example_weights(len(named))}") from None
         tv = merge(list(named.values()), method, weights=ws, density=density, p=p, seed=seed, scale=scale)
     if rank is not None or energy is not None:
         tv = tv.low_rank(rank=rank, energy=energy)

@@ -24,7 +24,7 @@ from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.checks.identity import model_identity
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
-from mechkit.options.resolve import check_backend_for, check_seed, resolve_options
+from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, RunContext
 
 if TYPE_CHECKING:
@@ -198,9 +198,10 @@ def run_plugin(
 
     console = console or Console(stderr=True)
     seed = check_seed(seed)
+    check_switches(force=force, write=write)
     if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
         raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
-                           "pass a name such as \"inspect\" (see `mechkit list`) or your Plugin class")
+                           "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
     runs_on = check_backend_for(cls, backend, remote, model)

@@ -75,7 +75,8 @@ class ComposePlugin(Plugin):
         Option("mlp_ablation", str, "mean", "How an MLP block is removed.", choices=("zero", "mean")),
         Option("contrast", str, "max", "Composite-specific effect: composite importance minus the max or mean of the "
                                        "simple tasks'.", choices=("max", "mean")),
-        Option("top_k", int, 5, "Heads selected by composite-specific effect (checked exactly, strengthened).", min=1),
+        Option("top_k", int, None, "Heads selected by composite-specific effect (checked exactly, strengthened); "
+               "default 5, at most half the model's heads (the rest are the random baseline).", min=1),
         Option("verify", int, 3, "Top heads whose attribution estimate is checked by exact ablation (0: none).", min=0),
         Option("n_seqs", int, 20, "Random sequences for the induction / previous-token scores.", min=1),
         Option("seg_len", int, 25, "Segment length for those scores.", min=2),
@@ -103,7 +104,10 @@ class ComposePlugin(Plugin):
         treatments = ["scale", "vector"] if opts["treatment"] == "both" else [opts["treatment"]]
         names = ("n", "seeds", "effect_shots", "n_effect", "method", "contrast", "top_k", "verify", "n_seqs",
                  "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size", "mlp_ablation", "strengths")
-        config = ComposeConfig(**{name: opts[name] for name in names}, shots=shots, seed=ctx.seed, words=opts["word_match"])
+        settings = {name: opts[name] for name in names}
+        if settings["top_k"] is None:  # the default runs on any model: 5, or half the heads of a smaller one
+            settings["top_k"] = max(1, min(5, model.anatomy.n_layers * model.anatomy.n_heads // 2))
+        config = ComposeConfig(**settings, shots=shots, seed=ctx.seed, words=opts["word_match"])
         study = ComposeStudy(model, opts["pairs"], config, step=ctx.step)  # refuses a --top-k too large for the model
         models = {model.spec: model}
         for spec in (s.strip() for s in str(opts["models"] or "").split(",") if s.strip()):

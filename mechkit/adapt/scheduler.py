@@ -351,6 +351,9 @@ def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Sch
     >>> run.log[0]["label"]
     'skip L1'
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.adaptive")
     if scheduler is None:
         raise MechkitError("adaptive inference needs a scheduler calibrated on this model",
                            "pass scheduler=mechkit.adapt.calibrate(model, tasks) or the scheduler.json of a "

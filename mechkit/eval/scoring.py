@@ -302,6 +302,9 @@ def score_prompts(
     Prompts with several accepted answers count as correct when any of them matches; their
     log-probability is the best one.
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.score_prompts")
     if not prompts:
         raise MechkitError("no prompts to score", "pass at least one prompt (mk.build_prompts(task, n=...))")
     check_batch_size(batch_size)

@@ -166,6 +166,9 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
     value the attention function receives, each as ``[batch, pos, heads, d_head]`` (key and value with the
     KV heads); a layer with only these keeps the model's own kernel.
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.pattern_hooks")
     if handle.backend.traced:
         from mechkit.errors import MechkitError
 

@@ -247,6 +247,9 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
     A function returning a tensor replaces the activation; returning None only reads.
     Names may use ``*`` for the layer. Every hook is removed on exit, also on error.
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.hooks")
     if handle.backend.traced:  # nnsight: the functions run inside each forward's trace
         entries = [(point, fn) for name, fn_or_fns in fns.items()
                    for fn in (fn_or_fns if isinstance(fn_or_fns, list) else [fn_or_fns])
@@ -375,6 +378,9 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
 
     Unlike a full ``run_with_cache`` only what you name is stored, optionally moved to ``device``.
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.record")
     cache = Cache()
     cache.handle = handle
 
@@ -427,6 +433,9 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
     >>> cache["blocks.1.attn.hook_q"].shape[2:], cache["ln_final.hook_scale"].shape[-1]
     (torch.Size([4, 16]), 1)
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.run_with_cache")
     if names is None:
         names = all_names(handle.anatomy)
     with torch.no_grad(), record(handle, names) as cache:
@@ -453,6 +462,9 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
     >>> z.shape == g.shape
     True
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.gradients")
     points = [p for name in ([names] if isinstance(names, str) else names) for p in resolve(handle.anatomy, name)]
     if handle.backend.traced:
         return traced.gradients(handle, points, input_ids.to(handle.device), metric, use_cache=False, **kwargs)

@@ -162,6 +162,9 @@ def ablate(
     >>> [str(h) for h in hs]
     ['0.1', '1.3']
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.ablate")
     if mode not in MODES:
         raise MechkitError(f"unknown ablation mode {mode!r}", f"use one of: {', '.join(MODES)}")
     if heads is None and experts is None:

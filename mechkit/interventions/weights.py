@@ -131,6 +131,9 @@ def edit_weights(handle: ModelHandle) -> Iterator[WeightEdits]:
     >>> with mk.edit_weights(m) as w:
     ...     w.zero_head_output(Head(0, 1))
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.edit_weights")
     edits = WeightEdits(handle)
     try:
         yield edits

@@ -90,7 +90,16 @@ def _file_target(path: object) -> Path:
         raise MechkitError(f"{target} is a directory, not a file name", f"name a file inside it, e.g. {target / 'out'}")
     if not target.parent.is_dir():
         raise MechkitError(f"the folder {target.parent} does not exist", f"create it first (mkdir -p {target.parent})")
+    refuse_special_file(target)
     return target
+
+
+def refuse_special_file(target: Path) -> None:
+    """One line where ``target`` is a device, a pipe or a socket: the rename that replaces a file would
+    replace it (as root, ``--out /dev/full --force`` left a regular file where the device was)."""
+    if os.path.lexists(target) and not target.is_symlink() and not target.is_file() and not target.is_dir():
+        raise MechkitError(f"{target} is not a regular file (a device, a pipe or a socket), and writing would "
+                           "replace it", "choose a file name for --out")
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:

@@ -19,7 +19,8 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     directory there, so a read-only location fails before any work). An empty directory is fine.
     Refused too, as the real directory they name (symlinks and ``..`` resolved): the working directory,
     the home directory, the root and their ancestors (``--out .``), a place inside mechkit's own cache
-    (:func:`mechkit.io.disk_cache.cache_root`), and an ``--out`` that is or holds one of ``inputs``.
+    (:func:`mechkit.io.disk_cache.cache_root`), an ``--out`` that is or holds one of ``inputs``, and an
+    existing file inside an input directory (``--force`` would replace the weights the run reads).
 
     >>> import tempfile, pathlib
     >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -54,6 +55,9 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         else:
             if path.is_dir():
                 raise MechkitError(f"{path} is a directory, not a file", "pass a file name for --out")
+            from mechkit.io.atomic import refuse_special_file
+
+            refuse_special_file(path)  # a device or a pipe is never replaced, whatever --force says
             if path.exists() and not force:
                 raise MechkitError(f"{path} already exists", "pass --force to overwrite it or choose another --out")
     except OSError as err:  # e.g. a directory that cannot be listed
@@ -106,6 +110,9 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
         if _within(source, real):
             raise MechkitError(f"--out {path} {'is' if source == real else 'holds'} the input {item}, "
                                "which the run reads", "choose another --out")
+        if kind == "file" and source.is_dir() and _within(real, source) and os.path.lexists(real):
+            raise MechkitError(f"--out {path} is a file inside the input {item}, which the run reads (its "
+                               "weights, config or tokenizer)", "choose another --out, outside that directory")
 
 
 def _probe_writable(path: Path) -> None:

@@ -258,3 +258,23 @@ def _u8():
     import torch
 
     return torch.uint8
+
+
+def require_handle(handle: Any, what: str) -> None:
+    """One line where a public function that takes a loaded model is given something else (``None``, a
+    spec string, a raw transformers model): a :class:`MechkitError` naming the fix, never the
+    ``AttributeError`` deep inside that the first use of ``handle.anatomy`` would raise.
+
+    >>> require_handle("tiny:llama", "mk.edit_weights")
+    Traceback (most recent call last):
+    mechkit.errors.MechkitError: mk.edit_weights needs a loaded model, not the str 'tiny:llama' — load it first: m = mk.load_model('tiny:llama'), then mk.edit_weights(m, ...)
+    """
+    if all(hasattr(handle, name) for name in ("model", "anatomy", "backend")):
+        return
+    from mechkit.errors import MechkitError
+
+    shown = f"the {type(handle).__name__} {handle!r}" if isinstance(handle, str | int | float) or handle is None \
+        else f"a {type(handle).__name__}"
+    spec = repr(handle) if isinstance(handle, str) else '"tiny:llama"'
+    raise MechkitError(f"{what} needs a loaded model, not {shown}".replace("the NoneType None", "None"),
+                       f"load it first: m = mk.load_model({spec}), then {what}(m, ...)")

@@ -11,6 +11,7 @@ Spec grammar (comma-separated items, 0-based)::
 from __future__ import annotations
 
 import functools
+import numbers
 import random as _random
 import re
 from collections.abc import Mapping, Sequence
@@ -200,6 +201,10 @@ def parse_heads(
     >>> parse_heads("1.2,layer:0", n_layers=2, n_heads=3)
     [Head(layer=0, head=0), Head(layer=0, head=1), Head(layer=0, head=2), Head(layer=1, head=2)]
     """
+    for name, value in (("n_layers", n_layers), ("n_heads", n_heads)):  # a TypeError deep in a comparison else
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise HeadSpecError(f"{name} must be a whole number of at least 1, not {value!r}",
+                                "pass the model's shape, e.g. n_layers=m.anatomy.n_layers, n_heads=m.anatomy.n_heads")
     if isinstance(spec, str | HeadSelection):
         return parse_spec(spec).resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=seed, exclude=exclude)
     try:

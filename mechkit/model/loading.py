@@ -21,6 +21,7 @@ from mechkit.model.backends.remotes import check_remote
 from mechkit.model.checks.integrity import (
     load_report_muted,
     refuse_load_gaps,
+    refuse_more_layers_than_weights,
     refuse_non_finite_weights,
     refuse_pickle_only,
 )
@@ -223,6 +224,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     try:
         if pruned:
             return load_pruned_directory(path, torch_dtype), _tokenizer(path)
+        refuse_more_layers_than_weights(path)  # from the headers, before transformers builds every layer
         with load_report_muted():
             if placed is not None:
                 model, info = load_pretrained(path, placed, torch_dtype, **safe)
@@ -237,13 +239,24 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     return model, _tokenizer(path)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
+
+
 def _tokenizer(path: Path):
+    """The directory's tokenizer; ``None`` where it has no tokenizer files (token-level analyses still run),
+    and one line where it has some that do not load: damaged files are refused, as damaged weights are,
+    not reported later as "no tokenizer"."""
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception:
-        return None  # a model without tokenizer files still supports token-level analyses
+    except Exception as err:
+        present = [name for name in TOKENIZER_FILES if (path / name).is_file()]
+        if not present:
+            return None
+        raise ModelLoadError(f"the tokenizer files in {path} ({', '.join(present)}) do not load: {first_line(err)}",
+                             "re-save the model's tokenizer there (tokenizer.save_pretrained), or remove those "
+                             "files for token-level analyses only") from err
 
 
 def _load_hub(repo_id: str, torch_dtype, placed: Dispatch | None = None):

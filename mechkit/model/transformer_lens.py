@@ -105,6 +105,9 @@ def to_transformer_lens(handle: Any) -> Any:
     >>> bridge.cfg.n_layers  # doctest: +SKIP
     2
     """
+    from mechkit.model.handle import require_handle
+
+    require_handle(handle, "mk.to_transformer_lens")
     import copy
 
     check_bridgeable(handle)

@@ -43,6 +43,22 @@ def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 
 
+def check_switches(**switches: Any) -> None:
+    """``mk.run``'s on/off arguments (``force``, ``write``) must be True or False: ``write="no"`` is a
+    true string, and wrote the report it meant to skip.
+
+    >>> check_switches(force=False, write=True)
+    >>> try:
+    ...     check_switches(force=False, write="no")
+    ... except PluginError as err:
+    ...     print(err)
+    write must be True or False, not 'no' — pass write=False
+    """
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise PluginError(f"{name} must be True or False, not {value!r}", f"pass {name}=False")
+
+
 def check_seed(seed: Any) -> int:
     """``seed`` as an int in ``0..2**63-1``, else one :class:`PluginError` line — before any model loads.
 

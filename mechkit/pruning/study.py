@@ -81,6 +81,23 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
+def budget_fix(targets: list[str], candidates: list[dict]) -> str:
+    """The fix for a budget no plan reaches: raise it (to about what the cheapest plan reached), or add the
+    unit types not pruned yet, naming them only where some are left (all three given: only the budget).
+
+    >>> budget_fix(["neurons"], [{"cost_ratio": 0.62}])
+    'raise --budget (the cheapest plan tried reached 0.62), or add targets: --target neurons,heads,layers'
+    >>> budget_fix(["neurons", "heads", "layers"], [])
+    'raise --budget'
+    """
+    from mechkit.pruning.select import TARGETS
+
+    ratios = [c["cost_ratio"] for c in candidates if isinstance(c.get("cost_ratio"), int | float)]
+    fix = "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
+    missing = [t for t in TARGETS if t not in targets]
+    return fix + (f", or add targets: --target {','.join([*targets, *missing])}" if missing else "")
+
+
 @dataclass(frozen=True)
 class PruneConfig:
     """The settings of :class:`PruneStudy` (what the ``prune`` plugin builds from its options); the
@@ -356,7 +373,7 @@ class PruneStudy:
         within = [c for c in candidates if c["calib_accuracy"] is not None]
         if not within:
             raise MechkitError(f"no plan of {', '.join(self.targets)} reaches {budget} of the dense {unit}",
-                               "raise --budget or add targets (--target neurons,heads,layers)")
+                               budget_fix(self.targets, candidates))
         chosen = max(within, key=lambda c: c["calib_accuracy"])
         sparsity = dict(chosen["sparsity"])
         for _ in range(BUDGET_RETRIES):  # the reported row must meet the budget; noise can put it just over

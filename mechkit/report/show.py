@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 MAX_ROWS = 40
+MAX_REPORT_BYTES = 32 * 2**20  # the largest report a run writes is about 1 MB; a larger file is not one of ours
+MAX_TEXT = 4000  # characters of one report string shown in a terminal (a finding is a paragraph)
 
 
 def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -33,10 +35,19 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / "report.json"
+        if p.is_symlink():  # a run's report is its own file: a link could carry any local JSON into a page
+            raise MechkitError(f"{p} is a symlink, not the run's own report",
+                               "pass the file it points to as PATH if you trust it")
+    if os.path.lexists(p) and not p.is_file():  # a FIFO would block the read, a device never end
+        raise MechkitError(f"{p} is not a regular file", "pass a report.json written by a mechkit run")
     if not p.is_file():
         raise MechkitError(
             f"no report at {p}", "pass a run directory (under ./mechkit-runs/) or its report.json"
         )
+    size = p.stat().st_size
+    if size > MAX_REPORT_BYTES:  # refused before reading: a crafted file must fail fast, not after minutes
+        raise MechkitError(f"{p} is {size / 2**20:.0f} MB, more than a report's limit of "
+                           f"{MAX_REPORT_BYTES // 2**20} MB", "pass a report.json written by a mechkit run")
     try:
         report = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -66,6 +77,8 @@ def safe_text(value: Any, style: str = "") -> Text:
     from rich.text import Text
 
     text = str(value)
+    if len(text) > MAX_TEXT:  # a crafted report's megabyte string would take minutes to wrap
+        text = f"{text[:MAX_TEXT]}… ({len(text) - MAX_TEXT:,} more characters)"
     if not text.isprintable():
         text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
     return Text(text, style=style)

@@ -70,15 +70,26 @@ def sign_consensus(stack: torch.Tensor, normalize: str = "count", weights: torch
     return torch.where(denom > 0, total / denom.clamp_min(1e-12), torch.zeros_like(total))
 
 
+def example_weights(n: int) -> str:
+    """A ``--weights`` value with one weight per vector, for a fix to name (``0.7,0.3`` named two to one).
+
+    >>> example_weights(1), example_weights(2), example_weights(3)
+    ('1', '0.7,0.3', '0.4,0.3,0.3')
+    """
+    return {1: "1", 2: "0.7,0.3"}.get(n, ",".join(["0.4"] + ["0.3"] * (n - 1)))
+
+
 def _check(vectors: Sequence[TaskVector], weights: Sequence[float] | None, method: str) -> list[float]:
     if method not in METHODS:
         raise MechkitError(f"unknown merge method {method!r}", f"use one of: {', '.join(METHODS)}")
     if not vectors:
         raise MechkitError("nothing to merge", "pass at least one task vector")
+    example = f"--weights {example_weights(len(vectors))}"
     weights = [1.0] * len(vectors) if weights is None else \
-        [finite_number(w, f"merge weight {i + 1}", "--weights 0.7,0.3") for i, w in enumerate(weights)]
+        [finite_number(w, f"merge weight {i + 1}", example) for i, w in enumerate(weights)]
     if len(weights) != len(vectors):
-        raise MechkitError(f"{len(weights)} weights for {len(vectors)} task vectors", "pass one weight per vector")
+        raise MechkitError(f"{len(weights)} weights for {len(vectors)} task vectors",
+                           f"pass one weight per vector, e.g. {example}")
     check_compatible(vectors)
     return weights
 
@@ -100,7 +111,7 @@ def merge(vectors: Sequence[TaskVector], method: str = "task_arithmetic", weight
                            "(density 0 keeps no entry)", "pass e.g. --density 0.2 or --p 0.9")
     if all(w == 0 for w in weights):
         raise MechkitError("every merge weight is 0: the merge would be an all-zero vector",
-                           "give at least one vector a non-zero weight, e.g. --weights 0.7,0.3")
+                           f"give at least one vector a non-zero weight, e.g. --weights {example_weights(len(weights))}")
     names = list(dict.fromkeys(k for v in vectors for k in v.deltas))
     w = torch.tensor(weights)
     out = {}

@@ -11,7 +11,9 @@ here, in one line naming the fix, before any work.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from mechkit.errors import ModelLoadError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 _LOAD_REPORT = "transformers.utils.loading_report"
+_LOAD_REPORT_LOGGERS = (_LOAD_REPORT, "transformers.modeling_utils")  # where transformers logs the table
 
 
 def refuse_pickle_only(path: Path) -> None:
@@ -34,6 +37,37 @@ def refuse_pickle_only(path: Path) -> None:
             ".save_pretrained(NEW_DIR, safe_serialization=True), then use NEW_DIR")
     raise ModelLoadError(f"no weights in {path}: no *.safetensors file",
                          "point --model at a directory written by save_pretrained (config.json + model.safetensors)")
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def refuse_more_layers_than_weights(path: Path) -> None:
+    """A config.json asking for more layers than the safetensors hold, refused from the files' headers
+    before the model is built: transformers would build (and randomly fill) every layer first, which for
+    an absurd count takes minutes and all the memory before :func:`refuse_load_gaps` could say so. Files
+    this cannot read, or weights without numbered layers, are left to the load and its checks."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        wanted = next((config[k] for k in _LAYER_COUNT_KEYS if isinstance(config.get(k), int)), None)
+        files = sorted(path.glob("*.safetensors"))
+        if wanted is None or not files:
+            return
+        from safetensors import safe_open
+
+        held = set()
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                held.update(int(m.group(1)) for key in f.keys() if (m := _LAYER_KEY.search(key)))  # noqa: SIM118
+    except Exception:  # an unreadable config or header: the load reports it
+        return
+    if held and wanted > max(held) + 1:
+        raise ModelLoadError(
+            f"the weights in {path} lack layers {max(held) + 1}–{wanted - 1}: config.json asks for {wanted:,} layers "
+            f"and they hold {max(held) + 1}; those would be random", "re-export the model with all its weights, "
+            "or fix config.json (e.g. num_hidden_layers) to match the weights")
 
 
 def refuse_load_gaps(info: dict, path: Any) -> None:
@@ -59,15 +93,26 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
             "fix config.json (e.g. num_hidden_layers) to match the weights, or re-export the model")
 
 
+def _not_a_load_report(record: logging.LogRecord) -> bool:
+    return "LOAD REPORT" not in str(record.msg)
+
+
 @contextlib.contextmanager
 def load_report_muted() -> Iterator[None]:
-    """transformers' load table off: :func:`refuse_load_gaps` says what it would, in one line."""
+    """transformers' load table off: :func:`refuse_load_gaps` says what it would, in one line. The table is
+    logged through the caller's logger (``transformers.modeling_utils``), not its own module's, so both get
+    a filter that drops it and nothing else."""
     report = logging.getLogger(_LOAD_REPORT)
     level, report.disabled = report.disabled, True
+    loggers = [logging.getLogger(name) for name in _LOAD_REPORT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(_not_a_load_report)
     try:
         yield
     finally:
         report.disabled = level
+        for logger in loggers:
+            logger.removeFilter(_not_a_load_report)
 
 
 def refuse_non_finite_weights(model: Any, label: Any) -> None:
