@@ -30,7 +30,8 @@ class SelectTasksPlugin(Plugin):
         Option("pool", str, None, "Candidate task ids (default: every other text task not a composite of the target).",
                parse=TaskList(allow_empty=True)),
         Option("representation", str, "hidden", "How a task is embedded: hidden states, their first principal "
-               "component, or the activation task vector.", choices=("hidden", "pc1", "actvec")),
+               "component, the activation task vector, or per-example LoRA gradients (the weight-space task "
+               "vector of one SGD step).", choices=("hidden", "pc1", "actvec", "lora-grad")),
         Option("p", float, 0.1, "Threshold: add a task while coverage grows by at least the factor 1+p.", min=0,
                min_exclusive=True),
         Option("n", int, 32, "Examples embedded per task.", min=1),
@@ -38,6 +39,8 @@ class SelectTasksPlugin(Plugin):
         Option("position", str, "last", "Token read: the last (answer filled in) or the mean over tokens.",
                choices=("last", "mean")),
         Option("estimator", str, "ledoit-wolf", "Shrinkage covariance for coverage.", choices=("ledoit-wolf", "oas")),
+        Option("grad_blocks", int, 0, "lora-grad: the last K blocks whose LoRA B gradients count (0: every block).",
+               min=0),
         Option("raw", bool, False, "Cosine of raw means (the seeds') instead of means centred on the study's mean.",
                is_flag=True),
         Option("validate", bool, False, "Fine-tune on each selection method and score the target.", is_flag=True),
@@ -46,7 +49,7 @@ class SelectTasksPlugin(Plugin):
         Option("budget", int, 240, "Training examples per fine-tune, split over its tasks (--validate).", min=1),
         Option("batch_size", int, 8, "Prompts per step (--validate).", min=1),
         Option("lr", float, 1e-3, "LoRA learning rate (--validate).", min=0, min_exclusive=True),
-        Option("rank", int, 8, "LoRA rank (--validate).", min=1),
+        Option("rank", int, 8, "LoRA rank (--validate, and lora-grad's adapters).", min=1),
         Option("eval_n", int, 40, "Held-out target prompts per setting (--validate).", min=1),
         Option("eval_shots", str, "0,3", "Demonstrations in the target's evaluation prompts (--validate).",
                parse=NumberList(int, min=0, example="0,3")),
@@ -79,7 +82,7 @@ class SelectTasksPlugin(Plugin):
         opts = ctx.options
         cfg = FeatureConfig(representation=opts["representation"], n=opts["n"], layer=opts["layer"],
                             position=opts["position"], seed=ctx.seed, estimator=opts["estimator"],
-                            center=not opts["raw"])
+                            center=not opts["raw"], rank=opts["rank"], grad_blocks=opts["grad_blocks"])
         pools = {target: resolve_pool(target, opts["pool"]) for target in opts["target"]}
         every = list(dict.fromkeys(t for target, pool in pools.items() for t in (target, *pool)))
         have = features(ctx.model, every, cfg)  # each task embedded once, centred on the whole study's mean

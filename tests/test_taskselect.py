@@ -164,6 +164,7 @@ def test_validation_units_share_steps_and_budget():
     (["--target", "past-tense", "--p", "-1"], "--p"),
     (["--target", "past-tense", "--pool", ","], "no task ids"),
     (["--target", "past-tense", "--n", "1"], "too few examples"),
+    (["--target", "past-tense", "--representation", "lora-grad", "--n", "1"], "too few examples"),
 ])
 def test_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch, args, word):
     from mechkit.cli.main import main
@@ -195,6 +196,123 @@ def test_tiny_end_to_end_with_validation(tmp_path):
     assert set(methods) == {"None", "Random", "No Con.", "No Div.", "All", "Selected"}
     assert all(0 <= cell["0-shot"]["mean"] <= 1 for cell in methods.values())
     assert {sum(u["counts"]) for u in r["units"] if u["tasks"]} == {8}
-    assert set(r["transfer"]["rho"]) == {f"{rep} | {c}" for rep in ("hidden", "pc1", "actvec")
+    assert set(r["transfer"]["rho"]) == {f"{rep} | {c}" for rep in ("hidden", "pc1", "actvec", "lora-grad")
                                          for c in ("0-shot", "1-shot")}
     assert (tmp_path / "r" / "report.html").exists() and run.finding.startswith("For past-tense")
+
+
+# --- lora-grad: the weight-space task vector of one SGD step, with a per-example spread -------------
+
+def _rows(handle, task, n, seed):
+    from mechkit.eval.scoring import encode
+    from mechkit.tasks import build_prompts
+
+    return [encode(handle.tokenizer, p.text, p.answer, p.terminator)
+            for p in build_prompts(task, n=n, shots=0, seed=seed)]
+
+
+def test_lora_grad_mean_is_the_first_plain_sgd_step_of_lora_b_over_minus_lr():
+    import torch
+
+    import mechkit as mk
+    from mechkit.eval.scoring import pad_id
+    from mechkit.taskarith.finetune import _batch
+    from mechkit.taskselect.gradients import gradient_points, lora_b_modules, lora_copy
+
+    handle = mk.load_model("tiny:llama")
+    points = gradient_points(handle, ["past-tense"], n=6, seed=3, rank=4, project=False)["past-tense"]
+    # One step of torch SGD on the fine-tune's own loss (transformers' mean over the answer tokens of the
+    # whole batch) on the same 6 examples (seed 3), from the LoRA start of the validation's fine-tune at seed 3.
+    model, lr = lora_copy(handle, rank=4, seed=3), 0.5
+    names = list(lora_b_modules(model, handle.anatomy.n_layers, 0))
+    trained = [p for n, p in model.named_parameters() if "lora_" in n]
+    for p in trained:
+        p.requires_grad_(True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    ids, mask, labels = _batch(_rows(handle, "past-tense", 6, seed=3), pad_id(handle.tokenizer))
+    model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
+    torch.optim.SGD(trained, lr=lr).step()
+    after = dict(model.named_parameters())
+    a_moved = [float((after[n].detach() - before[n]).abs().max()) for n in before if "lora_A" in n]
+    assert a_moved and max(a_moved) == 0.0  # at B = 0, ∂L/∂A = s·Bᵀ(∂L/∂h)xᵀ = 0: only B moves
+    step = np.concatenate([((after[f"{n}.weight"] - before[f"{n}.weight"]) / lr).detach().reshape(-1).numpy()
+                           for n in names])
+    assert np.abs(step).max() > 1e-3  # a real step, not zeros
+    np.testing.assert_allclose(points.mean(0), step, rtol=0, atol=1e-6 * np.abs(step).max())
+    assert points.shape == (6, step.size) and np.std(points, axis=0).max() > 0  # a spread for C
+    last = gradient_points(handle, ["past-tense"], n=6, seed=3, rank=4, blocks=1, project=False)["past-tense"]
+    np.testing.assert_allclose(last, points[:, -last.shape[1]:], rtol=0, atol=1e-6 * np.abs(points).max())
+
+
+def test_span_coordinates_keep_every_inner_product():
+    from mechkit.taskselect.coverage import cosine
+    from mechkit.taskselect.gradients import span_coordinates
+
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(15, 300)) + np.repeat(np.arange(3), 5)[:, None]
+    x = np.concatenate([x, x[:2] + x[5:7]])  # two points in the span already: no new direction
+    y = span_coordinates(x.astype(np.float32))
+    assert y.shape == (17, 15)
+    np.testing.assert_allclose(y @ y.T, x @ x.T, rtol=1e-5, atol=1e-3)
+    assert cosine(y[:5].mean(0), y[10:15].mean(0)) == pytest.approx(cosine(x[:5].mean(0), x[10:15].mean(0)), abs=1e-6)
+
+
+def test_lora_grad_leaves_the_model_and_the_random_state_unchanged():
+    import torch
+
+    import mechkit as mk
+    from mechkit.taskselect.representations import task_features
+
+    handle = mk.load_model("tiny:llama")
+    ids = torch.tensor([[1, 5, 9, 13, 2]])
+    with torch.no_grad():
+        logits = handle.model(ids).logits.clone()
+    weights = {k: v.clone() for k, v in handle.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    feats = task_features(handle, ["past-tense", "swap"], "lora-grad", n=4)
+    assert feats["swap"].points.shape[0] == 4
+    with torch.no_grad():
+        assert torch.equal(handle.model(ids).logits, logits)
+    assert all(torch.equal(v, weights[k]) for k, v in handle.model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert not any(m._forward_hooks for m in handle.model.modules())
+    assert not any(p.requires_grad and p.grad is not None for p in handle.model.parameters())
+
+
+def test_rho_tool_agrees_with_the_in_run_rho(tmp_path, monkeypatch, capsys):
+    """The fine-tunes are faked with fixed, distinct scores (the tool never fine-tunes; what it must
+    reproduce is ρ from the report's gains and freshly computed features); the features are real."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import mechkit as mk
+    from mechkit.taskselect import validate
+
+    score = {"capitalize": 0.1, "swap": 0.3, "opposite": 0.2, "negation": 0.05}
+
+    def fake(_handle, unit, _config, _checkpoints):
+        s = [score[t] for t in unit["tasks"]]
+        return {"0-shot": float(np.mean(s)) if s else 0.0, "1-shot": -float(np.mean(s)) if s else 0.0,
+                "loss_first": None, "loss_last": None}
+
+    monkeypatch.setattr(validate, "run_unit", fake)
+    run = mk.run("select-tasks", model="tiny:llama", out=tmp_path / "r", **dict(
+        target="past-tense", pool=",".join(score), n=4, validate=True, seeds="0", steps=1, budget=8,
+        batch_size=4, eval_n=2, eval_shots="0,1", draws=3, transfer_seeds=1))
+    in_run = run.results["targets"]["past-tense"]["transfer"]["rho"]
+    assert sum(v["similarity"] is not None for v in in_run.values()) >= 4  # distinct gains: real ρ values
+    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
+    spec = importlib.util.spec_from_file_location("taskselect_rho", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(tmp_path / "r"), "--representation", "hidden,pc1,actvec,lora-grad",
+                      "--json", str(tmp_path / "rho.json")]) == 0
+    again = json.loads((tmp_path / "rho.json").read_text())["past-tense"]
+    assert set(again) == set(in_run)
+    for key, v in in_run.items():
+        for what in ("similarity", "coverage"):
+            assert again[key][what] == pytest.approx(v[what], abs=1e-9) if v[what] is not None \
+                else again[key][what] is None, (key, what)
+    assert "lora-grad | 0-shot" in capsys.readouterr().out
+    assert tool.main([str(tmp_path / "nowhere")]) == 2

@@ -6,13 +6,16 @@ means) and *diverse* (their pooled examples cover the target: the inverse square
 of the target mean). Modules, one concept each:
 
 - :mod:`~mechkit.taskselect.coverage` — cosine similarity, shrinkage covariance, coverage;
-- :mod:`~mechkit.taskselect.representations` — hidden states, first principal component, activation task vector;
+- :mod:`~mechkit.taskselect.representations` — hidden states, first principal component, activation task vector,
+  per-example LoRA gradients;
+- :mod:`~mechkit.taskselect.gradients` — ``lora-grad``: the weight-space task vector of one SGD step, per example;
 - :mod:`~mechkit.taskselect.select` — Algorithm 1 and its coverage curve;
 - :mod:`~mechkit.taskselect.pool` — the target and its candidate pool, checked before a model loads;
 - :mod:`~mechkit.taskselect.conditions` — Table 3.1's conditions at an equal sample budget;
 - :mod:`~mechkit.taskselect.validate` — the LoRA fine-tune units and Spearman's ρ;
 - :mod:`~mechkit.taskselect.study` — the study for one target;
-- :mod:`~mechkit.taskselect.findings` — the finding sentence, tables and figures.
+- :mod:`~mechkit.taskselect.findings` — the finding sentence, tables and figures;
+- :mod:`~mechkit.taskselect.rho` — ρ of an existing report's transfer gains under any representation.
 """
 
 from mechkit.taskselect.conditions import METHODS, Condition, conditions, split_budget

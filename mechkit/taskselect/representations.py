@@ -1,5 +1,5 @@
-"""How a task is seen by the model: its examples' hidden states, their first principal component, or
-its activation task vector.
+"""How a task is seen by the model: its examples' hidden states, their first principal component, its
+activation task vector, or its weight-space task vector (one SGD step of LoRA).
 
 Every representation gives, per task, ``points`` ``[n, d]`` (what the mean μ_T and covariance C_T of
 seed 000 §3.3.2 are taken over, so what coverage uses) and one ``vector`` ``[d]`` (what the cosine
@@ -15,9 +15,13 @@ similarity compares):
   (demonstrations and a query, no answer): the per-context terms whose mean is Hendel et al.'s task
   vector θ_L (:func:`mechkit.actvec.task_vectors.icl_task_vectors`); vector: that mean.
 
-A weight-space task vector τ (a short fine-tune per task, :mod:`mechkit.taskarith`) is not offered
-here: one fine-tune per candidate costs as much as the validation itself, and one τ per task gives no
-per-example spread for a covariance.
+- ``lora-grad`` — the weight-space task vector of the shortest fine-tune: each example's gradient of
+  the fine-tune's answer-token loss with respect to the LoRA B matrices (every block, or the last
+  ``grad_blocks``), at the validation's own LoRA start (B = 0), negated and scaled so that the task's mean is
+  exactly the B change of one full-batch SGD step at learning rate 1 (:mod:`mechkit.taskselect.gradients`;
+  the points are rewritten in an orthonormal basis of their span, an isometry); vector: that mean.
+  A multi-step fine-tune per task (:mod:`mechkit.taskarith`) would cost as much as the validation
+  and give one τ per task, with no per-example spread for a covariance.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from mechkit.errors import MechkitError
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
-REPRESENTATIONS = ("hidden", "pc1", "actvec")
+REPRESENTATIONS = ("hidden", "pc1", "actvec", "lora-grad")
 POSITIONS = ("last", "mean")
 MIN_POINTS = 2  # a covariance (and a principal component) needs two points
 
@@ -123,13 +127,21 @@ def task_texts(task: str, representation: str, n: int, seed: int, shots: int = 5
 
 def task_features(handle: ModelHandle, tasks: Sequence[str], representation: str = "hidden", n: int = 32,
                   layer: int = -1, position: str = "last", seed: int = 0, batch_size: int = 16,
-                  shots: int = 5, center: bool = True) -> dict[str, TaskFeatures]:
+                  shots: int = 5, center: bool = True, rank: int = 8, lora_alpha: float = 16.0,
+                  grad_blocks: int = 0) -> dict[str, TaskFeatures]:
     """Each task's :class:`TaskFeatures` under ``representation`` (``layer`` -1: the last block),
-    :func:`centred` unless ``center`` is False."""
+    :func:`centred` unless ``center`` is False. ``rank``, ``lora_alpha`` and ``grad_blocks`` are
+    ``lora-grad``'s (the validation's LoRA; the last blocks whose B gradients count, 0: all)."""
     check_examples(representation, n)
     layer = layer % handle.anatomy.n_layers
     where = "last" if representation == "actvec" else position
     feats = {}
+    if representation == "lora-grad":
+        from mechkit.taskselect.gradients import gradient_points
+
+        points = gradient_points(handle, tasks, n, seed, rank, lora_alpha, grad_blocks)
+        feats = {task: TaskFeatures(points=p, vector=p.mean(0)) for task, p in points.items()}
+        return centred(feats, representation) if center else feats
     for task in tasks:
         points = embed(handle, task_texts(task, representation, n, seed, shots), layer, where, batch_size)
         vector = first_component(points) if representation == "pc1" else points.mean(0)

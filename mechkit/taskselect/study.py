@@ -37,13 +37,16 @@ class FeatureConfig:
     estimator: str = "ledoit-wolf"
     shots: int = 5
     center: bool = True
+    rank: int = 8  # lora-grad: the validation's LoRA rank and alpha
+    lora_alpha: float = 16.0
+    grad_blocks: int = 0  # lora-grad: the last blocks whose B gradients count (0: all)
 
 
 def features(handle: ModelHandle, tasks: Sequence[str], cfg: FeatureConfig,
              representation: str | None = None) -> dict[str, TaskFeatures]:
     return task_features(handle, tasks, representation or cfg.representation, n=cfg.n, layer=cfg.layer,
-                         position=cfg.position, seed=cfg.seed, shots=cfg.shots,
-                         center=cfg.center)
+                         position=cfg.position, seed=cfg.seed, shots=cfg.shots, center=cfg.center,
+                         rank=cfg.rank, lora_alpha=cfg.lora_alpha, grad_blocks=cfg.grad_blocks)
 
 
 def run_selection(feats: dict[str, TaskFeatures], target: str, pool: Sequence[str], p: float,
@@ -128,12 +131,19 @@ def transfer(done: list[dict], columns: Sequence[str], measures: dict[str, Selec
             for c in columns}
     rho = {}
     for rep, sel in measures.items():
-        for c in columns:
-            g = [gain[c][t] for t in tasks]
-            rho[f"{rep} | {c}"] = {
-                "similarity": spearman(g, [sel.similarity[t] for t in tasks]),
-                "coverage": spearman(g, [float(np.log(sel.single[t])) for t in tasks])}
+        rho.update(rho_table(rep, sel, gain, tasks))
     return {"gain": gain, "rho": rho, "tasks": tasks}
+
+
+def rho_table(rep: str, sel: Selection, gain: dict[str, dict[str, float]], tasks: Sequence[str]) -> dict:
+    """``{"rep | column": {"similarity": ρ, "coverage": ρ}}``: Spearman ρ of each column's single-candidate
+    gain (``gain[column][task]``) with the representation's similarity and log coverage alone."""
+    out = {}
+    for c, by_task in gain.items():
+        g = [by_task[t] for t in tasks]
+        out[f"{rep} | {c}"] = {"similarity": spearman(g, [sel.similarity[t] for t in tasks]),
+                               "coverage": spearman(g, [float(np.log(sel.single[t])) for t in tasks])}
+    return out
 
 
 def features_by_representation(handle: ModelHandle, tasks: Sequence[str], cfg: FeatureConfig,
@@ -159,5 +169,5 @@ def measures_by_representation(target: str, pool: Sequence[str], p: float, estim
     return {rep: run_selection(feats, target, pool, p, estimator) for rep, feats in by_rep.items()}
 
 
-__all__ = ["FeatureConfig", "features_by_representation", "measures_by_representation", "method_table", "reselector", "run_selection",
-           "run_units", "selection_study", "transfer", "validation_units"]
+__all__ = ["FeatureConfig", "features_by_representation", "measures_by_representation", "method_table", "reselector",
+           "rho_table", "run_selection", "run_units", "selection_study", "transfer", "validation_units"]

@@ -1,0 +1,86 @@
+"""Spearman ρ of an existing select-tasks report's transfer gains under other representations.
+
+Why a script: the single-candidate fine-tunes of ``select-tasks --validate --transfer-seeds 1`` take
+hours on a CPU; the features of a new representation take minutes. This reads the gains from the
+report, recomputes the features with the run's own settings (:mod:`mechkit.taskselect.rho`) and
+prints ρ(gain, similarity) and ρ(gain, log coverage alone) per target and evaluation setting.
+
+    python tools/taskselect_rho.py runs/tr-past-tense --representation lora-grad
+    python tools/taskselect_rho.py runs/tr-past-tense/report.json --representation hidden,lora-grad \\
+        --model llama --json rho.json
+
+``--model`` defaults to the model the report names; give the same model (a different one gives
+different features and a warning line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    from mechkit.taskselect.representations import REPRESENTATIONS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("report", help="a select-tasks run directory or its report.json")
+    ap.add_argument("--representation", default="lora-grad",
+                    help=f"comma-separated, from {', '.join(REPRESENTATIONS)} (default lora-grad)")
+    ap.add_argument("--model", default=None, help="model spec (default: the report's)")
+    ap.add_argument("--grad-blocks", type=int, default=None, help="lora-grad's last K blocks (default: the run's, or 0: all)")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    args.representation = [r.strip() for r in args.representation.split(",") if r.strip()]
+    bad = [r for r in args.representation if r not in REPRESENTATIONS]
+    if bad or not args.representation:
+        ap.error(f"--representation {','.join(bad) or '(none)'}: use {', '.join(REPRESENTATIONS)}")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    import mechkit as mk
+    from mechkit.taskselect.rho import load_report, report_rho
+
+    report = load_report(args.report)
+    spec = args.model or report["model"]["spec"]
+    handle = mk.load_model(spec)
+    if handle.weights_sha256() != report["model"].get("weights_sha256"):
+        print(f"taskselect_rho: warning: {spec} is not the report's model ({report['model']['spec']}): "
+              "its ρ will differ", file=sys.stderr)
+    out: dict[str, dict] = {}
+    for rep in args.representation:
+        for target, rows in report_rho(handle, report, rep, args.grad_blocks).items():
+            out.setdefault(target, {}).update(rows)
+    return out
+
+
+def show(out: dict) -> None:
+    print(f"{'target':<18} {'representation | eval':<24} {'ρ(gain, similarity)':>20} {'ρ(gain, log coverage)':>22}")
+    for target, rows in out.items():
+        for key, v in rows.items():
+            print(f"{target:<18} {key:<24} {_num(v['similarity']):>20} {_num(v['coverage']):>22}")
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mechkit.errors import MechkitError
+
+    args = parse(argv)
+    try:
+        out = run(args)
+    except MechkitError as err:
+        print(f"taskselect_rho: {err}", file=sys.stderr)
+        return 2
+    show(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
