@@ -112,7 +112,9 @@ class SelectTasksPlugin(Plugin):
         columns = [f"{s}-shot" for s in opts["eval_shots"]]
         results["columns"], results["table"] = columns, {}
         scratch = ctx.scratch("finetunes")
-        by_rep = None
+        # every representation's features of every task, once, and before any fine-tune: a refusal (lora-grad's
+        # memory cap) then costs nothing
+        by_rep = features_by_representation(ctx.model, list(have), cfg, have) if opts["transfer_seeds"] else None
         for target, r in results["targets"].items():
             config = TrainConfig(target=target, steps=opts["steps"], budget=opts["budget"],
                                  batch_size=opts["batch_size"], lr=opts["lr"], rank=opts["rank"],
@@ -126,8 +128,6 @@ class SelectTasksPlugin(Plugin):
                 done = run_units(ctx.map_units, config, units, str(scratch) if scratch else None,
                                  on_result=lambda _i, _v, job=job: bar.advance(job))
             pool = sel.order
-            if opts["transfer_seeds"] and by_rep is None:  # every representation, every task, once
-                by_rep = features_by_representation(ctx.model, list(have), cfg, have)
             measures = (measures_by_representation(target, pool, opts["p"], cfg.estimator, by_rep)
                         if opts["transfer_seeds"] else {})
             r["config"], r["units"] = config.as_dict(), done
