@@ -216,7 +216,7 @@ def test_lora_grad_mean_is_the_first_plain_sgd_step_of_lora_b_over_minus_lr():
 
     import mechkit as mk
     from mechkit.eval.scoring import pad_id
-    from mechkit.taskarith.finetune import _batch
+    from mechkit.taskarith.finetune import training_batch
     from mechkit.taskselect.gradients import gradient_points, lora_b_modules, lora_copy
 
     handle = mk.load_model("tiny:llama")
@@ -229,7 +229,7 @@ def test_lora_grad_mean_is_the_first_plain_sgd_step_of_lora_b_over_minus_lr():
     for p in trained:
         p.requires_grad_(True)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-    ids, mask, labels = _batch(_rows(handle, "past-tense", 6, seed=3), pad_id(handle.tokenizer))
+    ids, mask, labels = training_batch(_rows(handle, "past-tense", 6, seed=3), pad_id(handle.tokenizer))
     model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
     torch.optim.SGD(trained, lr=lr).step()
     after = dict(model.named_parameters())

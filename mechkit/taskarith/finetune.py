@@ -122,7 +122,7 @@ def training_rows(handle: ModelHandle, recipe: Recipe) -> list[tuple[list[int], 
     return rows
 
 
-def _batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def training_batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask, and labels that are -100 everywhere but the answer."""
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -142,7 +142,9 @@ def lora_targets(handle: ModelHandle) -> list[str]:
     return sorted({p.rsplit(".", 1)[-1] for p in paths if p})
 
 
-def _trainable(model: nn.Module, recipe: Recipe, targets: list[str]) -> nn.Module:
+def trainable_model(model: nn.Module, recipe: Recipe, targets: list[str]) -> nn.Module:
+    """``model`` as the recipe trains it: itself (full), or with LoRA adapters on ``targets`` (peft's
+    init: A random, B = 0; lora-grad starts from exactly this)."""
     if recipe.method == "full":
         return model
     if recipe.method != "lora":
@@ -187,7 +189,7 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     torch.manual_seed(recipe.seed)
     # Train (and save) in float32: AdamW steps of lr·1e-3 vanish when rounded into bf16 weights, and a
     # float32 fine-tune minus the base is exactly the update.
-    model = _trainable(_float_copy(handle, recipe), recipe, lora_targets(handle))
+    model = trainable_model(float_copy(handle, recipe), recipe, lora_targets(handle))
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([p for _, p in named], lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -197,7 +199,7 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     if checkpoint is not None:
         losses = load_checkpoint(checkpoint, recipe, named, opt, rng, base=base)
     for step in range(len(losses), recipe.steps):
-        ids, mask, labels = _batch(rng.sample(rows, min(recipe.batch_size, len(rows))), pad_id)
+        ids, mask, labels = training_batch(rng.sample(rows, min(recipe.batch_size, len(rows))), pad_id)
         loss = model(input_ids=ids.to(handle.device), attention_mask=mask.to(handle.device),
                      labels=labels.to(handle.device), use_cache=False).loss
         value = float(loss.detach())
@@ -218,7 +220,7 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     return _finish(model, losses, recipe)
 
 
-def _float_copy(handle: ModelHandle, recipe: Recipe) -> nn.Module:
+def float_copy(handle: ModelHandle, recipe: Recipe) -> nn.Module:
     """The float32 copy that trains, on the model's (main) device.
 
     A model accelerate dispatched is copied from its stored weights onto its main device
@@ -446,4 +448,5 @@ def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
     return files
 
 
-__all__ = ["Finetuned", "Recipe", "eval_prompts", "finetune", "model_files", "parse_shots", "training_rows"]
+__all__ = ["Finetuned", "Recipe", "eval_prompts", "finetune", "float_copy", "model_files", "parse_shots",
+           "trainable_model", "training_batch", "training_rows"]

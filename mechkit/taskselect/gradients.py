@@ -58,12 +58,12 @@ MAX_BYTES = 6 * 2 ** 30  # the study's float32 points, held at once in one array
 def lora_copy(handle: ModelHandle, rank: int = 8, lora_alpha: float = 16.0, seed: int = 0) -> nn.Module:
     """A float32 LoRA copy of the model, initialised exactly as the validation's fine-tune at ``seed``
     (the finetune core's own copy and adapter functions; the global random state is restored)."""
-    from mechkit.taskarith.finetune import Recipe, _float_copy, _trainable, lora_targets
+    from mechkit.taskarith.finetune import Recipe, float_copy, lora_targets, trainable_model
 
     recipe = Recipe(task="lora-grad", method="lora", rank=rank, lora_alpha=lora_alpha, seed=seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = _trainable(_float_copy(handle, recipe), recipe, lora_targets(handle))
+        model = trainable_model(float_copy(handle, recipe), recipe, lora_targets(handle))
     model.eval()
     return model
 
@@ -96,11 +96,11 @@ def example_gradients(model: nn.Module, modules: dict[str, nn.Module], rows: lis
                       pad_id: int, device, out: np.ndarray, batch_size: int = 16) -> int:
     """Write into ``out`` ``[n, D]`` the per-example gradients of the summed answer-token cross-entropy
     w.r.t. the B matrices of ``modules`` (flattened in their order); return N, the answer tokens."""
-    from mechkit.taskarith.finetune import _batch
+    from mechkit.taskarith.finetune import training_batch
 
     tokens = 0
     for start in range(0, len(rows), batch_size):
-        ids, mask, labels = _batch(rows[start:start + batch_size], pad_id)
+        ids, mask, labels = training_batch(rows[start:start + batch_size], pad_id)
         saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         handles = [m.register_forward_hook(_keeper(name, saved)) for name, m in modules.items()]
         try:
