@@ -21,6 +21,9 @@ class PatchPlugin(Plugin):
     name = "patch"
     version = "0.2.0"
     needs = frozenset({"gradients"})  # --method attribution
+    pruned = frozenset({"neurons", "heads", "layers"})  # docs/analyses/prune.md
+    pruned_why = {"uneven-heads": ("its per-head scans (activation patching, direct logit attribution) fill one layers × heads "
+                             "grid, which needs every layer to keep as many heads", "run it on the dense model")}
     summary = "Activation patching clean -> corrupted (layer x position, layer x head), logit lens and DLA."
     options = (
         Option("task", str, "ioi", "Prompt pairs from this task: ioi (the name swapped) or an ICL task id (its "
