@@ -38,9 +38,7 @@ class IclVectorsPlugin(Plugin):
     name = "icl-vectors"
     version = "0.1.0"
     needs = frozenset({"generation"})
-    pruned = frozenset({"neurons", "heads", "layers"})  # docs/analyses/prune.md
-    pruned_why = {"uneven-heads": ("its function vectors average every head's output into one layers × heads × d_head tensor, "
-                             "which needs every layer to keep as many heads", "run it on the dense model")}
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "ICL task vectors and function vectors: extract, pick a layer on dev, evaluate zero-shot + vector."
     options = (
         Option("tasks", str, None, f"Comma-separated task ids (default {DEFAULT_TASKS}, or the loaded vector's).",

@@ -281,6 +281,29 @@ def test_shuffling_kept_heads_moves_the_same_weights_as_on_the_dense_model(uneve
     assert run.results is not None
 
 
+def test_function_vectors_of_kept_heads_are_the_dense_models_with_the_others_silenced(uneven):
+    from mechkit.actvec.function_vectors import function_vector, mean_head_outputs
+    from mechkit.model.headspec import Head
+    from mechkit.tasks import build_prompts
+
+    pruned, zeroed = uneven
+    dense = zeroed()
+    prompts = build_prompts("swap", n=2, shots=2, seed=0)
+    ours, theirs = mean_head_outputs(pruned, prompts), mean_head_outputs(dense, prompts)
+    for layer, kept in KEPT.items():
+        torch.testing.assert_close(ours[layer, :len(kept)], theirs[layer, kept], rtol=1e-4, atol=1e-6)
+        assert not ours[layer, len(kept):].any()  # no such head: nothing averaged there
+    torch.testing.assert_close(function_vector(pruned, ours, [Head(0, 1), Head(2, 1)]),
+                               function_vector(dense, theirs, [Head(0, 3), Head(2, 2)]), rtol=1e-4, atol=1e-6)
+    options = dict(tasks="swap", n=2, n_dev=2, n_contexts=2, n_cie=2, shots=2, top_k=2, fv_scales="1",
+                   method="function-vector")
+    mine, other = (mk.run("icl-vectors", model=m, write=False, **options).results["per_task"]["swap"]["methods"]
+                   ["function-vector"]["aie"] for m in (pruned, dense))
+    for layer, kept in KEPT.items():
+        assert mine[layer][len(kept):] == [None] * (4 - len(kept))
+        np.testing.assert_allclose(mine[layer][:len(kept)], [other[layer][h] for h in kept], rtol=1e-3, atol=1e-6)
+
+
 def test_finetune_saves_a_pruned_model_that_reloads(uneven, tmp_path):
     pruned, _ = uneven
     run = mk.run("finetune", model=pruned, out=tmp_path / "ft", task="capitalize", steps=2, batch_size=2, eval_n=2)
@@ -308,7 +331,6 @@ def test_gpt2_fused_projections_keep_their_own_heads(tmp_path):
 # ---- what cannot run says why, in one line ------------------------------------------------------------
 
 @pytest.mark.parametrize("plugin,words", [
-    ("icl-vectors", "one layers × heads × d_head tensor"),
     ("patch", "one layers × heads grid"),
     ("compose", "layers × heads grids"),
     ("prune", "cannot prune again"),
