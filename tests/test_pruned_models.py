@@ -304,6 +304,17 @@ def test_function_vectors_of_kept_heads_are_the_dense_models_with_the_others_sil
         np.testing.assert_allclose(mine[layer][:len(kept)], [other[layer][h] for h in kept], rtol=1e-3, atol=1e-6)
 
 
+def test_compose_component_effects_of_kept_heads_are_the_dense_models_with_the_others_silenced(uneven):
+    pruned, zeroed = uneven
+    options = {**OPTIONS["compose"], "parts": "components", "pairs": "capitalize+swap"}
+    mine, other = (mk.run("compose", model=m, write=False, **options).results["components"]["pairs"]["capitalize+swap"]
+                   for m in (pruned, zeroed()))
+    for layer, kept in KEPT.items():
+        assert mine["composite_specific_heads"][layer][len(kept):] == [None] * (4 - len(kept))
+        np.testing.assert_allclose(mine["composite_specific_heads"][layer][:len(kept)],
+                                   [other["composite_specific_heads"][layer][h] for h in kept], rtol=1e-3, atol=1e-6)
+
+
 def test_finetune_saves_a_pruned_model_that_reloads(uneven, tmp_path):
     pruned, _ = uneven
     run = mk.run("finetune", model=pruned, out=tmp_path / "ft", task="capitalize", steps=2, batch_size=2, eval_n=2)
@@ -332,7 +343,6 @@ def test_gpt2_fused_projections_keep_their_own_heads(tmp_path):
 
 @pytest.mark.parametrize("plugin,words", [
     ("patch", "one layers × heads grid"),
-    ("compose", "layers × heads grids"),
     ("prune", "cannot prune again"),
 ])
 def test_a_plugin_that_needs_rectangular_heads_refuses_uneven_ones_in_one_line(uneven, plugin, words):
