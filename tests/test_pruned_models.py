@@ -315,6 +315,17 @@ def test_compose_component_effects_of_kept_heads_are_the_dense_models_with_the_o
                                    [other["composite_specific_heads"][layer][h] for h in kept], rtol=1e-3, atol=1e-6)
 
 
+def test_patch_recovery_and_dla_of_kept_heads_are_the_dense_models_with_the_others_silenced(uneven):
+    pruned, zeroed = uneven
+    options = {**OPTIONS["patch"], "method": "both"}
+    mine, other = (mk.run("patch", model=m, write=False, **options).results for m in (pruned, zeroed()))
+    for key in ("head_recovery", "dla_heads", "attribution_head_recovery"):
+        for layer, kept in KEPT.items():
+            assert mine[key][layer][len(kept):] == [None] * (4 - len(kept)), key
+            np.testing.assert_allclose(mine[key][layer][:len(kept)], [other[key][layer][h] for h in kept],
+                                       rtol=1e-3, atol=1e-5, err_msg=key)
+
+
 def test_finetune_saves_a_pruned_model_that_reloads(uneven, tmp_path):
     pruned, _ = uneven
     run = mk.run("finetune", model=pruned, out=tmp_path / "ft", task="capitalize", steps=2, batch_size=2, eval_n=2)
@@ -342,10 +353,10 @@ def test_gpt2_fused_projections_keep_their_own_heads(tmp_path):
 # ---- what cannot run says why, in one line ------------------------------------------------------------
 
 @pytest.mark.parametrize("plugin,words", [
-    ("patch", "one layers × heads grid"),
     ("prune", "cannot prune again"),
+    ("adapt", "prunes the model again"),
 ])
-def test_a_plugin_that_needs_rectangular_heads_refuses_uneven_ones_in_one_line(uneven, plugin, words):
+def test_a_plugin_that_cannot_handle_uneven_heads_refuses_in_one_line(uneven, plugin, words):
     from mechkit.errors import MechkitError
 
     with pytest.raises(MechkitError) as err:
