@@ -102,9 +102,14 @@ def even(dense_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uneven(dense_dir, tmp_path_factory):
+def uneven_dir(dense_dir, tmp_path_factory):
+    return _pruned(dense_dir, UNEVEN, tmp_path_factory.mktemp("uneven") / "m")
+
+
+@pytest.fixture(scope="module")
+def uneven(dense_dir, uneven_dir):
     """The unevenly head-pruned model, and a maker of the dense model with heads silenced."""
-    pruned = mk.load_model(str(_pruned(dense_dir, UNEVEN, tmp_path_factory.mktemp("uneven") / "m")), device="cpu")
+    pruned = mk.load_model(str(uneven_dir), device="cpu")
     return pruned, lambda kept=KEPT: _zeroed(mk.load_model(str(dense_dir), device="cpu"), kept)
 
 
@@ -263,6 +268,14 @@ def test_sweep_effects_of_kept_heads_are_the_dense_models_with_the_others_silenc
             assert grid[layer][len(kept):] == [None] * (4 - len(kept))
             np.testing.assert_allclose(grid[layer][:len(kept)], [dense[layer][h] for h in kept], rtol=1e-3, atol=1e-5)
     assert ours["agreement"]["spearman"] is None or -1 <= ours["agreement"]["spearman"] <= 1
+
+
+def test_sweep_on_the_nnsight_backend_gives_the_native_effects(uneven_dir):
+    """nnsight runs the exact sweep as whole traced forwards (one copy of the batch per head of a layer)."""
+    options = dict(tasks="swap", n=3, shots=2, method="both")
+    traced, native = (mk.run("sweep", model=str(uneven_dir), write=False, backend=b, **options).results
+                      for b in ("nnsight", "native"))
+    _close(traced, native)
 
 
 def test_shuffling_kept_heads_moves_the_same_weights_as_on_the_dense_model(uneven):

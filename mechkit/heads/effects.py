@@ -76,10 +76,10 @@ def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, 
                 acc[layer, :len(row["accuracy"])] += torch.tensor(row["accuracy"], dtype=torch.float64)
                 if on_layer:
                     on_layer()
-    return HeadEffects(_absent(lp / n, a), _absent(acc / n, a), clean_lp / n, clean_acc / n, "exact")
+    return HeadEffects(absent_nan(lp / n, a), absent_nan(acc / n, a), clean_lp / n, clean_acc / n, "exact")
 
 
-def _absent(grid: torch.Tensor, anatomy) -> np.ndarray:
+def absent_nan(grid: torch.Tensor, anatomy) -> np.ndarray:
     """The grid as an array, NaN in the cells with no head (a layer that kept fewer heads: pruned)."""
     return np.where(anatomy.head_mask(), grid.numpy() if isinstance(grid, torch.Tensor) else grid, np.nan)
 
@@ -160,7 +160,7 @@ def _exact_mapped(handle: ModelHandle, prompts: Sequence, batch_size: int, on_la
             lp[unit[2], :len(value["logprob"])] += torch.tensor(value["logprob"], dtype=torch.float64)
             acc[unit[2], :len(value["accuracy"])] += torch.tensor(value["accuracy"], dtype=torch.float64)
     n = sum(sizes)
-    return HeadEffects(_absent(lp / n, a), _absent(acc / n, a), clean_lp / n, clean_acc / n, "exact")
+    return HeadEffects(absent_nan(lp / n, a), absent_nan(acc / n, a), clean_lp / n, clean_acc / n, "exact")
 
 
 def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16,
@@ -183,7 +183,7 @@ def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int 
         est += np.asarray(part["estimate"], dtype=np.float64)
         clean_lp += part["clean_logprob"]
         n += len(batch.cols)
-    return HeadEffects(_absent(est / n, a), None, clean_lp / n, None, "attribution")
+    return HeadEffects(absent_nan(est / n, a), None, clean_lp / n, None, "attribution")
 
 
 def _attribution_sums(handle: ModelHandle, batch) -> dict:
