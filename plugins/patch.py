@@ -96,9 +96,7 @@ class PatchPlugin(Plugin):
 
 
 def _results(study, pairs: list[dict], method: str, anatomy) -> dict:
-    from mechkit.heads.scores import (
-        grid_list,  # layers × heads grids: None where a pruned layer has no such head
-    )
+    from mechkit.heads.scores import grid_list  # None where a pruned layer lacks the head
 
     resid, heads = study.resid, study.heads
     results = {

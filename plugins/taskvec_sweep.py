@@ -26,8 +26,8 @@ class TaskvecSweepPlugin(Plugin):
     needs = frozenset({"weight_writes", "weight_reads", "generation"})  # Ψ0 + Σ λ·τ from the base weights
     pruned = frozenset()  # docs/analyses/prune.md
     pruned_why = {kind: ("a task vector is checked against its base model by the config, which a pruned directory "
-                          "records as the dense model's, so a vector of another shape would pass the check",
-                          "run it on the dense model") for kind in ("neurons", "heads", "layers")}
+                         "records as the dense model's, so a vector of another shape would pass the check",
+                         "run it on the dense model") for kind in ("neurons", "heads", "layers")}
     summary = "Accuracy of Ψ0 + ΔΨ_A + λ·ΔΨ_B over a λ grid on both tasks, best λ and task correlation α̂."
     options = (
         Option("vectors", str, None, "Two task-vector files A,B (from `mechkit taskvec extract`).", required=True,
@@ -158,5 +158,5 @@ def _task_of(vector, path: str) -> str:
     tasks = vector.meta.get("tasks") or []
     if len(tasks) != 1:
         raise MechkitError(f"cannot tell which task {path} is for (metadata tasks: {tasks})",
-                          "pass --tasks T1,T2")
+                           "pass --tasks T1,T2")
     return tasks[0]
