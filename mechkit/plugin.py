@@ -213,10 +213,13 @@ class Plugin:
     # refuses before any work.
     needs: ClassVar[frozenset[str]] = frozenset()
     # Which kinds of physically pruned model (``prune --save-model``) the plugin handles: any of "neurons"
-    # (narrower MLPs), "heads" (layers with different head counts), "layers" (blocks removed). A model
-    # pruned in a way not listed is refused in one line before any work (most analyses index every head
-    # of every layer); the default lists none.
+    # (narrower MLPs), "heads" (heads removed), "uneven-heads" (heads removed so that layers keep different
+    # numbers of them: a ``[layers, heads]`` grid has empty cells), "layers" (blocks removed). A model
+    # pruned in a way not listed is refused in one line before any work; the default lists none.
+    # ``pruned_why`` gives that line's reason and fix for a kind (``{kind: (why, fix)}``) where the plugin
+    # knows why it cannot (a method that needs every layer to have as many heads, say).
     pruned: ClassVar[frozenset[str]] = frozenset()
+    pruned_why: ClassVar[dict[str, tuple[str, str]]] = {}
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError

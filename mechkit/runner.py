@@ -286,22 +286,30 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
 
 
+PRUNED_WORDS = {"uneven-heads": "heads (layers keeping different numbers of them)"}
+
+
 def pruned_kinds(handle) -> set[str]:
-    """How the handle's model was physically pruned (``prune --save-model``): "neurons", "heads", "layers"."""
+    """How the handle's model was physically pruned (``prune --save-model``): "neurons", "heads", "layers",
+    and "uneven-heads" where its layers kept different numbers of heads (its anatomy says so)."""
     structure = getattr(getattr(handle, "model", None), "_mechkit_structure", None)
     if structure is None:
         return set()
-    kinds = {"neurons": structure.mlp_keep, "heads": structure.head_keep, "layers": structure.layers_removed}
+    kinds = {"neurons": structure.mlp_keep, "heads": structure.head_keep, "layers": structure.layers_removed,
+             "uneven-heads": handle.anatomy.ragged_heads}
     return {kind for kind, units in kinds.items() if units}
 
 
 def check_pruned(cls: type[Plugin], handle) -> None:
     """Refuse (one line) a pruned model the plugin does not declare it handles (:attr:`Plugin.pruned`)."""
     missing = sorted(pruned_kinds(handle) - set(cls.pruned))
-    if missing:
-        raise PluginError(f"{cls.name} cannot run on a model with pruned {' and '.join(missing)}: it assumes every "
-                          "layer keeps all its heads, neurons and blocks",
-                          "run it on the dense model, or use `mechkit inspect` on the pruned one")
+    if not missing:
+        return
+    why, fix = next((cls.pruned_why[k] for k in missing if k in cls.pruned_why),
+                    ("it is not yet checked on pruned models",
+                     "run it on the dense model, or use `mechkit inspect` on the pruned one"))
+    words = [PRUNED_WORDS.get(kind, kind) for kind in missing if not (kind == "heads" and "uneven-heads" in missing)]
+    raise PluginError(f"{cls.name} cannot run on a model with pruned {', '.join(words)}: {why}", fix)
 
 
 def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None) -> None:

@@ -22,6 +22,7 @@ class AblatePlugin(Plugin):
     name = "ablate"
     version = "0.1.0"
     needs = frozenset({"generation"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Ablate heads (e.g. the top induction heads) vs random heads and measure ICL accuracy."
     options = (
         Option("heads", str, "induction", "Head spec: induction, previous-token, random, layer:L or 17.3,18.6.", parse=HeadSpec()),
@@ -52,9 +53,9 @@ class AblatePlugin(Plugin):
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
-        n_layers, n_heads = model.anatomy.n_layers, model.anatomy.n_heads
+        n_layers, n_heads = model.anatomy.n_layers, model.anatomy.head_counts  # per layer: pruned layers differ
         selection, tasks = opts["heads"], opts["tasks"]
-        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, n_layers * n_heads // 2)
+        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, sum(n_heads) // 2)
         # k is how many heads a ranked spec takes (each checked now, before scores are computed);
         # an explicit spec (17.3,layer:2) ablates what it names
         ks = selection.ks(n_layers, n_heads, opts["sweep"], top_k, ctx.seed)

@@ -20,6 +20,7 @@ class AttentionPlugin(Plugin):
     name = "attention"
     version = "0.1.0"
     needs = frozenset({"patterns"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Show where heads attend on a prompt: an interactive, offline page of their patterns."
     options = (
         Option("prompt", str, DEFAULT_PROMPT, "The text to look at (a repeated sentence shows induction heads).",
@@ -40,7 +41,7 @@ class AttentionPlugin(Plugin):
 
         opts, model = ctx.options, ctx.model
         selection = opts["heads"]
-        selection.check(model.anatomy.n_layers, model.anatomy.n_heads, [opts["top_k"]], ctx.seed)
+        selection.check(model.anatomy.n_layers, model.anatomy.head_counts, [opts["top_k"]], ctx.seed)
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
         view = mk.show_attention(model, opts["prompt"], heads=selection, top_k=opts["top_k"], seed=ctx.seed,

@@ -53,6 +53,7 @@ class ComposePlugin(Plugin):
     name = "compose"
     version = "0.1.0"
     needs = frozenset({"module_calls", "generation"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "The seeds' compositional study: settings, ability test, gap; components composition needs; strengthening them."
     options = (
         Option("pairs", str, DEFAULT_PAIRS, "Composites a+b, comma-separated; suite, logic or all for every "

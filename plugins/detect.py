@@ -31,6 +31,7 @@ class DetectPlugin(Plugin):
     name = "detect"
     version = "0.1.0"
     needs = frozenset({"patterns"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Score every head as an induction, previous-token or duplicate-token head on repeated random tokens."
     options = (
         Option("kind", str, "all", "Which scores to rank and plot.", choices=KIND_CHOICES),
@@ -44,7 +45,7 @@ class DetectPlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.heads.scores import KINDS, ov_copying_scores, repeated_tokens
+        from mechkit.heads.scores import KINDS, grid_list, ov_copying_scores, repeated_tokens
         from mechkit.model.backends.weight_reads import read_weights
         from mechkit.model.headspec import top_heads
         from mechkit.report import head_heatmap, line_plot, record_patterns
@@ -58,9 +59,9 @@ class DetectPlugin(Plugin):
         kinds = KINDS if opts["kind"] == "all" else (opts["kind"],)
         copying = read_weights(ctx.model, ov_copying_scores)  # on a remote model: on its server, one job
         results = {
-            "scores": {k: hs.scores[k].tolist() for k in KINDS},
+            "scores": {k: grid_list(hs.scores[k], ctx.model.anatomy) for k in KINDS},  # None where a pruned layer has no such head
             "top": {k: ranked(hs.scores[k], opts["top_k"]) for k in kinds},
-            "ov_copying": copying.tolist(),
+            "ov_copying": grid_list(copying, ctx.model.anatomy),
             "top_induction_copying": [float(copying[h.layer, h.head])
                                       for h in top_heads(hs.scores["induction"], opts["top_k"])],
             "loss_per_position": hs.loss_per_position.tolist(),

@@ -21,6 +21,7 @@ class FinetunePlugin(Plugin):
     name = "finetune"
     version = "0.1.0"
     needs = frozenset({"weight_writes", "weight_reads", "gradients", "generation"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Fine-tune a copy of the model on a task (full or LoRA) and save it as a model directory."
     options = (
         Option("task", str, "capitalize", "Task id to train on (see `mechkit tasks`).", parse=TaskList(count=1)),

@@ -38,6 +38,7 @@ class IclVectorsPlugin(Plugin):
     name = "icl-vectors"
     version = "0.1.0"
     needs = frozenset({"generation"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "ICL task vectors and function vectors: extract, pick a layer on dev, evaluate zero-shot + vector."
     options = (
         Option("tasks", str, None, f"Comma-separated task ids (default {DEFAULT_TASKS}, or the loaded vector's).",

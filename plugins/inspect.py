@@ -41,7 +41,7 @@ class InspectPlugin(Plugin):
     name = "inspect"
     version = "0.1.0"
     summary = "Report the model's anatomy, parameter counts and a plain forward-pass timing."
-    pruned = frozenset({"neurons", "heads", "layers"})  # anatomy and a forward: any shape
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # anatomy and a forward: any shape
     options = (
         Option("batch", int, 4, "Batch size of the timed forward pass.", min=1, max=4096),
         Option("seq_len", int, 128, "Sequence length of the timed forward pass (at most the model's context).",

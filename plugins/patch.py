@@ -21,6 +21,7 @@ class PatchPlugin(Plugin):
     name = "patch"
     version = "0.2.0"
     needs = frozenset({"gradients"})  # --method attribution
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Activation patching clean -> corrupted (layer x position, layer x head), logit lens and DLA."
     options = (
         Option("task", str, "ioi", "Prompt pairs from this task: ioi (the name swapped) or an ICL task id (its "
@@ -68,7 +69,7 @@ class PatchPlugin(Plugin):
             job = bar.add_task("patching prompt pairs", total=len(kept))
             study = run_study(m, [toks for _, toks in kept], opts["method"], opts["batch_size"], step=ctx.step,
                               on_pair=lambda: bar.advance(job))
-        results = _results(study, [vars(p) for p, _ in kept], opts["method"])
+        results = _results(study, [vars(p) for p, _ in kept], opts["method"], ctx.model.anatomy)
         return Result(results=results, figures=_figures(m.anatomy.n_layers, study), finding=finding(results))
 
     @classmethod
@@ -94,15 +95,17 @@ class PatchPlugin(Plugin):
                 kv_table("Prompt pairs", facts, digits=3)]
 
 
-def _results(study, pairs: list[dict], method: str) -> dict:
+def _results(study, pairs: list[dict], method: str, anatomy) -> dict:
+    from mechkit.heads.scores import grid_list  # None where a pruned layer lacks the head
+
     resid, heads = study.resid, study.heads
     results = {
         "pair": pairs[0], "pairs": pairs, "n_pairs": study.n_pairs, "n_resid_pairs": study.n_resid_pairs,
         "method": method, "tokens": resid.labels, "direction": resid.direction,
         "metric": "logit difference (correct − wrong), last position, averaged over pairs",
         "clean": heads.clean, "corrupted": heads.corrupted,
-        "resid_recovery": resid.recovery.tolist(), "head_recovery": heads.recovery.tolist(),
-        "dla_heads": study.dla_heads.tolist(), "dla_attn": study.dla_attn.tolist(), "dla_mlp": study.dla_mlp.tolist(),
+        "resid_recovery": resid.recovery.tolist(), "head_recovery": grid_list(heads.recovery, anatomy),
+        "dla_heads": grid_list(study.dla_heads, anatomy), "dla_attn": study.dla_attn.tolist(), "dla_mlp": study.dla_mlp.tolist(),
         "dla_embed": study.dla_embed, "dla_unexplained": study.dla_unexplained, "lens_logit_diff": study.lens.tolist(),
         "top_heads": _top(heads.recovery, 5), "top_dla_heads": _top(study.dla_heads, 5),
         "top_resid": _top(resid.recovery, 3),
@@ -110,7 +113,7 @@ def _results(study, pairs: list[dict], method: str) -> dict:
     if study.agreement:
         results["agreement"] = study.agreement
         results["attribution_resid_recovery"] = study.attribution["resid"].recovery.tolist()
-        results["attribution_head_recovery"] = study.attribution["heads"].recovery.tolist()
+        results["attribution_head_recovery"] = grid_list(study.attribution["heads"].recovery, anatomy)
     return results
 
 
@@ -141,7 +144,7 @@ def _figures(n_layers: int, study) -> dict:
 
 
 def _top(grid, k: int) -> list[dict]:
-    flat = grid.flatten().argsort(descending=True)[:k]
+    flat = [i for i in grid.flatten().argsort(descending=True).tolist() if not grid.flatten()[i].isnan()][:k]
     return [{"layer": int(i) // grid.shape[1], "index": int(i) % grid.shape[1], "value": float(grid.flatten()[i])}
             for i in flat]
 

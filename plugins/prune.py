@@ -38,6 +38,11 @@ class PrunePlugin(Plugin):
     name = "prune"
     version = "0.1.0"
     needs = frozenset({"weight_writes", "weight_reads", "module_calls", "gradients", "generation"})
+    pruned = frozenset({"layers"})  # docs/analyses/prune.md
+    pruned_why = {kind: ("it ranks units in layers × neurons and layers × heads grids and records what it keeps in the "
+                         "dense model's numbering, so it cannot prune again a model pruned that way",
+                         "prune the dense model with a higher --sparsity or a lower --budget")
+                  for kind in ("neurons", "heads")}
     summary = "Prune heads, MLP channels or layers by an interpretability guide; measure accuracy and speed."
     options = (
         Option("guide", str, "attribution,wanda,magnitude,random",

@@ -25,6 +25,7 @@ class ShufflePlugin(Plugin):
     name = "shuffle"
     version = "0.1.0"
     needs = frozenset({"weight_writes", "weight_reads", "generation"})  # it permutes the heads' weights
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Permute QK or QKOV weights among selected heads (e.g. induction) vs among random heads."
     options = (
         Option("heads", str, "induction", "Head spec (see `mechkit ablate --help`).", parse=HeadSpec()),
@@ -55,9 +56,9 @@ class ShufflePlugin(Plugin):
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
-        n_layers, n_heads = model.anatomy.n_layers, model.anatomy.n_heads
+        n_layers, n_heads = model.anatomy.n_layers, model.anatomy.head_counts  # per layer: pruned layers differ
         selection, tasks = opts["heads"], opts["tasks"]
-        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, n_layers * n_heads // 2)
+        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, sum(n_heads) // 2)
         named = selection.count(n_layers, n_heads, top_k, ctx.seed)  # before head scores are computed
         if named < 2:
             from mechkit.errors import HeadSpecError

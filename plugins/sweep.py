@@ -20,15 +20,17 @@ def _top(grid, k: int) -> list[dict]:
     """The k heads whose ablation lowers the metric most."""
     import numpy as np
 
-    flat = np.argsort(np.ravel(grid))[:k]
+    values = np.ravel(grid)
+    flat = [i for i in np.argsort(values) if np.isfinite(values[i])][:k]  # NaN: a head a pruned layer lacks
     n_heads = grid.shape[1]
-    return [{"layer": int(i // n_heads), "head": int(i % n_heads), "effect": float(np.ravel(grid)[i])} for i in flat]
+    return [{"layer": int(i // n_heads), "head": int(i % n_heads), "effect": float(values[i])} for i in flat]
 
 
 class SweepPlugin(Plugin):
     name = "sweep"
     version = "0.1.0"
     needs = frozenset({"gradients"})
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Importance of every head for a task: the effect of ablating each one (exact or attribution)."
     options = (
         Option("tasks", str, "capitalize", "Comma-separated task ids; prompts of all tasks are pooled.",
@@ -47,6 +49,7 @@ class SweepPlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.evaluation import task_prompts
         from mechkit.heads.effects import attribution_effects, exact_effects, spearman
+        from mechkit.heads.scores import grid_list
         from mechkit.report import head_heatmap
 
         opts, model = ctx.options, ctx.model
@@ -60,7 +63,8 @@ class SweepPlugin(Plugin):
                 job = bar.add_task("exact sweep (layers)", total=model.anatomy.n_layers * n_batches)
                 exact = exact_effects(model, prompts, opts["batch_size"], on_layer=lambda: bar.advance(job),
                                       map_units=ctx.map_units)
-            results["exact"] = {"logprob_effect": exact.logprob.tolist(), "accuracy_effect": exact.accuracy.tolist(),
+            results["exact"] = {"logprob_effect": grid_list(exact.logprob, model.anatomy),
+                                "accuracy_effect": grid_list(exact.accuracy, model.anatomy),
                                 "clean_logprob": exact.clean_logprob, "clean_accuracy": exact.clean_accuracy,
                                 "top": _top(exact.logprob, opts["top_k"])}
             figures["exact_logprob_effect"] = head_heatmap(exact.logprob, "Δ answer log-prob when the head is ablated",
@@ -69,7 +73,8 @@ class SweepPlugin(Plugin):
                                                             "Δ accuracy")
         if opts["method"] in ("attribution", "both"):
             attr = attribution_effects(model, prompts, opts["batch_size"], step=ctx.step)  # each batch resumable
-            results["attribution"] = {"logprob_effect": attr.logprob.tolist(), "clean_logprob": attr.clean_logprob,
+            results["attribution"] = {"logprob_effect": grid_list(attr.logprob, model.anatomy),
+                                      "clean_logprob": attr.clean_logprob,
                                       "top": _top(attr.logprob, opts["top_k"])}
             figures["attribution_logprob_effect"] = head_heatmap(attr.logprob, "Attribution estimate of Δ log-prob",
                                                                  "Δ log-prob (estimated)")

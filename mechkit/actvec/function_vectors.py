@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 
 def mean_head_outputs(handle: ModelHandle, prompts: Sequence, batch_size: int = 8) -> torch.Tensor:
-    """``[n_layers, n_heads, d_head]``: each head's output at the last prompt token, averaged."""
+    """``[n_layers, n_heads, d_head]``: each head's output at the last prompt token, averaged (zeros in the
+    cells of heads a pruned layer does not have)."""
     a = handle.anatomy
     total = torch.zeros(a.n_layers, a.n_heads, a.d_head, dtype=torch.float64)
     encoded = prompt_ids(handle, prompts)
@@ -48,7 +49,7 @@ def mean_head_outputs(handle: ModelHandle, prompts: Sequence, batch_size: int = 
         rows = torch.arange(len(ids))
 
         def take(z, point, rows=rows, last=last):
-            total[point.layer] += z[rows, last.to(z.device)].detach().double().sum(0).cpu()
+            total[point.layer, :z.shape[2]] += z[rows, last.to(z.device)].detach().double().sum(0).cpu()
 
         with torch.no_grad(), hooks(handle, {"blocks.*.attn.hook_z": take}):
             handle(ids.to(handle.device), attention_mask=mask.to(handle.device), **keep)
@@ -82,11 +83,13 @@ class _HeadPatch:
 def indirect_effects(handle: ModelHandle, prompts: Sequence, means: torch.Tensor,
                      heads_per_forward: int = 48) -> torch.Tensor:
     """``[n_prompts, n_layers, n_heads]``: P(answer) with head (L, h)'s last-token output set to
-    ``means[L, h]``, minus P(answer) unpatched, on each (corrupted, e.g. shuffled-label) prompt."""
+    ``means[L, h]``, minus P(answer) unpatched, on each (corrupted, e.g. shuffled-label) prompt; NaN for
+    the heads a pruned layer does not have."""
     a = handle.anatomy
-    every = [(L, h) for L in range(a.n_layers) for h in range(a.n_heads)]
+    every = [(L, h) for L in range(a.n_layers) for h in range(a.heads_in(L))]
     patch = _HeadPatch(means)
     out = torch.zeros(len(prompts), a.n_layers, a.n_heads)
+    out[:, ~torch.as_tensor(a.head_mask())] = float("nan")
     with torch.no_grad(), hooks(handle, {"blocks.*.attn.hook_z": patch.hook}):
         for i, prompt in enumerate(prompts):
             prefix, last, target = _split(handle, prompt)
@@ -125,9 +128,12 @@ def head_contributions(handle: ModelHandle, means: torch.Tensor) -> torch.Tensor
     out = []
     with torch.no_grad():
         for layer in range(a.n_layers):
+            n = a.heads_in(layer)  # a pruned layer's own heads; the grid's other cells stay zero
             w = weight_out_in(a.attn_out(layer)).float().cpu()
-            w = rearrange(w, "m (h d) -> h m d", h=a.n_heads)
-            out.append(torch.einsum("hmd,hd->hm", w, means[layer].float()))
+            w = rearrange(w, "m (h d) -> h m d", h=n)
+            row = torch.zeros(a.n_heads, w.shape[1])
+            row[:n] = torch.einsum("hmd,hd->hm", w, means[layer, :n].float())
+            out.append(row)
     return torch.stack(out)
 
 

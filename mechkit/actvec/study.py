@@ -32,6 +32,7 @@ from mechkit.actvec.select import choose
 from mechkit.actvec.task_vectors import icl_task_vectors
 from mechkit.actvec.vector import METHODS, ActivationVector
 from mechkit.errors import MechkitError
+from mechkit.heads.scores import grid_list
 from mechkit.model.backends.weight_reads import read_weights
 from mechkit.model.headspec import top_heads
 from mechkit.tasks import build_prompts
@@ -90,7 +91,8 @@ def extract(handle: ModelHandle, method: str, task: str, *, n_contexts: int = 24
     aie = indirect_effects(handle, corrupted, means).mean(0)
     heads = top_heads(aie, top_k)
     fv = read_weights(handle, function_vector, means, heads)  # W_O: on a remote model's server, one job
-    return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie.tolist(), "n_cie": n_cie,
+    aie = grid_list(aie.numpy(), handle.anatomy)  # None: a head a pruned layer does not have
+    return {"vector": fv.tolist(), "heads": [h.to_dict() for h in heads], "aie": aie, "n_cie": n_cie,
             "top_k": top_k, **common}
 
 

@@ -58,6 +58,7 @@ from mechkit.compose.study import evaluate_cell, summarize
 from mechkit.errors import MechkitError
 from mechkit.eval import mean_std, score_prompts
 from mechkit.heads import Head, compute_scores, top_heads
+from mechkit.heads.scores import grid_list
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -130,7 +131,7 @@ class ComposeStudy:
         (shots, n, seeds, seed, words, effect_shots, n_effect, method, mlp_ablation, contrast, top_k, verify, n_seqs,
          seg_len, strengths, draws, n_dev, n_test, n_contexts, batch_size) = (
             getattr(config, f.name) for f in dataclasses.fields(config))
-        total = handle.anatomy.n_layers * handle.anatomy.n_heads
+        total = sum(handle.anatomy.head_counts)
         if top_k * 2 > total:  # the random baseline needs top_k heads outside the selected ones
             raise MechkitError(f"--top-k {top_k} leaves too few other heads for random draws ({total} heads)",
                                f"use --top-k up to {total // 2}")
@@ -222,8 +223,8 @@ class ComposeStudy:
         cs_heads = composite_specific(effects["composite"].heads, [e.heads for e in simple], self.contrast)
         cs_mlps = composite_specific(effects["composite"].mlps, [e.mlps for e in simple], self.contrast)
         row = {"components": list(task.components), "how": task.how,
-               "effects": {name: e.as_dict() for name, e in effects.items()},
-               "composite_specific_heads": cs_heads.tolist(), "composite_specific_mlps": cs_mlps.tolist(),
+               "effects": {name: e.as_dict() | {"heads": grid_list(e.heads, a)} for name, e in effects.items()},
+               "composite_specific_heads": grid_list(cs_heads, a), "composite_specific_mlps": cs_mlps.tolist(),
                "selected": [{**h.to_dict(), "cs": float(cs_heads[h.layer, h.head])}
                             for h in top_heads(cs_heads.tolist(), self.top_k)],
                "mlp_ranking": [{"layer": int(i), "cs": float(cs_mlps[i])} for i in (-cs_mlps).argsort()],
@@ -233,7 +234,7 @@ class ComposeStudy:
             row["reference_heads"][kind] = {
                 "heads": [h.to_dict() for h in heads], "cs_ranks": ranks,
                 "composite_ranks": ranks_of(-effects["composite"].heads, heads),
-                "mean_percentile": sum(100.0 * r / (a.n_layers * a.n_heads) for r in ranks) / len(ranks)}
+                "mean_percentile": sum(100.0 * r / sum(a.head_counts) for r in ranks) / len(ranks)}
         if self.method == "attribution" and self.verify > 0:
             check = top_heads(cs_heads.tolist(), self.verify)
             self.on_unit(f"exact check {pair}")
@@ -255,7 +256,7 @@ class ComposeStudy:
     def _pair_strengthen(self, index: int, pair: str, components: dict, treatments: Sequence[str]) -> dict:
         a, task, bs = self.handle.anatomy, composite_task(pair), self.batch_size
         selected = [Head(h["layer"], h["head"]) for h in components["selected"]]
-        draws = random_draws(a.n_layers, a.n_heads, len(selected), self.draws, self.seed * 100 + index, selected)
+        draws = random_draws(a.n_layers, a.head_counts, len(selected), self.draws, self.seed * 100 + index, selected)
 
         def composite(n: int, offset: str) -> list:
             return task.prompts(n=n, shots=self.effect_shots, seed=self.seed + OFFSETS[offset], setting="composite")

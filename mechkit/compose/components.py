@@ -136,7 +136,9 @@ def _attribution(handle: ModelHandle, prompts: Sequence, mlp_mode: str, batch_si
         with torch.no_grad():
             valid = batch.mask.to(handle.device)
             for layer, gz, gm in zip(layers, grads[:len(layers)], grads[len(layers):], strict=True):
-                heads[layer] += ((-zs[layer].detach()) * gz * valid[:, :, None, None].to(gz.dtype)).sum((0, 1, 3)).double().cpu()
+                n_layer = zs[layer].shape[2]  # this layer's own heads (fewer where heads were pruned)
+                heads[layer, :n_layer] += ((-zs[layer].detach()) * gz * valid[:, :, None, None].to(gz.dtype)
+                                           ).sum((0, 1, 3)).double().cpu()
                 out, gm = outs[layer].detach(), gm * valid[:, :, None].to(gm.dtype)
                 a_dot_g[layer] += float((out * gm).sum())
                 sum_g[layer] += gm.sum((0, 1)).double().cpu()
@@ -147,7 +149,8 @@ def _attribution(handle: ModelHandle, prompts: Sequence, mlp_mode: str, batch_si
     mlps = -a_dot_g
     if mlp_mode == "mean":
         mlps = mlps + (sum_a / max(positions, 1.0) * sum_g).sum(-1)
-    return ComponentEffects((heads / n).numpy(), (mlps / n).numpy(), clean / n, "attribution", mlp_mode)
+    heads = np.where(a.head_mask(), (heads / n).numpy(), np.nan)  # NaN: a head a pruned layer does not have
+    return ComponentEffects(heads, (mlps / n).numpy(), clean / n, "attribution", mlp_mode)
 
 
 def _exact_mlps(handle: ModelHandle, prompts: Sequence, mlp_mode: str, batch_size: int,

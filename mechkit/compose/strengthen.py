@@ -76,7 +76,7 @@ def head_vector_edits(handle: ModelHandle, means: torch.Tensor, heads: Sequence[
     return [ResidEdit(layer, beta * v, "add") for layer, v in sorted(by_layer.items())]
 
 
-def random_draws(n_layers: int, n_heads: int, k: int, draws: int, seed: int,
+def random_draws(n_layers: int, n_heads: int | Sequence[int], k: int, draws: int, seed: int,
                  exclude: Sequence[Head]) -> list[list[Head]]:
     """``draws`` random sets of ``k`` heads, each disjoint from ``exclude`` (the selected heads).
 

@@ -73,7 +73,7 @@ def _study_line(task, row: dict, shots: int) -> str:
 def _heads_line(row: dict) -> str:
     ref, mlp = row["reference_heads"], row["mlp_ranking"][0]
     heads = ", ".join(f"{h['layer']}.{h['head']} ({h['cs']:+.3f})" for h in row["selected"])
-    total = len(row["composite_specific_heads"]) * len(row["composite_specific_heads"][0])
+    total = sum(v is not None for r in row["composite_specific_heads"] for v in r)  # a pruned layer's empty cells: None
     return (f"top composite-specific {heads} | CS ranks of the top induction heads {ref['induction']['cs_ranks']}, "
             f"previous-token {ref['previous-token']['cs_ranks']} (of {total}) | top MLP {mlp['layer']} ({mlp['cs']:+.3f})")
 

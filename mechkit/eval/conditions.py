@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from mechkit.model.headspec import Head, HeadSelection
 
 
-def ablation_conditions(selection: HeadSelection, n_layers: int, n_heads: int, ks: Sequence[int],
+def ablation_conditions(selection: HeadSelection, n_layers: int, n_heads: int | Sequence[int], ks: Sequence[int],
                         scores: dict | None, seed: int, baseline_seeds: int) -> list[tuple]:
     """``(name, heads, seed, k)`` per condition: the clean model, then for each k the selected heads and
     ``baseline_seeds`` draws of as many random heads (none when 0), seeded ``seed * 1000 + draw``."""
@@ -32,7 +32,7 @@ def ablation_conditions(selection: HeadSelection, n_layers: int, n_heads: int, k
     return conditions
 
 
-def shuffle_conditions(target: list[Head], n_layers: int, n_heads: int, seeds: int, seed: int) -> list[tuple]:
+def shuffle_conditions(target: list[Head], n_layers: int, n_heads: int | Sequence[int], seeds: int, seed: int) -> list[tuple]:
     """``(name, {destination: source head}, seed)`` per condition: clean; per seed the selected heads
     permuted among themselves (``target``), given random other heads' weights (``outside``), and as many
     random heads permuted among themselves (``random``)."""

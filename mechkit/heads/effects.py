@@ -72,11 +72,16 @@ def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, 
                 row = step(f"exact|batch{b}|layer{layer}",
                            lambda clean=clean, layer=layer, base_lp=base_lp, base_acc=base_acc:
                            _layer_effects(clean, layer, base_lp, base_acc))
-                lp[layer] += torch.tensor(row["logprob"], dtype=torch.float64)
-                acc[layer] += torch.tensor(row["accuracy"], dtype=torch.float64)
+                lp[layer, :len(row["logprob"])] += torch.tensor(row["logprob"], dtype=torch.float64)
+                acc[layer, :len(row["accuracy"])] += torch.tensor(row["accuracy"], dtype=torch.float64)
                 if on_layer:
                     on_layer()
-    return HeadEffects((lp / n).numpy(), (acc / n).numpy(), clean_lp / n, clean_acc / n, "exact")
+    return HeadEffects(absent_nan(lp / n, a), absent_nan(acc / n, a), clean_lp / n, clean_acc / n, "exact")
+
+
+def absent_nan(grid: torch.Tensor, anatomy) -> np.ndarray:
+    """The grid as an array, NaN in the cells with no head (a layer that kept fewer heads: pruned)."""
+    return np.where(anatomy.head_mask(), grid.numpy() if isinstance(grid, torch.Tensor) else grid, np.nan)
 
 
 class _CleanRun:
@@ -103,7 +108,7 @@ def _layer_effects(clean: _CleanRun, layer: int, base_lp: torch.Tensor, base_acc
     inputs, _ = clean.run()
     keep = batch.keep.to(handle.device)
     out = {"logprob": [], "accuracy": []}
-    for h in range(handle.anatomy.n_heads):
+    for h in range(handle.anatomy.heads_in(layer)):  # this layer's own heads (fewer where heads were pruned)
         with hooks(handle, {f"blocks.{layer}.attn.hook_z": _zero_head(h)}):
             logits = run_from(handle, layer, inputs, positions=keep)
         abl_lp, abl_acc = row_metrics(logits, batch)
@@ -152,10 +157,10 @@ def _exact_mapped(handle: ModelHandle, prompts: Sequence, batch_size: int, on_la
             clean_lp += float(base_lp.sum())
             clean_acc += float(base_acc.sum())
         else:
-            lp[unit[2]] += torch.tensor(value["logprob"], dtype=torch.float64)
-            acc[unit[2]] += torch.tensor(value["accuracy"], dtype=torch.float64)
+            lp[unit[2], :len(value["logprob"])] += torch.tensor(value["logprob"], dtype=torch.float64)
+            acc[unit[2], :len(value["accuracy"])] += torch.tensor(value["accuracy"], dtype=torch.float64)
     n = sum(sizes)
-    return HeadEffects((lp / n).numpy(), (acc / n).numpy(), clean_lp / n, clean_acc / n, "exact")
+    return HeadEffects(absent_nan(lp / n, a), absent_nan(acc / n, a), clean_lp / n, clean_acc / n, "exact")
 
 
 def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16,
@@ -178,7 +183,7 @@ def attribution_effects(handle: ModelHandle, prompts: Sequence, batch_size: int 
         est += np.asarray(part["estimate"], dtype=np.float64)
         clean_lp += part["clean_logprob"]
         n += len(batch.cols)
-    return HeadEffects(est / n, None, clean_lp / n, None, "attribution")
+    return HeadEffects(absent_nan(est / n, a), None, clean_lp / n, None, "attribution")
 
 
 def _attribution_sums(handle: ModelHandle, batch) -> dict:
@@ -197,12 +202,13 @@ def _attribution_sums(handle: ModelHandle, batch) -> dict:
         for layer in range(a.n_layers):
             z, g = found[f"blocks.{layer}.attn.hook_z"]
             valid = batch.mask.to(g.device)[:, :, None, None].to(g.dtype)
-            est[layer] += ((-z.to(g.device)) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
+            est[layer, :z.shape[2]] += ((-z.to(g.device)) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
     return {"estimate": est.tolist(), "clean_logprob": float(value)}
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Spearman rank correlation of two score grids; ``None`` where it is undefined (a constant grid).
+    """Spearman rank correlation of two score grids over the cells both have (a pruned layer's missing heads
+    are NaN in both); ``None`` where it is undefined (a constant grid).
 
     >>> spearman(np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 1.0])) is None
     True
@@ -213,5 +219,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns on a constant input before returning NaN
-        rho = float(spearmanr(np.ravel(a), np.ravel(b)).statistic)
+        a, b = np.ravel(a).astype(float), np.ravel(b).astype(float)
+        both = np.isfinite(a) & np.isfinite(b)
+        rho = float(spearmanr(a[both], b[both]).statistic)
     return rho if np.isfinite(rho) else None

@@ -114,8 +114,9 @@ def head_scores(handle: ModelHandle, tokens: torch.Tensor, seg_len: int, batch_s
             sums[k] += np.asarray(part[k], dtype=np.float64)
         loss += np.asarray(part["loss"], dtype=np.float64)
     n = len(tokens)
+    absent = ~a.head_mask()  # a layer that kept fewer heads (pruned): its missing cells hold NaN, never ranked
     return HeadScores(
-        scores={k: v / n for k, v in sums.items()},
+        scores={k: np.where(absent, np.nan, v / n) for k, v in sums.items()},
         loss_per_position=loss / n,
         seg_len=seg_len,
         offset=total - 2 * seg_len,
@@ -132,9 +133,10 @@ def _batch_sums(handle: ModelHandle, batch: torch.Tensor, seg_len: int) -> dict[
 
     def reducer(pattern: torch.Tensor, point) -> None:
         p = pattern.detach().float()
-        sums["induction"][point.layer] += p[:, :, queries, after].sum(dim=(0, 2)).double().cpu() / seg_len
-        sums["duplicate-token"][point.layer] += p[:, :, queries, dup].sum(dim=(0, 2)).double().cpu() / seg_len
-        sums["previous-token"][point.layer] += p[:, :, rows, rows - 1].sum(dim=(0, 2)).double().cpu() / len(rows)
+        n = p.shape[1]  # this layer's heads (fewer than n_heads where heads were pruned)
+        sums["induction"][point.layer, :n] += p[:, :, queries, after].sum(dim=(0, 2)).double().cpu() / seg_len
+        sums["duplicate-token"][point.layer, :n] += p[:, :, queries, dup].sum(dim=(0, 2)).double().cpu() / seg_len
+        sums["previous-token"][point.layer, :n] += p[:, :, rows, rows - 1].sum(dim=(0, 2)).double().cpu() / len(rows)
 
     with hooks(handle, {"blocks.*.attn.hook_pattern": reducer}):
         loss = _token_loss_sum(handle, batch, len(batch))
@@ -158,11 +160,11 @@ def ov_copying_scores(handle: ModelHandle) -> np.ndarray:
             unembed = unembed * scale.float().to(dev)
         vocab = min(len(unembed), len(embed))  # tokens only one side has (Mllama's image tokens) copy nothing
         bridge = unembed[:vocab].T @ embed[:vocab]  # [d_model, d_model]: from output direction back to input direction
-        out = np.zeros((a.n_layers, a.n_heads))
+        out = np.full((a.n_layers, a.n_heads), np.nan)  # NaN: no such head (a layer that kept fewer)
         for layer in range(a.n_layers):
             w_o = weight_out_in(a.attn_out(layer)).float().to(dev)
-            for h in range(a.n_heads):
-                module, rows = a.head_rows(layer, "v", a.kv_head(h))
+            for h in range(a.heads_in(layer)):
+                module, rows = a.head_rows(layer, "v", a.kv_head(h, layer))
                 w_v = weight_out_in(module)[rows].float().to(dev)  # [d_head, d_model]
                 d = a.head_size(layer)
                 w_oh = w_o[:, h * d:(h + 1) * d]  # [d_model, d_head]
@@ -187,16 +189,25 @@ def scores_from_report(report: dict, anatomy, source: str = "the report") -> dic
         if values.shape != (anatomy.n_layers, anatomy.n_heads):
             raise MechkitError(f"{kind} scores in {source} are for a {'×'.join(map(str, values.shape))} model, "
                                f"not {anatomy.n_layers}×{anatomy.n_heads}", "run `mechkit detect` on this model")
-        if not np.isfinite(values).all():  # NaN would rank heads arbitrarily
+        if not np.isfinite(values[anatomy.head_mask()]).all():  # NaN would rank heads arbitrarily
             raise MechkitError(f"{kind} scores in {source} hold NaN or infinite values",
                                "run `mechkit detect` again on this model")
     return scores
 
 
+def grid_list(grid, anatomy) -> list[list[float | None]]:
+    """A ``[layers, heads]`` grid as lists: ``None`` in the cells with no head (a layer that kept fewer
+    heads), which a report stores as ``null`` and a heatmap leaves blank. A NaN where a head exists stays
+    NaN, so the report still refuses it as a broken run."""
+    mask = anatomy.head_mask()
+    return [[float(v) if there else None for v, there in zip(row, present, strict=True)]
+            for row, present in zip(np.asarray(grid, dtype=float), mask, strict=True)]
+
+
 def compute_scores(handle: ModelHandle, n_seqs: int, seg_len: int, seed: int) -> dict[str, list]:
     """Every score kind as a ``[layer][head]`` list on fresh repeated random tokens."""
     tokens = repeated_tokens(handle, n_seqs=n_seqs, seg_len=seg_len, seed=seed)
-    return {k: v.tolist() for k, v in head_scores(handle, tokens, seg_len).scores.items()}
+    return {k: grid_list(v, handle.anatomy) for k, v in head_scores(handle, tokens, seg_len).scores.items()}
 
 
 def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: int, seed: int,

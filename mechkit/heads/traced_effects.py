@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mechkit.eval.scoring import Batch, batches, row_metrics, supports_logits_to_keep
+from mechkit.heads.effects import absent_nan
 from mechkit.heads.sums import HeadEffects, LogprobSum
 from mechkit.hooking.points import resolve
 from mechkit.hooking.traced import GradTraceProgram, TraceProgram, planner
@@ -118,7 +119,7 @@ def _answers(batch: Batch, copies: int = 1) -> SimpleNamespace:
 def _ablated_trace(handle: ModelHandle, batch: Batch, layer: int) -> Trace:
     """The batch repeated once per head of ``layer``, copy h with head h zeroed; per-row metrics back.
     The trace carries the batch once (every layer's trace the same tensors) and repeats it where it runs."""
-    n_heads = handle.anatomy.n_heads
+    n_heads = handle.anatomy.heads_in(layer)  # this layer's own heads (fewer where heads were pruned)
     kept = supports_logits_to_keep(handle.model)
     point = resolve(handle.anatomy, f"blocks.{layer}.attn.hook_z")[0]
     plan = planner(handle)([(point, _ZeroEach(len(batch.cols)))])
@@ -147,7 +148,8 @@ def exact_traced(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, o
         for layer in range(a.n_layers):
             units.append(_Unit(f"exact|batch{b}|layer{layer}",
                                lambda batch=batch, layer=layer: _ablated_trace(handle, batch, layer),
-                               lambda result, values, clean=clean: _layer_row(result, values[clean], a.n_heads)))
+                               lambda result, values, clean=clean, layer=layer:
+                               _layer_row(result, values[clean], a.heads_in(layer))))
         sizes.append((clean, len(batch.cols)))
 
     def done(unit: _Unit) -> None:
@@ -164,10 +166,10 @@ def exact_traced(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, o
         clean_acc += float(base_acc.sum())
         for layer in range(a.n_layers):
             row = values[f"exact|batch{b}|layer{layer}"]
-            lp[layer] += torch.tensor(row["logprob"], dtype=torch.float64)
-            acc[layer] += torch.tensor(row["accuracy"], dtype=torch.float64)
+            lp[layer, :len(row["logprob"])] += torch.tensor(row["logprob"], dtype=torch.float64)
+            acc[layer, :len(row["accuracy"])] += torch.tensor(row["accuracy"], dtype=torch.float64)
     n = sum(rows for _, rows in sizes)
-    return HeadEffects((lp / n).numpy(), (acc / n).numpy(), clean_lp / n, clean_acc / n, "exact")
+    return HeadEffects(absent_nan(lp / n, a), absent_nan(acc / n, a), clean_lp / n, clean_acc / n, "exact")
 
 
 class _AttributionSums:
@@ -182,7 +184,7 @@ class _AttributionSums:
             for layer in range(self.n_layers):
                 z, g = found[f"blocks.{layer}.attn.hook_z"]
                 valid = self.mask.to(g.device)[:, :, None, None].to(g.dtype)
-                est[layer] += ((-z.to(g.device)) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
+                est[layer, :z.shape[2]] += ((-z.to(g.device)) * g * valid).sum(dim=(0, 1, 3)).double().cpu()
         return {"estimate": est.tolist(), "clean_logprob": float(value)}
 
 
@@ -209,4 +211,4 @@ def attribution_traced(handle: ModelHandle, prompts: Sequence, batch_size: int =
         est += np.asarray(values[unit.key]["estimate"], dtype=np.float64)
         clean_lp += values[unit.key]["clean_logprob"]
     n = sum(len(batch.cols) for batch in found)
-    return HeadEffects(est / n, None, clean_lp / n, None, "attribution")
+    return HeadEffects(absent_nan(est / n, a), None, clean_lp / n, None, "attribution")

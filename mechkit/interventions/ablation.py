@@ -171,7 +171,7 @@ def ablate(
         raise MechkitError("nothing to ablate", "pass heads=... (e.g. '0.1,1.3') or experts=... (e.g. '1.e2')")
     a = handle.anatomy
     resolved: list[Head] = [] if heads is None else \
-        parse_heads(heads, a.n_layers, a.n_heads, scores=scores, top_k=top_k, seed=seed)
+        parse_heads(heads, a.n_layers, a.head_counts, scores=scores, top_k=top_k, seed=seed)
     chosen = [] if experts is None else parse_experts(experts, a)
     if mode != "zero" and reference is None:
         raise MechkitError(f"{mode} ablation needs reference inputs",

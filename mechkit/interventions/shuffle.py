@@ -48,9 +48,9 @@ def _slots(handle: ModelHandle, head: Head, part: str, gqa: str) -> list[tuple[t
     if part == "o":
         d = a.head_size(head.layer)
         return [(a.attn_out(head.layer), slice(head.head * d, (head.head + 1) * d), True)]
-    if part in ("k", "v") and a.n_kv_heads != a.n_heads and gqa == "query":
-        return []
-    index = head.head if part == "q" else a.kv_head(head.head)
+    if part in ("k", "v") and gqa == "query" and any(a.groups_in(layer) > 1 for layer in range(a.n_layers)):
+        return []  # grouped-query attention: a query head has no key/value of its own
+    index = head.head if part == "q" else a.kv_head(head.head, head.layer)
     module, rows = a.head_rows(head.layer, part, index)
     return [(module, rows, False)]
 

@@ -254,6 +254,12 @@ class Anatomy:
     # whether the expert bank is called as experts(hidden, indices, weights) (mlp.hook_routing and
     # mlp.hook_expert_out can read it)
     expert_routing: bool = False
+    # Per-layer query and KV head counts where layers differ (a model with heads pruned out of some layers:
+    # ``n_heads``/``n_kv_heads`` are then the widest layer's); None: every layer has ``n_heads``/``n_kv_heads``.
+    layer_heads: tuple[int, ...] | None = None
+    layer_kv_heads: tuple[int, ...] | None = None
+    # Per-layer MLP widths where layers differ (neurons pruned: ``d_mlp`` is then the widest); None: ``d_mlp``.
+    layer_d_mlp: tuple[int, ...] | None = None
 
     def block(self, layer: int) -> nn.Module:
         return self.layers[layer]
@@ -348,20 +354,21 @@ class Anatomy:
         if self.family.qkv is None:
             return self.attn_proj(layer, role), slice(index * d, (index + 1) * d)
         module = self.attn_proj(layer, "qkv")
+        n_q, n_kv, groups = self.heads_in(layer), self.kv_heads_in(layer), self.groups_in(layer)
         if self.family.qkv_layout == "grouped":  # per KV group: its query heads, then its k, then its v
-            per = self.n_groups + 2
+            per = groups + 2
             if role == "q":
-                start = (self.kv_head(index) * per + index % self.n_groups) * d
+                start = (self.kv_head(index, layer) * per + index % groups) * d
             else:
-                start = (index * per + self.n_groups + (role == "v")) * d
+                start = (index * per + groups + (role == "v")) * d
         elif self.family.qkv_layout == "mp4":
-            per_block = self.n_heads // 4
+            per_block = n_q // 4
             block, within = divmod(index, per_block)
             start = block * 3 * per_block * d + {"q": 0, "v": 1, "k": 2}[role] * per_block * d + within * d
         elif self.family.qkv_layout == "interleaved":
             start = index * 3 * d + {"q": 0, "k": d, "v": 2 * d}[role]
         else:
-            start = {"q": 0, "k": self.n_heads * d, "v": (self.n_heads + self.n_kv_heads) * d}[role] + index * d
+            start = {"q": 0, "k": n_q * d, "v": (n_q + n_kv) * d}[role] + index * d
         return module, slice(start, start + d)
 
     def final_norm_scale(self):
@@ -377,20 +384,56 @@ class Anatomy:
         """The head size of ``layer``: ``d_head``, unless the family's layers differ (Gemma 4)."""
         return self.d_head if self.d_heads is None else self.d_heads[layer]
 
-    def kv_head(self, head: int) -> int:
-        """The KV head a query head reads under grouped-query attention."""
-        return head // self.n_groups
+    def kv_head(self, head: int, layer: int | None = None) -> int:
+        """The KV head a query head reads under grouped-query attention (in ``layer``, where layers differ)."""
+        return head // (self.n_groups if layer is None else self.groups_in(layer))
 
     @property
     def n_groups(self) -> int:
         """Query heads per KV head (grouped-query attention); 1 for plain multi-head attention."""
         return self.n_heads // self.n_kv_heads
 
+    def heads_in(self, layer: int) -> int:
+        """How many query heads ``layer`` has: ``n_heads``, unless heads were pruned out of some layers."""
+        return self.n_heads if self.layer_heads is None else self.layer_heads[layer]
+
+    def kv_heads_in(self, layer: int) -> int:
+        """How many KV heads ``layer`` has."""
+        return self.n_kv_heads if self.layer_kv_heads is None else self.layer_kv_heads[layer]
+
+    def groups_in(self, layer: int) -> int:
+        """Query heads per KV head in ``layer``."""
+        return self.heads_in(layer) // self.kv_heads_in(layer)
+
+    @property
+    def head_counts(self) -> tuple[int, ...]:
+        """Query heads per layer; every analysis that enumerates heads reads this, not ``n_heads``, so a
+        model whose layers keep different numbers of heads is analysed head by head like any other."""
+        return tuple(self.heads_in(layer) for layer in range(self.n_layers))
+
+    @property
+    def ragged_heads(self) -> bool:
+        """Whether layers have different head counts (heads pruned): a ``[layers, heads]`` grid then has
+        cells with no head (``n_heads`` is the widest layer); they hold NaN."""
+        return self.layer_heads is not None
+
+    def head_mask(self):
+        """``[n_layers, n_heads]`` bool array: True where the head exists."""
+        import numpy as np
+
+        return np.arange(self.n_heads)[None, :] < np.asarray(self.head_counts)[:, None]
+
+    def mlp_width(self, layer: int) -> int:
+        """How many MLP neurons ``layer`` has: ``d_mlp``, unless neurons were pruned out of some layers."""
+        return self.d_mlp if self.layer_d_mlp is None else self.layer_d_mlp[layer]
+
     def as_dict(self) -> dict:
         return {
             "family": self.family_name, "n_layers": self.n_layers, "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads, "d_head": self.d_head, "d_model": self.d_model,
             "d_mlp": self.d_mlp, **({"n_experts": self.n_experts} if self.is_moe else {}),
+            **({"heads_per_layer": list(self.layer_heads)} if self.layer_heads else {}),
+            **({"d_mlp_per_layer": list(self.layer_d_mlp)} if self.layer_d_mlp else {}),
         }
 
 
@@ -463,13 +506,39 @@ def _build(model: nn.Module, name: str, fam: Family) -> Anatomy:
     mlp = layers[-1].get_submodule(fam.mlp)
     d_mlp = 0 if fam.experts else _in_features(mlp.get_submodule(fam.mlp_out))
     n_experts = _n_experts(mlp.get_submodule(fam.experts), config) if fam.experts else 0
+    widths = None if fam.experts else tuple(_in_features(block.get_submodule(fam.mlp).get_submodule(fam.mlp_out))
+                                            for block in layers)
+    heads, kv_heads = _pruned_heads(model, len(layers), n_heads, n_kv)
+    if heads and len(set(heads)) == len(set(kv_heads)) == 1:  # every layer keeps as many: a rectangular model
+        n_heads, n_kv, heads, kv_heads = heads[0], kv_heads[0], None, None
     return Anatomy(
-        family_name=name, family=fam, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
-        d_head=d_head, d_model=d_model, d_mlp=d_mlp, layers=layers,
+        family_name=name, family=fam, n_layers=len(layers), n_heads=max(heads or (n_heads,)),
+        n_kv_heads=max(kv_heads or (n_kv,)), d_head=d_head, d_model=d_model,
+        d_mlp=max(widths) if widths else d_mlp, layers=layers,
         embed=model.get_submodule(fam.embed), final_norm=_get(model, fam.final_norm), n_experts=n_experts,
         d_heads=d_heads if d_heads and len(set(d_heads)) > 1 else None,
         expert_routing=bool(fam.experts) and _takes_routing(mlp.get_submodule(fam.experts)),
+        layer_heads=heads, layer_kv_heads=kv_heads,
+        layer_d_mlp=widths if widths and len(set(widths)) > 1 else None,
     )
+
+
+def _pruned_heads(model: nn.Module, n_layers: int, n_heads: int, n_kv: int
+                  ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """Per-layer query and KV head counts of a model whose heads were physically pruned, read from the
+    structure it records (``_mechkit_structure``: kept heads per dense layer, removed layers); ``(None,
+    None)`` for any other model. The config's counts are the dense model's (transformers builds every
+    layer alike), so the record, not the config, says what each layer holds."""
+    structure = getattr(model, "_mechkit_structure", None)
+    if structure is None or not structure.head_keep:
+        return None, None
+    kept_layers = [i for i in range(structure.n_layers) if i not in set(structure.layers_removed)]
+    if len(kept_layers) != n_layers:
+        return None, None
+    groups = n_heads // n_kv
+    heads = [structure.head_keep.get(dense, range(n_heads)) for dense in kept_layers]
+    q, kv = tuple(len(h) for h in heads), tuple(len({i // groups for i in h}) for h in heads)
+    return (None, None) if len(set(q)) == len(set(kv)) == 1 and q[0] == n_heads else (q, kv)
 
 
 def _takes_routing(experts: nn.Module) -> bool:

@@ -11,6 +11,7 @@ Spec grammar (comma-separated items, 0-based)::
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import random as _random
 import re
@@ -47,18 +48,37 @@ class Head:
         return cls(int(d["layer"]), int(d["head"]))
 
 
-def all_heads(n_layers: int, n_heads: int) -> list[Head]:
-    return [Head(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+HeadCounts = int | Sequence[int]  # heads per layer: one count for every layer, or one per layer (heads pruned)
+
+
+def per_layer(n_layers: int, n_heads: HeadCounts) -> list[int]:
+    """Each layer's head count from one count for all or a per-layer sequence (``Anatomy.head_counts``).
+
+    >>> per_layer(2, 3), per_layer(2, (2, 4))
+    ([3, 3], [2, 4])
+    """
+    if isinstance(n_heads, int):
+        return [n_heads] * n_layers
+    counts = [int(n) for n in n_heads]
+    if len(counts) != n_layers:
+        raise ValueError(f"{len(counts)} head counts for {n_layers} layers")
+    return counts
+
+
+def all_heads(n_layers: int, n_heads: HeadCounts) -> list[Head]:
+    return [Head(layer, h) for layer, n in enumerate(per_layer(n_layers, n_heads)) for h in range(n)]
 
 
 def top_heads(scores: Sequence[Sequence[float]], k: int) -> list[Head]:
-    """The ``k`` highest-scoring heads of a ``[layer][head]`` score grid, best first."""
-    flat = [(float(s), Head(layer, h)) for layer, row in enumerate(scores) for h, s in enumerate(row)]
+    """The ``k`` highest-scoring heads of a ``[layer][head]`` score grid, best first; a cell with no head
+    (NaN or None: a layer that kept fewer heads) is never ranked."""
+    flat = [(float(s), Head(layer, h)) for layer, row in enumerate(scores) for h, s in enumerate(row)
+            if s is not None and math.isfinite(float(s))]
     flat.sort(key=lambda item: (-item[0], item[1]))
     return [head for _, head in flat[:k]]
 
 
-def random_heads(n_layers: int, n_heads: int, k: int, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
+def random_heads(n_layers: int, n_heads: HeadCounts, k: int, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
     """``k`` distinct random heads, never one of ``exclude`` (the baseline for a targeted ablation)."""
     excluded = set(exclude)
     pool = [h for h in all_heads(n_layers, n_heads) if h not in excluded]
@@ -94,7 +114,7 @@ class HeadSelection:
         """Whether k applies (a score-ranked or random item); else it ablates what it names."""
         return any(item[0] in ("score", "random") for item in self.items)
 
-    def resolve(self, n_layers: int, n_heads: int, *, scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
+    def resolve(self, n_layers: int, n_heads: HeadCounts, *, scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
                 top_k: int = 10, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
         """The sorted, de-duplicated heads it names on a model of this shape, taking ``top_k`` per ranked item."""
         heads: list[Head] = []
@@ -102,19 +122,20 @@ class HeadSelection:
             heads.extend(_resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude))
         return _validated(heads, n_layers, n_heads)
 
-    def count(self, n_layers: int, n_heads: int, top_k: int = 10, seed: int = 0) -> int:
+    def count(self, n_layers: int, n_heads: HeadCounts, top_k: int = 10, seed: int = 0) -> int:
         """How many heads it names with ``top_k``, raising :class:`HeadSpecError` now, before scores are
         computed, where k or a range cannot hold (scores stand in as zeros: which heads a score picks is
         not known yet, how many is)."""
-        placeholder = {kind: [[0.0] * n_heads for _ in range(n_layers)] for kind in SCORE_KINDS}
+        counts = per_layer(n_layers, n_heads)
+        placeholder = {kind: [[0.0] * n + [math.nan] * (max(counts) - n) for n in counts] for kind in SCORE_KINDS}
         return len(self.resolve(n_layers, n_heads, scores=placeholder, top_k=top_k, seed=seed))
 
-    def check_baseline(self, n_layers: int, n_heads: int, ks: Sequence[int] = (10,), seed: int = 0,
+    def check_baseline(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0,
                        other: str = "") -> None:
         """Refuse now, before scores are computed, a k whose random baseline (as many heads, none of the
         selected) cannot be drawn: on a small model the default k can name half its heads or more, and the
         draw failed only after the scores, with a fix that did not say how far to lower k."""
-        total = n_layers * n_heads
+        total = sum(per_layer(n_layers, n_heads))
         for k in ks:
             named = self.count(n_layers, n_heads, k, seed)
             if named > total - named:
@@ -122,12 +143,12 @@ class HeadSelection:
                                     f"{total - named} for a random baseline of {named} heads none of them",
                                     f"name at most {total // 2} heads (--top-k {total // 2}){other}")
 
-    def check(self, n_layers: int, n_heads: int, ks: Sequence[int] = (10,), seed: int = 0) -> None:
+    def check(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0) -> None:
         """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""
         for k in ks:
             self.count(n_layers, n_heads, k, seed)
 
-    def ks(self, n_layers: int, n_heads: int, sweep: Sequence[int] | None, top_k: int, seed: int = 0) -> list[int]:
+    def ks(self, n_layers: int, n_heads: HeadCounts, sweep: Sequence[int] | None, top_k: int, seed: int = 0) -> list[int]:
         """The head counts a run goes through: each of ``sweep`` (else ``top_k``) for a ranked spec, checked;
         for an explicit spec (``17.3,layer:2``), the one count it names."""
         if self.ranked:
@@ -185,7 +206,7 @@ def _parse_item(item: str) -> tuple:
 def parse_heads(
     spec: str | HeadSelection | Sequence[Head] | Sequence[tuple[int, int]],
     n_layers: int,
-    n_heads: int,
+    n_heads: HeadCounts,
     *,
     scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
     top_k: int = 10,
@@ -245,7 +266,7 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
         if layer >= n_layers:
             raise HeadSpecError(f"layer {layer} in {item[2]!r} is out of range: the model has {n_layers} layers "
                                 f"(0–{n_layers - 1})", "pick a layer in that range")
-        return [Head(layer, h) for h in range(n_heads)]
+        return [Head(layer, h) for h in range(per_layer(n_layers, n_heads)[layer])]
     if kind == "random":
         if top_k < 1:
             raise HeadSpecError(f"--top-k must be at least 1, got {top_k}", "pass --top-k K with K >= 1")
@@ -256,29 +277,40 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
                             "run `mechkit detect` first and pass --from REPORT, or let the plugin compute them")
     grid = scores[score]
     if not _is_grid(grid, n_layers, n_heads):  # another model's scores would rank heads silently wrong
-        raise HeadSpecError(f"the {score} scores are not a {n_layers} × {n_heads} grid of numbers (this model's layers × "
+        widest = max(per_layer(n_layers, n_heads))
+        raise HeadSpecError(f"the {score} scores are not a {n_layers} × {widest} grid of numbers (this model's layers × "
                             "heads)", "use scores from `mechkit detect` on this same model")
     return top_heads(grid, top_k)
 
 
-def _is_grid(grid, n_layers: int, n_heads: int) -> bool:
-    """Whether ``grid`` is ``n_layers`` rows of ``n_heads`` numbers (lists, arrays or tensors)."""
+def _is_grid(grid, n_layers: int, n_heads: HeadCounts) -> bool:
+    """Whether ``grid`` is ``n_layers`` rows of the widest layer's count of numbers (lists, arrays or tensors);
+    where layers differ, a layer's cells past its own heads are empty (NaN or None)."""
+    counts = per_layer(n_layers, n_heads)
     try:
-        rows = [[float(v) for v in row] for row in grid]
+        rows = [[float("nan") if v is None else float(v) for v in row] for row in grid]
     except (TypeError, ValueError):
         return False
-    return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == n_heads for r in rows)
+    return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == max(counts) for r in rows)
 
 
-def _validated(heads: list[Head], n_layers: int, n_heads: int) -> list[Head]:
+def _validated(heads: list[Head], n_layers: int, n_heads: HeadCounts) -> list[Head]:
+    counts = per_layer(n_layers, n_heads)
     for h in heads:
-        if not (0 <= h.layer < n_layers and 0 <= h.head < n_heads):
-            raise HeadSpecError(
-                f"head {h} is out of range: the model has {n_layers} layers (0–{n_layers - 1}) "
-                f"and {n_heads} heads per layer (0–{n_heads - 1})",
-                "pick heads inside that range",
-            )
+        if not (0 <= h.layer < n_layers and 0 <= h.head < counts[h.layer]):
+            raise HeadSpecError(f"head {h} is out of range: {_shape(n_layers, counts, h.layer)}",
+                                "pick heads inside that range")
     return sorted(set(heads))
+
+
+def _shape(n_layers: int, counts: list[int], layer: int) -> str:
+    """The model's layers and heads in words (per layer where their counts differ)."""
+    text = f"the model has {n_layers} layers (0–{n_layers - 1})"
+    if len(set(counts)) == 1:
+        return f"{text} and {counts[0]} heads per layer (0–{counts[0] - 1})"
+    if 0 <= layer < n_layers:
+        return f"layer {layer} of this pruned model has {counts[layer]} heads (0–{counts[layer] - 1})"
+    return f"{text}, with {', '.join(map(str, counts))} heads"
 
 
 def heads_by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:

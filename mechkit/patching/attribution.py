@@ -21,7 +21,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import gradients
 from mechkit.patching.patch import source_cache
-from mechkit.patching.scan import Metric, PatchScan, column_labels
+from mechkit.patching.scan import Metric, PatchScan, column_labels, padded
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -61,7 +61,7 @@ def attribute(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.T
             delta = (cache[name].to(grad.device, grad.dtype) - act.to(grad.device)) * grad
             rows.append(_unit_sums(delta, name.split(".", 2)[2], over)[0].double().cpu())
     base = float(value)
-    return (torch.stack(rows) + base).float(), base
+    return (padded(rows) + base).float(), base
 
 
 def _unit_sums(delta: torch.Tensor, suffix: str, over: str) -> torch.Tensor:
@@ -87,7 +87,8 @@ def attribute_patching(handle: ModelHandle, clean: torch.Tensor, corrupted: torc
 
 
 def agreement(exact: torch.Tensor, estimate: torch.Tensor, k: int = 5) -> dict:
-    """Spearman rank correlation of two grids and the overlap of their top ``k`` cells.
+    """Spearman rank correlation of two grids and the overlap of their top ``k`` cells (over the cells both
+    have: NaN where a pruned layer lacks a head).
 
     >>> agreement(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[1.0, 2.0], [4.0, 3.0]]), k=2)
     {'spearman': 0.8, 'top_k': 2, 'top_k_overlap': 1.0}
@@ -95,6 +96,8 @@ def agreement(exact: torch.Tensor, estimate: torch.Tensor, k: int = 5) -> dict:
     from mechkit.heads.effects import spearman
 
     a, b = exact.flatten().double(), estimate.flatten().double()
+    both = ~(a.isnan() | b.isnan())
+    a, b = a[both], b[both]
     k = min(k, a.numel())
     top_a, top_b = set(a.argsort(descending=True)[:k].tolist()), set(b.argsort(descending=True)[:k].tolist())
     rho = spearman(a.numpy(), b.numpy())

@@ -105,12 +105,18 @@ def direct_logit_attribution(handle: ModelHandle, cache: Cache, correct: int, wr
     (torch.Size([1, 2, 4]), True)
     """
     n = handle.anatomy.n_layers
-    acts = {"z": torch.stack([cache[f"blocks.{L}.attn.hook_z"][:, pos] for L in range(n)]),
+    width = handle.anatomy.n_heads  # a pruned layer's fewer heads padded with zeros (and given no share)
+    acts = {"z": torch.stack([_widened(cache[f"blocks.{L}.attn.hook_z"][:, pos], width) for L in range(n)]),
             "attn": torch.stack([cache[f"blocks.{L}.hook_attn_out"][:, pos] for L in range(n)]),
             "mlp": torch.stack([cache[f"blocks.{L}.hook_mlp_out"][:, pos] for L in range(n)]),
             "final": cache[f"blocks.{n - 1}.hook_resid_post"][:, pos], "embed": cache["blocks.0.hook_resid_pre"][:, pos]}
     parts = read_weights(handle, _dla, {k: v.cpu() for k, v in acts.items()}, correct, wrong)
     return DLA(**parts)
+
+
+def _widened(z: torch.Tensor, width: int) -> torch.Tensor:
+    """``[batch, heads, d_head]`` zero-padded to ``width`` heads."""
+    return torch.cat([z, z.new_zeros(z.shape[0], width - z.shape[1], *z.shape[2:])], 1) if z.shape[1] < width else z
 
 
 def _device(view) -> torch.device:
@@ -136,10 +142,12 @@ def _dla(view, acts: dict, correct: int, wrong: int) -> dict:
 
         heads, attn, mlp = [], [], []
         for layer in range(a.n_layers):
-            z = acts["z"][layer].float().to(device)  # [batch, heads, d_head]
+            n = a.heads_in(layer)  # this layer's own heads; the others' cells are NaN
+            z = acts["z"][layer][:, :n].float().to(device)  # [batch, heads, d_head]
             w_o = rearrange(weight_out_in(a.attn_out(layer)).float(), "m (h d) -> h d m", d=a.d_head)
             per_head = einsum(z, w_o.to(device), "b h d, h d m -> h b m")
-            heads.append(share(per_head).T)
+            row = share(per_head).T
+            heads.append(torch.cat([row, row.new_full((row.shape[0], a.n_heads - n), float("nan"))], 1))
             attn.append(share(acts["attn"][layer]))
             mlp.append(share(acts["mlp"][layer]))
         constant = _constant(view, a, direction, correct, wrong, acts["final"].shape[0])

@@ -76,11 +76,13 @@ def check(handle: ModelHandle, patch: Patch, target_len: int, source_len: int) -
     if patch.heads is not None:
         if point.suffix not in _HEADS:
             raise MechkitError(f"heads= applies to {', '.join(_HEADS)}, not {point.suffix}", "drop heads=")
-        _in_range("head", patch.heads, a.n_kv_heads if point.suffix in _KV else a.n_heads, "this layer's heads", False)
+        layer = point.layer
+        _in_range("head", patch.heads, a.kv_heads_in(layer) if point.suffix in _KV else a.heads_in(layer),
+                  "this layer's heads", False)
     if patch.neurons is not None:
         if point.suffix != "mlp.hook_post":
             raise MechkitError(f"neurons= applies to mlp.hook_post, not {point.suffix}", "drop neurons=")
-        _in_range("neuron", patch.neurons, a.d_mlp, "the MLP's neurons", False)
+        _in_range("neuron", patch.neurons, a.mlp_width(point.layer), "the MLP's neurons", False)
 
 
 def _in_range(what: str, values: Sequence[int] | None, n: int, of: str, negative: bool = True) -> None:

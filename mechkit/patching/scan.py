@@ -77,7 +77,14 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
                                answer_pos)
                 values.append(metric(logits))
             rows.append(torch.cat(values).float().cpu())
-    return torch.stack(rows)
+    return padded(rows)
+
+
+def padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Per-layer rows as one ``[n_layers, n]`` grid; NaN past a row's end (over heads, a pruned layer that
+    kept fewer heads than the widest)."""
+    width = max(len(r) for r in rows)
+    return torch.stack([torch.cat([r, r.new_full((width - len(r),), float("nan"))]) for r in rows])
 
 
 def _units(handle: ModelHandle, layer: int, point: str, suffix: str, over: str, n_pos: int) -> list[Patch]:
@@ -85,7 +92,8 @@ def _units(handle: ModelHandle, layer: int, point: str, suffix: str, over: str, 
     if over == "position":
         return [Patch(name, positions=(p,)) for p in range(n_pos)]
     if over == "head":
-        n = handle.anatomy.n_kv_heads if suffix in ("attn.hook_k", "attn.hook_v") else handle.anatomy.n_heads
+        a = handle.anatomy  # this layer's own heads (fewer where heads were pruned)
+        n = a.kv_heads_in(layer) if suffix in ("attn.hook_k", "attn.hook_v") else a.heads_in(layer)
         return [Patch(name, heads=(h,)) for h in range(n)]
     from mechkit.errors import MechkitError
 

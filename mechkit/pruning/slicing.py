@@ -21,7 +21,7 @@ import torch
 
 from mechkit.io import check_out, refuse_non_finite
 from mechkit.io.replace import replacing_dir
-from mechkit.model.edit.surgery import CONFIG_KEY, Structure, apply_structure, renamed_after_drop
+from mechkit.model.edit.surgery import Structure, apply_structure, pruned_config, renamed_after_drop
 from mechkit.model.handle import ModelHandle
 from mechkit.model.modules.linear import weight_out_in
 from mechkit.model.placement.stored import is_dispatched
@@ -168,10 +168,7 @@ def _write_pruned(handle: ModelHandle, structure: Structure, out: Path, force: b
     refuse_non_finite(state, out / "model.safetensors",
                       "check the dense model's weights and the pruning statistics, then prune again")
     with replacing_dir(out, force=force) as tmp:  # only its own files replaced, as one set
-        config = handle.model.config.to_dict()
-        config.update(structure.config_restore)
-        config[CONFIG_KEY] = structure.as_dict()
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        (tmp / "config.json").write_text(json.dumps(pruned_config(handle.model), indent=2, default=str))
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)

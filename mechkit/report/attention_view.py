@@ -113,12 +113,12 @@ def select_heads(handle: ModelHandle, heads: str | HeadSelection | Sequence | No
     spec uses ``scores``, or scores computed now on 20 seeded repeated random sequences)."""
     a = handle.anatomy
     if heads is None:
-        return [Head(layer, h) for layer in range(a.n_layers) for h in range(a.n_heads)]
+        return [Head(layer, h) for layer in range(a.n_layers) for h in range(a.heads_in(layer))]
     if isinstance(heads, str | HeadSelection) and needs_scores(heads) and scores is None:
         from mechkit.heads.scores import compute_scores
 
         scores = compute_scores(handle, n_seqs=20, seg_len=25, seed=seed)
-    return parse_heads(heads, a.n_layers, a.n_heads, scores=scores, top_k=top_k, seed=seed)
+    return parse_heads(heads, a.n_layers, a.head_counts, scores=scores, top_k=top_k, seed=seed)
 
 
 def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence | None = None, *, top_k: int = 10,

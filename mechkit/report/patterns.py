@@ -138,7 +138,7 @@ def record_patterns(handle: ModelHandle, ids: torch.Tensor, heads: Sequence[Head
 
     a = handle.anatomy
     heads = list(heads) if heads is not None else [Head(layer, h) for layer in range(a.n_layers)
-                                                   for h in range(a.n_heads)]
+                                                   for h in range(a.heads_in(layer))]
     ids = ids[:1].to(handle.device)
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in sorted({h.layer for h in heads})]
     with torch.no_grad(), record(handle, names) as cache:

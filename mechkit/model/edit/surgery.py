@@ -333,6 +333,22 @@ def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Te
     return model
 
 
+def pruned_config(model: nn.Module) -> dict | None:
+    """The ``config.json`` content of a physically pruned model (the dense config and its
+    :class:`Structure`, what :func:`load_pruned_directory` rebuilds it from), or None for any other model.
+
+    Every writer of a model directory uses it: ``save_pretrained`` alone would write the dense widths
+    beside the pruned weights, a directory that does not load.
+    """
+    structure = getattr(model, "_mechkit_structure", None)
+    if structure is None:
+        return None
+    config = model.config.to_dict()
+    config.update(structure.config_restore)
+    config[CONFIG_KEY] = structure.as_dict()
+    return config
+
+
 def load_pruned_directory(path, torch_dtype=None) -> nn.Module:
     """The model of a directory whose ``config.json`` carries a pruned :class:`Structure`."""
     import json
