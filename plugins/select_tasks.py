@@ -24,6 +24,8 @@ class SelectTasksPlugin(Plugin):
     version = "0.1.0"
     needs = frozenset({"weight_writes", "weight_reads", "gradients"})  # --validate fine-tunes copies
     summary = "Choose fine-tuning tasks for a target by consistency and diversity (Algorithm 1), optionally validate."
+    # hidden states, activation vectors, LoRA gradients and fine-tunes of a copy: any shape of model
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     options = (
         Option("target", str, None, "Target task id(s), comma-separated (one study each).", required=True,
                parse=TaskList()),

@@ -47,6 +47,7 @@ OPTIONS = {
     "compose": dict(n=2, seeds=1, shots="0,2", n_effect=2, n_dev=2, n_test=2, draws=1, top_k=1, verify=1,
                     n_contexts=2, n_seqs=3, seg_len=5),
     "patch": dict(clean="abcab", corrupted="abdab", answers="c,d"),
+    "select-tasks": dict(target="past-tense", pool="capitalize,swap,opposite", n=4),
     "prune": dict(guide="magnitude", target="heads", sparsity="0.25", tasks="swap", n=2, calib=2, shots=1,
                   repeats=1, timing_batch=1),
 }

@@ -222,10 +222,7 @@ def parse_heads(
     >>> parse_heads("1.2,layer:0", n_layers=2, n_heads=3)
     [Head(layer=0, head=0), Head(layer=0, head=1), Head(layer=0, head=2), Head(layer=1, head=2)]
     """
-    for name, value in (("n_layers", n_layers), ("n_heads", n_heads)):  # a TypeError deep in a comparison else
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise HeadSpecError(f"{name} must be a whole number of at least 1, not {value!r}",
-                                "pass the model's shape, e.g. n_layers=m.anatomy.n_layers, n_heads=m.anatomy.n_heads")
+    _check_shape(n_layers, n_heads)  # a TypeError deep in a comparison else
     if isinstance(spec, str | HeadSelection):
         return parse_spec(spec).resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=seed, exclude=exclude)
     try:
@@ -233,6 +230,23 @@ def parse_heads(
     except (TypeError, ValueError):
         raise HeadSpecError(f"a head spec must be text or (layer, head) pairs, not {spec!r}", _FIX) from None
     return _validated(heads, n_layers, n_heads)
+
+
+def _whole(value: object, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= least
+
+
+def _check_shape(n_layers: object, n_heads: object) -> None:
+    """One line unless ``n_layers`` is a whole number ≥ 1 and ``n_heads`` one ≥ 1 or one whole count per
+    layer (a model with heads pruned: ``m.anatomy.head_counts``)."""
+    fix = "pass the model's shape, e.g. n_layers=m.anatomy.n_layers, n_heads=m.anatomy.head_counts"
+    if not _whole(n_layers, 1):
+        raise HeadSpecError(f"n_layers must be a whole number of at least 1, not {n_layers!r}", fix)
+    per_layer_ok = (isinstance(n_heads, Sequence) and not isinstance(n_heads, str) and len(n_heads) == n_layers
+                    and all(_whole(n, 0) for n in n_heads) and any(n >= 1 for n in n_heads))
+    if not (_whole(n_heads, 1) or per_layer_ok):
+        raise HeadSpecError(f"n_heads must be a whole number of at least 1 or one count per layer, not {n_heads!r}",
+                            fix)
 
 
 def check_spec_syntax(spec: str) -> str:
