@@ -50,12 +50,13 @@ class AblatePlugin(Plugin):
         from mechkit.eval.conditions import ablation_conditions, ablation_units
         from mechkit.eval.evaluation import reference_tokens, task_prompts
         from mechkit.heads.scores import load_scores
+        from mechkit.model.headspec import default_top_k
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
         n_layers, n_heads = model.anatomy.n_layers, model.anatomy.head_counts  # per layer: pruned layers differ
         selection, tasks = opts["heads"], opts["tasks"]
-        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, sum(n_heads) // 2)
+        top_k = opts["top_k"] or default_top_k(n_layers, n_heads)
         # k is how many heads a ranked spec takes (each checked now, before scores are computed);
         # an explicit spec (17.3,layer:2) ablates what it names
         ks = selection.ks(n_layers, n_heads, opts["sweep"], top_k, ctx.seed)

@@ -99,6 +99,7 @@ class ComposePlugin(Plugin):
         from mechkit import report
         from mechkit.compose import ComposeConfig, ComposeStudy, accuracy_by_setting, summary_lines
         from mechkit.compose.plots import plots
+        from mechkit.model.headspec import default_top_k
 
         opts, model = ctx.options, ctx.model
         parts, shots = opts["parts"], list(opts["shots"])
@@ -106,8 +107,7 @@ class ComposePlugin(Plugin):
         names = ("n", "seeds", "effect_shots", "n_effect", "method", "contrast", "top_k", "verify", "n_seqs",
                  "seg_len", "draws", "n_dev", "n_test", "n_contexts", "batch_size", "mlp_ablation", "strengths")
         settings = {name: opts[name] for name in names}
-        if settings["top_k"] is None:  # the default runs on any model: 5, or half the heads of a smaller one
-            settings["top_k"] = max(1, min(5, model.anatomy.n_layers * model.anatomy.n_heads // 2))
+        settings["top_k"] = opts["top_k"] or default_top_k(model.anatomy.n_layers, model.anatomy.head_counts, 5)
         config = ComposeConfig(**settings, shots=shots, seed=ctx.seed, words=opts["word_match"])
         study = ComposeStudy(model, opts["pairs"], config, step=ctx.step)  # refuses a --top-k too large for the model
         models = {model.spec: model}

@@ -53,12 +53,13 @@ class ShufflePlugin(Plugin):
         from mechkit.eval.conditions import shuffle_conditions
         from mechkit.eval.evaluation import task_prompts
         from mechkit.heads.scores import load_scores, repeated_tokens
+        from mechkit.model.headspec import default_top_k
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
         n_layers, n_heads = model.anatomy.n_layers, model.anatomy.head_counts  # per layer: pruned layers differ
         selection, tasks = opts["heads"], opts["tasks"]
-        top_k = opts["top_k"] if opts["top_k"] is not None else min(10, sum(n_heads) // 2)
+        top_k = opts["top_k"] or default_top_k(n_layers, n_heads)
         named = selection.count(n_layers, n_heads, top_k, ctx.seed)  # before head scores are computed
         if named < 2:
             from mechkit.errors import HeadSpecError

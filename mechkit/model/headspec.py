@@ -78,6 +78,17 @@ def top_heads(scores: Sequence[Sequence[float]], k: int) -> list[Head]:
     return [head for _, head in flat[:k]]
 
 
+def default_top_k(n_layers: int, n_heads: HeadCounts, at_most: int = 10) -> int:
+    """The default number of ranked heads an analysis takes: ``at_most``, but never more than half the
+    model's heads, so the other half is left for the random-heads baseline it is compared with (a tiny
+    model with 8 heads gets 4).
+
+    >>> default_top_k(30, 9), default_top_k(2, 4), default_top_k(2, (1, 2), at_most=5)
+    (10, 4, 1)
+    """
+    return max(1, min(at_most, sum(per_layer(n_layers, n_heads)) // 2))
+
+
 def random_heads(n_layers: int, n_heads: HeadCounts, k: int, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
     """``k`` distinct random heads, never one of ``exclude`` (the baseline for a targeted ablation)."""
     excluded = set(exclude)
