@@ -37,7 +37,7 @@ def models(tmp_path_factory):
 def _edited(src, dst, edit):
     shutil.copytree(src, dst)
     config = json.loads((dst / "config.json").read_text())
-    edit(config, config[CONFIG_KEY])
+    edit(config, config.get(CONFIG_KEY))
     (dst / "config.json").write_text(json.dumps(config))
     return dst
 
@@ -215,3 +215,80 @@ def test_compare_says_each_run_numbers_its_own_models_heads(models, tmp_path):
     row = next(r for r in compare_runs(runs[:2]).settings.rows if str(r[0]).startswith("heads per layer"))
     assert row[1:] == ["4 in each of 3", "2,4,2"]
     assert not any(str(r[0]).startswith("heads per layer") for r in compare_runs([runs[0], runs[2]]).settings.rows)
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_a_pruned_model_saved_in_shards_reloads(models, tmp_path, which):
+    """save_pretrained shards a large model (a fine-tuned pruned one too): the pruned loader reads the index."""
+    from mechkit.model.edit.surgery import save_model_files
+
+    handle = mk.load_model(str(models[which]), device="cpu")
+    save_model_files(handle.model, tmp_path / "m", max_shard_size="100KB")
+    handle.tokenizer.save_pretrained(tmp_path / "m")
+    assert not (tmp_path / "m" / "model.safetensors").exists()
+    again = mk.load_model(str(tmp_path / "m"), device="cpu")
+    ids = handle.to_tokens("abcabc")
+    assert again.anatomy.as_dict() == handle.anatomy.as_dict() and torch.equal(again(ids), handle(ids))
+
+
+def test_weights_that_do_not_fit_the_entry_name_the_weights_as_the_fix(models, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = _edited(models[1], tmp_path / "m", lambda c, p: None)
+    state = load_file(str(bad / "model.safetensors"))
+    del state["model.layers.2.mlp.up_proj.weight"]
+    save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(MechkitError, match=r"missing \['model.layers.2.mlp.up_proj.weight'\].*use the weights saved "
+                                           "with this config.json"):
+        mk.load_model(str(bad), device="cpu")
+
+
+# ---- class 8: functions that take Head objects refuse a head the model does not have ----------------------
+
+def _zero(handle, head):
+    with mk.edit_weights(handle) as w:
+        w.zero_head_output(head)
+
+
+def _shuffle(handle, head):
+    from mechkit.interventions.shuffle import shuffle_heads
+    from mechkit.model.headspec import Head
+
+    with shuffle_heads(handle, {head: Head(1, 0), Head(1, 0): head}, component="qkov"):
+        pass
+
+
+def _patterns(handle, head):
+    from mechkit.report.patterns import record_patterns
+
+    record_patterns(handle, handle.to_tokens("abcab"), [head])
+
+
+@pytest.mark.parametrize("call", [_zero, _shuffle, _patterns])
+@pytest.mark.parametrize("which,layer,head", [
+    ("uneven", 0, 3),  # past layer 0's 2 kept heads: zeroing sliced nothing, silently
+    ("uneven", 5, 0),  # IndexError
+    ("dense", 0, 9),  # silently nothing
+    ("dense", -1, 0),  # silently the last layer's head
+])
+def test_a_head_object_the_model_lacks_is_refused_and_nothing_changes(models, call, which, layer, head):
+    from mechkit.errors import HeadSpecError
+    from mechkit.model.headspec import Head
+
+    handle = mk.load_model(str(models[1] if which == "uneven" else models[0]), device="cpu")
+    before = {k: v.clone() for k, v in handle.model.state_dict().items()}
+    with pytest.raises(HeadSpecError, match=rf"head {layer}\.{head} is out of range"):
+        call(handle, Head(layer, head))
+    assert all(torch.equal(before[k], v) for k, v in handle.model.state_dict().items())
+
+
+@pytest.mark.parametrize("which,edit", [
+    (1, lambda c, p: c.pop(CONFIG_KEY)),  # a pruned model's entry removed: transformers said "see the report above"
+    (0, lambda c, p: c.update(intermediate_size=100)),  # a dense model's config edited
+])
+def test_weights_of_other_shapes_than_the_config_are_one_line_naming_the_config(models, tmp_path, which, edit):
+    from mechkit.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError) as err:
+        mk.load_model(str(_edited(models[which], tmp_path / "m", edit)), device="cpu")
+    assert "do not have the shapes its config.json gives them" in str(err.value) and "above" not in str(err.value)

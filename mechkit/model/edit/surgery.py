@@ -304,6 +304,9 @@ def renamed_after_drop(name: str, layers_prefix: str, removed: Sequence[int]) ->
 RESAVE = (f"restore the config.json saved with the pruned model (its {CONFIG_KEY} entry says what the weights hold), "
           "or save the model again with mechkit prune --save-model")
 
+WEIGHTS_FIX = (f"use the weights saved with this config.json (a pruned model's weights and its {CONFIG_KEY} entry "
+               "belong together), or save the model again with mechkit prune --save-model")
+
 
 def _indices(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -377,13 +380,13 @@ def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Te
         missing, unexpected = model.load_state_dict(dict(state), strict=False)
     except RuntimeError as err:  # a shape the structure does not give: name the first, not torch's header
         first = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
-        raise MechkitError(f"pruned weights do not match their structure ({first[:300]})", RESAVE) from None
+        raise MechkitError(f"pruned weights do not match their structure ({first[:300]})", WEIGHTS_FIX) from None
     tied = getattr(config, "tie_word_embeddings", False)
     out_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings()) + ".weight"
     missing = [k for k in missing if not (tied and k == out_name)]
     if missing or unexpected:
         raise MechkitError(f"pruned weights do not match their structure (missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]})", RESAVE)
+                           f"unexpected {unexpected[:3]})", WEIGHTS_FIX)
     if tied:
         model.tie_weights()
     model.eval()
@@ -418,6 +421,20 @@ def save_model_files(model: nn.Module, where: Any, **kwargs: Any) -> None:
         (Path(where) / "config.json").write_text(json.dumps(config, indent=2, default=str))
 
 
+def _weight_files(path) -> list:
+    """``model.safetensors``, or the shards its index names (``save_pretrained`` shards a large model: a
+    fine-tuned pruned one too); a shard name that is not a plain file name in ``path`` is refused."""
+    import json
+
+    index = path / "model.safetensors.index.json"
+    if (path / "model.safetensors").is_file() or not index.is_file():
+        return [path / "model.safetensors"]
+    names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    if not names or any(not isinstance(n, str) or "/" in n or "\\" in n or n in (".", "..") for n in names):
+        raise MechkitError(f"{index} names no shards, or shards outside its directory", WEIGHTS_FIX)
+    return [path / n for n in names]
+
+
 def load_pruned_directory(path, torch_dtype=None) -> nn.Module:
     """The model of a directory whose ``config.json`` carries a pruned :class:`Structure`."""
     import json
@@ -430,7 +447,10 @@ def load_pruned_directory(path, torch_dtype=None) -> nn.Module:
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     if hasattr(config, CONFIG_KEY):
         delattr(config, CONFIG_KEY)
-    model = build_pruned(config, structure, load_file(str(path / "model.safetensors")))
+    state: dict[str, torch.Tensor] = {}
+    for file in _weight_files(path):
+        state.update(load_file(str(file)))
+    model = build_pruned(config, structure, state)
     if torch_dtype is not None:
         model.to(dtype=torch_dtype)
     model._mechkit_structure = structure
