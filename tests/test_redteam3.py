@@ -292,3 +292,16 @@ def test_weights_of_other_shapes_than_the_config_are_one_line_naming_the_config(
     with pytest.raises(ModelLoadError) as err:
         mk.load_model(str(_edited(models[which], tmp_path / "m", edit)), device="cpu")
     assert "do not have the shapes its config.json gives them" in str(err.value) and "above" not in str(err.value)
+
+
+# ---- class 11: an --out that is an input names that, not --force (which would be refused too) -------------
+
+@pytest.mark.parametrize("kind,where", [("dir", "."), ("dir", "sub/.."), ("file", "model.safetensors")])
+def test_an_existing_out_that_is_an_input_is_not_told_to_pass_force(models, kind, where):
+    from mechkit.io import check_out
+
+    model = models[1]
+    for force in (False, True):  # the same line with or without --force: the fix must work
+        with pytest.raises(MechkitError) as err:
+            check_out(model / where, force, kind=kind, inputs=(model,))
+        assert "--force" not in str(err.value) and "which the run reads" in str(err.value)
