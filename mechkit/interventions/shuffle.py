@@ -23,7 +23,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits, edit_weights
-from mechkit.model.headspec import Head
+from mechkit.model.headspec import Head, check_heads
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -83,6 +83,7 @@ def shuffle_heads(
         raise MechkitError(f"unknown shuffle component {component!r}", "use qk or qkov")
     if gqa not in ("query", "group"):
         raise MechkitError(f"unknown GQA shuffle mode {gqa!r}", "use query or group")
+    check_heads(handle.anatomy, [*mapping, *mapping.values()])
     with edit_weights(handle) as edits, torch.no_grad():
         sources = {}
         for src in set(mapping.values()):

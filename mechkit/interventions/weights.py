@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mechkit.model.headspec import Head
+from mechkit.model.headspec import Head, check_heads
 from mechkit.model.modules.linear import is_transposed
 from mechkit.model.placement.slots import WeightSlot
 from mechkit.model.placement.ties import tied_names
@@ -87,6 +87,7 @@ class WeightEdits:
 
     def zero_head_output(self, head: Head) -> None:
         """Zero the attention output projection's input columns that read ``head``."""
+        check_heads(self.handle.anatomy, [head])
         d = self.handle.anatomy.head_size(head.layer)
         w = self.weight_out_in(self.handle.anatomy.attn_out(head.layer))
         w[:, head.head * d:(head.head + 1) * d] = 0

@@ -50,6 +50,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
             if path.exists() and not path.is_dir():
                 raise MechkitError(f"{path} is a file, not a directory", "choose a directory name for --out")
             if path.is_dir() and not force and any(path.iterdir()):
+                refuse_protected(path, kind, inputs)  # an input: --force would be refused too, so say that
                 raise MechkitError(f"{path} already exists and is not an empty directory",
                                    "pass --force to replace it or choose another --out")
         else:
@@ -59,6 +60,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 
             refuse_special_file(path)  # a device or a pipe is never replaced, whatever --force says
             if path.exists() and not force:
+                refuse_protected(path, kind, inputs)
                 raise MechkitError(f"{path} already exists", "pass --force to overwrite it or choose another --out")
     except OSError as err:  # e.g. a directory that cannot be listed
         raise MechkitError(f"cannot inspect {path}: {err.strerror or type(err).__name__}",

@@ -319,6 +319,17 @@ def _is_grid(grid, n_layers: int, n_heads: HeadCounts) -> bool:
     return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == max(counts) for r in rows)
 
 
+def check_heads(anatomy, heads) -> None:
+    """One line (:class:`HeadSpecError`) for a :class:`Head` the model does not have, for the functions that take
+    heads as objects rather than a spec: a head past a layer's count would slice nothing (a silent no-op on a
+    pruned layer) and a negative layer would edit another layer."""
+    heads = list(heads)
+    if not all(isinstance(h, Head) for h in heads):
+        raise HeadSpecError(f"expected Head(layer, head) objects, got {heads[:3]!r}",
+                            "build heads with Head(layer, head), or parse a spec with parse_heads")
+    _validated(heads, anatomy.n_layers, anatomy.head_counts)
+
+
 def _validated(heads: list[Head], n_layers: int, n_heads: HeadCounts) -> list[Head]:
     counts = per_layer(n_layers, n_heads)
     for h in heads:

@@ -234,6 +234,10 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line
+        if "ignore_mismatched_sizes" in str(err):  # its "see the report above": a report mechkit mutes
+            raise ModelLoadError(f"the weights in {path} do not have the shapes its config.json gives them",
+                                 "use the config.json saved with these weights (a pruned model's has a "
+                                 "mechkit_pruning entry), or re-export the directory") from err
         raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mechkit.errors import MechkitError
 from mechkit.io import check_out, refuse_non_finite
 from mechkit.io.replace import replacing_dir
 from mechkit.model.edit.surgery import Structure, apply_structure, pruned_config, renamed_after_drop
@@ -76,6 +77,7 @@ def prune_copy(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None
     mechanism mean compensation uses, so a saved copy reloads with it); they take precedence over
     the plan's mean compensation for those projections (``stats`` is needed only for the others).
     """
+    refuse_pruned_units(handle)
     fits = fits or {}
     comp = compensation(handle, plan, stats, skip=fits) if plan.compensate else {}
     comp.update({name: fit.bias for name, fit in fits.items()})
@@ -98,6 +100,17 @@ def prune_copy(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None
     anatomy = discover_anatomy(model)
     return ModelHandle(model=model, tokenizer=handle.tokenizer, anatomy=anatomy, spec=f"{handle.spec} (pruned)",
                        name=f"{handle.name} (pruned)", source=None)
+
+
+def refuse_pruned_units(handle: ModelHandle) -> None:
+    """One line for a model whose neurons or heads were already pruned: the new :class:`Structure` would
+    replace the one it records (kept units in the dense model's numbering), so its copy would claim the
+    dense head counts and widths its weights no longer have. A model that only lost layers is an ordinary
+    smaller model and is pruned like one."""
+    old = structure_of(getattr(handle, "model", None))
+    if old is not None and (old.mlp_keep or old.head_keep):
+        raise MechkitError(f"{handle.name} had neurons or heads pruned already; pruning it again would lose the "
+                           "record of what its layers keep", "prune the dense model with every unit to remove")
 
 
 def _pruned_from_stored(handle: ModelHandle, plan: UnitsToRemove, comp: dict[str, torch.Tensor]):

@@ -125,9 +125,20 @@ def _settings(reports: list[dict], dirs: list[Path], labels: list[str]) -> Table
     rows: list[list] = [["directory", *(str(d) for d in dirs)],
                         ["model", *(_model_name(r) for r in reports)],
                         ["seed", *(r.get("seed") for r in reports)]]
+    shapes = [_heads_per_layer(r) for r in reports]
+    if len(set(shapes)) > 1:  # a pruned model numbers its own heads: its 0.1 need not be the dense 0.1
+        rows.append(["heads per layer (each run numbers its model's own)", *shapes])
     for k in _differing_params(reports):
         rows.append([k, *(values.cell((r.get("params") or {}).get(k), width=60) for r in reports)])
     return Table("Runs", ["", *labels], rows)
+
+
+def _heads_per_layer(report: dict) -> str:
+    model = report.get("model") or {}
+    counts = model.get("heads_per_layer")
+    if isinstance(counts, list) and all(isinstance(c, int) for c in counts):
+        return values.cell(",".join(map(str, counts)), width=60)
+    return values.cell(f"{model.get('n_heads', '?')} in each of {model.get('n_layers', '?')}", width=60)
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

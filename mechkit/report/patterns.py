@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mechkit.errors import MechkitError
-from mechkit.model.headspec import Head
+from mechkit.model.headspec import Head, check_heads
 
 if TYPE_CHECKING:
     import torch
@@ -139,6 +139,7 @@ def record_patterns(handle: ModelHandle, ids: torch.Tensor, heads: Sequence[Head
     a = handle.anatomy
     heads = list(heads) if heads is not None else [Head(layer, h) for layer in range(a.n_layers)
                                                    for h in range(a.heads_in(layer))]
+    check_heads(a, heads)
     ids = ids[:1].to(handle.device)
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in sorted({h.layer for h in heads})]
     with torch.no_grad(), record(handle, names) as cache:

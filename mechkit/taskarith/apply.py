@@ -38,6 +38,7 @@ from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
 from mechkit.io import check_out
 from mechkit.io.replace import replacing_dir
+from mechkit.model.edit.surgery import save_model_files
 from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, state_items
 from mechkit.taskarith.checks import (
@@ -204,7 +205,7 @@ def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_di
         with replacing_dir(out, force=force) as tmp:  # only its own files replaced, as one set
             with warnings.catch_warnings():  # transformers' note that an offloaded model is read back to save it
                 warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
-                handle.model.save_pretrained(tmp, safe_serialization=True, **_offloaded_state(handle.model))
+                save_model_files(handle.model, tmp, **_offloaded_state(handle.model))  # a pruned one's config too
             if handle.tokenizer is not None:
                 handle.tokenizer.save_pretrained(tmp)
     return out

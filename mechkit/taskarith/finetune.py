@@ -38,7 +38,7 @@ import torch
 
 from mechkit.errors import MechkitError, first_line
 from mechkit.io import atomic_file
-from mechkit.model.edit.surgery import pruned_config
+from mechkit.model.edit.surgery import save_model_files
 from mechkit.taskarith.apply import model_base
 from mechkit.taskarith.checks import non_finite, refuse_non_finite
 
@@ -437,10 +437,7 @@ def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
         refuse_non_finite(result.adapter, ADAPTER_WEIGHTS, "training diverged: lower --lr")
     files: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        result.model.save_pretrained(tmp, safe_serialization=True)
-        pruned = pruned_config(result.model)  # a pruned model's widths: save_pretrained writes the dense ones
-        if pruned is not None:
-            (Path(tmp) / "config.json").write_text(json.dumps(pruned, indent=2, default=str))
+        save_model_files(result.model, tmp)  # a pruned model's widths: save_pretrained writes the dense ones
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for path in sorted(Path(tmp).iterdir()):

@@ -59,6 +59,15 @@ def check_examples(representation: str, n: int) -> None:
                            f"covariance needs at least {MIN_POINTS}", "pass --n 16 or more")
 
 
+def check_layer(layer: int, n_layers: int) -> int:
+    """``layer`` as a block index (-1: the last), refused in one line outside the model: read modulo the
+    layer count, ``--layer 40`` on a 30-layer model would silently embed block 10."""
+    if not -n_layers <= layer < n_layers:
+        raise MechkitError(f"--layer {layer} is outside the model's {n_layers} blocks",
+                           f"pass --layer 0 to {n_layers - 1}, or -1 for the last block")
+    return layer % n_layers
+
+
 def first_component(points: np.ndarray) -> np.ndarray:
     """The unit first principal component of ``points``, signed to point along their mean."""
     points = np.asarray(points, dtype=np.float64)
@@ -133,7 +142,9 @@ def task_features(handle: ModelHandle, tasks: Sequence[str], representation: str
     :func:`centred` unless ``center`` is False. ``rank``, ``lora_alpha`` and ``grad_blocks`` are
     ``lora-grad``'s (the validation's LoRA; the last blocks whose B gradients count, 0: all)."""
     check_examples(representation, n)
-    layer = layer % handle.anatomy.n_layers
+    layer = check_layer(layer, handle.anatomy.n_layers)
+    if not isinstance(grad_blocks, int) or grad_blocks < 0:
+        raise MechkitError(f"--grad-blocks {grad_blocks} is below 0", "pass --grad-blocks 0 (every block) or more")
     where = "last" if representation == "actvec" else position
     feats = {}
     if representation == "lora-grad":

@@ -36,9 +36,38 @@ def load_report(path: str | Path) -> dict:
     if report.get("plugin") != "select-tasks":
         raise MechkitError(f"{path} is a {report.get('plugin')!r} report, not select-tasks",
                            "pass a select-tasks run directory")
+    check_shape(report, path)
     if not any((r.get("transfer") or {}).get("gain") for r in report["results"]["targets"].values()):
         raise MechkitError(f"{path} has no transfer gains", "run select-tasks --validate --transfer-seeds 1 first")
     return report
+
+
+def check_shape(report: dict, path: Path) -> None:
+    """One line for a report without the fields ρ is rebuilt from (a damaged or hand-edited file), rather
+    than a KeyError deep in the recomputation."""
+    def damaged(what: str) -> MechkitError:
+        return MechkitError(f"{path} is not a whole select-tasks report: {what}",
+                            "pass the report.json its run wrote, or run select-tasks again")
+
+    results, model = report.get("results"), report.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("spec"), str):
+        raise damaged("no model.spec")
+    if not isinstance(results, dict) or not isinstance(results.get("features"), dict) \
+            or not isinstance(results.get("targets"), dict) or not results["targets"]:
+        raise damaged("no results.features or results.targets")
+    for target, r in results["targets"].items():
+        sel = r.get("selection") if isinstance(r, dict) else None
+        if not isinstance(sel, dict) or not isinstance(sel.get("order"), list) \
+                or not isinstance(sel.get("p"), int | float):
+            raise damaged(f"target {target!r} has no selection order and p")
+        moved = r.get("transfer") or {}
+        if not isinstance(moved, dict):
+            raise damaged(f"target {target!r}: transfer is not an object")
+        tasks, gains = moved.get("tasks", []), moved.get("gain") or {}
+        if not isinstance(tasks, list) or not isinstance(gains, dict) or any(
+                not isinstance(g, dict) or set(g) != set(tasks) or not set(tasks) <= set(sel["order"])
+                for g in gains.values()):
+            raise damaged(f"target {target!r}: transfer gains are not one per selected task")
 
 
 def feature_config(report: dict, representation: str, grad_blocks: int | None = None) -> FeatureConfig:
@@ -52,6 +81,11 @@ def feature_config(report: dict, representation: str, grad_blocks: int | None = 
     for key in ("rank", "lora_alpha"):
         if key in train:
             recorded[key] = train[key]
+    for f in dataclasses.fields(FeatureConfig):  # a hand-edited value: one line, not a TypeError later
+        kind = (int, float) if isinstance(f.default, float) else type(f.default)
+        if f.name in recorded and not isinstance(recorded[f.name], kind):
+            raise MechkitError(f"the report's features.{f.name} is {recorded[f.name]!r}, not a {type(f.default).__name__}",
+                               "pass the report.json its run wrote, or run select-tasks again")
     if grad_blocks is not None:
         recorded["grad_blocks"] = grad_blocks
     return FeatureConfig(**{**recorded, "representation": representation})

@@ -234,11 +234,9 @@ def drop_layers(model: nn.Module, anatomy: Anatomy, layers: Sequence[int]) -> di
     for i, block in enumerate(kept):
         container.add_module(str(i), block)
     config = model.config
-    restore: dict[str, Any] = {}
-    for key in _LAYER_COUNT_KEYS:
-        if isinstance(getattr(config, key, None), int):
-            restore[key] = getattr(config, key)
-            setattr(config, key, len(kept))
+    restore = {key: getattr(config, key) for key in _LAYER_COUNT_KEYS if isinstance(getattr(config, key, None), int)}
+    for key in restore:  # read all first: GPT-2's num_hidden_layers is an alias of n_layer
+        setattr(config, key, len(kept))
     if isinstance(getattr(config, "layer_types", None), list):
         restore["layer_types"] = list(config.layer_types)
         config.layer_types = [t for i, t in enumerate(config.layer_types) if i not in drop]
@@ -303,6 +301,63 @@ def renamed_after_drop(name: str, layers_prefix: str, removed: Sequence[int]) ->
     return f"{prefix}{int(index) - shift}.{rest}"
 
 
+RESAVE = (f"restore the config.json saved with the pruned model (its {CONFIG_KEY} entry says what the weights hold), "
+          "or save the model again with mechkit prune --save-model")
+
+WEIGHTS_FIX = (f"use the weights saved with this config.json (a pruned model's weights and its {CONFIG_KEY} entry "
+               "belong together), or save the model again with mechkit prune --save-model")
+
+
+def _indices(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: {what} is not a list of integers", RESAVE)
+    return value
+
+
+def structure_of(entry: Any) -> Structure:
+    """The :class:`Structure` a saved config's entry records, refused in one line where the entry is not one
+    (a hand edit): what it says decides the model that is built, so it is never read loosely."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("n_layers"), int) or isinstance(entry["n_layers"], bool):
+        raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: not an object with an integer n_layers",
+                           RESAVE)
+    for key in ("mlp_keep", "head_keep"):
+        units = entry.get(key, {})
+        if not isinstance(units, dict) or not all(isinstance(k, str) and k.isdigit() for k in units):
+            raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: {key} is not keyed by layer", RESAVE)
+        for layer, kept in units.items():
+            _indices(kept, f"{key}[{layer}]")
+    _indices(entry.get("layers_removed", []), "layers_removed")
+    if not isinstance(entry.get("biased", []), list) or not isinstance(entry.get("config_restore", {}), dict):
+        raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: biased or config_restore", RESAVE)
+    return Structure.from_dict(entry)
+
+
+def check_structure(structure: Structure, dense: Anatomy, config: Any) -> None:
+    """Refuse (one line) a structure that does not fit the dense model its config builds: every index in
+    range and once, no kept list empty, and the config values it restores on a save the config's own.
+    Shapes alone would not catch all of it: a wrong layer count or repeated index can still load."""
+    def bad(what: str) -> MechkitError:
+        return MechkitError(f"config.json's {CONFIG_KEY} entry does not fit the model: {what}", RESAVE)
+
+    n = dense.n_layers
+    if structure.n_layers != n:
+        raise bad(f"n_layers {structure.n_layers}, but the config builds {n} layers")
+    gone = structure.layers_removed
+    if len(set(gone)) != len(gone) or any(not 0 <= i < n for i in gone) or len(gone) >= n:
+        raise bad(f"layers_removed {gone} (layers 0–{n - 1}, each once, at least one kept)")
+    for key, width in (("mlp_keep", dense.d_mlp), ("head_keep", dense.n_heads)):
+        for layer, kept in getattr(structure, key).items():
+            if not 0 <= layer < n or layer in gone:
+                raise bad(f"{key} names layer {layer}, which is not a kept layer")
+            if not kept or len(set(kept)) != len(kept) or any(not 0 <= i < width for i in kept):
+                raise bad(f"{key}[{layer}] = {kept} (indices 0–{width - 1}, each once, at least one)")
+    aliased = set(getattr(config, "attribute_map", {}).values())  # GPT-2's n_layer: saved once as the kept count
+    for key, value in structure.config_restore.items():
+        legacy = key in aliased and key in _LAYER_COUNT_KEYS and value == n - len(gone)
+        if key not in (*_LAYER_COUNT_KEYS, "layer_types") or (getattr(config, key, None) != value and not legacy):
+            raise bad(f"config_restore {key}={value!r} is not the config's own {key}")
+
+
 def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Tensor]) -> nn.Module:
     """Rebuild a saved pruned model: dense modules from the original config, then the structure,
     then the saved weights (strictly: a missing or extra tensor is an error)."""
@@ -315,18 +370,23 @@ def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Te
 
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    check_structure(structure, discover_anatomy(model), config)
     apply_structure(model, Structure(structure.n_layers, structure.mlp_keep, structure.head_keep,
                                      structure.layers_removed))
     for name in structure.biased:
         module = model.get_submodule(name.rsplit(".", 1)[0])
         add_output_bias(module, torch.zeros(_out_width(module)))
-    missing, unexpected = model.load_state_dict(dict(state), strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(dict(state), strict=False)
+    except RuntimeError as err:  # a shape the structure does not give: name the first, not torch's header
+        first = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise MechkitError(f"pruned weights do not match their structure ({first[:300]})", WEIGHTS_FIX) from None
     tied = getattr(config, "tie_word_embeddings", False)
     out_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings()) + ".weight"
     missing = [k for k in missing if not (tied and k == out_name)]
     if missing or unexpected:
         raise MechkitError(f"pruned weights do not match their structure (missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]})", "re-save the pruned model with mechkit prune --save-model")
+                           f"unexpected {unexpected[:3]})", WEIGHTS_FIX)
     if tied:
         model.tie_weights()
     model.eval()
@@ -349,6 +409,32 @@ def pruned_config(model: nn.Module) -> dict | None:
     return config
 
 
+def save_model_files(model: nn.Module, where: Any, **kwargs: Any) -> None:
+    """``save_pretrained`` (safetensors) into ``where``, a pruned model's config in place of the dense one it
+    writes: every writer of a model directory calls this, so none writes a directory that does not load."""
+    import json
+    from pathlib import Path
+
+    model.save_pretrained(where, safe_serialization=True, **kwargs)
+    config = pruned_config(model)
+    if config is not None:
+        (Path(where) / "config.json").write_text(json.dumps(config, indent=2, default=str))
+
+
+def _weight_files(path) -> list:
+    """``model.safetensors``, or the shards its index names (``save_pretrained`` shards a large model: a
+    fine-tuned pruned one too); a shard name that is not a plain file name in ``path`` is refused."""
+    import json
+
+    index = path / "model.safetensors.index.json"
+    if (path / "model.safetensors").is_file() or not index.is_file():
+        return [path / "model.safetensors"]
+    names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    if not names or any(not isinstance(n, str) or "/" in n or "\\" in n or n in (".", "..") for n in names):
+        raise MechkitError(f"{index} names no shards, or shards outside its directory", WEIGHTS_FIX)
+    return [path / n for n in names]
+
+
 def load_pruned_directory(path, torch_dtype=None) -> nn.Module:
     """The model of a directory whose ``config.json`` carries a pruned :class:`Structure`."""
     import json
@@ -357,11 +443,14 @@ def load_pruned_directory(path, torch_dtype=None) -> nn.Module:
     from transformers import AutoConfig
 
     raw = json.loads((path / "config.json").read_text())
-    structure = Structure.from_dict(raw[CONFIG_KEY])
+    structure = structure_of(raw[CONFIG_KEY])
     config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     if hasattr(config, CONFIG_KEY):
         delattr(config, CONFIG_KEY)
-    model = build_pruned(config, structure, load_file(str(path / "model.safetensors")))
+    state: dict[str, torch.Tensor] = {}
+    for file in _weight_files(path):
+        state.update(load_file(str(file)))
+    model = build_pruned(config, structure, state)
     if torch_dtype is not None:
         model.to(dtype=torch_dtype)
     model._mechkit_structure = structure
