@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from mechkit.eval.scoring import batches, forward_kept, row_metrics, supports_logits_to_keep
-from mechkit.heads.sums import HeadEffects, LogprobSum
+from mechkit.heads.sums import HeadEffects, LogprobSum, absent_nan
 from mechkit.hooking.core import gradients, hooks
 from mechkit.model.edit.partial import capture_block_inputs, run_from
 
@@ -77,11 +77,6 @@ def exact_effects(handle: ModelHandle, prompts: Sequence, batch_size: int = 16, 
                 if on_layer:
                     on_layer()
     return HeadEffects(absent_nan(lp / n, a), absent_nan(acc / n, a), clean_lp / n, clean_acc / n, "exact")
-
-
-def absent_nan(grid: torch.Tensor, anatomy) -> np.ndarray:
-    """The grid as an array, NaN in the cells with no head (a layer that kept fewer heads: pruned)."""
-    return np.where(anatomy.head_mask(), grid.numpy() if isinstance(grid, torch.Tensor) else grid, np.nan)
 
 
 class _CleanRun:

@@ -25,6 +25,11 @@ class HeadEffects:
     method: str
 
 
+def absent_nan(grid: torch.Tensor | np.ndarray, anatomy) -> np.ndarray:
+    """The grid as an array, NaN in the cells with no head (a layer that kept fewer heads: pruned)."""
+    return np.where(anatomy.head_mask(), grid.numpy() if isinstance(grid, torch.Tensor) else grid, np.nan)
+
+
 class LogprobSum:
     """The attribution metric: summed mean answer log-prob of a batch's rows, from its logits."""
 

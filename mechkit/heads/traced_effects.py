@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from mechkit.eval.scoring import Batch, batches, row_metrics, supports_logits_to_keep
-from mechkit.heads.effects import absent_nan
-from mechkit.heads.sums import HeadEffects, LogprobSum
+from mechkit.heads.sums import HeadEffects, LogprobSum, absent_nan
 from mechkit.hooking.points import resolve
 from mechkit.hooking.traced import GradTraceProgram, TraceProgram, planner
 from mechkit.io.steps import Step, stored
