@@ -303,8 +303,10 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
     grid = scores[score]
     if not _is_grid(grid, n_layers, n_heads):  # another model's scores would rank heads silently wrong
         widest = max(per_layer(n_layers, n_heads))
+        empty = "" if len(set(per_layer(n_layers, n_heads))) == 1 else \
+            f", empty (NaN or None) past each layer's own {', '.join(map(str, per_layer(n_layers, n_heads)))} heads"
         raise HeadSpecError(f"the {score} scores are not a {n_layers} × {widest} grid of numbers (this model's layers × "
-                            "heads)", "use scores from `mechkit detect` on this same model")
+                            f"heads{empty})", "use scores from `mechkit detect` on this same model")
     return top_heads(grid, top_k)
 
 
@@ -316,7 +318,10 @@ def _is_grid(grid, n_layers: int, n_heads: HeadCounts) -> bool:
         rows = [[float("nan") if v is None else float(v) for v in row] for row in grid]
     except (TypeError, ValueError):
         return False
-    return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == max(counts) for r in rows)
+    if isinstance(grid, str) or len(rows) != n_layers or any(len(r) != max(counts) for r in rows):
+        return False
+    # a score in a cell past a layer's own heads is another (e.g. the dense) model's grid: its numbering differs
+    return all(math.isnan(v) for r, n in zip(rows, counts, strict=True) for v in r[n:])
 
 
 def check_heads(anatomy, heads) -> None:
