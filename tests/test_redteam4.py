@@ -11,6 +11,12 @@ tools/taskselect_rho.py wrote ``--json`` with a bare ``open(path, "w")`` after t
 RUN/report.json`` replaced the run's own report (the tool's input) with its figures, and a missing folder
 was a FileNotFoundError traceback after minutes of work. Both are refused first, in one line, and the file
 is written whole or not at all.
+
+Also: a head given as ``(0.7, 1)`` was truncated to head 0.1 and ``Head(0.0, 1)`` was a raw TypeError (now one
+line); ``mk.run(model=handle, out=<the directory the handle was loaded from>, force=True)`` deleted the
+model's weights, a saved model being a set mechkit owns (now refused as the input, as the CLI's ``--model
+DIR --out DIR`` was); TransformerLens failing on a head-pruned GPT-2 sent the user to check architecture
+support (now names the pruning).
 """
 
 from __future__ import annotations
@@ -98,3 +104,64 @@ def test_the_json_is_written_whole_beside_the_run(tmp_path, monkeypatch, capsys)
     assert tool.main(["run", "--json", "rho.json"]) == 0
     assert json.loads((tmp_path / "rho.json").read_text()) == figures
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rho.json", "run"]  # no temporary file left
+
+
+# ---- class 9/11: TransformerLens on a head-pruned model names the pruning, not architecture support --------
+
+def test_a_bridge_that_fails_on_pruned_heads_names_the_pruning_as_the_cause():
+    pytest.importorskip("transformer_lens", reason="TransformerLens (the interop extra) is not installed")
+    from mechkit.pruning import prune_copy
+    from mechkit.pruning.plan import UnitsToRemove
+
+    pruned = prune_copy(mk.load_model("tiny:gpt2", device="cpu"), UnitsToRemove(heads={1: [0, 1, 2]}))
+    with pytest.raises(mk.MechkitError) as err:
+        mk.to_transformer_lens(pruned)
+    line = str(err.value)
+    assert "layers keep different numbers of heads" in line and "bridge the dense model" in line, line
+    assert "supports the architecture" not in line and "\n" not in line
+
+
+# ---- class 8: a head that is not a pair of integers is one line, never truncated nor a TypeError ----------
+
+@pytest.mark.parametrize("heads", [[mk.Head(0.0, 1)], [(0.7, 1)], [(True, 0)], [mk.Head(0, "1")], ["12"]])
+def test_a_head_that_is_not_a_pair_of_integers_is_refused(heads):
+    with pytest.raises(HeadSpecError, match="is not a pair of integers"):
+        mk.parse_heads(heads, 3, COUNTS)
+
+
+def test_integer_heads_of_any_integer_type_are_taken_as_plain_heads():
+    import numpy as np
+
+    heads = mk.parse_heads([(np.int64(1), np.int32(3)), mk.Head(0, 1)], 3, COUNTS)
+    assert heads == [mk.Head(0, 1), mk.Head(1, 3)] and all(type(h.layer) is int for h in heads)
+
+
+def test_the_functions_taking_head_objects_refuse_a_float_head_and_change_nothing():
+    from mechkit.pruning import prune_copy
+    from mechkit.pruning.plan import UnitsToRemove
+
+    model = prune_copy(mk.load_model("tiny:llama", device="cpu"), UnitsToRemove(heads={0: [0, 1]}))
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    with pytest.raises(mk.MechkitError, match="is not a pair of integers"), mk.ablate(model, [mk.Head(0.0, 1)]):
+        pass
+    with pytest.raises(mk.MechkitError, match="is not a pair of integers"), mk.edit_weights(model) as w:
+        w.zero_head_output(mk.Head(1, 1.0))
+    assert all(v.equal(before[k]) for k, v in model.model.state_dict().items())
+
+
+# ---- class 1: mk.run(model=handle, out=the directory the handle came from, force=True) keeps the model -----
+
+def test_a_run_over_the_directory_its_loaded_model_came_from_is_refused_and_the_model_stays(tmp_path):
+    from mechkit.pruning import prune_copy, save_pruned
+    from mechkit.pruning.plan import UnitsToRemove
+
+    saved = save_pruned(prune_copy(mk.load_model("tiny:llama", device="cpu"), UnitsToRemove(heads={0: [0, 1]})),
+                        tmp_path / "model")  # a set mechkit owns (its manifest lists the weights)
+    before = {p.name: p.read_bytes() for p in saved.iterdir()}
+    handle = mk.load_model(str(saved), device="cpu")
+    for out in (saved, tmp_path / "model" / ".." / "model"):
+        with pytest.raises(mk.MechkitError, match="is the input"):
+            mk.run("attention", model=handle, prompt="abab", heads="0.0", out=out, force=True)
+    assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
+    run = mk.run("attention", model=handle, prompt="abab", heads="0.0", out=tmp_path / "run")
+    assert (tmp_path / "run" / "report.json").exists() and run.results["heads"]

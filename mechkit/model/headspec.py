@@ -237,8 +237,8 @@ def parse_heads(
     if isinstance(spec, str | HeadSelection):
         return parse_spec(spec).resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=seed, exclude=exclude)
     try:
-        heads = [h if isinstance(h, Head) else Head(*(int(x) for x in h)) for h in spec]
-    except (TypeError, ValueError):
+        heads = [h if isinstance(h, Head) else Head(*h) for h in spec]
+    except TypeError:
         raise HeadSpecError(f"a head spec must be text or (layer, head) pairs, not {spec!r}", _FIX) from None
     return _validated(heads, n_layers, n_heads)
 
@@ -337,11 +337,18 @@ def check_heads(anatomy, heads) -> None:
 
 def _validated(heads: list[Head], n_layers: int, n_heads: HeadCounts) -> list[Head]:
     counts = per_layer(n_layers, n_heads)
+    checked = []
     for h in heads:
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (h.layer, h.head)):
+            # int() would truncate (0.7, 1) to head 0.1 silently, and a float index is a TypeError deep inside
+            raise HeadSpecError(f"head ({h.layer!r}, {h.head!r}) is not a pair of integers",
+                                "give heads as Head(layer, head) or (layer, head) with integers, e.g. (1, 2)")
+        h = Head(int(h.layer), int(h.head))
         if not (0 <= h.layer < n_layers and 0 <= h.head < counts[h.layer]):
             raise HeadSpecError(f"head {h} is out of range: {_shape(n_layers, counts, h.layer)}",
                                 "pick heads inside that range")
-    return sorted(set(heads))
+        checked.append(h)
+    return sorted(set(checked))
 
 
 def _shape(n_layers: int, counts: list[int], layer: int) -> str:
