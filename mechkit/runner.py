@@ -215,13 +215,22 @@ def run_plugin(
             if not isinstance(out, (str, os.PathLike)):
                 raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
             out_dir = Path(out)
-            inputs = (model,) if isinstance(model, (str, Path)) and Path(model).expanduser().exists() else ()
-            check_run_out(out_dir, force, inputs)  # a file, a read-only place, a report without --force: before any work
+            check_run_out(out_dir, force, model_inputs(model))  # a file, a read-only place, a report without --force: before any work
             stack.enter_context(out_lock(out_dir))
             check_run_out(out_dir, force)  # again under the lock: a run that finished there meanwhile wrote a report
         else:
             out_dir = stack.enter_context(locked_default_out(cls.name))
         return _run(cls, params, parsed, out_dir, setup, console)
+
+
+def model_inputs(model: Any) -> tuple[Path | str, ...]:
+    """The local model files a run reads, which its ``out`` must not be or hold: a path given as text, or the
+    directory a loaded handle came from (``out=`` that directory with ``force=True`` replaced the weights
+    the handle was loaded from, a saved model mechkit wrote being a set it owns)."""
+    if isinstance(model, (str, Path)):
+        return (model,) if Path(model).expanduser().exists() else ()
+    source = getattr(model, "source", None)
+    return (source,) if isinstance(source, Path) and source.exists() else ()
 
 
 def locked_default_out(plugin: str) -> contextlib.AbstractContextManager[Path]:

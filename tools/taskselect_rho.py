@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -71,15 +73,46 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse(argv)
     try:
+        check_json_target(args.json, args.report)
         out = run(args)
+        show(out)
+        if args.json:
+            write_json(Path(args.json), out)
     except MechkitError as err:
         print(f"taskselect_rho: {err}", file=sys.stderr)
         return 2
-    show(out)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
     return 0
+
+
+def check_json_target(target: str | None, report: str) -> None:
+    """Refuse, before minutes of features, a ``--json`` that would replace the run's own files (its
+    report.json among them: the tool's input, lost) or that cannot be written (a missing folder, a folder)."""
+    from mechkit.errors import MechkitError
+
+    if not target:
+        return
+    path, run_dir = Path(target).resolve(), Path(report).resolve()
+    run_dir = run_dir if run_dir.is_dir() else run_dir.parent
+    if path.is_relative_to(run_dir):
+        raise MechkitError(f"--json {target} is inside the run directory {run_dir}, whose files are the run's",
+                           "write the figures elsewhere, e.g. --json rho.json")
+    if path.is_dir() or not path.parent.is_dir():
+        raise MechkitError(f"--json {target}: {'is a directory' if path.is_dir() else 'its folder does not exist'}",
+                           "name a file in an existing folder, e.g. --json rho.json")
+
+
+def write_json(path: Path, out: dict) -> None:
+    """The figures as one file, written whole (a temporary file renamed over it) or not at all."""
+    from mechkit.errors import MechkitError
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(out, indent=2))
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise MechkitError(f"cannot write --json {path}: {err.strerror}", "name a writable file, e.g. --json rho.json") \
+            from None
 
 
 if __name__ == "__main__":

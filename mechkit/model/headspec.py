@@ -237,8 +237,8 @@ def parse_heads(
     if isinstance(spec, str | HeadSelection):
         return parse_spec(spec).resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=seed, exclude=exclude)
     try:
-        heads = [h if isinstance(h, Head) else Head(*(int(x) for x in h)) for h in spec]
-    except (TypeError, ValueError):
+        heads = [h if isinstance(h, Head) else Head(*h) for h in spec]
+    except TypeError:
         raise HeadSpecError(f"a head spec must be text or (layer, head) pairs, not {spec!r}", _FIX) from None
     return _validated(heads, n_layers, n_heads)
 
@@ -303,8 +303,10 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
     grid = scores[score]
     if not _is_grid(grid, n_layers, n_heads):  # another model's scores would rank heads silently wrong
         widest = max(per_layer(n_layers, n_heads))
+        empty = "" if len(set(per_layer(n_layers, n_heads))) == 1 else \
+            f", empty (NaN or None) past each layer's own {', '.join(map(str, per_layer(n_layers, n_heads)))} heads"
         raise HeadSpecError(f"the {score} scores are not a {n_layers} × {widest} grid of numbers (this model's layers × "
-                            "heads)", "use scores from `mechkit detect` on this same model")
+                            f"heads{empty})", "use scores from `mechkit detect` on this same model")
     return top_heads(grid, top_k)
 
 
@@ -316,7 +318,10 @@ def _is_grid(grid, n_layers: int, n_heads: HeadCounts) -> bool:
         rows = [[float("nan") if v is None else float(v) for v in row] for row in grid]
     except (TypeError, ValueError):
         return False
-    return not isinstance(grid, str) and len(rows) == n_layers and all(len(r) == max(counts) for r in rows)
+    if isinstance(grid, str) or len(rows) != n_layers or any(len(r) != max(counts) for r in rows):
+        return False
+    # a score in a cell past a layer's own heads is another (e.g. the dense) model's grid: its numbering differs
+    return all(math.isnan(v) for r, n in zip(rows, counts, strict=True) for v in r[n:])
 
 
 def check_heads(anatomy, heads) -> None:
@@ -332,11 +337,18 @@ def check_heads(anatomy, heads) -> None:
 
 def _validated(heads: list[Head], n_layers: int, n_heads: HeadCounts) -> list[Head]:
     counts = per_layer(n_layers, n_heads)
+    checked = []
     for h in heads:
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (h.layer, h.head)):
+            # int() would truncate (0.7, 1) to head 0.1 silently, and a float index is a TypeError deep inside
+            raise HeadSpecError(f"head ({h.layer!r}, {h.head!r}) is not a pair of integers",
+                                "give heads as Head(layer, head) or (layer, head) with integers, e.g. (1, 2)")
+        h = Head(int(h.layer), int(h.head))
         if not (0 <= h.layer < n_layers and 0 <= h.head < counts[h.layer]):
             raise HeadSpecError(f"head {h} is out of range: {_shape(n_layers, counts, h.layer)}",
                                 "pick heads inside that range")
-    return sorted(set(heads))
+        checked.append(h)
+    return sorted(set(checked))
 
 
 def _shape(n_layers: int, counts: list[int], layer: int) -> str:

@@ -134,7 +134,20 @@ def to_transformer_lens(handle: Any) -> Any:
         except MechkitError:
             raise
         except Exception as err:
-            raise ModelLoadError(f"TransformerLens cannot bridge this model: {first_line(err)}",
-                                 "check that TransformerLens supports the architecture") from err
+            raise bridge_error(handle, err) from err
         finally:
             logging.getLogger().setLevel(level)
+
+
+def bridge_error(handle: Any, err: Exception) -> ModelLoadError:
+    """The line for a model TransformerLens failed to bridge. Where heads were pruned unevenly the cause is
+    the pruning, not the architecture (GPT-2's fused projections cannot be split into layers of different
+    head counts), so the fix must not send the user to check architecture support."""
+    a = handle.anatomy
+    if a.ragged_heads:
+        return ModelLoadError(f"TransformerLens cannot bridge this model, whose layers keep different numbers of "
+                              f"heads ({', '.join(map(str, a.head_counts))}) after pruning: {first_line(err)}",
+                              "bridge the dense model, or use mechkit's own hooks (mk.run_with_cache), which number "
+                              "each layer's kept heads")
+    return ModelLoadError(f"TransformerLens cannot bridge this model: {first_line(err)}",
+                          "check that TransformerLens supports the architecture")
