@@ -215,9 +215,9 @@ def run_plugin(
             if not isinstance(out, (str, os.PathLike)):
                 raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
             out_dir = Path(out)
-            check_run_out(out_dir, force, model_inputs(model))  # a file, a read-only place, a report without --force: before any work
+            check_run_out(out_dir, force, model_inputs(model), cls.name)  # a file, a read-only place, a report without --force, another run's model: before any work
             stack.enter_context(out_lock(out_dir))
-            check_run_out(out_dir, force)  # again under the lock: a run that finished there meanwhile wrote a report
+            check_run_out(out_dir, force, plugin=cls.name)  # again under the lock: a run that finished there meanwhile wrote a report
         else:
             out_dir = stack.enter_context(locked_default_out(cls.name))
         return _run(cls, params, parsed, out_dir, setup, console)

@@ -165,3 +165,31 @@ def test_a_run_over_the_directory_its_loaded_model_came_from_is_refused_and_the_
     assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
     run = mk.run("attention", model=handle, prompt="abab", heads="0.0", out=tmp_path / "run")
     assert (tmp_path / "run" / "report.json").exists() and run.results["heads"]
+
+
+# ---- --force over a model another plugin's run saved ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved_model_run(tmp_path_factory):
+    """A finetune run's directory: its report beside the model it saved (the set --force would replace)."""
+    out = tmp_path_factory.mktemp("ft") / "ft"
+    mk.run("finetune", model="tiny:llama", task="capitalize", steps=1, batch_size=2, eval_n=2, out=str(out),
+           device="cpu")
+    assert (out / "model.safetensors").is_file()
+    return out
+
+
+@pytest.mark.parametrize("plugin, options", [("attention", dict(prompt="abab", heads="0.1")),
+                                             ("inspect", {}), ("detect", dict(n_seqs=2, seg_len=4))])
+def test_another_plugins_force_never_deletes_a_saved_model(saved_model_run, plugin, options):
+    before = {p.name: p.stat().st_mtime_ns for p in saved_model_run.iterdir()}
+    with pytest.raises(mk.MechkitError, match="holds a model a `finetune` run saved") as err:
+        mk.run(plugin, model="tiny:llama", out=str(saved_model_run), force=True, device="cpu", **options)
+    assert "\n" not in str(err.value) and "another --out" in str(err.value)
+    assert {p.name: p.stat().st_mtime_ns for p in saved_model_run.iterdir()} == before
+
+
+def test_the_same_plugins_force_still_replaces_its_own_model(saved_model_run, tmp_path):
+    run = mk.run("finetune", model="tiny:llama", task="capitalize", steps=1, batch_size=2, eval_n=2,
+                 out=str(saved_model_run), force=True, device="cpu")
+    assert run.report["plugin"] == "finetune" and (saved_model_run / "model.safetensors").is_file()
