@@ -88,7 +88,7 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     handle = load_model(base, device=None if dispatched else "cpu", dtype="float32", device_map=device_map,
                         max_memory=max_memory, offload_folder=offload_folder)
     tv = extract(handle, Path(finetuned), embeddings=embeddings, tasks=task_ids)
-    tv.save(out)
+    tv.save(out, force=force, inputs=_local(base, finetuned))
     _print_summary(tv, out)
 
 
@@ -158,7 +158,7 @@ def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, ene
 
     check_out(out, force, kind="file", inputs=_vector_paths(vectors))
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
-    tv.save(out)
+    tv.save(out, force=force, inputs=_vector_paths(vectors))
     _print_summary(tv, out)
 
 
@@ -205,11 +205,16 @@ def apply_cmd(base, vectors, expr, method, weights, density, p, seed, scale, ran
 
     The vectors must have been extracted from --base (same weights, or the same architecture when
     the weights were hashed in another dtype) unless --allow-other-base is given."""
+    from pathlib import Path
+
     from mechkit.io import check_out
+    from mechkit.io.replace import refuse_foreign_model
     from mechkit.model import load_model
     from mechkit.taskarith import save_merged
 
     check_out(out, force, kind="dir", inputs=(*_vector_paths(vectors), *_local(base)))  # before the model loads
+    if force and Path(out).is_dir():  # a model another run saved there is not ours to replace
+        refuse_foreign_model(Path(out), "taskvec apply")
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
 
     handle = load_model(base, device="cpu", dtype="float32")

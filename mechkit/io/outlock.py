@@ -142,7 +142,7 @@ def _remove_empty(dirs: list[Path]) -> None:
 def check_run_out(out_dir: Path, force: bool, inputs: tuple = (), plugin: str | None = None) -> None:
     """Refuse ``out_dir`` (one line) where a run's report cannot go: a report already there without
     ``force``, a file, a read-only place, the working or home directory, the cache, a place holding an input,
-    or (``plugin`` given) a model another plugin's run saved there (:func:`refuse_replacing_a_model`)."""
+    or (``plugin`` given) a model another plugin's run saved there (:func:`mechkit.io.replace.refuse_foreign_model`)."""
     from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(out_dir)  # first: a name too long makes even exists() fail
@@ -150,30 +150,9 @@ def check_run_out(out_dir: Path, force: bool, inputs: tuple = (), plugin: str | 
         raise ReportExistsError(f"{out_dir} already holds a report", "pass --force to overwrite or choose another --out")
     check_out(out_dir, force=force, kind="dir", inputs=inputs)
     if force and plugin is not None:
-        refuse_replacing_a_model(out_dir, plugin)
+        from mechkit.io.replace import refuse_foreign_model
 
-
-def refuse_replacing_a_model(out_dir: Path, plugin: str) -> None:
-    """``--force`` replaces the previous run's files as one set (:mod:`mechkit.io.replace`); where that set
-    holds a model the run saved (``finetune``, ``prune --save-model``), only a run of the same plugin may
-    replace it. Another analysis pointed there with ``--force`` would delete weights that took a training
-    run to make, to write a report."""
-    import json
-
-    from mechkit.io.replace import owned_names
-
-    names = owned_names(out_dir)
-    saved = [n for n in names if n.endswith(".safetensors") or (out_dir / n / "config.json").is_file()]
-    if not saved:
-        return
-    try:
-        wrote = json.loads((out_dir / "report.json").read_text(encoding="utf-8")).get("plugin")
-    except (OSError, ValueError, AttributeError):
-        wrote = None
-    if wrote != plugin:
-        raise MechkitError(f"--out {out_dir} holds a model a `{wrote or 'mechkit'}` run saved ({', '.join(saved[:3])}), "
-                           f"and {plugin}'s --force would delete it", "choose another --out, or remove that model "
-                           "yourself first")
+        refuse_foreign_model(out_dir, plugin, ("report.json", "report.html"))  # what every run writes
 
 
 @contextlib.contextmanager

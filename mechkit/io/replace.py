@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -33,17 +34,71 @@ MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wr
 KEY_FILES = ("report.json", "config.json")  # the file that says "this set is whole": out first, in last
 
 
+def _read_json(path: Path) -> object:
+    from mechkit.io.read import read_regular_text  # a FIFO or device under a name of ours is never read
+
+    text = read_regular_text(path)
+    try:
+        return None if text is None else json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def owned_names(out: Path) -> list[str]:
     """The names the last mechkit write made in ``out``: its manifest, else a report's own list (``report.json``,
     ``report.html`` and its ``artifacts``); none where neither is there."""
-    names: object = []
-    with contextlib.suppress(OSError, ValueError):
-        names = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    names = _read_json(out / MANIFEST)
+    if isinstance(names, dict):  # {"writer": ..., "files": [...]}; an older manifest is the bare list
+        names = names.get("files")
     if not names:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-            names = ["report.json", "report.html", *report.get("artifacts", [])]
+        report = _read_json(out / "report.json")
+        artifacts = report.get("artifacts") if isinstance(report, dict) else None
+        names = ["report.json", "report.html", *(artifacts if isinstance(artifacts, list) else [])] \
+            if isinstance(report, dict) else []
     return [n for n in names if isinstance(n, str) and plain_name(n)] if isinstance(names, list) else []
+
+
+def set_writer(out: Path) -> str | None:
+    """Who wrote the set in ``out``: its manifest's ``writer`` (``taskvec apply``, ``prune``), else its
+    report's ``plugin``; ``None`` where neither says."""
+    manifest = _read_json(out / MANIFEST)
+    if isinstance(manifest, dict) and isinstance(manifest.get("writer"), str):
+        return manifest["writer"]
+    report = _read_json(out / "report.json")
+    plugin = report.get("plugin") if isinstance(report, dict) else None
+    return plugin if isinstance(plugin, str) else None
+
+
+def _models(out: Path, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that are (part of) a saved model: weights, a model's config, a model directory."""
+    return [n for n in names if n.endswith(".safetensors") or n == "config.json" or (out / n / "config.json").is_file()]
+
+
+def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> None:
+    """Refuse (one line) a forced write by ``writer`` that would replace a saved model it did not write.
+
+    ``--force`` replaces the previous set as one (:func:`install_set`). Where that set holds a model
+    (``finetune``'s weights, ``prune --save-model``'s ``model/``, a ``taskvec apply`` directory), only the
+    writer that saved it may replace it: another analysis, or ``taskvec apply``, pointed there would delete
+    weights that took a training run to make. A model file among ``names`` (the new set) that mechkit did
+    not write at all, and a FIFO, device or socket, are never replaced. Every writer calls this: the plugin runner before the model loads,
+    and :func:`replacing_dir` again before it installs anything.
+    """
+    odd = [n for n in names if _special(out / n)]
+    if odd:
+        raise MechkitError(f"--out {out} holds {odd[0]}, which is not a regular file (a FIFO, device or socket), "
+                           f"where {writer} would write", "choose another --out, or remove it first")
+    owned = owned_names(out)
+    foreign = [n for n in _models(out, [n for n in names if n not in owned]) if os.path.lexists(out / n)]
+    if foreign:
+        raise MechkitError(f"--out {out} holds {', '.join(foreign[:3])}, which mechkit did not write, and "
+                           f"{writer} would replace it", "choose another --out, or move those files away first")
+    saved = _models(out, owned)
+    wrote = set_writer(out)
+    if saved and wrote != writer:
+        raise MechkitError(f"--out {out} holds a model a `{wrote or 'mechkit'}` run saved ({', '.join(saved[:3])}), "
+                           f"and {writer}'s --force would delete it",
+                           "choose another --out, or remove that model yourself first")
 
 
 def _ordered(names: Sequence[str]) -> list[str]:
@@ -52,15 +107,27 @@ def _ordered(names: Sequence[str]) -> list[str]:
     return [n for n in names if n not in keys] + keys
 
 
-def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = True) -> None:
+def _special(path: Path) -> bool:
+    """A FIFO, device or socket: never ours, never replaced (a symlink is replaced as a link, never followed)."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode)
+
+
+def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = True, writer: str | None = None) -> None:
     """Move ``names`` from ``tmp`` into the existing directory ``out`` as one set (see the module doc), with
     a manifest listing them when ``manifest``; the old files of the set end up in ``tmp/.previous`` and
-    ``tmp`` is removed afterwards by the caller."""
+    ``tmp`` is removed afterwards by the caller. ``writer`` (``prune``, ``taskvec apply``) is recorded in the
+    manifest and checked against the set it replaces (:func:`refuse_foreign_model`)."""
     recover(out)
     new = [n for n in dict.fromkeys(names) if n != MANIFEST]
+    if writer is not None:
+        refuse_foreign_model(out, writer, new)
     stale = [n for n in owned_names(out) if n not in new and n != MANIFEST]
     if manifest:
-        _write_manifest(tmp, new)
+        _write_manifest(tmp, new, writer)
         new.append(MANIFEST)
     elif (out / MANIFEST).exists():
         stale.append(MANIFEST)  # it would list another set
@@ -86,18 +153,20 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
 
 
 @contextlib.contextmanager
-def replacing_dir(target: str | os.PathLike[str], force: bool = False, manifest: bool = True) -> Iterator[Path]:
+def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = False, manifest: bool = True
+                  ) -> Iterator[Path]:
     """Build a user's output directory in a temporary directory; on success it becomes ``target``.
 
     A new or empty ``target`` appears in one rename (:func:`mechkit.io.atomic_dir`). An existing,
     non-empty one (only with ``force``) gets the new files as one set (:func:`install_set`): the
-    files this write and the previous mechkit write made are replaced, every other file is kept.
-    On any error (Ctrl-C included) ``target`` is left as it was and the temporary directory removed.
+    files this write and the previous mechkit write made are replaced, every other file is kept, and a
+    model another ``writer`` saved there is refused (:func:`refuse_foreign_model`). On any error (Ctrl-C
+    included) ``target`` is left as it was and the temporary directory removed.
 
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (out / "notes.txt").write_text("mine")
-    >>> with replacing_dir(out, force=True) as tmp:
+    >>> with replacing_dir(out, writer="taskvec apply", force=True) as tmp:
     ...     _ = (tmp / "config.json").write_text("{}")
     >>> sorted(p.name for p in out.iterdir())
     ['.mechkit-files', 'config.json', 'notes.txt']
@@ -112,22 +181,24 @@ def replacing_dir(target: str | os.PathLike[str], force: bool = False, manifest:
         with atomic_dir(target, replace=False) as tmp:
             yield tmp
             if manifest:
-                _write_manifest(tmp, [p.name for p in tmp.iterdir()])
+                _write_manifest(tmp, [p.name for p in tmp.iterdir()], writer)
         return
     if not force:
         raise MechkitError(f"{target} already exists and is not an empty directory",
                            "pass --force to replace it or choose another --out")
+    refuse_foreign_model(target, writer)  # before the caller's work: nothing of it would be kept
     tmp = temp_dir_beside(target)
     try:
         yield tmp
-        install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest)
+        install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest, writer=writer)
     finally:
         if not journal_path(target).exists():  # else it holds the old files the journal's roll-back needs
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_manifest(tmp: Path, names: Sequence[str]) -> None:
-    (tmp / MANIFEST).write_text(json.dumps(sorted({*names, MANIFEST})), encoding="utf-8")
+def _write_manifest(tmp: Path, names: Sequence[str], writer: str | None) -> None:
+    files = sorted({*names, MANIFEST})
+    (tmp / MANIFEST).write_text(json.dumps({"writer": writer, "files": files}), encoding="utf-8")
 
 
 def _fsync_dir(path: Path) -> None:

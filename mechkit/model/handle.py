@@ -37,6 +37,7 @@ class ModelHandle:
     source: Path | None = None
     _sha256: str | None = field(default=None, repr=False)
     backend: Backend = field(default=NATIVE, repr=False)
+    _n_vocab: int | None = field(default=None, repr=False)  # the embedding's rows, read once (token_ids)
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +105,11 @@ class ModelHandle:
         through the backend: what code that decodes step by step calls instead of ``handle.model``.
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
+        from mechkit.model.token_ids import checked_ids, vocab_rows
 
+        if self._n_vocab is None:
+            self._n_vocab = vocab_rows(self.model) or -1
+        input_ids = checked_ids(input_ids, self._n_vocab if self._n_vocab > 0 else None)
         with forward_grad_mode():
             if self.backend.traced:
                 return self.backend.forward(input_ids.to(self.device), **kwargs)

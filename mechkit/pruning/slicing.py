@@ -180,7 +180,7 @@ def _write_pruned(handle: ModelHandle, structure: Structure, out: Path, force: b
     state = _untied_state(handle.model)
     refuse_non_finite(state, out / "model.safetensors",
                       "check the dense model's weights and the pruning statistics, then prune again")
-    with replacing_dir(out, force=force) as tmp:  # only its own files replaced, as one set
+    with replacing_dir(out, writer="prune", force=force) as tmp:  # only its own files replaced, as one set
         (tmp / "config.json").write_text(json.dumps(pruned_config(handle.model), indent=2, default=str))
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:

@@ -159,21 +159,10 @@ def _headline(report: dict, run_dir: Path) -> tuple[str, bytes] | None:
 
 
 def _own_png(path: Path) -> bytes | None:
-    import stat
+    from mechkit.io.read import read_regular  # no symlink, FIFO or device: a FIFO would block the read
 
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a symlink is refused, not followed
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_IMAGE_BYTES:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(MAX_IMAGE_BYTES + 1)
-    finally:
-        os.close(fd)
-    return data if data.startswith(PNG_MAGIC) and len(data) <= MAX_IMAGE_BYTES else None
+    data = read_regular(path, MAX_IMAGE_BYTES)
+    return data if data is not None and data.startswith(PNG_MAGIC) else None
 
 
 def render_compare_html(cmp: Comparison) -> str:

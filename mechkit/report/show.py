@@ -48,8 +48,14 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     if size > MAX_REPORT_BYTES:  # refused before reading: a crafted file must fail fast, not after minutes
         raise MechkitError(f"{p} is {size / 2**20:.0f} MB, more than a report's limit of "
                            f"{MAX_REPORT_BYTES // 2**20} MB", "pass a report.json written by a mechkit run")
+    from mechkit.io.read import read_regular
+
+    data = read_regular(os.path.realpath(p), MAX_REPORT_BYTES)  # a PATH the user named may be a link
+    if data is None:  # it changed since the checks above: now a FIFO, a device or larger
+        raise MechkitError(f"{p} is no longer a regular file of at most {MAX_REPORT_BYTES // 2**20} MB",
+                           "pass a report.json written by a mechkit run")
     try:
-        report = json.loads(p.read_text(encoding="utf-8"))
+        report = json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as err:
         raise MechkitError(
             f"{p} is not valid JSON ({err.msg} at line {err.lineno})", "rerun the analysis to write it again"

@@ -90,7 +90,8 @@ def write_report(
 
     created_parents = _missing_ancestors(out.parent)
     try:
-        with replacing_dir(out, force=True, manifest=False) as tmp:  # new: one rename; existing: one set
+        writer = str(final.get("plugin"))  # a model another plugin saved there is refused
+        with replacing_dir(out, writer=writer, force=True, manifest=False) as tmp:  # new: one rename; else one set
             _render(tmp, final, figures, files, tables)
     except BaseException:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created

@@ -202,7 +202,7 @@ def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_di
         check_out(out, force, kind="dir")  # again under the lock: another writer may have finished meanwhile
         refuse_non_finite(StateView(handle.model), out / "model.safetensors",
                           "lower λ or the vector's scale, or check the base model's weights")
-        with replacing_dir(out, force=force) as tmp:  # only its own files replaced, as one set
+        with replacing_dir(out, writer="taskvec apply", force=force) as tmp:  # only its own files replaced, as one set
             with warnings.catch_warnings():  # transformers' note that an offloaded model is read back to save it
                 warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
                 save_model_files(handle.model, tmp, **_offloaded_state(handle.model))  # a pruned one's config too

@@ -195,13 +195,15 @@ class TaskVector:
         return self.dot(other) / denom if denom > 0 else 0.0
 
     # ---- storage ------------------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, force: bool = True, inputs: tuple[str | Path, ...] = ()) -> Path:
         """Write ``path`` (safetensors, metadata JSON in its header) and ``path.json`` for people, each
         atomically: a reader sees the old file or the new one, never a mix. NaN or inf deltas are
-        refused before anything is written."""
+        refused before anything is written. With ``force=False`` an existing ``path`` is refused, checked
+        again under the file's lock: of two writers started together, the second gets one line instead of
+        both exiting 0 with one vector silently lost (:func:`mechkit.io.check_out` names ``inputs``)."""
         from safetensors.torch import save_file
 
-        path = check_out(path, force=True, kind="file")
+        path = check_out(path, force=force, kind="file", inputs=inputs)
         refuse_non_finite(self.deltas, path, "a scale or λ too large, or a diverged fine-tune: "
                                              "recompute the vector with finite inputs")
         meta = {**self.meta, "schema": SCHEMA, "n_tensors": len(self.deltas), "numel": self.numel()}
@@ -214,6 +216,7 @@ class TaskVector:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         with out_lock(path):  # two writers of one file never interleave the vector and its .json
+            check_out(path, force=force, kind="file", inputs=inputs)  # again: another may have finished meanwhile
             with atomic_file(path) as tmp:
                 save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp), metadata={"mechkit": header})
             write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")

@@ -1,0 +1,72 @@
+"""Check token ids before a forward pass, so a wrong input is one line and not an embedding's IndexError.
+
+``handle(ids)`` is what every analysis and every user's notebook calls. Given text instead of ids, a list,
+a float or bool tensor, an empty batch or an id outside the embedding, torch raises from deep inside the
+model (``'str' object has no attribute 'to'``, ``index out of range in self``), and on a GPU a device-side
+assert that poisons the process. Here each is refused in one line naming the fix; a list of ints and a 1-D
+tensor are taken as one sequence, as TransformerLens takes them.
+
+>>> import mechkit as mk, torch
+>>> m = mk.load_model("tiny:llama")
+>>> try:
+...     m(torch.tensor([[1, 2, 10_000]]))
+... except mk.MechkitError as err:
+...     print(err)
+token id 10000 is outside the model's vocabulary (0 to 258) — pass ids from m.to_tokens(text), or ids below 259
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mechkit.errors import MechkitError
+
+FIX = "pass ids from m.to_tokens(text)"
+
+
+def vocab_rows(model: torch.nn.Module) -> int | None:
+    """How many token ids the model embeds: its input embedding's rows, else ``config.vocab_size``."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None)
+    if rows is None:
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    return rows if isinstance(rows, int) and rows > 0 else None
+
+
+def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
+    """``input_ids`` as a 2-D integer tensor ``[batch, pos]`` of ids in ``[0, n_vocab)``, or one line why not."""
+    if isinstance(input_ids, str):
+        raise MechkitError("the model was given text, not token ids", f"{FIX} (or mk.run_with_cache(m, m.to_tokens(text)))")
+    if isinstance(input_ids, (list, tuple)):
+        input_ids = _from_list(input_ids)
+    if not isinstance(input_ids, torch.Tensor):
+        raise MechkitError(f"token ids must be a tensor of integers, not {type(input_ids).__name__}", FIX)
+    if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
+        raise MechkitError(f"token ids must be integers, not {str(input_ids.dtype).removeprefix('torch.')}",
+                           f"{FIX}, or convert with .long()")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2 or input_ids.numel() == 0:
+        raise MechkitError(f"token ids must be [batch, pos] with at least one token, not shape {tuple(input_ids.shape)}",
+                           FIX)
+    if input_ids.device.type == "meta":
+        raise MechkitError("token ids are on the meta device (no values)", FIX)
+    low, high = (int(v) for v in torch.aminmax(input_ids))
+    bad = low if low < 0 else high if n_vocab is not None and high >= n_vocab else None
+    if bad is not None:
+        bound = f"0 to {n_vocab - 1}" if n_vocab is not None else "0 or more"
+        raise MechkitError(f"token id {bad} is outside the model's vocabulary ({bound})",
+                           f"{FIX}, or ids below {n_vocab}" if n_vocab is not None else FIX)
+    return input_ids
+
+
+def _from_list(ids: list | tuple) -> torch.Tensor:
+    flat = [i for row in ids for i in (row if isinstance(row, (list, tuple)) else [row])]
+    if not flat or not all(isinstance(i, int) and not isinstance(i, bool) for i in flat):
+        raise MechkitError("token ids given as a list must be integers (one list, or one list per sequence)", FIX)
+    try:
+        return torch.tensor(ids, dtype=torch.long)
+    except ValueError:
+        raise MechkitError("token ids given as lists must have one length per batch", FIX) from None
