@@ -73,6 +73,12 @@ class SelectTasksPlugin(Plugin):
             pools = [resolve_pool(t, parsed["pool"]) for t in parsed["target"]]
         except MechkitError as err:
             raise OptionError(err.problem, err.fix) from None
+        if parsed["representation"] != "lora-grad" and (parsed["grad_blocks"] or (
+                parsed["rank"] != 8 and not parsed["validate"])):  # an option that would be ignored
+            name = "--grad-blocks" if parsed["grad_blocks"] else "--rank"
+            raise OptionError(f"{name} counts only under --representation lora-grad"
+                              f"{'' if name == '--grad-blocks' else ' or --validate'}",
+                              f"pass --representation lora-grad, or leave {name} out")
         if parsed["validate"] and parsed["budget"] < max(len(p) for p in pools):
             raise OptionError(f"--budget {parsed['budget']} gives some candidate no training example in All "
                               f"({max(len(p) for p in pools)} candidates)", "raise --budget")

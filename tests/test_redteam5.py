@@ -251,3 +251,24 @@ def test_good_token_ids_in_every_form_give_the_same_logits(m):
     assert m(ids.int()).equal(want)
     vocab = m.model.get_input_embeddings().num_embeddings
     assert m(torch.tensor([[0, vocab - 1]])).shape == (1, 2, vocab)
+
+
+# ---- options that would be silently ignored are refused --------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--grad-blocks", "1"], "--grad-blocks counts only under --representation lora-grad"),
+    (["--rank", "4"], "--rank counts only under --representation lora-grad or --validate"),
+    (["--representation", "actvec", "--grad-blocks", "2"], "--grad-blocks counts only"),
+])
+def test_select_tasks_refuses_lora_grad_options_it_would_ignore(tmp_path, args, says):
+    r = cli_in_process("select-tasks", "--model", "tiny:llama", "--target", "past-tense", "--pool",
+                       "opposite,lowercase", *args, "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and says in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_select_tasks_refuses_more_gradient_blocks_than_the_model_has(tmp_path):
+    r = cli_in_process("select-tasks", "--model", "tiny:llama", "--target", "past-tense", "--pool",
+                       "opposite,lowercase", "--representation", "lora-grad", "--grad-blocks", "3",
+                       "--out", str(tmp_path / "run"))
+    assert r.returncode != 0 and "more than the model's 2 blocks" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()

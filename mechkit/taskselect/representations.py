@@ -145,6 +145,9 @@ def task_features(handle: ModelHandle, tasks: Sequence[str], representation: str
     layer = check_layer(layer, handle.anatomy.n_layers)
     if not isinstance(grad_blocks, int) or grad_blocks < 0:
         raise MechkitError(f"--grad-blocks {grad_blocks} is below 0", "pass --grad-blocks 0 (every block) or more")
+    if grad_blocks > handle.anatomy.n_layers:  # else the report would record more blocks than were counted
+        raise MechkitError(f"--grad-blocks {grad_blocks} is more than the model's {handle.anatomy.n_layers} blocks",
+                           f"pass --grad-blocks {handle.anatomy.n_layers} or less (0: every block)")
     where = "last" if representation == "actvec" else position
     feats = {}
     if representation == "lora-grad":
