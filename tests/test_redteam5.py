@@ -272,3 +272,24 @@ def test_select_tasks_refuses_more_gradient_blocks_than_the_model_has(tmp_path):
                        "--out", str(tmp_path / "run"))
     assert r.returncode != 0 and "more than the model's 2 blocks" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ---- an id that is neither a local directory nor reachable is refused at once ------------------------------
+
+def test_an_unreachable_hub_id_is_one_line_without_a_minute_of_retries(monkeypatch, capfd):
+    """The hub at a port nobody listens on (a real refused connection, as offline): no retries, no lines of
+    huggingface_hub's own, one line naming the path, the id and the network."""
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    start = time.perf_counter()
+    with pytest.raises(mk.MechkitError) as err:
+        mk.load_model("nosuch/dir-of-mine")
+    assert time.perf_counter() - start < 10
+    assert "is not a local directory, not in the hub cache, and 127.0.0.1 cannot be reached" in str(err.value)
+    assert "Retrying" not in capfd.readouterr().err

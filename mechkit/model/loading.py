@@ -263,10 +263,43 @@ def _tokenizer(path: Path):
                              "files for token-level analyses only") from err
 
 
+def _hub_unreachable(repo_id: str) -> str | None:
+    """The hub's host where ``repo_id`` is not in the local hub cache and the host cannot be reached (no
+    proxy set); else ``None``. Without this an offline machine spends a minute in huggingface_hub's
+    retries, printing its own lines, before the same refusal."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None  # offline mode fails fast by itself; a cached model loads without the network
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # the proxy may reach what a direct connection cannot
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError:
+        return host
+    return None
+
+
 def _load_hub(repo_id: str, torch_dtype, placed: Dispatch | None = None):
+    import logging
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    host = _hub_unreachable(repo_id)
+    if host is not None:
+        raise ModelLoadError(f"{repo_id!r} is not a local directory, not in the hub cache, and {host} cannot be "
+                             "reached", "pass a local model directory or .gguf file, or check the path, the id "
+                             "and your network")
     safe = {"trust_remote_code": False, "use_safetensors": True, "output_loading_info": True}
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry lines: mechkit says what failed, in one line
     try:
         with load_report_muted():
             if placed is not None:
@@ -277,5 +310,7 @@ def _load_hub(repo_id: str, torch_dtype, placed: Dispatch | None = None):
     except Exception as err:
         raise ModelLoadError(f"could not load {repo_id!r} from the hub: {first_line(err)}",
                              "check the id and your network, or pass a local directory or .gguf file") from err
+    finally:
+        hub_log.setLevel(level)
     refuse_load_gaps(info, repo_id)
     return model, tok
