@@ -68,10 +68,11 @@ def run_one_line(call) -> Any:
     except MechkitError as err:
         _echo_err(_one_line(str(err)))
         sys.exit(err.exit_code)
-    except OSError as err:  # a full disk, a quota, a read-only place: the environment, one line
-        from mechkit.io.fs_errors import describe
+    except Exception as err:  # a full disk, a quota, a read-only place: the environment, one line
+        from mechkit.io.fs_errors import describe, os_error_of
 
-        line = describe(err)
+        found = os_error_of(err)  # an OSError, or safetensors' wrapper of one
+        line = describe(found) if found is not None else None
         if line is None:
             raise
         _echo_err(_one_line(str(line)))

@@ -60,8 +60,11 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     (b'weights', ['w.bin'])
     """
     path = _file_target(path)
-    while True:
-        tmp = path.with_name(f".{path.name}.{_token()}.tmp")
+    from mechkit.io.leftovers import clean_leftovers
+
+    clean_leftovers(path.parent, path.name)  # what a killed write of the same file left behind
+    while True:  # the pid lets a later write tell a killed writer's leftover (mechkit.io.leftovers)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{_token()}")
         try:
             with open(tmp, "xb"):  # reserves the name; honours the umask, unlike tempfile.mkstemp (0600)
                 break
@@ -73,10 +76,21 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
         _fsync(tmp)
         _umask_mode(tmp, mode)  # a writer that recreated the file (safetensors does: 0600) gets it back
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        _raise_naming(err, path)
         raise
     _fsync(path.parent, directory=True)
+
+
+def _raise_naming(err: BaseException, path: Path) -> None:
+    """Re-raise an environment error of a write to ``path`` as an OSError naming it (a full disk seen by
+    ``write`` names no file; safetensors wraps it in its own exception), for the one-line message."""
+    from mechkit.io.fs_errors import os_error_of
+
+    found = os_error_of(err, path) if isinstance(err, Exception) else None
+    if found is not None and found is not err:
+        raise found from err
 
 
 def _file_target(path: object) -> Path:
@@ -174,8 +188,9 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
                     _fsync(Path(root, name))
             _fsync(Path(root), directory=True)
         _rename_dir(tmp, target, replace)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_naming(err, target)
         raise
     _fsync(target.parent, directory=True)
 

@@ -44,6 +44,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(path)
+    refuse_unresolvable(path)
     refuse_protected(path, kind)
     try:
         if kind == "dir":
@@ -66,8 +67,36 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         raise MechkitError(f"cannot inspect {path}: {err.strerror or type(err).__name__}",
                            "choose another --out") from err
     refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
+    if kind == "dir":
+        refuse_mount_point(path)
     _probe_writable(path)
     return path
+
+
+def refuse_unresolvable(path: Path) -> None:
+    """One line where ``path`` cannot be looked up because of a symlink loop (``ln -s loop loop``): every
+    check then sees "no such directory", and the run failed only at its last rename, saying "pass --force",
+    which fails the same way."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise MechkitError(f"--out {path} is a symlink loop (a link that leads back to itself)",
+                               "remove the link or choose another --out") from None
+
+
+def refuse_mount_point(path: Path) -> None:
+    """One line where the directory ``path`` is a mount point (a disk, a tmpfs, a bind mount): a run goes
+    into place by renaming a directory built beside it, which the kernel refuses for a mount point (EBUSY)
+    or across file systems (EXDEV), so it failed only after all the work; and a bind mount is another
+    path to a directory, whose lock (kept beside it) would not be the same lock."""
+    real = _real(path)
+    if real.is_dir() and os.path.ismount(real) and real != Path(real.anchor):
+        raise MechkitError(f"--out {path} is a mount point ({real}); a run is put in place by renaming a "
+                           "directory, which a mount point cannot be", f"choose a directory inside it, e.g. "
+                           f"--out {path / 'run'}")
 
 
 def _real(path: str | os.PathLike[str]) -> Path:

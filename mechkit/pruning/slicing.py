@@ -99,7 +99,7 @@ def prune_copy(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None
 
     anatomy = discover_anatomy(model)
     return ModelHandle(model=model, tokenizer=handle.tokenizer, anatomy=anatomy, spec=f"{handle.spec} (pruned)",
-                       name=f"{handle.name} (pruned)", source=None)
+                       name=f"{handle.name} (pruned)", source=handle.source)  # where its weights came from: an input
 
 
 def refuse_pruned_units(handle: ModelHandle) -> None:
@@ -161,16 +161,18 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
     """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename).
 
     An existing non-empty ``out_dir`` is refused unless ``force`` is true, a file there always; an
-    empty directory is replaced. The directory gets the umask's permissions, not mkdtemp's 0700.
+    empty directory is replaced. The directory the dense model was loaded from is refused whatever
+    ``force`` says: it would replace the weights the pruned copy was made from. The directory gets the umask's permissions, not mkdtemp's 0700.
     """
     structure = structure_of(handle.model)
     if structure is None:
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
     from mechkit.io.outlock import out_lock
 
-    out = check_out(out_dir, force, kind="dir")
+    inputs = (handle.source,) if isinstance(handle.source, Path) else ()  # the dense model's own directory
+    out = check_out(out_dir, force, kind="dir", inputs=inputs)
     with out_lock(out):
-        check_out(out, force, kind="dir")  # again under the lock: another writer may have finished meanwhile
+        check_out(out, force, kind="dir", inputs=inputs)  # again under the lock: another writer may have finished
         return _write_pruned(handle, structure, out, force)
 
 

@@ -77,7 +77,7 @@ def gguf_sha256(path: Path) -> str:
         if isinstance(known, dict) and {k: known.get(k) for k in key} == key \
                 and re.fullmatch(r"[0-9a-f]{64}", str(known.get("sha256"))):
             return known["sha256"]
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         pass  # no memo yet, or an unreadable one: hash again
     sha = file_sha256(path)
     settled = time.time_ns() - max(key["mtime_ns"], key["ctime_ns"]) > RACY_NS
@@ -107,7 +107,7 @@ def read_entry(target: Path, sha: str) -> dict | None:
     """The entry's metadata when it is complete and for this content, else None (to be rebuilt)."""
     try:
         meta = json.loads((target / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT or meta.get("sha256") != sha:
         return None
