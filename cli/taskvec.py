@@ -104,7 +104,13 @@ def _check_vector_out(out: str, force: bool, inputs: tuple) -> None:
     from pathlib import Path
 
     from mechkit.io import check_out
+    from mechkit.io.fs_errors import NAME_MAX, SUFFIX_ROOM
 
+    longest = NAME_MAX - SUFFIX_ROOM - len(".json")
+    if len(os.fsencode(Path(out).name)) > longest:
+        raise MechkitError(f"the file name of --out {out[:40]}… is {len(os.fsencode(Path(out).name))} bytes; with the "
+                           f".json mechkit writes beside it and its temporary copies it may be at most {longest}",
+                           f"choose a name of at most {longest} bytes")
     path = check_out(out, force, kind="file", inputs=inputs)
     side = path.with_name(path.name + ".json")
     if os.path.lexists(side) and (side.is_dir() or not side.is_file()):

@@ -360,3 +360,24 @@ def test_fuzz_damaged_report_files_are_one_line(tmp_path):
             assert "\n" not in str(err), i
             continue
         assert isinstance(report, dict)
+
+
+def test_a_non_utf8_out_is_refused_before_the_work(tmp_path, capsys, dirs, no_model_load, monkeypatch):
+    """A vector or model written under such a path could not be opened again by safetensors or the tokenizer
+    (``taskvec apply --out $'m\\xff'`` raised UnicodeEncodeError after the work)."""
+    base, ft = dirs
+    odd = os.fsdecode(bytes(tmp_path) + b"/m\xff")
+    code, err = _cli(capsys, "taskvec", "extract", "--base", str(base), "--finetuned", str(ft), "--out", odd)
+    assert code == 2 and "not UTF-8" in err[-1]
+    (tmp_path / os.fsdecode(b"d\xff")).mkdir()
+    monkeypatch.chdir(tmp_path / os.fsdecode(b"d\xff"))
+    with pytest.raises(MechkitError, match="working directory of --out holds bytes that are not UTF-8"):
+        mk.run("inspect", model="no-such-model-is-loaded", out="run")
+    assert sorted(os.listdir(tmp_path)) == [os.fsdecode(b"d\xff")]
+
+
+def test_a_vector_name_leaves_room_for_its_json(tmp_path, capsys, dirs, no_model_load):
+    base, ft = dirs
+    code, err = _cli(capsys, "taskvec", "extract", "--base", str(base), "--finetuned", str(ft),
+                     "--out", str(tmp_path / ("v" * 199 + ".safetensors")))
+    assert code == 2 and "at most 210 bytes" in err[-1] and os.listdir(tmp_path) == []

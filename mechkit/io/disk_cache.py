@@ -74,7 +74,7 @@ def _parse_time(text: object) -> datetime | None:
 _ENTRY = {  # the names mechkit gives the entries of each group; anything else in $MECHKIT_CACHE is the user's
     "gguf": re.compile(r"^[A-Za-z0-9._-]+-[0-9a-f]{16}$"),
     "toy": re.compile(r"^induction-[0-9a-f]{8,64}$"),
-    "runs": re.compile(r"^[0-9a-f]{16}$"),
+    "runs": re.compile(r"^[0-9a-f]{8,64}$"),  # a run key: hex (16 digits now)
 }
 _META = {"gguf": "mechkit-cache.json", "toy": "mechkit-toy.json", "embedded": "mechkit-cache.json"}
 _HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 of GGUF files
@@ -223,8 +223,6 @@ def _clear_group(group: Path) -> int | None:
     hashes = group / ".hashes"
     if group.name == "gguf" and hashes.is_dir() and not hashes.is_symlink():
         memos = [p for p in hashes.iterdir() if _HASHES.match(p.name) and p.is_file() and not p.is_symlink()]
-    if not entries and not memos:
-        return None
     size = sum(dir_size(p) for p in entries) + sum(size_of(p) for p in memos)
     for path in entries:
         remove_dir(path)
@@ -233,4 +231,4 @@ def _clear_group(group: Path) -> int | None:
     for folder in (hashes, group):  # only where nothing else is left
         with contextlib.suppress(OSError):
             folder.rmdir()
-    return size
+    return size if entries or memos else None

@@ -40,6 +40,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
         raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
                            "choose a path without them")
+    refuse_non_utf8(path)
     path = Path(path)
     from mechkit.io.fs_errors import check_name_lengths
 
@@ -71,6 +72,20 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         refuse_mount_point(path)
     _probe_writable(path)
     return path
+
+
+def refuse_non_utf8(path: str | os.PathLike[str]) -> None:
+    """One line where ``path`` (or the directory it is relative to) holds bytes that are not UTF-8: mechkit
+    wrote a task vector or a model there, then safetensors and the tokenizer could not open the path (a
+    traceback after the work, and a vector that ``taskvec info`` could never read back)."""
+    for text, where in ((os.fspath(path), f"--out {os.fsdecode(path)!a}"),
+                        (os.path.abspath(path), "the working directory of --out")):
+        try:
+            os.fsdecode(text).encode("utf-8")
+        except UnicodeEncodeError:
+            raise MechkitError(f"{where} holds bytes that are not UTF-8, and the files mechkit writes there "
+                               "(safetensors, tokenizers) cannot be opened by such a path",
+                               "choose an --out whose whole path is UTF-8") from None
 
 
 def refuse_unresolvable(path: Path) -> None:
