@@ -381,3 +381,48 @@ def test_a_vector_name_leaves_room_for_its_json(tmp_path, capsys, dirs, no_model
     code, err = _cli(capsys, "taskvec", "extract", "--base", str(base), "--finetuned", str(ft),
                      "--out", str(tmp_path / ("v" * 199 + ".safetensors")))
     assert code == 2 and "at most 210 bytes" in err[-1] and os.listdir(tmp_path) == []
+
+
+# ---- class 10: an odd $MECHKIT_CACHE is named as the place to change ------------------------------------
+
+def test_a_cache_that_cannot_take_a_gguf_is_refused_before_converting(tmp_path, monkeypatch):
+    from mechkit.model.sources import gguf
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "afile" / "cache"))
+    monkeypatch.setattr(gguf, "load_gguf", lambda *a, **k: pytest.fail("dequantized before the refusal"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(MechkitError, match=r"cannot write mechkit's cache .* point \$MECHKIT_CACHE"):
+        gguf.cached_gguf(model)
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.ENOSPC, errno.EFBIG])
+def test_a_write_error_in_the_cache_names_mechkit_cache_not_out(tmp_path, monkeypatch, code):
+    from mechkit.io.fs_errors import describe
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    for where in (tmp_path / "cache", tmp_path / "cache" / "gguf" / "x"):
+        line = describe(OSError(code, os.strerror(code), str(where)))
+        assert "$MECHKIT_CACHE" in line.fix and "--out" not in line.fix
+
+
+def test_an_out_above_the_cache_is_not_said_to_be_inside_it(tmp_path, monkeypatch):
+    from mechkit.io import check_out
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "proj" / ".cache"))
+    with pytest.raises(MechkitError, match="holds mechkit's cache"):
+        check_out(tmp_path / "proj", force=True)
+    with pytest.raises(MechkitError, match="is inside mechkit's cache"):
+        check_out(tmp_path / "proj" / ".cache" / "run")
+
+
+def test_a_killed_step_writes_temporary_in_the_cache_is_listed_and_cleared(tmp_path, monkeypatch, capsys):
+    steps = tmp_path / "runs" / "0123456789abcdef"
+    steps.mkdir(parents=True)
+    (steps / "aaaa.json").write_text("{}")
+    half = steps / f".aaaa.json.tmp-{_dead_pid()}-0123abcd"
+    half.write_text("half")
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    code, _ = _cli(capsys, "cache", "clear", "leftovers")
+    assert code == 0 and not half.exists() and (steps / "aaaa.json").exists()

@@ -138,8 +138,13 @@ def _leftovers(root: Path) -> list[Path]:
     """Stale temporary directories, set-aside directories, lock files and journals in the cache."""
     from mechkit.io.leftovers import stale_leftovers
 
-    folders = [root, *(root / g for g in GROUPS)]
-    return [p for f in folders for p in stale_leftovers(f)]
+    return [p for f in _leftover_folders(root) for p in stale_leftovers(f)]
+
+
+def _leftover_folders(root: Path) -> list[Path]:
+    """Where a killed write in the cache leaves its temporary files: the root, the groups, each run's step
+    folder (a step is written atomically beside its name) and the GGUF hash memos."""
+    return [root, *(root / g for g in GROUPS), *_children(root / "runs"), root / "gguf" / ".hashes"]
 
 
 def remove_dir(path: Path) -> None:
@@ -196,7 +201,7 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
     if leftovers:  # before the groups go: a journal's roll-back needs its temporary directory
         from mechkit.io.leftovers import clean_leftovers
 
-        cleaned = [item for f in [root, *(root / g for g in GROUPS)] for item in clean_leftovers(f)]
+        cleaned = [item for f in _leftover_folders(root) for item in clean_leftovers(f)]
         if cleaned:
             removed.append((LEFTOVERS, sum(size for _, size in cleaned)))
     for path in dict.fromkeys(targets):  # a name given twice is removed once

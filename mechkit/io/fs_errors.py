@@ -43,10 +43,13 @@ def describe(err: OSError) -> MechkitError | None:
     from mechkit.io.disk_cache import cache_root
 
     try:
-        if err.filename is not None and Path(os.path.realpath(cache_root())) in Path(
-                os.path.realpath(str(err.filename))).parents:
-            fix = fix.replace("choose another --out", "point $MECHKIT_CACHE elsewhere")
-    except (OSError, ValueError):
+        if err.filename is not None:
+            cache, failed = Path(os.path.realpath(cache_root())), Path(os.path.realpath(os.fsdecode(err.filename)))
+            if failed == cache or cache in failed.parents:  # the cache, not --out: the fix is $MECHKIT_CACHE
+                import re
+
+                fix = re.sub(r"choose (another --out|an --out[^,]*)", "point $MECHKIT_CACHE elsewhere", fix)
+    except (OSError, ValueError, TypeError):
         pass
     return MechkitError(f"cannot write {where}: {why[0]}", fix)
 

@@ -148,9 +148,12 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
                 raise MechkitError(f"--out {path} is {what} ({real}); mechkit will not write a run over it",
                                    "choose a new directory for --out, e.g. --out ./run")
     cache = _real(cache_root())
-    if _within(real, cache) or (kind == "dir" and _within(cache, real)):
+    if _within(real, cache):
         raise MechkitError(f"--out {path} is inside mechkit's cache ({cache}), which `mechkit cache clear` deletes",
                            "choose an --out outside the cache")
+    if kind == "dir" and _within(cache, real):
+        raise MechkitError(f"--out {path} holds mechkit's cache ({cache}); mechkit will not write a run over it",
+                           "choose an --out beside the cache, not above it")
     for item in inputs:
         source = _real(item)
         if _within(source, real):
