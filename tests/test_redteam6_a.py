@@ -426,3 +426,16 @@ def test_a_killed_step_writes_temporary_in_the_cache_is_listed_and_cleared(tmp_p
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
     code, _ = _cli(capsys, "cache", "clear", "leftovers")
     assert code == 0 and not half.exists() and (steps / "aaaa.json").exists()
+
+
+def test_a_toy_model_trained_into_an_unwritable_cache_is_still_used(tmp_path, monkeypatch, capsys):
+    """The toy model trains for a minute before it is saved: a read-only cache refused it only then."""
+    from mechkit.model.sources import toy
+    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "afile" / "cache"))
+    trained = tiny_model("llama")[0]
+    monkeypatch.setattr(toy, "train_induction_model", lambda **_: (trained, byte_tokenizer()))
+    model, _ = toy.toy_model(seed=12345)
+    assert model is trained and "warning: cannot keep the toy model" in capsys.readouterr().err
