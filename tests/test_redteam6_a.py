@@ -439,3 +439,13 @@ def test_a_toy_model_trained_into_an_unwritable_cache_is_still_used(tmp_path, mo
     monkeypatch.setattr(toy, "train_induction_model", lambda **_: (trained, byte_tokenizer()))
     model, _ = toy.toy_model(seed=12345)
     assert model is trained and "warning: cannot keep the toy model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make", ["dir", "fifo"])
+def test_a_compare_page_that_is_not_a_file_is_refused_with_a_fix_that_exists(tmp_path, capsys, no_model_load, make):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    page = out / "compare.html"
+    page.mkdir() if make == "dir" else os.mkfifo(page)
+    code, err = _cli(capsys, "report", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--force")
+    assert code == 2 and "compare.html is not a regular file" in err[-1] and "remove it" in err[-1]
