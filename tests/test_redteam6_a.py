@@ -449,3 +449,16 @@ def test_a_compare_page_that_is_not_a_file_is_refused_with_a_fix_that_exists(tmp
     page.mkdir() if make == "dir" else os.mkfifo(page)
     code, err = _cli(capsys, "report", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--force")
     assert code == 2 and "compare.html is not a regular file" in err[-1] and "remove it" in err[-1]
+
+
+def test_a_deleted_working_directory_is_one_line_for_every_writer(tmp_path, monkeypatch, capsys, dirs):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    for out in ("run", str(tmp_path / "run"), None):
+        with pytest.raises(MechkitError, match="working directory no longer exists"):
+            mk.run("inspect", model="no-such-model-is-loaded", out=out)
+    code, err = _cli(capsys, "taskvec", "extract", "--base", str(dirs[0]), "--finetuned", str(dirs[1]),
+                     "--out", str(tmp_path / "v.safetensors"))
+    assert code == 2 and "working directory no longer exists" in err[-1]

@@ -57,6 +57,7 @@ def describe(err: OSError) -> MechkitError | None:
 def check_name_lengths(path: str | os.PathLike[str]) -> None:
     """Refuse (one line) a path with a component too long for the file system once mechkit adds its
     temporary suffix, before any work rather than at the last rename."""
+    refuse_missing_cwd()
     for part in Path(path).parts:
         size = len(os.fsencode(part))
         if size > NAME_MAX - SUFFIX_ROOM:
@@ -86,3 +87,13 @@ def os_error_of(err: BaseException, path: str | os.PathLike[str] | None = None) 
             code = int(found.group(1))
             return OSError(code, os.strerror(code), None if path is None else os.fspath(path))
     return None
+
+
+def refuse_missing_cwd() -> None:
+    """One line where the working directory was deleted under the shell (every path check would raise
+    FileNotFoundError from ``getcwd``, a traceback, even for an absolute --out)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise MechkitError("the working directory no longer exists (it was deleted or moved after you entered it)",
+                           "cd to an existing directory and run the command again") from None

@@ -40,9 +40,11 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
         raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
                            "choose a path without them")
+    from mechkit.io.fs_errors import check_name_lengths, refuse_missing_cwd
+
+    refuse_missing_cwd()
     refuse_non_utf8(path)
     path = Path(path)
-    from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(path)
     refuse_unresolvable(path)
