@@ -462,3 +462,13 @@ def test_a_deleted_working_directory_is_one_line_for_every_writer(tmp_path, monk
     code, err = _cli(capsys, "taskvec", "extract", "--base", str(dirs[0]), "--finetuned", str(dirs[1]),
                      "--out", str(tmp_path / "v.safetensors"))
     assert code == 2 and "working directory no longer exists" in err[-1]
+
+
+@pytest.mark.parametrize("command", ["extract", "merge"])
+def test_a_file_out_ending_with_a_slash_is_not_written_as_a_file(tmp_path, capsys, dirs, no_model_load, command):
+    """``--out vecs/`` wrote a file named ``vecs`` (and ``vecs.json``): a directory was asked for."""
+    base, ft = dirs
+    args = (["--base", str(base), "--finetuned", str(ft)] if command == "extract"
+            else ["-v", str(tmp_path / "a.safetensors"), "--method", "task_arithmetic"])
+    code, err = _cli(capsys, "taskvec", command, *args, "--out", f"{tmp_path}/vecs/")
+    assert code == 2 and "ends with /" in err[-1] and os.listdir(tmp_path) == []

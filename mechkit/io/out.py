@@ -44,6 +44,9 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 
     refuse_missing_cwd()
     refuse_non_utf8(path)
+    if kind == "file" and os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: a file would appear
+        raise MechkitError(f"--out {os.fspath(path)} ends with /, which names a directory, and this --out is a file",
+                           f"name the file, e.g. --out {Path(path) / 'name.safetensors'}")
     path = Path(path)
 
     check_name_lengths(path)
