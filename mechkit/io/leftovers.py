@@ -25,7 +25,8 @@ from pathlib import Path
 from mechkit.io.journal import recover
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
-_OLD_TMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")  # atomic_file's name before it held a pid
+# atomic_file's name before it held a pid: generic enough that only a writer of that very NAME removes it
+_OLD_TMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
 _OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]{8}$")
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
 _JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
@@ -77,7 +78,7 @@ def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False)
         return []
     found = []
     for p in entries:
-        for pattern in (_TMP, _OLD, _LOCK, _JOURNAL, _OLD_TMP_FILE):
+        for pattern in (_TMP, _OLD, _LOCK, _JOURNAL) if name is None else (_TMP, _OLD, _LOCK, _JOURNAL, _OLD_TMP_FILE):
             m = pattern.match(p.name)
             if m and (name is None or m["name"] == name) and _stale(folder, p, pattern, m, locked):
                 found.append(p)
