@@ -472,3 +472,16 @@ def test_a_file_out_ending_with_a_slash_is_not_written_as_a_file(tmp_path, capsy
             else ["-v", str(tmp_path / "a.safetensors"), "--method", "task_arithmetic"])
     code, err = _cli(capsys, "taskvec", command, *args, "--out", f"{tmp_path}/vecs/")
     assert code == 2 and "ends with /" in err[-1] and os.listdir(tmp_path) == []
+
+
+def test_the_rho_tools_json_never_replaces_a_pipe(tmp_path, monkeypatch, capsys):
+    from tests.test_redteam4 import _tool
+
+    tool = _tool()
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "rho.json")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tool, "run", lambda args: pytest.fail("the features were computed before the check"))
+    assert tool.main(["run", "--json", "rho.json"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert not (tmp_path / "rho.json").is_file()
