@@ -485,3 +485,13 @@ def test_the_rho_tools_json_never_replaces_a_pipe(tmp_path, monkeypatch, capsys)
     assert tool.main(["run", "--json", "rho.json"]) == 2
     assert "not a regular file" in capsys.readouterr().err
     assert not (tmp_path / "rho.json").is_file()
+
+
+@pytest.mark.parametrize("var,value,want", [("MECHKIT_CACHE", "~/mk-cache", "mk-cache"),
+                                            ("XDG_CACHE_HOME", "~/xdg", "xdg/mechkit")])
+def test_a_cache_path_with_an_unexpanded_tilde_is_the_home_directorys(monkeypatch, var, value, want):
+    from mechkit.io.disk_cache import cache_root
+
+    monkeypatch.delenv("MECHKIT_CACHE", raising=False)
+    monkeypatch.setenv(var, value)
+    assert cache_root() == Path.home() / want

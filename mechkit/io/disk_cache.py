@@ -30,11 +30,16 @@ GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes
 
 
 def cache_root() -> Path:
-    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``."""
+    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``.
+
+    A leading ``~`` is expanded: a value quoted in a shell or set in a ``.env`` file reaches mechkit
+    unexpanded, and the cache then grew in a folder literally named ``~`` under the working directory
+    (which ``rm -rf ~`` would then "clean").
+    """
     if os.environ.get("MECHKIT_CACHE"):
-        return Path(os.environ["MECHKIT_CACHE"])
+        return Path(os.environ["MECHKIT_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mechkit"
+    return Path(base).expanduser() / "mechkit"
 
 
 @dataclass(frozen=True)
