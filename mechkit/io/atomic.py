@@ -180,19 +180,27 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
     tmp = temp_dir_beside(target)
     try:
         yield tmp
-        mode = _file_mode()
-        for root, _, files in os.walk(tmp):
-            for name in files:
-                if not os.path.islink(os.path.join(root, name)):
-                    _umask_mode(Path(root, name), mode)  # safetensors writes 0600: files get the umask's mode
-                    _fsync(Path(root, name))
-            _fsync(Path(root), directory=True)
+        umask_modes(tmp, fsync=True)
         _rename_dir(tmp, target, replace)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_naming(err, target)
         raise
     _fsync(target.parent, directory=True)
+
+
+def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
+    """Give every file under ``folder`` the mode the umask gives a new file (safetensors writes 0600, so a
+    saved model was private to its owner), flushing each to disk when ``fsync``; symlinks are left alone."""
+    mode = _file_mode()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                _umask_mode(Path(root, name), mode)
+                if fsync:
+                    _fsync(Path(root, name))
+        if fsync:
+            _fsync(Path(root), directory=True)
 
 
 def _file_mode() -> int:

@@ -21,6 +21,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.io import check_out, refuse_non_finite
+from mechkit.io.atomic import umask_modes
 from mechkit.io.replace import replacing_dir
 from mechkit.model.edit.surgery import Structure, apply_structure, pruned_config, renamed_after_drop
 from mechkit.model.handle import ModelHandle
@@ -187,4 +188,5 @@ def _write_pruned(handle: ModelHandle, structure: Structure, out: Path, force: b
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)
+        umask_modes(tmp)  # also where --force installs the files into an existing directory
     return out
