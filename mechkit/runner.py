@@ -209,6 +209,9 @@ def run_plugin(
     setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,
                      dispatch=Dispatch(device_map, max_memory, offload_folder), runs_on=runs_on)
     if not write:
+        if out is not None:  # it would be silently ignored: the caller expects files there
+            raise MechkitError(f"out={str(out)!r} with write=False: nothing would be written there",
+                               "drop write=False to write the run to out, or drop out=")
         return _run(cls, params, parsed, None, setup, console)
     with contextlib.ExitStack() as stack:
         if out is not None:
