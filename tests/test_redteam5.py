@@ -293,3 +293,69 @@ def test_an_unreachable_hub_id_is_one_line_without_a_minute_of_retries(monkeypat
     assert time.perf_counter() - start < 10
     assert "is not a local directory, not in the hub cache, and 127.0.0.1 cannot be reached" in str(err.value)
     assert "Retrying" not in capfd.readouterr().err
+
+
+# ---- pass 6's leftovers in the shared writer and the vector reader ---------------------------------------
+
+def test_a_file_added_to_a_reports_list_by_hand_survives_force(tmp_path):
+    out = tmp_path / "run"
+    mk.run("inspect", model="tiny:llama", out=str(out), device="cpu")
+    (out / "thesis.tex").write_text("mine")
+    report = json.loads((out / "report.json").read_text())
+    report["artifacts"].append("thesis.tex")
+    (out / "report.json").write_text(json.dumps(report))
+    mk.run("inspect", model="tiny:llama", out=str(out), force=True, device="cpu")
+    assert (out / "thesis.tex").read_text() == "mine"
+
+
+def test_an_existing_empty_out_keeps_its_mode_and_setgid_group(tmp_path):
+    import grp
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    other = next((g.gr_gid for g in grp.getgrall() if g.gr_gid != os.getgid()), None)
+    if other is not None:
+        try:
+            os.chown(out, -1, other)
+        except PermissionError:
+            other = None
+    os.chmod(out, 0o2770)
+    mk.run("inspect", model="tiny:llama", out=str(out), device="cpu")
+    assert oct(out.stat().st_mode & 0o7777) == oct(0o2770)
+    if other is not None:  # as root (or a member of another group): the files take the folder's group
+        assert {p.stat().st_gid for p in out.iterdir()} == {other}
+
+
+def test_a_vector_whose_header_disagrees_with_its_metadata_is_refused_before_its_tensors_are_read(tmp_path):
+    from safetensors.torch import save_file
+
+    from mechkit.taskarith import TaskVector
+
+    good = tmp_path / "v.safetensors"
+    TaskVector({"w": torch.ones(4)}).save(good)
+    raw = good.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    bad = tmp_path / "big.safetensors"
+    save_file({"w": torch.ones(1000)}, str(bad), metadata=header["__metadata__"])  # numel 4 in its metadata
+    with pytest.raises(mk.MechkitError, match="metadata 'numel' is 4 but the file holds 1000"):
+        TaskVector.load(bad)
+
+
+def test_the_api_save_without_force_refuses_an_existing_metadata_file(tmp_path):
+    from mechkit.taskarith import TaskVector
+
+    (tmp_path / "v.safetensors.json").write_text("my notes")
+    with pytest.raises(mk.MechkitError, match="v.safetensors.json already exists"):
+        TaskVector({"w": torch.ones(2)}).save(tmp_path / "v.safetensors", force=False)
+    assert (tmp_path / "v.safetensors.json").read_text() == "my notes"
+    assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_a_vector_at_a_non_utf8_path_names_the_rename(tmp_path):
+    from mechkit.taskarith import TaskVector
+
+    path = Path(os.fsdecode(bytes(tmp_path) + b"/v\xff.safetensors"))
+    path.write_bytes(b"x")
+    with pytest.raises(mk.MechkitError, match="is not UTF-8") as err:
+        TaskVector.load(path)
+    assert "rename" in str(err.value) and "extract it again" not in str(err.value)

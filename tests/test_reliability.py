@@ -120,7 +120,7 @@ def test_report_force_replaces_the_previous_runs_files_as_a_set_and_keeps_others
     (out / "mine.txt").write_text("user")
     write_report(out, _report(2), files={"a.csv": "new a"}, force=True)
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["a.csv", "mine.txt", "report.html", "report.json"]  # gone.csv was the old run's: replaced
+    assert names == [".mechkit-files", "a.csv", "mine.txt", "report.html", "report.json"]  # gone.csv was the old run's
     assert json.loads((out / "report.json").read_text())["results"] == {"run": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temp dir, no journal
 
@@ -408,7 +408,8 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
 @pytest.mark.parametrize("artifact", ["symlink", "not a png", "too large", "path outside"])
 def test_compare_embeds_only_real_pngs_inside_the_run_directory(tmp_path, artifact):
     from mechkit.report import compare_runs
-    from mechkit.report.compare import MAX_IMAGE_BYTES, render_compare_html
+    from mechkit.report.artifact_files import MAX_IMAGE_BYTES
+    from mechkit.report.compare import render_compare_html
 
     secret = tmp_path / "secret.png"
     secret.write_bytes(PNG + b"SECRET")

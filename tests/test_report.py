@@ -137,7 +137,8 @@ def test_write_report(tmp_path, figure):
         figures={"heatmap": figure},
         files={"scores.csv": "layer,head\n0,1\n"},
     )
-    assert {p.name for p in out.iterdir()} == {"report.json", "report.html", "heatmap.png", "scores.csv"}
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.html", "heatmap.png", "scores.csv",
+                                               ".mechkit-files"}  # the manifest: what --force may replace
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r1"]  # no temp dir left behind
 
     raw = (out / "report.json").read_text()

@@ -148,6 +148,7 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
         recover(out)
         raise
     journal.unlink()  # the commit
+    _inherit_group(out, new)
     with contextlib.suppress(OSError):
         _fsync_dir(out.parent)
 
@@ -157,8 +158,9 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
                   ) -> Iterator[Path]:
     """Build a user's output directory in a temporary directory; on success it becomes ``target``.
 
-    A new or empty ``target`` appears in one rename (:func:`mechkit.io.atomic_dir`). An existing,
-    non-empty one (only with ``force``) gets the new files as one set (:func:`install_set`): the
+    A new ``target`` appears in one rename (:func:`mechkit.io.atomic_dir`). An existing one, empty or (only
+    with ``force``) not, stays the directory it is (its mode, owner and setgid group: a shared folder made
+    for the run) and gets the new files as one set (:func:`install_set`): the
     files this write and the previous mechkit write made are replaced, every other file is kept, and a
     model another ``writer`` saved there is refused (:func:`refuse_foreign_model`). On any error (Ctrl-C
     included) ``target`` is left as it was and the temporary directory removed.
@@ -175,15 +177,14 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
 
     target = Path(os.path.realpath(target))  # a symlinked --out: the directory it names, not the link
     recover(target)
-    if target.is_dir() and not any(target.iterdir()):
-        target.rmdir()  # an empty directory: the whole new one goes in with one rename
     if not target.is_dir():
         with atomic_dir(target, replace=False) as tmp:
             yield tmp
             if manifest:
                 _write_manifest(tmp, [p.name for p in tmp.iterdir()], writer)
         return
-    if not force:
+    empty = not any(target.iterdir())
+    if not force and not empty:
         raise MechkitError(f"{target} already exists and is not an empty directory",
                            "pass --force to replace it or choose another --out")
     refuse_foreign_model(target, writer)  # before the caller's work: nothing of it would be kept
@@ -194,6 +195,21 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
     finally:
         if not journal_path(target).exists():  # else it holds the old files the journal's roll-back needs
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _inherit_group(out: Path, names: Sequence[str]) -> None:
+    """In a setgid directory (a group's shared folder) the files moved in take its group, as files made
+    there would: they were built beside it, where another group may apply."""
+    try:
+        info = out.stat()
+    except OSError:
+        return
+    if not info.st_mode & stat.S_ISGID:
+        return
+    for name in names:
+        for path in [out / name, *((out / name).rglob("*") if (out / name).is_dir() else ())]:
+            with contextlib.suppress(OSError):
+                os.chown(path, -1, info.st_gid, follow_symlinks=False)
 
 
 def _write_manifest(tmp: Path, names: Sequence[str], writer: str | None) -> None:

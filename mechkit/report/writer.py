@@ -91,7 +91,7 @@ def write_report(
     created_parents = _missing_ancestors(out.parent)
     try:
         writer = str(final.get("plugin"))  # a model another plugin saved there is refused
-        with replacing_dir(out, writer=writer, force=True, manifest=False) as tmp:  # new: one rename; else one set
+        with replacing_dir(out, writer=writer, force=True) as tmp:  # new: one rename; else one set, with a manifest
             _render(tmp, final, figures, files, tables)
     except BaseException as err:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import re
 import struct
 import textwrap
@@ -203,7 +204,7 @@ class TaskVector:
         both exiting 0 with one vector silently lost (:func:`mechkit.io.check_out` names ``inputs``)."""
         from safetensors.torch import save_file
 
-        path = check_out(path, force=force, kind="file", inputs=inputs)
+        path = check_vector_out(path, force, inputs)
         refuse_non_finite(self.deltas, path, "a scale or λ too large, or a diverged fine-tune: "
                                              "recompute the vector with finite inputs")
         meta = {**self.meta, "schema": SCHEMA, "n_tensors": len(self.deltas), "numel": self.numel()}
@@ -216,7 +217,7 @@ class TaskVector:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         with out_lock(path):  # two writers of one file never interleave the vector and its .json
-            check_out(path, force=force, kind="file", inputs=inputs)  # again: another may have finished meanwhile
+            check_vector_out(path, force, inputs)  # again: another may have finished meanwhile
             with atomic_file(path) as tmp:
                 save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp), metadata={"mechkit": header})
             write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")
@@ -233,18 +234,24 @@ class TaskVector:
         path = Path(path)
         if not path.is_file():
             raise MechkitError(f"task vector not found: {path}", "extract one with `mechkit taskvec extract`")
-        _check_header(path)
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:  # safetensors opens paths as UTF-8 text
+            raise MechkitError(f"the task vector's path {str(path)!r} is not UTF-8, which safetensors cannot open",
+                               "rename the file (or its folder) to a UTF-8 name") from None
+        header = _check_header(path)
+        raw = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
+        meta = _parse_meta(path, raw.get("mechkit", "{}"))
+        if meta.get("schema") != SCHEMA:
+            raise MechkitError(f"{path} is not a mechkit task vector (no {SCHEMA} header)",
+                               "pass a file written by `mechkit taskvec extract` or `merge`, not model weights")
+        _check_counts(path, meta, _header_shapes(header))  # from the header: a crafted size fails before any read
         try:
             with safe_open(str(path), framework="pt") as f:
-                raw = (f.metadata() or {}).get("mechkit", "{}")
                 deltas = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
         except Exception as err:
             raise MechkitError(f"cannot read task vector {path}: {first_line(err, 160)}",
                                "the file may be truncated — extract it again") from err
-        meta = _parse_meta(path, raw)
-        if meta.get("schema") != SCHEMA:
-            raise MechkitError(f"{path} is not a mechkit task vector (no {SCHEMA} header)",
-                               "pass a file written by `mechkit taskvec extract` or `merge`, not model weights")
         _check_meta(path, meta, deltas)
         return cls(deltas, meta, path=path)
 
@@ -257,11 +264,38 @@ class TaskVector:
                 "base": self.meta.get("base", {}), "recipe": self.meta.get("recipe")}
 
 
+def check_vector_out(out: str | Path, force: bool, inputs: tuple = ()) -> Path:
+    """Refuse, before the model loads, an --out where the vector cannot go: :func:`~mechkit.io.check_out` for
+    the file, and the same for ``OUT.json``, the readable copy of its metadata written beside it. Without
+    this a user's ``OUT.json`` was overwritten without --force, and a directory of that name was found only
+    after the work, with the vector already written and its .json missing."""
+    import os
+
+    from mechkit.io.fs_errors import NAME_MAX, SUFFIX_ROOM
+
+    longest = NAME_MAX - SUFFIX_ROOM - len(".json")
+    if len(os.fsencode(Path(out).name)) > longest:
+        raise MechkitError(f"the file name of --out {str(out)[:40]}… is {len(os.fsencode(Path(out).name))} bytes; with the "
+                           f".json mechkit writes beside it and its temporary copies it may be at most {longest}",
+                           f"choose a name of at most {longest} bytes")
+    path = check_out(out, force, kind="file", inputs=inputs)
+    side = path.with_name(path.name + ".json")
+    if os.path.lexists(side) and (side.is_dir() or not side.is_file()):
+        raise MechkitError(f"{side} is not a regular file, and mechkit writes the vector's metadata there "
+                           f"(beside --out {out})", "choose another --out")
+    if side.exists() and not force:
+        raise MechkitError(f"{side} already exists, and mechkit writes the vector's metadata there (beside "
+                           f"--out {out})", "pass --force to overwrite both or choose another --out")
+    check_out(Path(side), force=True, kind="file", inputs=inputs)
+    return path
+
+
+
 _REWRITE = "write it again with `mechkit taskvec extract` or `merge`"
 
 
-def _check_header(path: Path) -> None:
-    """The safetensors header names every tensor once (safetensors itself keeps the last of two)."""
+def _check_header(path: Path) -> dict:
+    """The safetensors header, naming every tensor once (safetensors itself keeps the last of two)."""
     def pairs(items: list) -> dict:
         seen: dict = {}
         for key, value in items:
@@ -276,12 +310,33 @@ def _check_header(path: Path) -> None:
             size = struct.unpack("<Q", f.read(8))[0]
             if size > path.stat().st_size - 8:
                 raise ValueError("header longer than the file")
-            json.loads(f.read(size), object_pairs_hook=pairs)
+            header = json.loads(f.read(size), object_pairs_hook=pairs)
     except MechkitError:
         raise
     except (OSError, ValueError, struct.error, RecursionError) as err:
         raise MechkitError(f"cannot read task vector {path}: not safetensors ({first_line(err, 120)})",
                            "the file may be truncated — extract it again") from None
+    if not isinstance(header, dict):
+        raise MechkitError(f"cannot read task vector {path}: its safetensors header is not an object", _REWRITE)
+    return header
+
+
+def _header_shapes(header: dict) -> dict[str, list]:
+    return {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def _check_counts(path: Path, meta: dict, shapes: dict[str, list]) -> None:
+    """The metadata's tensor and number counts against what the file holds (``shapes``: name -> shape)."""
+    numel = 0
+    for shape in shapes.values():
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise MechkitError(f"cannot read task vector {path}: a tensor's shape in its header is not a list of "
+                               "sizes", _REWRITE)
+        numel += math.prod(shape)
+    for key, actual in (("n_tensors", len(shapes)), ("numel", numel)):
+        if key in meta and (not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] != actual):
+            raise MechkitError(f"{path}: metadata {key!r} is {meta[key]!r} but the file holds {actual}",
+                               f"tensors were added, removed or reshaped after writing — {_REWRITE}")
 
 
 def _parse_meta(path: Path, raw: str) -> dict:
@@ -312,10 +367,7 @@ def _check_meta(path: Path, meta: dict, deltas: dict[str, torch.Tensor]) -> None
             raise bad("base", "an object of strings (spec, name, sha256, dtype) and an architecture object")
     if meta.get("recipe") is not None and not isinstance(meta["recipe"], dict):
         raise bad("recipe", "an object or null")
-    for key, actual in (("n_tensors", len(deltas)), ("numel", sum(v.numel() for v in deltas.values()))):
-        if key in meta and (not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] != actual):
-            raise MechkitError(f"{path}: metadata {key!r} is {meta[key]!r} but the file holds {actual}",
-                               f"tensors were added or removed after writing — {_REWRITE}")
+    _check_counts(path, meta, {k: list(v.shape) for k, v in deltas.items()})
     for name, t in deltas.items():
         if not t.is_floating_point():
             raise MechkitError(f"{path}: tensor {name} is {str(t.dtype).removeprefix('torch.')}, not floating point",
