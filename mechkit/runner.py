@@ -24,6 +24,8 @@ from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.checks.identity import model_identity
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
+from mechkit.model.checks.state import changed_state, model_state
+from mechkit.options.inputs import input_digests
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, RunContext
 
@@ -140,16 +142,18 @@ def _probe_logits(handle):
         return handle(ids).float().cpu()
 
 
-def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int) -> Path:
+def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: dict | None = None) -> Path:
     """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
-    plugin and its version, mechkit's version, the options, the seed and the model's identity (weights,
-    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`)."""
+    plugin and its version, mechkit's version, the options, the seed, the model's identity (weights,
+    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`) and the content of
+    the files its options name (``inputs``: :func:`mechkit.options.inputs.input_digests`)."""
     from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    key = json.dumps([cls.name, cls.version, __version__, model_key, params, seed], sort_keys=True, default=str)
+    parts = [cls.name, cls.version, __version__, model_key, params, seed] + ([inputs] if inputs else [])
+    key = json.dumps(parts, sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -275,16 +279,19 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
     sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
+    state = model_state(handle.model) if probe else None  # hooks, forward overrides, modes, config: read directly
     model_key = model_identity(handle) if handle is not None else str(setup.model)
-    with claimed(resume_dir(cls, model_key, params, setup.seed), console) as resume:
+    inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
+    with claimed(resume_dir(cls, model_key, params, setup.seed, inputs), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
         result = _call(cls, ctx, handle, console)
         run_s = time.perf_counter() - t1
-        _check_unchanged(cls, handle, before, sums)
+        _check_unchanged(cls, handle, before, sums, state)
         report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
-        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None}
+        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None,
+                            "modules_unchanged": state is not None}
         if out_dir is not None:
             from mechkit.report import write_report
 
@@ -321,15 +328,21 @@ def check_pruned(cls: type[Plugin], handle) -> None:
     raise PluginError(f"{cls.name} cannot run on a model with pruned {', '.join(words)}: {why}", fix)
 
 
-def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None) -> None:
-    """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed) or the
-    logits of 16 probe tokens (a hook left attached)."""
+def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None, state: dict | None = None) -> None:
+    """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed), a hook,
+    a replaced ``forward``, a module's train/eval mode or a config field (read directly:
+    :mod:`mechkit.model.checks.state`), or the logits of 16 probe tokens (what the others cannot see, such
+    as a buffer)."""
     if sums is not None:
         name = changed_weight(sums, weights_checksums(handle.model))
         if name is not None:
             raise PluginError(f"plugin {cls.name!r} left the model changed (weight {name} differs after the run; "
                               "this in-memory model stays changed)",
                               "reload the model; a weight edit was not undone: report this as a bug in the plugin")
+    what = changed_state(state, model_state(handle.model)) if state is not None else None
+    if what is not None:
+        raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
+                          "reload the model; the plugin did not undo it: report this as a bug in the plugin")
     if before is not None and not bool((_probe_logits(handle) == before).all()):
         raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
                           "a hook or weight edit was not undone; report this as a bug in the plugin")

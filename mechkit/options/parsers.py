@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from mechkit.options.option import TYPE_WORDS, Bounds, OptionError, show, to_number
 
@@ -334,6 +335,7 @@ class Paths:
     what: str = "files"
     example: str | None = None
     metavar: str = "PATH[,PATH...]"
+    reads_files: ClassVar[bool] = True  # the resume key covers the files' content (mechkit.options.inputs)
 
     @property
     def fix(self) -> str:
@@ -363,6 +365,7 @@ class ExistingPath:
 
     what: str = "file"
     metavar: str = "PATH"
+    reads_files: ClassVar[bool] = True  # the resume key covers the file's content (mechkit.options.inputs)
 
     @property
     def fix(self) -> str:
