@@ -13,7 +13,11 @@ import hashlib
 import json
 from typing import Any
 
-_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset")
+# Fields that name where a config was read from, which transformers wrote it, or what a save records
+# beside it (the dtype is the identity's own entry; ``architectures`` is absent from a config built in code
+# and present once saved): none changes what the model computes.
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset", "dtype",
+                 "torch_dtype", "architectures")
 
 
 def config_sha256(model: Any) -> str:
