@@ -30,11 +30,11 @@ from mechkit.actvec.edits import score_edited
 from mechkit.actvec.function_vectors import function_vector, indirect_effects, mean_head_outputs
 from mechkit.actvec.select import choose
 from mechkit.actvec.task_vectors import icl_task_vectors
-from mechkit.model.checks.identity import config_sha256
 from mechkit.actvec.vector import METHODS, ActivationVector
 from mechkit.errors import MechkitError
 from mechkit.heads.scores import grid_list
 from mechkit.model.backends.weight_reads import read_weights
+from mechkit.model.checks.identity import config_sha256
 from mechkit.model.headspec import top_heads
 from mechkit.tasks import build_prompts
 from mechkit.tasks.shuffled import shuffled_label_prompts
