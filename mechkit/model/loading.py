@@ -21,8 +21,10 @@ from mechkit.model.backends.remotes import check_remote
 from mechkit.model.checks.integrity import (
     load_report_muted,
     refuse_load_gaps,
+    refuse_meta_weights,
     refuse_more_layers_than_weights,
     refuse_non_finite_weights,
+    refuse_non_float_weights,
     refuse_pickle_only,
 )
 from mechkit.model.handle import ModelHandle
@@ -110,6 +112,8 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     else:
         torch_dtype = _dtype(dtype, "cuda" if placed.uses_accelerator() else "cpu")
     model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer, placed)
+    if not is_dispatched(model):
+        refuse_meta_weights(model, spec_str)  # nothing to compute on: one line, not torch's "Cannot copy out of meta"
     if is_dispatched(model):
         if placed is not None and not hasattr(model, "hf_device_map"):
             raise ModelLoadError("the model object is already dispatched by accelerate",
@@ -223,7 +227,9 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
             "output_loading_info": True}
     try:
         if pruned:
-            return load_pruned_directory(path, torch_dtype), _tokenizer(path)
+            model = load_pruned_directory(path, torch_dtype)
+            refuse_non_float_weights(path, model)
+            return model, _tokenizer(path)
         refuse_more_layers_than_weights(path)  # from the headers, before transformers builds every layer
         with load_report_muted():
             if placed is not None:
@@ -231,6 +237,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
             else:
                 model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **safe)
         refuse_load_gaps(info, path)  # random-initialised or ignored tensors: never computed on
+        refuse_non_float_weights(path, model)  # integers cast into float parameters: never computed on
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line

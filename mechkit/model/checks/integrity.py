@@ -93,6 +93,44 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
             "fix config.json (e.g. num_hidden_layers) to match the weights, or re-export the model")
 
 
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FN", "F8_E5M2FNUZ", "F8_E4M3FNUZ")
+
+
+def refuse_non_float_weights(path: Path, model: Any) -> None:
+    """Refuse a checkpoint that stores one of the model's floating-point parameters as integers or booleans,
+    read from the safetensors headers: transformers casts it silently (an int8 or packed quantized tensor
+    under a float name would be computed on as if its integers were the weights). Buffers stored that way
+    (an old checkpoint's boolean attention mask) are not parameters and are left alone."""
+    from safetensors import safe_open
+
+    params = {name for name, p in model.named_parameters() if p.is_floating_point()}
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - no __iter__
+                    dtype = f.get_slice(key).get_dtype()
+                    if key in params and dtype not in _FLOAT_DTYPES:
+                        raise ModelLoadError(
+                            f"{file.name} in {path} stores {key} as {dtype}, not floating point: a quantized or "
+                            "damaged checkpoint, which mechkit would compute on as if its integers were the weights",
+                            "load the original float weights, or dequantize and re-save them "
+                            "(save_pretrained from a float model)")
+        except ModelLoadError:
+            raise
+        except Exception:  # a header this cannot read: the load already read it, or reported it
+            continue
+
+
+def refuse_meta_weights(model: Any, label: Any) -> None:
+    """Refuse a model object whose parameters have no data (built on the ``meta`` device, never loaded) and
+    that no accelerate hook fills: there is nothing to compute on."""
+    name = next((n for n, p in model.named_parameters() if p.device.type == "meta"), None)
+    if name is not None:
+        raise ModelLoadError(f"the model {label} has no weights in {name} (a meta tensor: built without data)",
+                             "load its weights first (from_pretrained, or load_state_dict(..., assign=True)), "
+                             "or pass the model directory to mk.load_model")
+
+
 def _not_a_load_report(record: logging.LogRecord) -> bool:
     return "LOAD REPORT" not in str(record.msg)
 
