@@ -20,6 +20,7 @@ from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
 from mechkit.model.checks.integrity import (
     load_report_muted,
+    refuse_invalid_config,
     refuse_load_gaps,
     refuse_meta_weights,
     refuse_more_layers_than_weights,
@@ -222,6 +223,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     except (OSError, UnicodeDecodeError) as err:
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(err)}",
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
+    refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
     safe = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True,
             "output_loading_info": True}
