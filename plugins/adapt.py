@@ -33,8 +33,10 @@ class AdaptPlugin(Plugin):
     version = "0.2.0"  # 0.2: same_latency compares at the scheduler's latency (pruned copies bracketing it)
     needs = frozenset({"module_calls", "patterns", "generation", "gradients", "weight_writes"})
     pruned = frozenset()  # docs/analyses/prune.md
-    pruned_why = {kind: ("its static-pruning baseline prunes the model again, which a model with pruned neurons or "
-                         "heads cannot be", "run it on the dense model") for kind in ("neurons", "heads")}
+    pruned_why = {kind: ("its execution plans skip heads and MLP channel groups counted on the dense model's widths, "
+                         "and its static-pruning baseline (--prune-budgets) prunes the model again, which a model "
+                         "with pruned neurons or heads cannot be", "run it on the dense model")
+                  for kind in ("neurons", "heads")}
     summary = "Adaptive inference under a latency budget: per-input execution plans and token selection."
     options = (
         Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
