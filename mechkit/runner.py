@@ -119,6 +119,9 @@ def load_run(path: str | Path) -> Run:
     """
     from mechkit.report import load_report
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise MechkitError(f"mk.load_report takes a run directory or its report.json, not {type(path).__name__}",
+                           "pass a path, e.g. mk.load_report(\"mechkit-runs/inspect-1\")")
     p = Path(path)
     report = load_report(p)
     return Run(report=report, out_dir=p if p.is_dir() else p.parent)
@@ -200,9 +203,16 @@ def run_plugin(
     from mechkit import registry
     from mechkit.model.placement.request import Dispatch
 
+    if console is not None and not isinstance(console, Console):
+        raise MechkitError(f"console must be a rich Console, not {type(console).__name__}",
+                           "pass console=rich.console.Console(stderr=True), or leave it out")
     console = console or Console(stderr=True)
     seed = check_seed(seed)
     check_switches(force=force, write=write)
+    if not write and (out is not None or force):  # they would be ignored: nothing is written
+        given = "out" if out is not None else "force"
+        raise MechkitError(f"write=False writes nothing, so {given}= would be ignored",
+                           f"drop {given}=, or pass write=True to write the report")
     if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
         raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
                            "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")

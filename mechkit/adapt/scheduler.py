@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,6 +367,10 @@ def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Sch
         raise MechkitError("adaptive inference needs a scheduler calibrated on this model",
                            "pass scheduler=mechkit.adapt.calibrate(model, tasks) or the scheduler.json of a "
                            "`mechkit adapt` run")
+    if not isinstance(scheduler, (Scheduler, str, os.PathLike)):
+        raise MechkitError(f"scheduler must be a Scheduler or the path of a scheduler.json, not "
+                           f"{type(scheduler).__name__}", "pass scheduler=mechkit.adapt.calibrate(model, tasks) or "
+                           "the scheduler.json of a `mechkit adapt` run (or its directory)")
     sched = scheduler if isinstance(scheduler, Scheduler) else Scheduler.load(scheduler)
     sched.check_model(handle)
     if (budget is None) == (budget_ms is None):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from mechkit.errors import MechkitError
 from mechkit.model.headspec import Head, check_heads
 from mechkit.model.modules.linear import is_transposed
 from mechkit.model.placement.slots import WeightSlot
@@ -56,14 +57,16 @@ class WeightEdits:
     def _name(self, module: nn.Module, name: str) -> str:
         if self._names is None:
             self._names = {id(m): prefix for prefix, m in self.handle.model.named_modules(remove_duplicate=False)}
+        if id(module) not in self._names:
+            raise MechkitError(f"{type(module).__name__} is not a module of this model",
+                               "pass one of its modules (e.g. m.anatomy.attn_out(0)), or name the tensor: .named(NAME)")
         prefix = self._names[id(module)]
         return f"{prefix}.{name}" if prefix else name
 
     def slot(self, qualname: str) -> WeightSlot:
         """The :class:`WeightSlot` of tensor ``qualname`` (e.g. ``model.layers.0.mlp.down_proj.weight``),
         opened (snapshotted) the first time. Tied names share one slot."""
-        module_name, _, leaf = qualname.rpartition(".")
-        tensor = getattr(self.handle.model.get_submodule(module_name), leaf)
+        tensor = self._tensor(qualname)
         if tensor.device.type != "meta":
             key: object = id(tensor)  # tied resident parameters are one Parameter object
             tied = None
@@ -76,6 +79,20 @@ class WeightEdits:
             self._slots[key] = WeightSlot(self.handle.model, qualname, tied=tied)
             self._taken[key] = next(_SNAPSHOTS)
         return self._slots[key]
+
+    def _tensor(self, qualname: object) -> torch.Tensor:
+        """The parameter named ``qualname``, or one line naming what is wrong with the name."""
+        fix = "name a parameter of the model, e.g. model.layers.0.mlp.down_proj.weight (see m.model.named_parameters())"
+        if not isinstance(qualname, str):
+            raise MechkitError(f"a weight's name must be text, not {qualname!r}"[:200], fix)
+        module_name, _, leaf = qualname.rpartition(".")
+        try:
+            tensor = getattr(self.handle.model.get_submodule(module_name), leaf)
+        except AttributeError:
+            tensor = None
+        if not isinstance(tensor, torch.Tensor):
+            raise MechkitError(f"{qualname!r} is not a weight of this model", fix)
+        return tensor
 
     def param(self, module: nn.Module, name: str = "weight") -> torch.Tensor:
         """The tensor's data, safe to edit in place; restored when the context exits."""

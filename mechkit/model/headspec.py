@@ -34,6 +34,16 @@ class Head:
     layer: int
     head: int
 
+    def __post_init__(self) -> None:
+        """Whole numbers of at least 0 (NumPy's included, kept as ``int``): ``Head("a", 0)`` or ``Head(-1, 0)``
+        would otherwise be carried into a run and fail far from here, or index from the end."""
+        for name in ("layer", "head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise HeadSpecError(f"head ({self.layer!r}, {self.head!r}) is not a pair of integers of at least 0 "
+                                    f"(its {name})", "give heads as Head(layer, head) with whole numbers, e.g. Head(1, 2)")
+            object.__setattr__(self, name, int(value))
+
     def __str__(self) -> str:
         return f"{self.layer}.{self.head}"
 
@@ -131,6 +141,8 @@ class HeadSelection:
         """The sorted, de-duplicated heads it names on a model of this shape, taking ``top_k`` per ranked item
         (``None``: :func:`default_top_k`, 10 but at most half the model's heads)."""
         top_k = check_top_k(top_k, n_layers, n_heads)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # random.Random("x") takes any text
+            raise HeadSpecError(f"seed must be a whole number, not {seed!r}", "pass seed=0, say")
         heads: list[Head] = []
         for item in self.items:
             heads.extend(_resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude))

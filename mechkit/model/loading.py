@@ -58,6 +58,9 @@ def _dtype(dtype: Any, device: str):
             raise ModelLoadError(f"unknown dtype {dtype!r}", "use float32, bfloat16 or float16") from None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ModelLoadError(f"dtype {dtype!r} is not a floating-point torch dtype", "use float32, bfloat16 or float16")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):  # float8: no kernels to compute in
+        raise ModelLoadError(f"dtype {dtype!r} is a storage format, not one a model computes in",
+                             "use float32, bfloat16 or float16")
     return dtype
 
 
@@ -89,6 +92,9 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     (its HF model and tokenizer are used).
     """
     backend = check_backend(backend)
+    if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+        raise ModelLoadError(f"tokenizer must be a tokenizer (callable on text, with .decode), not "
+                             f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...), or leave it out")
     if isinstance(spec, ModelHandle):
         if backend != spec.backend.name or remote is not None:
             raise ModelLoadError("a loaded handle keeps the backend it was loaded with",
