@@ -14,7 +14,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError, PluginError
-from mechkit.model.edit.surgery import Structure, apply_structure, save_model_files
+from mechkit.model.edit.surgery import Structure, apply_structure
 from mechkit.model.sources.tiny import tiny_model
 from mechkit.plugin import Plugin, Result
 
