@@ -147,7 +147,8 @@ def _probe_logits(handle):
 
 def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: dict | None = None) -> Path:
     """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
-    plugin and its version, mechkit's version, the options, the seed, the model's identity (weights,
+    plugin, its version and its source (:func:`plugin_code`), mechkit's version, the options, the seed, the
+    model's identity (weights,
     config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`) and the content of
     the files its options name (``inputs``: :func:`mechkit.options.inputs.input_digests`)."""
     from mechkit import __version__
@@ -155,9 +156,21 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    parts = [cls.name, cls.version, __version__, model_key, params, seed] + ([inputs] if inputs else [])
+    parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed] + ([inputs] if inputs else [])
     key = json.dumps(parts, sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def plugin_code(cls: type[Plugin]) -> str:
+    """SHA-256 of the file that defines the plugin: a plugin edited between a kill and the rerun without a
+    version bump (a third-party one in development, say) starts fresh instead of resuming on steps its
+    old code computed; ``""`` where the source cannot be read (the version alone keys it then)."""
+    import inspect
+
+    try:
+        return hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes()).hexdigest()
+    except (OSError, TypeError):
+        return ""
 
 
 def run_plugin(
