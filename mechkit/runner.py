@@ -27,7 +27,7 @@ from mechkit.model.checks.integrity import changed_weight, weights_checksums
 from mechkit.model.checks.state import changed_state, model_state
 from mechkit.options.inputs import input_digests
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
-from mechkit.plugin import Plugin, RunContext
+from mechkit.plugin import Plugin, Result, RunContext
 
 if TYPE_CHECKING:
     from mechkit.model.placement.request import Dispatch
@@ -60,6 +60,11 @@ class Run:
     out_dir: Path | None
     figures: dict = field(default_factory=dict, compare=False)
     plugin: type[Plugin] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.report, dict):
+            raise MechkitError(f"a Run holds a report dict, not {type(self.report).__name__}",
+                               "get runs from mk.run(...) or mk.load_report(PATH)")
 
     @property
     def results(self) -> dict:
@@ -309,7 +314,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
-        result = _call(cls, ctx, handle, console)
+        result = check_result(cls, _call(cls, ctx, handle, console))
         run_s = time.perf_counter() - t1
         _check_unchanged(cls, handle, before, sums, state)
         report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
@@ -323,6 +328,24 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+
+
+def check_result(cls: type[Plugin], result: Any) -> Result:
+    """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
+    plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
+    AttributeError)."""
+    fix = "return mechkit.Result(results={...}, figures={name: matplotlib figure}, files={name: bytes or text})"
+    if not isinstance(result, Result):
+        raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
+    for what, values, ok in (("figures", result.figures, lambda v: hasattr(v, "savefig")),
+                             ("files", result.files, lambda v: isinstance(v, (bytes, str)))):
+        if not isinstance(values, dict):
+            raise PluginError(f"plugin {cls.name!r} returned {what} as a {type(values).__name__}, not a dict", fix)
+        bad = next((name for name, value in values.items() if not ok(value)), None)
+        if bad is not None:
+            raise PluginError(f"plugin {cls.name!r} returned {what}[{bad!r}] as a "
+                              f"{type(values[bad]).__name__}", fix)
+    return result
 
 
 PRUNED_WORDS = {"uneven-heads": "heads (layers keeping different numbers of them)"}

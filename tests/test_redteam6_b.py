@@ -283,6 +283,20 @@ def _enter(cm):
         pass
 
 
+def _returning(value) -> type[Plugin]:
+    return type("returns_odd", (Plugin,), {"name": "returns_odd", "version": "0.0.1", "summary": "x",
+                                           "run": lambda self, ctx: value})
+
+
+def _scheduler(handle):
+    """A scheduler for ``handle`` that is never used (a budget check comes first): its structure only."""
+    from mechkit.adapt.scheduler import Scheduler, structure_identity
+
+    scheduler = Scheduler.__new__(Scheduler)
+    scheduler.model = structure_identity(handle)
+    return scheduler
+
+
 @pytest.mark.parametrize(("call", "said"), [
     (lambda h: _enter(mk.hooks(h, None)), "takes a dict of hook names"),
     (lambda h: _enter(mk.hooks(h, {"blocks.0.hook_resid_post": 3})), "not a function"),
@@ -297,7 +311,7 @@ def _enter(cm):
     (lambda h: mk.score_prompts(h, "text"), "takes a list of prompts"),
     (lambda h: mk.score_prompts(h, [1, 2]), "is not a prompt"),
     (lambda h: mk.score_prompts(h, mk.build_prompts("capitalize", n=1), terminator=5), "terminator must be text"),
-    (lambda h: mk.Head(-1, 0), "not a pair of integers"),
+    (lambda h: mk.Head(-1, 0), "out of range: layers and heads count from 0"),
     (lambda h: mk.Head("a", 0), "not a pair of integers"),
     (lambda h: _enter(mk.ablate(h, heads="random", seed="x")), "seed must be a whole number"),
     (lambda h: _enter(mk.adaptive(h, 0.5, scheduler=3)), "scheduler must be a Scheduler"),
@@ -309,6 +323,12 @@ def _enter(cm):
     (lambda h: mk.run("inspect", model=h, write=False, console=3), "console must be a rich Console"),
     (lambda h: mk.load_model("tiny:llama", dtype=torch.float8_e4m3fn), "storage format"),
     (lambda h: mk.load_model("tiny:llama", tokenizer=3), "tokenizer must be a tokenizer"),
+    (lambda h: _enter(mk.record(h, "blocks.0.hook_resid_post", device="bogus")), "device"),
+    (lambda h: _enter(mk.adaptive(h, "0.5", scheduler=_scheduler(h))), "budget must be a number above 0"),
+    (lambda h: mk.Run(report=3, out_dir=None), "a Run holds a report dict"),
+    (lambda h: mk.run(_returning(None), model=h, write=False), "returned NoneType, not a Result"),
+    (lambda h: mk.run(_returning(Result(results={}, figures={"a": 3})), model=h, write=False),
+     r"returned figures\['a'\] as a int"),
 ])
 def test_wrong_arguments_are_one_line(llama, call, said):
     with pytest.raises(MechkitError, match=said):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -375,6 +376,11 @@ def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Sch
     sched.check_model(handle)
     if (budget is None) == (budget_ms is None):
         raise MechkitError("give one latency budget", "pass budget=0.7 (of the dense latency) or budget_ms=...")
+    for name, value in (("budget", budget), ("budget_ms", budget_ms)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not value > 0):
+            raise MechkitError(f"{name} must be a number above 0, not {value!r}",
+                               "pass budget=0.7 (of the dense latency) or budget_ms=...")
     if budget is not None and not budget > 0:
         raise MechkitError(f"budget {budget} is not above 0", "use a fraction of the dense latency like 0.7")
     decisions: list[Decision] = []

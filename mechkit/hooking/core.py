@@ -384,6 +384,12 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.record")
+    if device is not None:  # a bad device fails in the first forward's hook otherwise, as a raw RuntimeError
+        from mechkit.model.placement.request import check_device
+
+        if not isinstance(device, str):
+            raise MechkitError(f"device must be text such as \"cpu\", not {device!r}", "pass device=\"cpu\"")
+        device = check_device(device, "device=")
     cache = Cache()
     cache.handle = handle
 

@@ -39,9 +39,12 @@ class Head:
         would otherwise be carried into a run and fail far from here, or index from the end."""
         for name in ("layer", "head"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise HeadSpecError(f"head ({self.layer!r}, {self.head!r}) is not a pair of integers of at least 0 "
-                                    f"(its {name})", "give heads as Head(layer, head) with whole numbers, e.g. Head(1, 2)")
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise HeadSpecError(f"head ({self.layer!r}, {self.head!r}) is not a pair of integers",
+                                    "give heads as Head(layer, head) with whole numbers, e.g. Head(1, 2)")
+            if value < 0:  # an index from the end would pick the last layer's head silently
+                raise HeadSpecError(f"head {self.layer}.{self.head} is out of range: layers and heads count from 0",
+                                    "give heads as Head(layer, head) with whole numbers of at least 0, e.g. Head(1, 2)")
             object.__setattr__(self, name, int(value))
 
     def __str__(self) -> str:
