@@ -334,11 +334,12 @@ def check_result(cls: type[Plugin], result: Any) -> Result:
     """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
     plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
     AttributeError)."""
-    fix = "return mechkit.Result(results={...}, figures={name: matplotlib figure}, files={name: bytes or text})"
+    fix = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
+           "files={name: bytes, text or a Path of a directory it prepared})")
     if not isinstance(result, Result):
         raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
     for what, values, ok in (("figures", result.figures, lambda v: hasattr(v, "savefig")),
-                             ("files", result.files, lambda v: isinstance(v, (bytes, str)))):
+                             ("files", result.files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
         if not isinstance(values, dict):
             raise PluginError(f"plugin {cls.name!r} returned {what} as a {type(values).__name__}, not a dict", fix)
         bad = next((name for name, value in values.items() if not ok(value)), None)

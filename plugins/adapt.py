@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import json
 
-from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, TargetList, TaskList
-from mechkit.options.parsers import OrAuto
+from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, OrAuto, TargetList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SAME_NAMES = ("guide", "n", "shots", "signal_layer", "protect_top_k", "repeats", "timing_prompts", "margin", "min_cv",
