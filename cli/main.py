@@ -68,10 +68,11 @@ def run_one_line(call) -> Any:
     except MechkitError as err:
         _echo_err(_one_line(str(err)))
         sys.exit(err.exit_code)
-    except OSError as err:  # a full disk, a quota, a read-only place: the environment, one line
-        from mechkit.io.fs_errors import describe
+    except Exception as err:  # a full disk, a quota, a read-only place: the environment, one line
+        from mechkit.io.fs_errors import describe, os_error_of
 
-        line = describe(err)
+        found = os_error_of(err)  # an OSError, or safetensors' wrapper of one
+        line = describe(found) if found is not None else None
         if line is None:
             raise
         _echo_err(_one_line(str(line)))
@@ -175,6 +176,17 @@ def report_show(path: str) -> None:
     print_summary(report, tables=report_tables(report))
 
 
+def _check_compare_page(out: str) -> None:
+    """One line where ``OUT/compare.html`` cannot be written as a file: a directory or a pipe there was told
+    to "name a file inside it", which `report compare` has no option for."""
+    from pathlib import Path
+
+    page = Path(out) / "compare.html"
+    if os.path.lexists(page) and not page.is_symlink() and not page.is_file():
+        raise MechkitError(f"{page} is not a regular file (a directory, a pipe or a device), and `report compare` "
+                           "writes its page there", "remove it, or choose another --out")
+
+
 @report.command("compare")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--out", type=click.Path(), default=None,
@@ -187,6 +199,8 @@ def report_compare(paths: tuple[str, ...], out: str | None, force: bool) -> None
     from mechkit.report import compare_runs, default_out_dir, print_compare, write_compare
     from mechkit.runner import report_tables
 
+    if out is not None:
+        _check_compare_page(out)
     cmp = compare_runs(paths, tables_of=report_tables)
     where = write_compare(cmp, out if out is not None else default_out_dir(f"compare-{cmp.plugin}"), force=force)
     console = Console()

@@ -11,6 +11,8 @@ unless ``--allow-other-base`` is given.
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from mechkit.cli.plugin_command import dispatch_options
@@ -76,10 +78,9 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
     every plugin): its stored weights are read one tensor at a time."""
     from pathlib import Path
 
-    from mechkit.io import check_out
     from mechkit.tasks import parse_tasks
 
-    check_out(out, force, kind="file", inputs=_local(base, finetuned))
+    _check_vector_out(out, force, _local(base, finetuned))
     task_ids = parse_tasks(tasks) if tasks is not None else None  # before the model loads
     from mechkit.model import load_model
     from mechkit.taskarith import extract
@@ -93,6 +94,32 @@ def extract_cmd(base: str, finetuned: str, out: str, embeddings: str, tasks: str
 
 
 extract_cmd.params.extend(dispatch_options())
+
+
+def _check_vector_out(out: str, force: bool, inputs: tuple) -> None:
+    """Refuse, before the model loads, an --out where the vector cannot go: :func:`~mechkit.io.check_out` for
+    the file, and the same for ``OUT.json``, the readable copy of its metadata written beside it. Without
+    this a user's ``OUT.json`` was overwritten without --force, and a directory of that name was found only
+    after the work, with the vector already written and its .json missing."""
+    from pathlib import Path
+
+    from mechkit.io import check_out
+    from mechkit.io.fs_errors import NAME_MAX, SUFFIX_ROOM
+
+    longest = NAME_MAX - SUFFIX_ROOM - len(".json")
+    if len(os.fsencode(Path(out).name)) > longest:
+        raise MechkitError(f"the file name of --out {out[:40]}… is {len(os.fsencode(Path(out).name))} bytes; with the "
+                           f".json mechkit writes beside it and its temporary copies it may be at most {longest}",
+                           f"choose a name of at most {longest} bytes")
+    path = check_out(out, force, kind="file", inputs=inputs)
+    side = path.with_name(path.name + ".json")
+    if os.path.lexists(side) and (side.is_dir() or not side.is_file()):
+        raise MechkitError(f"{side} is not a regular file, and mechkit writes the vector's metadata there "
+                           f"(beside --out {out})", "choose another --out")
+    if side.exists() and not force:
+        raise MechkitError(f"{side} already exists, and mechkit writes the vector's metadata there (beside "
+                           f"--out {out})", "pass --force to overwrite both or choose another --out")
+    check_out(Path(side), force=True, kind="file", inputs=inputs)
 
 
 def _local(*specs: str) -> tuple[str, ...]:
@@ -154,9 +181,8 @@ def combine_options(command):
 def merge_cmd(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density, out,
               force) -> None:
     """Combine task vectors (expression or merge method), optionally compress, write a new vector."""
-    from mechkit.io import check_out
 
-    check_out(out, force, kind="file", inputs=_vector_paths(vectors))
+    _check_vector_out(out, force, _vector_paths(vectors))
     tv = _combine(vectors, expr, method, weights, density, p, seed, scale, rank, energy, sparsity_density)
     tv.save(out, force=force, inputs=_vector_paths(vectors))
     _print_summary(tv, out)

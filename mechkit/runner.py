@@ -227,10 +227,9 @@ def run_plugin(
     console = console or Console(stderr=True)
     seed = check_seed(seed)
     check_switches(force=force, write=write)
-    if not write and (out is not None or force):  # they would be ignored: nothing is written
-        given = "out" if out is not None else "force"
-        raise MechkitError(f"write=False writes nothing, so {given}= would be ignored",
-                           f"drop {given}=, or pass write=True to write the report")
+    if not write and force and out is None:  # it would be ignored: nothing is written (out=: refused below)
+        raise MechkitError("write=False writes nothing, so force= would be ignored",
+                           "drop force=, or pass write=True to write the report")
     if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
         raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
                            "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
@@ -241,6 +240,9 @@ def run_plugin(
     setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,
                      dispatch=Dispatch(device_map, max_memory, offload_folder), runs_on=runs_on)
     if not write:
+        if out is not None:  # it would be silently ignored: the caller expects files there
+            raise MechkitError(f"out={str(out)!r} with write=False: nothing would be written there",
+                               "drop write=False to write the run to out, or drop out=")
         return _run(cls, params, parsed, None, setup, console)
     with contextlib.ExitStack() as stack:
         if out is not None:

@@ -829,7 +829,10 @@ def test_pruned_copies_are_timed_on_every_heldout_input_and_matched_to_the_sched
         assert copy["reconstruct"].startswith("lsq")  # as `mechkit prune` by default
     # the matched copy is searched within the scheduler's latency (adherence still counts against the budget)
     assert row["matched"]["target"] == 0.8 and row["matched"]["search_budget"] == 0.8
-    assert row["matched"]["sparsity"]["layers"] >= row["sparsity"]["layers"]  # a faster target prunes as much or more
+    for copy, aim in ((row, 0.9), (row["matched"], 0.8)):  # each search says truly whether its row met its aim
+        assert copy["search_met"] == (copy["search_latency_ratio"] <= aim)
+    # (that the faster aim prunes as much or more is likely, not guaranteed: both searches time a 6-layer tiny
+    # model on a shared machine, and noise once put the matched copy at 0.225 of the layers, the other at 0.239)
     assert torch.equal(before, _logits(deep, ids))  # the copies leave the model as it was
     (mean,) = study.prune_rows([0.9], targets=("layers",), reconstruct="mean")
     assert mean["reconstruct"] == "mean" and "matched" not in mean

@@ -12,7 +12,7 @@
    Every read of a run's own files now goes through :func:`mechkit.io.read.read_regular` (no link
    followed, never blocks, regular files under a size limit only).
 4. A forward pass given text, floats, an empty batch or ids outside the vocabulary raised torch's own
-   AttributeError, IndexError or RuntimeError; :func:`mechkit.model.token_ids.checked_ids` refuses each in
+   AttributeError, IndexError or RuntimeError; :func:`mechkit.model.checks.token_ids.checked_ids` refuses each in
    one line.
 """
 

@@ -318,7 +318,7 @@ def _scheduler(handle):
     (lambda h: mk.Table("t", ["a"], [[1, 2]]), "row 0 has 2 cells"),
     (lambda h: mk.Table("t", "ab"), "columns must be a list"),
     (lambda h: mk.load_report(3), "takes a run directory"),
-    (lambda h: mk.run("inspect", model=h, write=False, out="x"), "out= would be ignored"),
+    (lambda h: mk.run("inspect", model=h, write=False, out="x"), "with write=False: nothing would be written"),
     (lambda h: mk.run("inspect", model=h, write=False, force=True), "force= would be ignored"),
     (lambda h: mk.run("inspect", model=h, write=False, console=3), "console must be a rich Console"),
     (lambda h: mk.load_model("tiny:llama", dtype=torch.float8_e4m3fn), "storage format"),

@@ -96,6 +96,9 @@ def check_json_target(target: str | None, report: str) -> None:
     if path.is_relative_to(run_dir):
         raise MechkitError(f"--json {target} is inside the run directory {run_dir}, whose files are the run's",
                            "write the figures elsewhere, e.g. --json rho.json")
+    from mechkit.io.atomic import refuse_special_file
+
+    refuse_special_file(path)  # a pipe or a device named as --json: the rename would replace it with a file
     if path.is_dir() or not path.parent.is_dir():
         raise MechkitError(f"--json {target}: {'is a directory' if path.is_dir() else 'its folder does not exist'}",
                            "name a file in an existing folder, e.g. --json rho.json")

@@ -60,8 +60,11 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     (b'weights', ['w.bin'])
     """
     path = _file_target(path)
-    while True:
-        tmp = path.with_name(f".{path.name}.{_token()}.tmp")
+    from mechkit.io.leftovers import clean_leftovers
+
+    clean_leftovers(path.parent, path.name)  # what a killed write of the same file left behind
+    while True:  # the pid lets a later write tell a killed writer's leftover (mechkit.io.leftovers)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{_token()}")
         try:
             with open(tmp, "xb"):  # reserves the name; honours the umask, unlike tempfile.mkstemp (0600)
                 break
@@ -73,10 +76,21 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
         _fsync(tmp)
         _umask_mode(tmp, mode)  # a writer that recreated the file (safetensors does: 0600) gets it back
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        _raise_naming(err, path)
         raise
     _fsync(path.parent, directory=True)
+
+
+def _raise_naming(err: BaseException, path: Path) -> None:
+    """Re-raise an environment error of a write to ``path`` as an OSError naming it (a full disk seen by
+    ``write`` names no file; safetensors wraps it in its own exception), for the one-line message."""
+    from mechkit.io.fs_errors import os_error_of
+
+    found = os_error_of(err, path) if isinstance(err, Exception) else None
+    if found is not None and found is not err:
+        raise found from err
 
 
 def _file_target(path: object) -> Path:
@@ -166,18 +180,27 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
     tmp = temp_dir_beside(target)
     try:
         yield tmp
-        mode = _file_mode()
-        for root, _, files in os.walk(tmp):
-            for name in files:
-                if not os.path.islink(os.path.join(root, name)):
-                    _umask_mode(Path(root, name), mode)  # safetensors writes 0600: files get the umask's mode
-                    _fsync(Path(root, name))
-            _fsync(Path(root), directory=True)
+        umask_modes(tmp, fsync=True)
         _rename_dir(tmp, target, replace)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_naming(err, target)
         raise
     _fsync(target.parent, directory=True)
+
+
+def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
+    """Give every file under ``folder`` the mode the umask gives a new file (safetensors writes 0600, so a
+    saved model was private to its owner), flushing each to disk when ``fsync``; symlinks are left alone."""
+    mode = _file_mode()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                _umask_mode(Path(root, name), mode)
+                if fsync:
+                    _fsync(Path(root, name))
+        if fsync:
+            _fsync(Path(root), directory=True)
 
 
 def _file_mode() -> int:

@@ -13,8 +13,10 @@ Nothing here imports torch: ``mechkit cache list`` and ``mechkit cache clear`` s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -28,11 +30,16 @@ GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes
 
 
 def cache_root() -> Path:
-    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``."""
+    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``.
+
+    A leading ``~`` is expanded: a value quoted in a shell or set in a ``.env`` file reaches mechkit
+    unexpanded, and the cache then grew in a folder literally named ``~`` under the working directory
+    (which ``rm -rf ~`` would then "clean").
+    """
     if os.environ.get("MECHKIT_CACHE"):
-        return Path(os.environ["MECHKIT_CACHE"])
+        return Path(os.environ["MECHKIT_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mechkit"
+    return Path(base).expanduser() / "mechkit"
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ class CacheEntry:
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a damaged entry is listed as incomplete, not a traceback
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -69,10 +76,29 @@ def _parse_time(text: object) -> datetime | None:
         return None
 
 
+_ENTRY = {  # the names mechkit gives the entries of each group; anything else in $MECHKIT_CACHE is the user's
+    "gguf": re.compile(r"^[A-Za-z0-9._-]+-[0-9a-f]{16}$"),
+    "toy": re.compile(r"^induction-[0-9a-f]{8,64}$"),
+    "runs": re.compile(r"^[0-9a-f]{8,64}$"),  # a run key: hex (16 digits now)
+}
+_META = {"gguf": "mechkit-cache.json", "toy": "mechkit-toy.json", "embedded": "mechkit-cache.json"}
+_HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 of GGUF files
+
+
+def is_entry(group: str, path: Path) -> bool:
+    """Whether ``path`` in ``group`` is an entry mechkit made: a directory (not a link) named as mechkit names
+    them, or holding mechkit's metadata file. A ``$MECHKIT_CACHE`` pointed at a project directory may hold a
+    user's own ``runs/`` or ``toy/``; `cache clear` must never delete those."""
+    if path.name.startswith(".") or path.is_symlink() or not path.is_dir():
+        return False
+    pattern = _ENTRY.get(group)
+    return bool(pattern and pattern.match(path.name)) or (group in _META and (path / _META[group]).is_file())
+
+
 def _children(group: Path) -> list[Path]:
-    """Visible subdirectories (temporary and half-deleted ones start with a dot)."""
+    """mechkit's entries in ``group`` (temporary and half-deleted ones start with a dot and are skipped)."""
     try:
-        return sorted(p for p in group.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(p for p in group.iterdir() if is_entry(group.name, p))
     except OSError:
         return []
 
@@ -100,7 +126,7 @@ def list_cache(root: Path | None = None) -> list[CacheEntry]:
     if runs:
         newest = max((m for m in map(_mtime, runs) if m is not None), default=None)
         entries.append(CacheEntry("runs", "run steps", f"{len(runs)} run(s), for resuming",
-                                  dir_size(root / "runs"), newest, root / "runs"))
+                                  sum(dir_size(p) for p in runs), newest, root / "runs"))
     entries += [_model_entry("embedded", p, "mechkit-cache.json", "old layout, unused")
                 for p in _children(root / "embedded")]
     stale = _leftovers(root)
@@ -117,12 +143,21 @@ def _leftovers(root: Path) -> list[Path]:
     """Stale temporary directories, set-aside directories, lock files and journals in the cache."""
     from mechkit.io.leftovers import stale_leftovers
 
-    folders = [root, *(root / g for g in GROUPS)]
-    return [p for f in folders for p in stale_leftovers(f)]
+    return [p for f in _leftover_folders(root) for p in stale_leftovers(f)]
+
+
+def _leftover_folders(root: Path) -> list[Path]:
+    """Where a killed write in the cache leaves its temporary files: the root, the groups, each run's step
+    folder (a step is written atomically beside its name) and the GGUF hash memos."""
+    return [root, *(root / g for g in GROUPS), *_children(root / "runs"), root / "gguf" / ".hashes"]
 
 
 def remove_dir(path: Path) -> None:
-    """Delete a cache directory: renamed aside first, so no reader ever finds it half-deleted."""
+    """Delete a cache directory: renamed aside first, so no reader ever finds it half-deleted. A symlink is
+    removed itself, never what it points to."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+        return
     aside = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
     try:
         os.replace(path, aside)
@@ -139,10 +174,10 @@ def _resolve_name(root: Path, name: str) -> Path:
         return root / clean
     if len(parts) == 2 and parts[0] in GROUPS and parts[1] and not parts[1].startswith("."):
         candidate = root / parts[0] / parts[1]
-        if candidate.is_dir():
+        if is_entry(parts[0], candidate):
             return candidate
     elif len(parts) == 1 and clean and not clean.startswith("."):
-        found = [root / g / clean for g in GROUPS if (root / g / clean).is_dir()]
+        found = [root / g / clean for g in GROUPS if is_entry(g, root / g / clean)]
         if len(found) == 1:
             return found[0]
     raise MechkitError(f"no cache entry named {name!r} in {root}",
@@ -171,13 +206,39 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
     if leftovers:  # before the groups go: a journal's roll-back needs its temporary directory
         from mechkit.io.leftovers import clean_leftovers
 
-        cleaned = [item for f in [root, *(root / g for g in GROUPS)] for item in clean_leftovers(f)]
+        cleaned = [item for f in _leftover_folders(root) for item in clean_leftovers(f)]
         if cleaned:
             removed.append((LEFTOVERS, sum(size for _, size in cleaned)))
     for path in dict.fromkeys(targets):  # a name given twice is removed once
         if not path.exists():
             continue
+        if path.parent == root and path.name in GROUPS:  # a group: mechkit's entries in it, nothing else
+            size = _clear_group(path)
+            if size is not None:
+                removed.append((path.name, size))
+            continue
         size = dir_size(path)
         remove_dir(path)
         removed.append((str(path.relative_to(root)), size))
     return removed
+
+
+def _clear_group(group: Path) -> int | None:
+    """Remove mechkit's entries in ``group`` (and gguf's hash memos), then the group when that leaves it
+    empty; bytes freed, ``None`` where nothing of mechkit's was there. Other files stay."""
+    if group.is_symlink() or not group.is_dir():
+        return None
+    entries = _children(group)
+    memos = []
+    hashes = group / ".hashes"
+    if group.name == "gguf" and hashes.is_dir() and not hashes.is_symlink():
+        memos = [p for p in hashes.iterdir() if _HASHES.match(p.name) and p.is_file() and not p.is_symlink()]
+    size = sum(dir_size(p) for p in entries) + sum(size_of(p) for p in memos)
+    for path in entries:
+        remove_dir(path)
+    for memo in memos:
+        memo.unlink(missing_ok=True)
+    for folder in (hashes, group):  # only where nothing else is left
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return size if entries or memos else None

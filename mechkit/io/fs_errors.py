@@ -25,7 +25,12 @@ _WHY = {
     errno.EPERM: ("operation not permitted", "choose a place you can write, or change its permissions"),
     errno.ENAMETOOLONG: ("a name is too long for the file system", "choose a shorter --out"),
     errno.EMLINK: ("too many links", "choose another --out"),
+    errno.EFBIG: ("a file is larger than the file system or your file-size limit allows",
+                  "raise the limit (ulimit -f unlimited), or choose an --out on another file system"),
+    errno.ELOOP: ("a symlink loop (a link that leads back to itself)", "remove the link or choose another --out"),
 }
+PATH_MAX = 4096  # bytes in a whole path on Linux
+INNER_ROOM = 64  # what a run writes inside --out: model/model.safetensors, .previous/…
 
 
 def describe(err: OSError) -> MechkitError | None:
@@ -38,10 +43,13 @@ def describe(err: OSError) -> MechkitError | None:
     from mechkit.io.disk_cache import cache_root
 
     try:
-        if err.filename is not None and Path(os.path.realpath(cache_root())) in Path(
-                os.path.realpath(str(err.filename))).parents:
-            fix = fix.replace("choose another --out", "point $MECHKIT_CACHE elsewhere")
-    except (OSError, ValueError):
+        if err.filename is not None:
+            cache, failed = Path(os.path.realpath(cache_root())), Path(os.path.realpath(os.fsdecode(err.filename)))
+            if failed == cache or cache in failed.parents:  # the cache, not --out: the fix is $MECHKIT_CACHE
+                import re
+
+                fix = re.sub(r"choose (another --out|an --out[^,]*)", "point $MECHKIT_CACHE elsewhere", fix)
+    except (OSError, ValueError, TypeError):
         pass
     return MechkitError(f"cannot write {where}: {why[0]}", fix)
 
@@ -49,9 +57,43 @@ def describe(err: OSError) -> MechkitError | None:
 def check_name_lengths(path: str | os.PathLike[str]) -> None:
     """Refuse (one line) a path with a component too long for the file system once mechkit adds its
     temporary suffix, before any work rather than at the last rename."""
+    refuse_missing_cwd()
     for part in Path(path).parts:
         size = len(os.fsencode(part))
         if size > NAME_MAX - SUFFIX_ROOM:
             raise MechkitError(f"the name {part[:40]}… in --out is {size} bytes long; the file system allows "
                                f"{NAME_MAX} and mechkit needs {SUFFIX_ROOM} more for its temporary copies",
                                f"choose a name of at most {NAME_MAX - SUFFIX_ROOM} bytes")
+    whole = len(os.fsencode(os.path.abspath(path)))  # the writers use the absolute, resolved path
+    if whole > PATH_MAX - SUFFIX_ROOM - INNER_ROOM:
+        raise MechkitError(f"--out {str(path)[:40]}… is {whole} bytes long as a full path; Linux allows {PATH_MAX} "
+                           f"and mechkit needs {SUFFIX_ROOM + INNER_ROOM} more for the files it writes there",
+                           f"choose a path of at most {PATH_MAX - SUFFIX_ROOM - INNER_ROOM} bytes")
+
+
+def os_error_of(err: BaseException, path: str | os.PathLike[str] | None = None) -> OSError | None:
+    """``err`` as an :class:`OSError` naming ``path`` where it is one underneath: an OSError without a file
+    name (a ``write`` on a full disk), or safetensors' ``SafetensorError`` wrapping one ("I/O error: No space
+    left on device (os error 28)"), which is no OSError at all and reached users as a traceback."""
+    import re
+
+    if isinstance(err, OSError):
+        if err.filename is None and path is not None and err.errno is not None:
+            return OSError(err.errno, err.strerror or os.strerror(err.errno), os.fspath(path))
+        return err
+    if type(err).__name__ == "SafetensorError":
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        if found:
+            code = int(found.group(1))
+            return OSError(code, os.strerror(code), None if path is None else os.fspath(path))
+    return None
+
+
+def refuse_missing_cwd() -> None:
+    """One line where the working directory was deleted under the shell (every path check would raise
+    FileNotFoundError from ``getcwd``, a traceback, even for an absolute --out)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise MechkitError("the working directory no longer exists (it was deleted or moved after you entered it)",
+                           "cd to an existing directory and run the command again") from None

@@ -2,8 +2,9 @@
 
 A write in progress keeps, beside its target (hidden, so listings stay clean):
 
-- ``.NAME.tmp-PID-TOKEN/``: the directory being built (:func:`mechkit.io.temp_dir_beside`); stale once
-  process PID is gone (a name without a pid, from an older mechkit, once it is a day old);
+- ``.NAME.tmp-PID-TOKEN/``: the directory being built (:func:`mechkit.io.temp_dir_beside`), or the file
+  (:func:`mechkit.io.atomic_file`); stale once process PID is gone (a name without a pid, from an older
+  mechkit, once it is a day old, as is an older mechkit's temporary file ``.NAME.TOKEN.tmp``);
 - ``.NAME.old-TOKEN``: an old directory set aside to be deleted; always stale when no writer holds NAME;
 - ``.NAME.mechkit-lock``: the lock file (:mod:`mechkit.io.outlock`); stale when nobody holds its lock;
 - ``.NAME.mechkit-replace``: the journal of a half-installed set (:mod:`mechkit.io.replace`): rolled back.
@@ -24,6 +25,8 @@ from pathlib import Path
 from mechkit.io.journal import recover
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
+# atomic_file's name before it held a pid: generic enough that only a writer of that very NAME removes it
+_OLD_TMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
 _OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]{8}$")
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
 _JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
@@ -75,7 +78,7 @@ def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False)
         return []
     found = []
     for p in entries:
-        for pattern in (_TMP, _OLD, _LOCK, _JOURNAL):
+        for pattern in (_TMP, _OLD, _LOCK, _JOURNAL) if name is None else (_TMP, _OLD, _LOCK, _JOURNAL, _OLD_TMP_FILE):
             m = pattern.match(p.name)
             if m and (name is None or m["name"] == name) and _stale(folder, p, pattern, m, locked):
                 found.append(p)
@@ -90,7 +93,9 @@ def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: b
         return not _alive(int(m["pid"]))
     if not locked and _held(folder, m["name"]):
         return False  # a writer of this target is running: its files are live
-    if pattern is _TMP:
+    if pattern is _TMP or pattern is _OLD_TMP_FILE:
+        if pattern is _OLD_TMP_FILE and path.is_dir():
+            return False  # only ever a file
         with contextlib.suppress(OSError):
             return time.time() - path.lstat().st_mtime > UNTAGGED_AGE_S
         return False

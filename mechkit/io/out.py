@@ -40,10 +40,17 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
         raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
                            "choose a path without them")
+    from mechkit.io.fs_errors import check_name_lengths, refuse_missing_cwd
+
+    refuse_missing_cwd()
+    refuse_non_utf8(path)
+    if kind == "file" and os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: a file would appear
+        raise MechkitError(f"--out {os.fspath(path)} ends with /, which names a directory, and this --out is a file",
+                           f"name the file, e.g. --out {Path(path) / 'name.safetensors'}")
     path = Path(path)
-    from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(path)
+    refuse_unresolvable(path)
     refuse_protected(path, kind)
     try:
         if kind == "dir":
@@ -66,8 +73,50 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         raise MechkitError(f"cannot inspect {path}: {err.strerror or type(err).__name__}",
                            "choose another --out") from err
     refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
+    if kind == "dir":
+        refuse_mount_point(path)
     _probe_writable(path)
     return path
+
+
+def refuse_non_utf8(path: str | os.PathLike[str]) -> None:
+    """One line where ``path`` (or the directory it is relative to) holds bytes that are not UTF-8: mechkit
+    wrote a task vector or a model there, then safetensors and the tokenizer could not open the path (a
+    traceback after the work, and a vector that ``taskvec info`` could never read back)."""
+    for text, where in ((os.fspath(path), f"--out {os.fsdecode(path)!a}"),
+                        (os.path.abspath(path), "the working directory of --out")):
+        try:
+            os.fsdecode(text).encode("utf-8")
+        except UnicodeEncodeError:
+            raise MechkitError(f"{where} holds bytes that are not UTF-8, and the files mechkit writes there "
+                               "(safetensors, tokenizers) cannot be opened by such a path",
+                               "choose an --out whose whole path is UTF-8") from None
+
+
+def refuse_unresolvable(path: Path) -> None:
+    """One line where ``path`` cannot be looked up because of a symlink loop (``ln -s loop loop``): every
+    check then sees "no such directory", and the run failed only at its last rename, saying "pass --force",
+    which fails the same way."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise MechkitError(f"--out {path} is a symlink loop (a link that leads back to itself)",
+                               "remove the link or choose another --out") from None
+
+
+def refuse_mount_point(path: Path) -> None:
+    """One line where the directory ``path`` is a mount point (a disk, a tmpfs, a bind mount): a run goes
+    into place by renaming a directory built beside it, which the kernel refuses for a mount point (EBUSY)
+    or across file systems (EXDEV), so it failed only after all the work; and a bind mount is another
+    path to a directory, whose lock (kept beside it) would not be the same lock."""
+    real = _real(path)
+    if real.is_dir() and os.path.ismount(real) and real != Path(real.anchor):
+        raise MechkitError(f"--out {path} is a mount point ({real}); a run is put in place by renaming a "
+                           "directory, which a mount point cannot be", f"choose a directory inside it, e.g. "
+                           f"--out {path / 'run'}")
 
 
 def _real(path: str | os.PathLike[str]) -> Path:
@@ -104,9 +153,12 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
                 raise MechkitError(f"--out {path} is {what} ({real}); mechkit will not write a run over it",
                                    "choose a new directory for --out, e.g. --out ./run")
     cache = _real(cache_root())
-    if _within(real, cache) or (kind == "dir" and _within(cache, real)):
+    if _within(real, cache):
         raise MechkitError(f"--out {path} is inside mechkit's cache ({cache}), which `mechkit cache clear` deletes",
                            "choose an --out outside the cache")
+    if kind == "dir" and _within(cache, real):
+        raise MechkitError(f"--out {path} holds mechkit's cache ({cache}); mechkit will not write a run over it",
+                           "choose an --out beside the cache, not above it")
     for item in inputs:
         source = _real(item)
         if _within(source, real):

@@ -105,7 +105,7 @@ class ModelHandle:
         through the backend: what code that decodes step by step calls instead of ``handle.model``.
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
-        from mechkit.model.token_ids import checked_ids, vocab_rows
+        from mechkit.model.checks.token_ids import checked_ids, vocab_rows
 
         if self._n_vocab is None:
             self._n_vocab = vocab_rows(self.model) or -1

@@ -21,6 +21,7 @@ import torch
 
 from mechkit.errors import MechkitError
 from mechkit.io import check_out, refuse_non_finite
+from mechkit.io.atomic import umask_modes
 from mechkit.io.replace import replacing_dir
 from mechkit.model.edit.surgery import Structure, apply_structure, pruned_config, renamed_after_drop
 from mechkit.model.handle import ModelHandle
@@ -99,7 +100,7 @@ def prune_copy(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None
 
     anatomy = discover_anatomy(model)
     return ModelHandle(model=model, tokenizer=handle.tokenizer, anatomy=anatomy, spec=f"{handle.spec} (pruned)",
-                       name=f"{handle.name} (pruned)", source=None)
+                       name=f"{handle.name} (pruned)", source=handle.source)  # where its weights came from: an input
 
 
 def refuse_pruned_units(handle: ModelHandle) -> None:
@@ -161,16 +162,18 @@ def save_pruned(handle: ModelHandle, out_dir: str | Path, force: bool = False) -
     """Write a pruned handle as a reloadable directory, atomically (temp dir, then rename).
 
     An existing non-empty ``out_dir`` is refused unless ``force`` is true, a file there always; an
-    empty directory is replaced. The directory gets the umask's permissions, not mkdtemp's 0700.
+    empty directory is replaced. The directory the dense model was loaded from is refused whatever
+    ``force`` says: it would replace the weights the pruned copy was made from. The directory gets the umask's permissions, not mkdtemp's 0700.
     """
     structure = structure_of(handle.model)
     if structure is None:
         raise ValueError("this model was not pruned by mechkit (no structure to save)")
     from mechkit.io.outlock import out_lock
 
-    out = check_out(out_dir, force, kind="dir")
+    inputs = (handle.source,) if isinstance(handle.source, Path) else ()  # the dense model's own directory
+    out = check_out(out_dir, force, kind="dir", inputs=inputs)
     with out_lock(out):
-        check_out(out, force, kind="dir")  # again under the lock: another writer may have finished meanwhile
+        check_out(out, force, kind="dir", inputs=inputs)  # again under the lock: another writer may have finished
         return _write_pruned(handle, structure, out, force)
 
 
@@ -185,4 +188,5 @@ def _write_pruned(handle: ModelHandle, structure: Structure, out: Path, force: b
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if handle.tokenizer is not None:
             handle.tokenizer.save_pretrained(tmp)
+        umask_modes(tmp)  # also where --force installs the files into an existing directory
     return out

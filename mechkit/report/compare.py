@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError
 from mechkit.report import values
+from mechkit.report.artifact_files import own_png, plain_png_name
 from mechkit.report.html import CSS, figure_html, model_line, table_html
 from mechkit.report.show import load_report, rich_table, safe_text
 from mechkit.report.table import Table, compare_tables, generic_tables
@@ -141,28 +142,16 @@ def _heads_per_layer(report: dict) -> str:
     return values.cell(f"{model.get('n_heads', '?')} in each of {model.get('n_layers', '?')}", width=60)
 
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-MAX_IMAGE_BYTES = 8 * 2**20  # a run's figure is tens of kB; anything this large is not one
-
-
 def _headline(report: dict, run_dir: Path) -> tuple[str, bytes] | None:
     """The run's first PNG artifact, read only where it is its own: a plain file name, a regular file (no
     symlink) directly in ``run_dir``, a real PNG, under :data:`MAX_IMAGE_BYTES`. Anything else is skipped."""
     for name in report.get("artifacts") or []:
-        if not isinstance(name, str) or not name.lower().endswith(".png") or "/" in name or "\\" in name \
-                or name in (".", ".."):
+        if not plain_png_name(name):
             continue
-        data = _own_png(run_dir / name)
+        data = own_png(run_dir / name)  # no symlink, FIFO or device: a FIFO would block the read
         if data is not None:
             return name, data
     return None
-
-
-def _own_png(path: Path) -> bytes | None:
-    from mechkit.io.read import read_regular  # no symlink, FIFO or device: a FIFO would block the read
-
-    data = read_regular(path, MAX_IMAGE_BYTES)
-    return data if data is not None and data.startswith(PNG_MAGIC) else None
 
 
 def render_compare_html(cmp: Comparison) -> str:

@@ -47,15 +47,14 @@ def scoped_css(css: str = CSS, scope: str = SCOPE) -> str:
 
 
 def report_images(out_dir: str | Path | None, report: dict) -> dict[str, bytes]:
-    """The PNG artifacts of a written run, read from its directory (those missing there are skipped)."""
+    """The PNG artifacts of a written run, read from its directory: only its own files
+    (:func:`mechkit.report.artifact_files.own_png`: no symlink, no FIFO, a real PNG of at most 8 MiB); the
+    others, and those missing there, are skipped."""
     if out_dir is None:
         return {}
-    found = {}
-    for name in report.get("artifacts") or []:
-        path = Path(out_dir) / name
-        if name.lower().endswith(".png") and path.is_file():
-            found[name] = path.read_bytes()
-    return found
+    from mechkit.report.artifact_files import own_pngs
+
+    return own_pngs(out_dir, report.get("artifacts") or [])
 
 
 def render_fragment(report: dict, images: dict[str, bytes], tables: list[Table] | None = None,

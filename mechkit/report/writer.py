@@ -93,12 +93,17 @@ def write_report(
         writer = str(final.get("plugin"))  # a model another plugin saved there is refused
         with replacing_dir(out, writer=writer, force=True, manifest=False) as tmp:  # new: one rename; else one set
             _render(tmp, final, figures, files, tables)
-    except BaseException:  # Ctrl-C included: never leave a half-written run behind
+    except BaseException as err:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
                 parent.rmdir()
             except OSError:
                 break
+        from mechkit.io.fs_errors import os_error_of
+
+        found = os_error_of(err, out) if isinstance(err, Exception) else None
+        if found is not None and found is not err:  # a full disk seen by write() names no file: name --out
+            raise found from err
         raise
     return out
 

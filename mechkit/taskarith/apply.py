@@ -37,6 +37,7 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.interventions.weights import WeightEdits
 from mechkit.io import check_out
+from mechkit.io.atomic import umask_modes
 from mechkit.io.replace import replacing_dir
 from mechkit.model.edit.surgery import save_model_files
 from mechkit.model.names import checkpoint_renamer
@@ -208,6 +209,7 @@ def save_merged(handle: ModelHandle, vector: TaskVector | Sequence[Term], out_di
                 save_model_files(handle.model, tmp, **_offloaded_state(handle.model))  # a pruned one's config too
             if handle.tokenizer is not None:
                 handle.tokenizer.save_pretrained(tmp)
+            umask_modes(tmp)  # also where --force installs the files into an existing directory
     return out
 
 

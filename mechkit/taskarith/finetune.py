@@ -423,6 +423,22 @@ def _finish(model: nn.Module, losses: list[float], recipe: Recipe) -> Finetuned:
     return Finetuned(model=model, losses=losses, recipe=recipe, adapter=adapter, adapter_config=adapter_config)
 
 
+def _refuse_temp_write(err: Exception, tmp: Path) -> None:
+    """One line where the model could not be written to the system's temporary directory, naming it and
+    TMPDIR (the fix); the run's --out is not where it failed."""
+    from mechkit.io.fs_errors import describe, os_error_of
+
+    found = os_error_of(err, tmp)
+    line = describe(found) if found is not None else None
+    if line is not None:
+        import errno
+
+        full = found.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise MechkitError(f"{line.problem} (the temporary directory the model is saved in before it goes into "
+                           "--out)", "free space there, or set TMPDIR to a directory with room" if full
+                           else line.fix.replace("choose an --out", "set TMPDIR to a directory")) from err
+
+
 def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
     """The files of a loadable model directory (config, safetensors weights, tokenizer, adapter), as bytes.
 
@@ -437,9 +453,13 @@ def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
         refuse_non_finite(result.adapter, ADAPTER_WEIGHTS, "training diverged: lower --lr")
     files: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        save_model_files(result.model, tmp)  # a pruned model's widths: save_pretrained writes the dense ones
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        try:
+            save_model_files(result.model, tmp)  # a pruned model's widths: save_pretrained writes the dense ones
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+        except Exception as err:  # a full or size-limited temporary directory: the fix is TMPDIR, not --out
+            _refuse_temp_write(err, Path(tmp))
+            raise
         for path in sorted(Path(tmp).iterdir()):
             if path.is_file():
                 files[path.name] = path.read_bytes()

@@ -77,7 +77,7 @@ def gguf_sha256(path: Path) -> str:
         if isinstance(known, dict) and {k: known.get(k) for k in key} == key \
                 and re.fullmatch(r"[0-9a-f]{64}", str(known.get("sha256"))):
             return known["sha256"]
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         pass  # no memo yet, or an unreadable one: hash again
     sha = file_sha256(path)
     settled = time.time_ns() - max(key["mtime_ns"], key["ctime_ns"]) > RACY_NS
@@ -107,7 +107,7 @@ def read_entry(target: Path, sha: str) -> dict | None:
     """The entry's metadata when it is complete and for this content, else None (to be rebuilt)."""
     try:
         meta = json.loads((target / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(meta, dict) or meta.get("format") != CACHE_FORMAT or meta.get("sha256") != sha:
         return None
@@ -136,6 +136,7 @@ def cached_gguf(path: Path, *, label: str | None = None, rebuild: bool = False) 
     target = entry_dir(path, sha)
     if not rebuild and read_entry(target, sha) is not None:
         return target, False
+    _check_writable(target.parent)  # before the minutes of dequantizing, not at the last rename
     what = label or path.name
     size_mb = path.stat().st_size / 1e6
     if target.exists():
@@ -146,6 +147,19 @@ def cached_gguf(path: Path, *, label: str | None = None, rebuild: bool = False) 
               f"into {target}", file=sys.stderr, flush=True)
     _build(path, sha, target)
     return target, True
+
+
+def _check_writable(group: Path) -> None:
+    """One line where the cache cannot take a new entry (a read-only or unwritable $MECHKIT_CACHE), probed by
+    making and removing a hidden directory there."""
+    try:
+        group.mkdir(parents=True, exist_ok=True)
+        probe = group / f".mechkit-probe-{os.urandom(4).hex()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as err:
+        raise MechkitError(f"cannot write mechkit's cache {group}: {err.strerror or type(err).__name__}; a GGUF "
+                           "file is converted there once", "point $MECHKIT_CACHE at a writable directory") from None
 
 
 def _build(path: Path, sha: str, target: Path) -> None:

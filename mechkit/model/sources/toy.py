@@ -174,7 +174,12 @@ def toy_model(seed: int = 0, steps: int | None = None):
               file=sys.stderr, flush=True)
         start = time.perf_counter()
         model, tok = train_induction_model(seed=seed, steps=steps)
-        _save(model, target, seed, steps, train_s=time.perf_counter() - start)
+        try:
+            _save(model, target, seed, steps, train_s=time.perf_counter() - start)
+        except OSError as err:  # a read-only or full cache: the trained model is still good for this run
+            why = err.strerror or type(err).__name__
+            print(f"mechkit: warning: cannot keep the toy model in {target} ({why}); it will be trained again "
+                  "next time — point $MECHKIT_CACHE at a writable directory", file=sys.stderr, flush=True)
         return model, tok
     return _load(target), byte_tokenizer()
 

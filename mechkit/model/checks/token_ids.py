@@ -28,7 +28,10 @@ FIX = "pass ids from m.to_tokens(text)"
 
 def vocab_rows(model: torch.nn.Module) -> int | None:
     """How many token ids the model embeds: its input embedding's rows, else ``config.vocab_size``."""
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:
+        emb = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):  # a model class without the accessor
+        emb = None
     rows = getattr(emb, "num_embeddings", None)
     if rows is None:
         rows = getattr(getattr(model, "config", None), "vocab_size", None)
