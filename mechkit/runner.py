@@ -24,8 +24,10 @@ from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.checks.identity import model_identity
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
+from mechkit.model.checks.state import changed_state, model_state
+from mechkit.options.inputs import input_digests
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
-from mechkit.plugin import Plugin, RunContext
+from mechkit.plugin import Plugin, Result, RunContext
 
 if TYPE_CHECKING:
     from mechkit.model.placement.request import Dispatch
@@ -58,6 +60,11 @@ class Run:
     out_dir: Path | None
     figures: dict = field(default_factory=dict, compare=False)
     plugin: type[Plugin] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.report, dict):
+            raise MechkitError(f"a Run holds a report dict, not {type(self.report).__name__}",
+                               "get runs from mk.run(...) or mk.load_report(PATH)")
 
     @property
     def results(self) -> dict:
@@ -117,6 +124,9 @@ def load_run(path: str | Path) -> Run:
     """
     from mechkit.report import load_report
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise MechkitError(f"mk.load_report takes a run directory or its report.json, not {type(path).__name__}",
+                           "pass a path, e.g. mk.load_report(\"mechkit-runs/inspect-1\")")
     p = Path(path)
     report = load_report(p)
     return Run(report=report, out_dir=p if p.is_dir() else p.parent)
@@ -140,17 +150,32 @@ def _probe_logits(handle):
         return handle(ids).float().cpu()
 
 
-def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int) -> Path:
+def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: dict | None = None) -> Path:
     """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
-    plugin and its version, mechkit's version, the options, the seed and the model's identity (weights,
-    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`)."""
+    plugin, its version and its source (:func:`plugin_code`), mechkit's version, the options, the seed, the
+    model's identity (weights,
+    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`) and the content of
+    the files its options name (``inputs``: :func:`mechkit.options.inputs.input_digests`)."""
     from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    key = json.dumps([cls.name, cls.version, __version__, model_key, params, seed], sort_keys=True, default=str)
+    parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed] + ([inputs] if inputs else [])
+    key = json.dumps(parts, sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def plugin_code(cls: type[Plugin]) -> str:
+    """SHA-256 of the file that defines the plugin: a plugin edited between a kill and the rerun without a
+    version bump (a third-party one in development, say) starts fresh instead of resuming on steps its
+    old code computed; ``""`` where the source cannot be read (the version alone keys it then)."""
+    import inspect
+
+    try:
+        return hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes()).hexdigest()
+    except (OSError, TypeError):
+        return ""
 
 
 def run_plugin(
@@ -196,9 +221,15 @@ def run_plugin(
     from mechkit import registry
     from mechkit.model.placement.request import Dispatch
 
+    if console is not None and not isinstance(console, Console):
+        raise MechkitError(f"console must be a rich Console, not {type(console).__name__}",
+                           "pass console=rich.console.Console(stderr=True), or leave it out")
     console = console or Console(stderr=True)
     seed = check_seed(seed)
     check_switches(force=force, write=write)
+    if not write and force and out is None:  # it would be ignored: nothing is written (out=: refused below)
+        raise MechkitError("write=False writes nothing, so force= would be ignored",
+                           "drop force=, or pass write=True to write the report")
     if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
         raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
                            "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
@@ -278,16 +309,19 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
     sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
+    state = model_state(handle.model) if probe else None  # hooks, forward overrides, modes, config: read directly
     model_key = model_identity(handle) if handle is not None else str(setup.model)
-    with claimed(resume_dir(cls, model_key, params, setup.seed), console) as resume:
+    inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
+    with claimed(resume_dir(cls, model_key, params, setup.seed, inputs), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
-        result = _call(cls, ctx, handle, console)
+        result = check_result(cls, _call(cls, ctx, handle, console))
         run_s = time.perf_counter() - t1
-        _check_unchanged(cls, handle, before, sums)
+        _check_unchanged(cls, handle, before, sums, state)
         report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
-        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None}
+        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None,
+                            "modules_unchanged": state is not None}
         if out_dir is not None:
             from mechkit.report import write_report
 
@@ -296,6 +330,25 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+
+
+def check_result(cls: type[Plugin], result: Any) -> Result:
+    """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
+    plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
+    AttributeError)."""
+    fix = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
+           "files={name: bytes, text or a Path of a directory it prepared})")
+    if not isinstance(result, Result):
+        raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
+    for what, values, ok in (("figures", result.figures, lambda v: hasattr(v, "savefig")),
+                             ("files", result.files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
+        if not isinstance(values, dict):
+            raise PluginError(f"plugin {cls.name!r} returned {what} as a {type(values).__name__}, not a dict", fix)
+        bad = next((name for name, value in values.items() if not ok(value)), None)
+        if bad is not None:
+            raise PluginError(f"plugin {cls.name!r} returned {what}[{bad!r}] as a "
+                              f"{type(values[bad]).__name__}", fix)
+    return result
 
 
 PRUNED_WORDS = {"uneven-heads": "heads (layers keeping different numbers of them)"}
@@ -324,15 +377,21 @@ def check_pruned(cls: type[Plugin], handle) -> None:
     raise PluginError(f"{cls.name} cannot run on a model with pruned {', '.join(words)}: {why}", fix)
 
 
-def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None) -> None:
-    """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed) or the
-    logits of 16 probe tokens (a hook left attached)."""
+def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None, state: dict | None = None) -> None:
+    """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed), a hook,
+    a replaced ``forward``, a module's train/eval mode or a config field (read directly:
+    :mod:`mechkit.model.checks.state`), or the logits of 16 probe tokens (what the others cannot see, such
+    as a buffer)."""
     if sums is not None:
         name = changed_weight(sums, weights_checksums(handle.model))
         if name is not None:
             raise PluginError(f"plugin {cls.name!r} left the model changed (weight {name} differs after the run; "
                               "this in-memory model stays changed)",
                               "reload the model; a weight edit was not undone: report this as a bug in the plugin")
+    what = changed_state(state, model_state(handle.model)) if state is not None else None
+    if what is not None:
+        raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
+                          "reload the model; the plugin did not undo it: report this as a bug in the plugin")
     if before is not None and not bool((_probe_logits(handle) == before).all()):
         raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
                           "a hook or weight edit was not undone; report this as a bug in the plugin")

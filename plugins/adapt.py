@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, TargetList, TaskList
+from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, OrAuto, TargetList, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SAME_NAMES = ("guide", "n", "shots", "signal_layer", "protect_top_k", "repeats", "timing_prompts", "margin", "min_cv",
@@ -32,8 +32,10 @@ class AdaptPlugin(Plugin):
     version = "0.2.0"  # 0.2: same_latency compares at the scheduler's latency (pruned copies bracketing it)
     needs = frozenset({"module_calls", "patterns", "generation", "gradients", "weight_writes"})
     pruned = frozenset()  # docs/analyses/prune.md
-    pruned_why = {kind: ("its static-pruning baseline prunes the model again, which a model with pruned neurons or "
-                         "heads cannot be", "run it on the dense model") for kind in ("neurons", "heads")}
+    pruned_why = {kind: ("its execution plans skip heads and MLP channel groups counted on the dense model's widths, "
+                         "and its static-pruning baseline (--prune-budgets) prunes the model again, which a model "
+                         "with pruned neurons or heads cannot be", "run it on the dense model")
+                  for kind in ("neurons", "heads")}
     summary = "Adaptive inference under a latency budget: per-input execution plans and token selection."
     options = (
         Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
@@ -43,12 +45,14 @@ class AdaptPlugin(Plugin):
                                             "bypass of each block) or induction (attribution; blocks with the "
                                             "top induction/previous-token heads always run).",
                choices=("attribution", "ablation", "induction")),
-        Option("token_layers", str, "6,12,18", "Token selection after these blocks (blank: none); each with every "
-                                          "--token-keep.", parse=NumberList(int, min=0, sort=True, allow_empty=True)),
+        Option("token_layers", str, "auto", "Token selection after these blocks (blank: none; auto: the blocks at "
+                                        "20, 40 and 60% of the depth from --signal-layer on, 6,12,18 on 30 "
+                                        "blocks); each with every --token-keep.",
+               parse=OrAuto(NumberList(int, min=0, sort=True, allow_empty=True))),
         Option("token_keep", str, "0.5,0.3", "Shares of the context tokens kept after a --token-layers block.",
                parse=NumberList(float, min=0, max=1, min_exclusive=True, sort=True, allow_empty=True)),
-        Option("signal_layer", int, 1, "The block after which the scheduler reads the task signal (blocks up "
-                                       "to it always run).", min=0),
+        Option("signal_layer", int, None, "The block after which the scheduler reads the task signal (blocks up "
+                                          "to it always run; default 1, or 0 on a model of 2 blocks).", min=0),
         Option("select", str, "logprob", "What ranks plans within a budget: the calibration prompts' mean answer "
                                          "log-prob (smooth) or their exact-match accuracy (coarse with few prompts).",
                choices=("logprob", "accuracy")),
@@ -91,13 +95,20 @@ class AdaptPlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.adapt import AdaptConfig, AdaptStudy
+        from mechkit.adapt.config import auto_token_layers
         from mechkit.adapt.findings import finding, same_latency, summary_lines
 
         opts = ctx.options
         if "neurons" in opts["prune_targets"]:  # before any work: a mixture of experts has experts, not neurons
             ctx.model.anatomy.refuse_moe("dense MLP neurons to prune", "pass --prune-targets heads,layers")
-        config = AdaptConfig(**{name: opts[name] for name in SAME_NAMES}, n_calib=opts["calib"], seed=ctx.seed,
-                             token_options=[(k, keep) for k in opts["token_layers"] for keep in opts["token_keep"]])
+        same = {name: opts[name] for name in SAME_NAMES}  # signal_layer None: picked for the depth (AdaptConfig)
+        signal = same["signal_layer"] if same["signal_layer"] is not None else \
+            AdaptConfig(signal_layer=None).check(ctx.model.anatomy.n_layers).signal_layer
+        token_layers = opts["token_layers"]
+        if token_layers is None:  # auto
+            token_layers = auto_token_layers(ctx.model.anatomy.n_layers, signal)
+        config = AdaptConfig(**{**same, "signal_layer": signal}, n_calib=opts["calib"], seed=ctx.seed,
+                             token_options=[(k, keep) for k in token_layers for keep in opts["token_keep"]])
         study = AdaptStudy(ctx.model, opts["tasks"], config, step=ctx.step)
         study.check_margin_sample()  # too few residuals for --adherence: say so before any work
         results = study.run(opts["budgets"], opts["prune_budgets"], opts["prune_targets"], opts["prune_reconstruct"])

@@ -31,6 +31,7 @@ from mechkit.options import (
     NumberList,
     Option,
     OptionError,
+    OrAuto,
     Paths,
     RayAddress,
     SparsityLevels,
@@ -351,6 +352,8 @@ def bad_values(opt: Option) -> list[str]:
     if opt.choices:
         bad += ["bogus-choice", ""]
     p = opt.parse
+    if isinstance(p, OrAuto):  # "auto" or what its inner parser takes: the inner parser's bad values
+        p = p.inner
     if isinstance(p, NumberList):
         bad += [GARBAGE, "1,x", ","] + ([] if p.allow_empty else [""]) + _outside(p)
         bad += ["1.5", "nan"] if p.kind is int else ["nan", "inf"]
@@ -387,7 +390,7 @@ def bad_values(opt: Option) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
-PARSER_KINDS = (NumberList, Grid, IntRanges, TaskList, Choices, HeadSpec, Paths, ExistingPath, GuideList, TargetList, SparsityLevels,
+PARSER_KINDS = (OrAuto, NumberList, Grid, IntRanges, TaskList, Choices, HeadSpec, Paths, ExistingPath, GuideList, TargetList, SparsityLevels,
                 RayAddress, ExecutorChoice, Text)
 """Every kind of parser :func:`bad_values` derives cases for; a declaration with another kind fails the fuzz."""
 

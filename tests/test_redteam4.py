@@ -123,10 +123,12 @@ def test_a_bridge_that_fails_on_pruned_heads_names_the_pruning_as_the_cause():
 
 # ---- class 8: a head that is not a pair of integers is one line, never truncated nor a TypeError ----------
 
-@pytest.mark.parametrize("heads", [[mk.Head(0.0, 1)], [(0.7, 1)], [(True, 0)], [mk.Head(0, "1")], ["12"]])
+@pytest.mark.parametrize("heads", [lambda: [mk.Head(0.0, 1)], lambda: [(0.7, 1)], lambda: [(True, 0)],
+                                   lambda: [mk.Head(0, "1")], lambda: ["12"]])
 def test_a_head_that_is_not_a_pair_of_integers_is_refused(heads):
+    """(A Head itself now refuses such values when it is made: pass 6.)"""
     with pytest.raises(HeadSpecError, match="is not a pair of integers"):
-        mk.parse_heads(heads, 3, COUNTS)
+        mk.parse_heads(heads(), 3, COUNTS)
 
 
 def test_integer_heads_of_any_integer_type_are_taken_as_plain_heads():

@@ -504,7 +504,7 @@ def test_the_report_says_what_the_unchanged_check_covered():
     import mechkit as mk
 
     assert mk.run("inspect", model="tiny:gpt2", write=False).report["checks"] == {
-        "logits_unchanged": True, "weights_unchanged": True}
+        "logits_unchanged": True, "weights_unchanged": True, "modules_unchanged": True}
 
 
 # ---- 8. the Python API restores in any order and refuses what it ignores -----------------------------

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 METHODS = ("task-vector", "function-vector")
 # metadata key -> the JSON types it may hold (bool is refused where a number is meant, below)
 _META_TYPES: dict[str, tuple[type, ...]] = {"method": (str,), "task": (str,), "layer": (int,), "mode": (str,),
-                                            "model_sha256": (str,), "heads": (list,), "info": (dict,),
+                                            "model_sha256": (str,), "model_config_sha256": (str,),
+                                            "heads": (list,), "info": (dict,),
                                             "scale": (int, float), "span": (int,)}
 
 
@@ -51,6 +52,7 @@ class ActivationVector:
     info: dict = field(default_factory=dict)
     scale: float = 1.0
     span: int = 1
+    model_config_sha256: str = ""  # the config it was extracted under: same weights, other config, other activations
 
     def __repr__(self) -> str:
         """Method, task, layer, shape, norm and scale in a few lines — never the vector itself.
@@ -96,7 +98,8 @@ class ActivationVector:
     def metadata(self) -> dict:
         return {"method": self.method, "task": self.task, "layer": self.layer, "mode": self.mode,
                 "scale": self.scale, "span": self.span, "model_sha256": self.model_sha256, "heads": self.heads,
-                "info": self.info}
+                "info": self.info, **({"model_config_sha256": self.model_config_sha256}
+                                      if self.model_config_sha256 else {})}
 
     def to_bytes(self, name: str | Path | None = None) -> bytes:
         """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``.
@@ -170,6 +173,9 @@ class ActivationVector:
         vec = cls(vector=vector, **meta)
         if handle is not None:
             vec.check(handle)
+            if not vec.model_sha256:  # a file that does not say whose activations it holds fits any model's shape
+                raise MechkitError(f"{path} does not record the model it was extracted from (no model_sha256)",
+                                   "extract it again on this model with `mechkit icl-vectors`")
         return vec
 
     def check(self, handle: ModelHandle) -> None:
@@ -192,4 +198,10 @@ class ActivationVector:
                                f"{handle.anatomy.d_model}", "use a vector extracted from this model")
         if self.model_sha256 and self.model_sha256 != handle.weights_sha256():
             raise MechkitError("the vector was extracted from other model weights (sha256 differs)",
+                               "extract it again on this model with `mechkit icl-vectors`")
+        from mechkit.model.checks.identity import config_sha256
+
+        if self.model_config_sha256 and self.model_config_sha256 != config_sha256(handle.model):
+            raise MechkitError("the vector was extracted from these weights under another config.json (another "
+                               "architecture, norm epsilon or rope setting: other activations)",
                                "extract it again on this model with `mechkit icl-vectors`")

@@ -4,6 +4,7 @@ the study, instead of twenty keywords passed through one for one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,17 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
+def auto_token_layers(n_layers: int, signal_layer: int) -> tuple[int, ...]:
+    """The blocks token selection follows by default: those at 20, 40 and 60% of the depth (6, 12 and 18 of
+    30), each moved into the range it allows (the signal block to the last block but one), repeats dropped.
+
+    >>> auto_token_layers(30, 1), auto_token_layers(2, 0), auto_token_layers(4, 1)
+    ((6, 12, 18), (0,), (1, 2))
+    """
+    top = max(signal_layer, n_layers - 2)
+    return tuple(sorted({min(top, max(signal_layer, round(share * n_layers))) for share in (0.2, 0.4, 0.6)}))
+
+
 @dataclass(frozen=True)
 class AdaptConfig:
     """The settings of :class:`~mechkit.adapt.AdaptStudy`; the defaults are the study's own.
@@ -36,8 +48,15 @@ class AdaptConfig:
     plans the scheduler chooses and recalibrates the margin on them (off: the first margin and the
     table's predictions, as before).
 
+    ``signal_layer=None`` and ``token_options=None`` (the defaults) are picked for the model's depth by
+    :meth:`check`: block 1 (0 on a 2-block model), and keeps of 0.5 and 0.3 after the blocks at 20, 40 and
+    60% of the depth (:func:`auto_token_layers`: blocks 6, 12 and 18 of 30).
+
     >>> AdaptConfig(signal_layer=0, token_options=((0, 0.5),)).check(n_layers=2).token_options
     ((0, 0.5),)
+    >>> c = AdaptConfig().check(n_layers=2)
+    >>> c.signal_layer, c.token_options
+    (0, ((0, 0.5), (0, 0.3)))
     """
 
     guide: str = "attribution"
@@ -45,8 +64,8 @@ class AdaptConfig:
     n: int = 10
     shots: int | None = 10
     seed: int = 0
-    token_options: Sequence[tuple[int, float]] = ((6, 0.5), (6, 0.3), (12, 0.5), (12, 0.3), (18, 0.5), (18, 0.3))
-    signal_layer: int = 1
+    token_options: Sequence[tuple[int, float]] | None = None
+    signal_layer: int | None = None
     protect_top_k: int = 10
     repeats: int = 2
     timing_prompts: int = 1
@@ -65,6 +84,12 @@ class AdaptConfig:
         :class:`~mechkit.errors.MechkitError` line, before any work."""
         from mechkit.adapt.conformal import check_adherence
 
+        if self.signal_layer is None:  # block 1, or the last block that leaves one after it
+            return dataclasses.replace(self, signal_layer=max(0, min(1, n_layers - 2))).check(n_layers)
+        if self.token_options is None:
+            layers = auto_token_layers(n_layers, self.signal_layer)
+            return dataclasses.replace(self, token_options=tuple((k, keep) for k in layers for keep in (0.5, 0.3)))\
+                .check(n_layers)
         if self.guide not in GUIDES:
             raise MechkitError(f"unknown adapt guide {self.guide!r}", f"use one of: {', '.join(GUIDES)}")
         check_adherence(self.adherence)
@@ -73,12 +98,20 @@ class AdaptConfig:
         if self.margin_prompts < 1 or self.margin_plans < 1:
             raise MechkitError("the budget margin needs at least one prompt and one plan timed",
                                "pass margin_prompts ≥ 1 and margin_plans ≥ 1")
+        if n_layers < 2:
+            raise MechkitError(f"adaptive inference needs at least 2 blocks (a signal block and one after it); "
+                               f"this model has {n_layers}", "use a deeper model")
         if not 0 <= self.signal_layer < n_layers - 1:
-            raise MechkitError(f"signal layer {self.signal_layer} is outside 0..{n_layers - 2}",
-                               "use an early layer such as 1")
+            raise MechkitError(f"signal layer {self.signal_layer} is outside 0..{n_layers - 2} (this model has "
+                               f"{n_layers} blocks)", f"pass --signal-layer (signal_layer=) from 0 to {n_layers - 2}, "
+                               "or leave it out")
         for k, keep in self.token_options:
-            if not self.signal_layer <= k < n_layers - 1 or not 0 < keep <= 1:
-                raise MechkitError(f"token option keep {keep} after layer {k} is out of range",
-                                   f"select after a layer in {self.signal_layer}..{n_layers - 2} (at or above the "
-                                   "signal layer), keeping a share in (0, 1]")
+            if not self.signal_layer <= k < n_layers - 1:
+                raise MechkitError(f"token selection after block {k} is outside {self.signal_layer}..{n_layers - 2} "
+                                   "(from the signal block to the last block but one)",
+                                   f"pass --token-layers with blocks in {self.signal_layer}..{n_layers - 2}, auto, "
+                                   "or '' for none")
+            if not 0 < keep <= 1:
+                raise MechkitError(f"token selection keeps a share of {keep}, outside (0, 1]",
+                                   "pass --token-keep shares above 0 and at most 1, e.g. 0.5,0.3")
         return self

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,10 +304,15 @@ class Scheduler:
         if not self.model:
             return
         mine = structure_identity(handle)
-        diff = [k for k in self.model if k in mine and self.model[k] != mine[k]]
+        recorded = dict(self.model)
+        n = recorded.get("n_layers")
+        if isinstance(n, int):  # a file from before per-layer counts were recorded was calibrated on every layer whole
+            recorded.setdefault("head_counts", [recorded.get("n_heads")] * n)
+            recorded.setdefault("mlp_widths", [recorded.get("d_mlp")] * n)
+        diff = [k for k in recorded if k in mine and recorded[k] != mine[k]]
         if diff:
             k = diff[0]
-            raise MechkitError(f"this scheduler was calibrated on another model ({k} {self.model[k]!r}, this model "
+            raise MechkitError(f"this scheduler was calibrated on another model ({k} {recorded[k]!r}, this model "
                                f"has {mine[k]!r})", "calibrate one on this model with `mechkit adapt --model ...`")
 
     @classmethod
@@ -322,13 +329,16 @@ class Scheduler:
 
 
 def structure_identity(handle: ModelHandle) -> dict:
-    """What a saved artifact tied to one model records and checks: its architecture and shape (not its
-    weights' hash, which changes with the dtype a model is loaded in)."""
+    """What a saved artifact tied to one model records and checks: its architecture and shape, layer by layer
+    (a pruned model whose widest layer is whole has the dense model's ``n_heads`` and ``d_mlp``), but not its
+    weights' hash, which changes with the dtype a model is loaded in."""
     config = handle.model.config
     arch = (getattr(config, "architectures", None) or [type(handle.model).__name__])[0]
-    shape = handle.anatomy.as_dict()
+    a = handle.anatomy
+    shape = a.as_dict()
     return {"architecture": arch, "vocab_size": getattr(config, "vocab_size", None),
-            **{k: shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "d_head", "d_model", "d_mlp")}}
+            **{k: shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "d_head", "d_model", "d_mlp")},
+            "head_counts": list(a.head_counts), "mlp_widths": [a.mlp_width(i) for i in range(a.n_layers)]}
 
 
 @contextlib.contextmanager
@@ -358,10 +368,19 @@ def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Sch
         raise MechkitError("adaptive inference needs a scheduler calibrated on this model",
                            "pass scheduler=mechkit.adapt.calibrate(model, tasks) or the scheduler.json of a "
                            "`mechkit adapt` run")
+    if not isinstance(scheduler, (Scheduler, str, os.PathLike)):
+        raise MechkitError(f"scheduler must be a Scheduler or the path of a scheduler.json, not "
+                           f"{type(scheduler).__name__}", "pass scheduler=mechkit.adapt.calibrate(model, tasks) or "
+                           "the scheduler.json of a `mechkit adapt` run (or its directory)")
     sched = scheduler if isinstance(scheduler, Scheduler) else Scheduler.load(scheduler)
     sched.check_model(handle)
     if (budget is None) == (budget_ms is None):
         raise MechkitError("give one latency budget", "pass budget=0.7 (of the dense latency) or budget_ms=...")
+    for name, value in (("budget", budget), ("budget_ms", budget_ms)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not value > 0):
+            raise MechkitError(f"{name} must be a number above 0, not {value!r}",
+                               "pass budget=0.7 (of the dense latency) or budget_ms=...")
     if budget is not None and not budget > 0:
         raise MechkitError(f"budget {budget} is not above 0", "use a fraction of the dense latency like 0.7")
     decisions: list[Decision] = []

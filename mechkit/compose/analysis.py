@@ -59,6 +59,7 @@ from mechkit.errors import MechkitError
 from mechkit.eval import mean_std, score_prompts
 from mechkit.heads import Head, compute_scores, top_heads
 from mechkit.heads.scores import grid_list
+from mechkit.model.checks.identity import identity_tag
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -184,11 +185,14 @@ class ComposeStudy:
         setting there."""
         plan = [(spec, pair, k, self.seed + s) for spec in models for pair in self.pairs
                 for k in (self.shots if grid else [self.top]) for s in range(self.seeds)]
+        # each model's identity in its steps' keys: the run's resume key holds only --models' names, so a
+        # directory changed between a kill and the rerun would otherwise resume on the old model's cells
+        tags = {spec: identity_tag(handle) for spec, handle in models.items()}
         cells = []
         for spec, pair, k, seed in plan:
             with_steps = steps and k == self.top
             self.on_unit(f"study {pair} K={k} seed {seed}")
-            metrics = self.step(f"study|{spec}|{pair}|{k}|{seed}|{with_steps}", partial(
+            metrics = self.step(f"study|{spec}@{tags[spec]}|{pair}|{k}|{seed}|{with_steps}", partial(
                 evaluate_cell, models[spec], pair, k, seed, self.n, steps=with_steps, batch_size=self.batch_size,
                 words=self.words))
             cells.append({"model": spec, "pair": pair, "shots": k, "seed": seed, "metrics": metrics})

@@ -305,8 +305,19 @@ def score_prompts(
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.score_prompts")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise MechkitError(f"mk.score_prompts takes a list of prompts, not {type(prompts).__name__}",
+                           "pass prompts from mk.build_prompts(task, n=...)")
     if not prompts:
         raise MechkitError("no prompts to score", "pass at least one prompt (mk.build_prompts(task, n=...))")
+    odd = next((p for p in prompts if not (isinstance(getattr(p, "text", None), str)
+                                           and isinstance(getattr(p, "answer", None), str))), None)
+    if odd is not None:
+        raise MechkitError(f"mk.score_prompts: {type(odd).__name__} {odd!r}"[:120] + " is not a prompt (text and answer)",
+                           "pass prompts from mk.build_prompts(task, n=...), or objects with .text and .answer strings")
+    if terminator is not None and not isinstance(terminator, str):
+        raise MechkitError(f"terminator must be text or None, not {terminator!r}",
+                           "pass terminator=\"\\n\" (or leave it out for each prompt's own)")
     check_batch_size(batch_size)
     rows = encode_rows(handle.text_tokenizer(), prompts, terminator)
     scored, decoded = score_rows(handle, rows, batch_size)

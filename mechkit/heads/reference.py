@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mechkit.heads.effects import spearman
+from mechkit.heads.scores import grid_list
 from mechkit.hooking.transformer_lens import bridge_for
 from mechkit.model.headspec import top_heads
 
@@ -29,12 +30,13 @@ TL_PATTERNS = {"induction": "induction_head", "previous-token": "previous_token_
 
 
 def transformer_lens_scores(handle: ModelHandle, tokens: torch.Tensor, batch_size: int = 8) -> dict[str, np.ndarray]:
-    """TransformerLens' detector scores ``{kind: [n_layers, n_heads]}``, averaged over ``tokens``' rows."""
+    """TransformerLens' detector scores ``{kind: [n_layers, n_heads]}``, averaged over ``tokens``' rows; NaN
+    where a pruned layer kept fewer heads (each layer's pattern has its own head count)."""
     from transformer_lens import head_detector
 
     bridge = bridge_for(handle)
     a = handle.anatomy
-    out = {kind: np.zeros((a.n_layers, a.n_heads)) for kind in TL_PATTERNS}
+    out = {kind: np.where(a.head_mask(), 0.0, np.nan) for kind in TL_PATTERNS}
     for start in range(0, len(tokens), batch_size):
         batch = tokens[start:start + batch_size]
         with torch.no_grad():
@@ -45,7 +47,7 @@ def transformer_lens_scores(handle: ModelHandle, tokens: torch.Tensor, batch_siz
                 detection = getattr(head_detector, f"get_{name}_detection_pattern")(seq.cpu())
                 for layer in range(a.n_layers):
                     pattern = cache[f"blocks.{layer}.attn.hook_pattern"][i].float().cpu()
-                    for head in range(a.n_heads):
+                    for head in range(a.heads_in(layer)):
                         out[kind][layer, head] += head_detector.compute_head_attention_similarity_score(
                             pattern[head], detection_pattern=detection, exclude_bos=False,
                             exclude_current_token=False, error_measure="mul")
@@ -59,7 +61,7 @@ def agreement(ours: np.ndarray, theirs: np.ndarray, k: int) -> dict:
     >>> agreement(a, a * 2, k=2)
     {'spearman': 1.0, 'top_k': 2, 'top_k_overlap': 1.0}
     """
-    k = min(k, ours.size)
+    k = min(k, int(np.isfinite(np.asarray(ours, dtype=float)).sum()))
     mine = set(top_heads(ours, k))
     overlap = len(mine & set(top_heads(theirs, k))) / k
     return {"spearman": spearman(ours, theirs), "top_k": k, "top_k_overlap": overlap}
@@ -69,5 +71,6 @@ def transformer_lens_reference(handle: ModelHandle, tokens: torch.Tensor, scores
     """``{"scores": TL's grids, "agreement": {kind: agreement}}`` for a ``detect`` report."""
     theirs = transformer_lens_scores(handle, tokens)
     return {"detector": "transformer_lens.head_detector (error_measure='mul')",
-            "scores": {kind: grid.tolist() for kind, grid in theirs.items()},
-            "agreement": {kind: agreement(np.asarray(scores[kind]), theirs[kind], k) for kind in TL_PATTERNS}}
+            "scores": {kind: grid_list(grid, handle.anatomy) for kind, grid in theirs.items()},  # None: no such head
+            "agreement": {kind: agreement(np.asarray(scores[kind], dtype=float), theirs[kind], k)
+                          for kind in TL_PATTERNS}}

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mechkit.hooking.core import hooks
+from mechkit.model.checks.identity import config_sha256
 from mechkit.model.modules.linear import weight_out_in
 
 if TYPE_CHECKING:
@@ -224,6 +225,13 @@ def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: 
             name = (report.get("model") or {}).get("spec") or (report.get("model") or {}).get("name") or "another model"
             raise MechkitError(f"{source} scored the heads of {name} (weights {theirs[:12]}…), not of this model "
                                f"(weights {handle.weights_sha256()[:12]}…)",
+                               "run `mechkit detect` on this model, or drop --from to score its heads now")
+        their_config = (report.get("model") or {}).get("config_sha256") if isinstance(report, dict) else None
+        if their_config and their_config != config_sha256(handle.model):
+            from mechkit.errors import MechkitError
+
+            raise MechkitError(f"{source} scored these weights under another config.json (another architecture, "
+                               "norm epsilon or rope setting: other attention patterns)",
                                "run `mechkit detect` on this model, or drop --from to score its heads now")
         return scores_from_report(report, handle.anatomy, source)
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from mechkit.hooking.checks import check_hook_fns, check_layer_fns, same_shape
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -169,6 +171,11 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.pattern_hooks")
+    n_layers = handle.anatomy.n_layers
+    fns = {layer: [same_shape(fn, f"layer {layer}'s attention pattern") for fn in layer_fns]
+           for layer, layer_fns in check_layer_fns(fns, n_layers, "mk.pattern_hooks").items()}
+    if qkv is not None:
+        qkv = _checked_qkv(qkv, n_layers)
     if handle.backend.traced:
         from mechkit.errors import MechkitError
 
@@ -225,6 +232,29 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
                     entry.pop(role, None)
             if not entry:
                 _QKV.pop(key, None)
+
+
+def _checked_qkv(qkv: Any, n_layers: int) -> dict[int, dict[str, list[PatternFn]]]:
+    """``{layer: {"q"|"k"|"v": [fn, ...]}}`` checked (layers in range, known roles, functions), each
+    function's replacement held to its input's shape."""
+    from mechkit.errors import MechkitError
+
+    if not isinstance(qkv, Mapping):
+        raise MechkitError(f"pattern_hooks' qkv takes a dict of layers to {{'q'|'k'|'v': [fn]}}, not "
+                           f"{type(qkv).__name__}", "pass e.g. qkv={0: {\"q\": [fn]}}")
+    out: dict[int, dict[str, list[PatternFn]]] = {}
+    for layer, roles in check_layer_fns({k: [_placeholder] for k in qkv}, n_layers, "pattern_hooks' qkv").items():
+        roles = qkv[layer]
+        if not isinstance(roles, Mapping) or not set(roles) <= {"q", "k", "v"}:
+            raise MechkitError(f"pattern_hooks' qkv: layer {layer} maps to {roles!r}"[:200],
+                               "map each layer to {\"q\"|\"k\"|\"v\": [fn]}")
+        checked = check_hook_fns({role: fns for role, fns in roles.items()}, f"pattern_hooks' qkv, layer {layer}")
+        out[layer] = {role: [same_shape(fn, f"layer {layer}'s {role}") for fn in fns] for role, fns in checked.items()}
+    return out
+
+
+def _placeholder(*_args: Any) -> None:
+    """Stands in for a layer's functions while only its layer index is checked."""
 
 
 def _base(impl) -> str:

@@ -20,6 +20,7 @@ from einops import rearrange
 from mechkit.errors import MechkitError
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
+from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
 from mechkit.hooking.points import HookPoint, all_names, resolve
 from mechkit.model.backends.grad import enable_grad
 from mechkit.model.modules import norm
@@ -250,7 +251,8 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.hooks")
-    if handle.backend.traced:  # nnsight: the functions run inside each forward's trace
+    fns = check_hook_fns(fns, "mk.hooks")
+    if handle.backend.traced:  # nnsight: the functions run inside each forward's trace (shipped as they are)
         entries = [(point, fn) for name, fn_or_fns in fns.items()
                    for fn in (fn_or_fns if isinstance(fn_or_fns, list) else [fn_or_fns])
                    for point in resolve(handle.anatomy, name)]
@@ -263,8 +265,9 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
     with contextlib.ExitStack() as stack:
         try:
             for name, fn_or_fns in fns.items():
-                for fn in fn_or_fns if isinstance(fn_or_fns, list) else [fn_or_fns]:
+                for given in fn_or_fns:
                     for point in resolve(handle.anatomy, name):
+                        fn = same_shape(given, point.name)  # a replacement of another shape: named here
                         if point.suffix == "attn.hook_pattern":
                             patterns.setdefault(point.layer, []).append(_bind(fn, point))
                         elif point.suffix in _QKV:
@@ -381,6 +384,12 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.record")
+    if device is not None:  # a bad device fails in the first forward's hook otherwise, as a raw RuntimeError
+        from mechkit.model.placement.request import check_device
+
+        if not isinstance(device, str):
+            raise MechkitError(f"device must be text such as \"cpu\", not {device!r}", "pass device=\"cpu\"")
+        device = check_device(device, "device=")
     cache = Cache()
     cache.handle = handle
 
@@ -389,7 +398,7 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
         value = act.detach()
         cache.setdefault(point.name, []).append(value.to(device) if device else value)
 
-    names = [names] if isinstance(names, str) else names
+    names = check_names(names, "mk.record")
     with hooks(handle, {name: keep for name in names}), _inputs_of(handle, cache):
         yield cache
 
@@ -465,7 +474,10 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.gradients")
-    points = [p for name in ([names] if isinstance(names, str) else names) for p in resolve(handle.anatomy, name)]
+    if not callable(metric):
+        raise MechkitError(f"mk.gradients needs a metric function of the logits, not {type(metric).__name__}",
+                           "pass e.g. lambda logits: logits[0, -1, token_id]")
+    points = [p for name in check_names(names, "mk.gradients") for p in resolve(handle.anatomy, name)]
     if handle.backend.traced:
         return traced.gradients(handle, points, input_ids.to(handle.device), metric, use_cache=False, **kwargs)
     acts: dict[str, torch.Tensor] = {}
@@ -476,5 +488,10 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
 
     with enable_grad(), hooks(handle, {p.name: keep for p in points}):
         value = metric(handle(input_ids, **kwargs))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+            got = f"shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise MechkitError(f"the metric returned {got}" + ("" if not isinstance(value, torch.Tensor) or
+                                                              value.numel() != 1 else " that does not depend on the logits"),
+                               "return one number computed from the logits, e.g. logits[0, -1, token_id] or .sum()")
         grads = torch.autograd.grad(value, [acts[p.name] for p in points])
     return value.detach(), {p.name: (acts[p.name].detach(), g) for p, g in zip(points, grads, strict=True)}

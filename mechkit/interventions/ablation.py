@@ -145,7 +145,7 @@ def ablate(
     experts: str | Sequence[Expert] | None = None,
     reference: torch.Tensor | None = None,
     seed: int = 0,
-    top_k: int = 10,
+    top_k: int | None = None,
     scores: dict | None = None,
 ) -> Iterator[list]:
     """Ablate heads and/or a mixture of experts' experts while the context is open; yields what it

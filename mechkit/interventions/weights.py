@@ -9,6 +9,7 @@ loads instead of the stored weight, and the stored weight is never written — s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from mechkit.errors import MechkitError
 from mechkit.model.headspec import Head, check_heads
 from mechkit.model.modules.linear import is_transposed
 from mechkit.model.placement.slots import WeightSlot
@@ -26,21 +28,28 @@ if TYPE_CHECKING:
 
 
 _OPEN: weakref.WeakKeyDictionary[nn.Module, list[weakref.ref]] = weakref.WeakKeyDictionary()
-"""The open :class:`WeightEdits` of each model, oldest first: whoever closes out of order hands its
-snapshots to the next newer one that edited the same tensor."""
+"""The open :class:`WeightEdits` of each model: whoever closes while another still holds a snapshot of the
+same tensor taken after its own hands its (older) snapshot on instead of restoring."""
+
+_SNAPSHOTS = itertools.count()
+"""When each snapshot was taken: the order that decides who restores what (not the order the contexts
+opened in: an older context may first touch a tensor after a newer one did)."""
 
 
 class WeightEdits:
     """Hands out weights for in-place editing, snapshotting each one the first time.
 
-    Overlapping edits of one model may be closed in any order: when all are closed every tensor holds
-    its value from before the first one opened. One closed before a newer one that touched the same
-    tensor leaves it edited and passes its snapshot on, so the newer one restores the oldest value.
+    Overlapping edits of one model may be opened, touched and closed in any order: when all are closed
+    every tensor holds its value from before the first one touched it. Closing one whose snapshot of a
+    tensor is the latest still open restores that snapshot (plain nesting: the inner edit is undone);
+    otherwise it leaves the tensor edited and hands its snapshot to the open edit whose snapshot comes
+    next in time, so the oldest value always stays with an open edit and the last to close restores it.
     """
 
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self._slots: dict[object, WeightSlot] = {}
+        self._taken: dict[object, int] = {}  # key -> when its snapshot was taken (_SNAPSHOTS)
         _OPEN.setdefault(handle.model, []).append(weakref.ref(self))
         self._names: dict[int, str] | None = None  # id(module) -> its name in the model, once needed
         self._tied: dict[str, list[str]] | None = None
@@ -48,14 +57,16 @@ class WeightEdits:
     def _name(self, module: nn.Module, name: str) -> str:
         if self._names is None:
             self._names = {id(m): prefix for prefix, m in self.handle.model.named_modules(remove_duplicate=False)}
+        if id(module) not in self._names:
+            raise MechkitError(f"{type(module).__name__} is not a module of this model",
+                               "pass one of its modules (e.g. m.anatomy.attn_out(0)), or name the tensor: .named(NAME)")
         prefix = self._names[id(module)]
         return f"{prefix}.{name}" if prefix else name
 
     def slot(self, qualname: str) -> WeightSlot:
         """The :class:`WeightSlot` of tensor ``qualname`` (e.g. ``model.layers.0.mlp.down_proj.weight``),
         opened (snapshotted) the first time. Tied names share one slot."""
-        module_name, _, leaf = qualname.rpartition(".")
-        tensor = getattr(self.handle.model.get_submodule(module_name), leaf)
+        tensor = self._tensor(qualname)
         if tensor.device.type != "meta":
             key: object = id(tensor)  # tied resident parameters are one Parameter object
             tied = None
@@ -66,7 +77,22 @@ class WeightEdits:
             key = frozenset(tied or [qualname])
         if key not in self._slots:
             self._slots[key] = WeightSlot(self.handle.model, qualname, tied=tied)
+            self._taken[key] = next(_SNAPSHOTS)
         return self._slots[key]
+
+    def _tensor(self, qualname: object) -> torch.Tensor:
+        """The parameter named ``qualname``, or one line naming what is wrong with the name."""
+        fix = "name a parameter of the model, e.g. model.layers.0.mlp.down_proj.weight (see m.model.named_parameters())"
+        if not isinstance(qualname, str):
+            raise MechkitError(f"a weight's name must be text, not {qualname!r}"[:200], fix)
+        module_name, _, leaf = qualname.rpartition(".")
+        try:
+            tensor = getattr(self.handle.model.get_submodule(module_name), leaf)
+        except AttributeError:
+            tensor = None
+        if not isinstance(tensor, torch.Tensor):
+            raise MechkitError(f"{qualname!r} is not a weight of this model", fix)
+        return tensor
 
     def param(self, module: nn.Module, name: str = "weight") -> torch.Tensor:
         """The tensor's data, safe to edit in place; restored when the context exits."""
@@ -98,24 +124,26 @@ class WeightEdits:
             slot.reset()
 
     def restore(self) -> None:
-        """Every edited tensor back to its original value, and forget the snapshots (a tensor a newer, still
-        open edit also touched is left to it, with this one's snapshot: see the class doc)."""
-        newer = self._close()
+        """Every edited tensor back to its original value, and forget the snapshots (a tensor another still
+        open edit snapshotted later is left edited, this one's snapshot handed on: see the class doc)."""
+        others = self._close()
         for key, slot in self._slots.items():
-            heir = next((e._slots[key] for e in newer if key in e._slots), None)
-            if heir is not None and not slot.offloaded and not heir.offloaded:
-                heir.original = slot.original  # the newer edit now restores what was there before this one
+            later = [e for e in others if key in e._slots and e._taken[key] > self._taken[key]]
+            heir = min(later, key=lambda e: e._taken[key], default=None)
+            if heir is not None and not slot.offloaded and not heir._slots[key].offloaded:
+                heir._slots[key].original = slot.original  # the heir now restores what was there before this one
+                heir._taken[key] = self._taken[key]
             else:
                 slot.restore()
         self._slots.clear()
+        self._taken.clear()
 
     def _close(self) -> list[WeightEdits]:
-        """Leave the model's open edits; the ones opened after this one, oldest first."""
+        """Leave the model's open edits; the others still open."""
         refs = _OPEN.get(self.handle.model, [])
         alive = [e for e in (r() for r in refs) if e is not None]
-        newer = alive[alive.index(self) + 1:] if self in alive else []
         refs[:] = [weakref.ref(e) for e in alive if e is not self]
-        return newer
+        return [e for e in alive if e is not self]
 
     @property
     def edited(self) -> int:

@@ -185,6 +185,8 @@ class ModelHandle:
 
     def info(self) -> dict:
         """The ``model`` block of a report."""
+        from mechkit.model.checks.identity import config_sha256
+
         config = self.model.config
         return {
             "spec": self.spec,
@@ -196,6 +198,7 @@ class ModelHandle:
             **({"device_map": self.device_map} if self.device_map else {}),
             **({"backend": self.backend.info()} if self.backend.traced else {}),
             "weights_sha256": self.weights_sha256(),
+            "config_sha256": config_sha256(self.model),  # same weights, another config: other results
         }
 
 

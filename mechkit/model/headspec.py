@@ -17,6 +17,7 @@ import random as _random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mechkit.errors import HeadSpecError
 
@@ -32,6 +33,19 @@ class Head:
 
     layer: int
     head: int
+
+    def __post_init__(self) -> None:
+        """Whole numbers of at least 0 (NumPy's included, kept as ``int``): ``Head("a", 0)`` or ``Head(-1, 0)``
+        would otherwise be carried into a run and fail far from here, or index from the end."""
+        for name in ("layer", "head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise HeadSpecError(f"head ({self.layer!r}, {self.head!r}) is not a pair of integers",
+                                    "give heads as Head(layer, head) with whole numbers, e.g. Head(1, 2)")
+            if value < 0:  # an index from the end would pick the last layer's head silently
+                raise HeadSpecError(f"head {self.layer}.{self.head} is out of range: layers and heads count from 0",
+                                    "give heads as Head(layer, head) with whole numbers of at least 0, e.g. Head(1, 2)")
+            object.__setattr__(self, name, int(value))
 
     def __str__(self) -> str:
         return f"{self.layer}.{self.head}"
@@ -95,7 +109,7 @@ def random_heads(n_layers: int, n_heads: HeadCounts, k: int, seed: int = 0, excl
     pool = [h for h in all_heads(n_layers, n_heads) if h not in excluded]
     if k > len(pool):
         raise HeadSpecError(f"cannot draw {k} random heads: only {len(pool)} remain after exclusions",
-                            "lower --top-k")
+                            f"lower --top-k (top_k= in Python) to at most {len(pool)}")
     return sorted(_random.Random(seed).sample(pool, k))
 
 
@@ -126,14 +140,18 @@ class HeadSelection:
         return any(item[0] in ("score", "random") for item in self.items)
 
     def resolve(self, n_layers: int, n_heads: HeadCounts, *, scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
-                top_k: int = 10, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
-        """The sorted, de-duplicated heads it names on a model of this shape, taking ``top_k`` per ranked item."""
+                top_k: int | None = None, seed: int = 0, exclude: Sequence[Head] = ()) -> list[Head]:
+        """The sorted, de-duplicated heads it names on a model of this shape, taking ``top_k`` per ranked item
+        (``None``: :func:`default_top_k`, 10 but at most half the model's heads)."""
+        top_k = check_top_k(top_k, n_layers, n_heads)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # random.Random("x") takes any text
+            raise HeadSpecError(f"seed must be a whole number, not {seed!r}", "pass seed=0, say")
         heads: list[Head] = []
         for item in self.items:
             heads.extend(_resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude))
         return _validated(heads, n_layers, n_heads)
 
-    def count(self, n_layers: int, n_heads: HeadCounts, top_k: int = 10, seed: int = 0) -> int:
+    def count(self, n_layers: int, n_heads: HeadCounts, top_k: int | None = None, seed: int = 0) -> int:
         """How many heads it names with ``top_k``, raising :class:`HeadSpecError` now, before scores are
         computed, where k or a range cannot hold (scores stand in as zeros: which heads a score picks is
         not known yet, how many is)."""
@@ -220,11 +238,12 @@ def parse_heads(
     n_heads: HeadCounts,
     *,
     scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
-    top_k: int = 10,
+    top_k: int | None = None,
     seed: int = 0,
     exclude: Sequence[Head] = (),
 ) -> list[Head]:
-    """Resolve a head spec to a sorted, de-duplicated list of heads.
+    """Resolve a head spec to a sorted, de-duplicated list of heads (``top_k`` per ranked or random item;
+    ``None``: 10, but at most half the model's heads: :func:`default_top_k`).
 
     ``scores`` maps a score kind (``induction`` …) to a ``[layer][head]`` grid; score-ranked
     specs need it. Raises :class:`HeadSpecError` with one line naming the problem and the fix.
@@ -282,6 +301,16 @@ def needs_scores(spec: str | HeadSelection) -> bool:
     return parse_spec(spec).needs_scores
 
 
+def check_top_k(top_k: Any, n_layers: int, n_heads: HeadCounts) -> int:
+    """``top_k`` checked (a whole number of at least 1), or the model's :func:`default_top_k` for ``None``."""
+    if top_k is None:
+        return default_top_k(n_layers, n_heads)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise HeadSpecError(f"top-k must be a whole number of at least 1, got {top_k!r}",
+                            "pass --top-k K (top_k=K in Python) with K >= 1, or leave it out for the default")
+    return top_k
+
+
 def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list[Head]:
     kind = item[0]
     if kind == "pair":
@@ -293,13 +322,13 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
                                 f"(0–{n_layers - 1})", "pick a layer in that range")
         return [Head(layer, h) for h in range(per_layer(n_layers, n_heads)[layer])]
     if kind == "random":
-        if top_k < 1:
-            raise HeadSpecError(f"--top-k must be at least 1, got {top_k}", "pass --top-k K with K >= 1")
         return random_heads(n_layers, n_heads, top_k, seed, exclude)
     score = item[1]
     if not scores or score not in scores:
         raise HeadSpecError(f"the {score!r} head spec needs {score} scores",
-                            "run `mechkit detect` first and pass --from REPORT, or let the plugin compute them")
+                            "on the command line run `mechkit detect` and pass --from REPORT, or let the plugin "
+                            "compute them; in Python pass scores=mk.run(\"detect\", model=m, write=False)"
+                            ".results[\"scores\"]")
     grid = scores[score]
     if not _is_grid(grid, n_layers, n_heads):  # another model's scores would rank heads silently wrong
         widest = max(per_layer(n_layers, n_heads))

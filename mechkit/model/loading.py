@@ -20,9 +20,12 @@ from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
 from mechkit.model.checks.integrity import (
     load_report_muted,
+    refuse_invalid_config,
     refuse_load_gaps,
+    refuse_meta_weights,
     refuse_more_layers_than_weights,
     refuse_non_finite_weights,
+    refuse_non_float_weights,
     refuse_pickle_only,
 )
 from mechkit.model.handle import ModelHandle
@@ -55,6 +58,9 @@ def _dtype(dtype: Any, device: str):
             raise ModelLoadError(f"unknown dtype {dtype!r}", "use float32, bfloat16 or float16") from None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ModelLoadError(f"dtype {dtype!r} is not a floating-point torch dtype", "use float32, bfloat16 or float16")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):  # float8: no kernels to compute in
+        raise ModelLoadError(f"dtype {dtype!r} is a storage format, not one a model computes in",
+                             "use float32, bfloat16 or float16")
     return dtype
 
 
@@ -86,6 +92,9 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     (its HF model and tokenizer are used).
     """
     backend = check_backend(backend)
+    if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+        raise ModelLoadError(f"tokenizer must be a tokenizer (callable on text, with .decode), not "
+                             f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...), or leave it out")
     if isinstance(spec, ModelHandle):
         if backend != spec.backend.name or remote is not None:
             raise ModelLoadError("a loaded handle keeps the backend it was loaded with",
@@ -110,6 +119,8 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     else:
         torch_dtype = _dtype(dtype, "cuda" if placed.uses_accelerator() else "cpu")
     model, tok, name, source, spec_str = _resolve(spec, torch_dtype, tokenizer, placed)
+    if not is_dispatched(model):
+        refuse_meta_weights(model, spec_str)  # nothing to compute on: one line, not torch's "Cannot copy out of meta"
     if is_dispatched(model):
         if placed is not None and not hasattr(model, "hf_device_map"):
             raise ModelLoadError("the model object is already dispatched by accelerate",
@@ -218,12 +229,15 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     except (OSError, UnicodeDecodeError) as err:
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(err)}",
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
+    refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
     safe = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True,
             "output_loading_info": True}
     try:
         if pruned:
-            return load_pruned_directory(path, torch_dtype), _tokenizer(path)
+            model = load_pruned_directory(path, torch_dtype)
+            refuse_non_float_weights(path, model)
+            return model, _tokenizer(path)
         refuse_more_layers_than_weights(path)  # from the headers, before transformers builds every layer
         with load_report_muted():
             if placed is not None:
@@ -231,6 +245,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
             else:
                 model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **safe)
         refuse_load_gaps(info, path)  # random-initialised or ignored tensors: never computed on
+        refuse_non_float_weights(path, model)  # integers cast into float parameters: never computed on
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line

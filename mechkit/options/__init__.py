@@ -22,6 +22,7 @@ from mechkit.options.parsers import (
            HeadSpec,
            IntRanges,
            NumberList,
+           OrAuto,
            Paths,
            Ranges,
            TaskList,
@@ -31,5 +32,5 @@ from mechkit.options.parsers import (
 from mechkit.options.pruning import GuideList, Levels, SparsityLevels, TargetList
 
 __all__ = ["DEFAULT_TASKS", "EXECUTION", "Bounds", "Choices", "ExecutorChoice", "ExistingPath", "Grid", "GuideList",
-           "HeadSpec", "IntRanges", "Levels", "NumberList", "Option", "OptionError", "Paths", "Ranges", "RayAddress",
+           "HeadSpec", "IntRanges", "Levels", "NumberList", "Option", "OptionError", "OrAuto", "Paths", "Ranges", "RayAddress",
            "SparsityLevels", "TargetList", "TaskList", "Text", "parse_lambdas"]

@@ -133,7 +133,10 @@ class Option:
     - ``metavar``: what ``--help`` shows for the value (default: the parser's, else the type's);
     - ``execution``: the option says how the run executes, never what it computes (``--executor``,
       ``--workers``): the report records it, but it is left out of the run's resume key, so a run
-      stopped under one executor resumes under another.
+      stopped under one executor resumes under another;
+    - ``files``: the value names input files (``--vectors A,B``, ``--load-vector``, ``--from``): the
+      run's resume key covers their content, not just their names, so a file replaced at the same path
+      between a killed run and its rerun starts the run fresh.
 
     >>> Option("lr", float, 1e-4, min=0, min_exclusive=True).check("0.001")
     (0.001, 0.001)
@@ -159,6 +162,7 @@ class Option:
     required: bool = False
     metavar: str | None = None
     execution: bool = False
+    files: bool = False
 
     @property
     def flag(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from mechkit.options.option import TYPE_WORDS, Bounds, OptionError, show, to_number
 
@@ -89,6 +90,28 @@ class NumberList:
             raise OptionError("no numbers given", self.fix)
         values = [_number(x, self.kind, self.fix, self.bounds) for x in items]
         return tuple(sorted(set(values))) if self.sort else tuple(values)
+
+
+@dataclass(frozen=True)
+class OrAuto:
+    """``auto`` -> ``None`` (the plugin picks the value for the model it runs on), else ``inner``'s result:
+    for a default that depends on the model's depth, which a fixed default would get wrong on a small model.
+
+    >>> OrAuto(NumberList(int))("auto") is None, OrAuto(NumberList(int))("3,1")
+    (True, (3, 1))
+    """
+
+    inner: Any
+
+    @property
+    def metavar(self) -> str:
+        return f"auto|{self.inner.metavar}"
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def __call__(self, text: str) -> Any:
+        return None if str(text).strip().lower() == "auto" else self.inner(text)
 
 
 @dataclass(frozen=True)
@@ -334,6 +357,7 @@ class Paths:
     what: str = "files"
     example: str | None = None
     metavar: str = "PATH[,PATH...]"
+    reads_files: ClassVar[bool] = True  # the resume key covers the files' content (mechkit.options.inputs)
 
     @property
     def fix(self) -> str:
@@ -363,6 +387,7 @@ class ExistingPath:
 
     what: str = "file"
     metavar: str = "PATH"
+    reads_files: ClassVar[bool] = True  # the resume key covers the file's content (mechkit.options.inputs)
 
     @property
     def fix(self) -> str:

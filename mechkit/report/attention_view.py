@@ -107,7 +107,7 @@ class AttentionView:
         return f"AttentionView of {n} head{'s' if n != 1 else ''} on {len(self.patterns.tokens)} tokens of {self.model}"
 
 
-def select_heads(handle: ModelHandle, heads: str | HeadSelection | Sequence | None, top_k: int = 10, seed: int = 0,
+def select_heads(handle: ModelHandle, heads: str | HeadSelection | Sequence | None, top_k: int | None = None, seed: int = 0,
                  scores: Mapping[str, Sequence[Sequence[float]]] | None = None) -> list[Head]:
     """The heads a view records: every head for ``None``, else the spec resolved as everywhere (a score-ranked
     spec uses ``scores``, or scores computed now on 20 seeded repeated random sequences)."""
@@ -121,7 +121,7 @@ def select_heads(handle: ModelHandle, heads: str | HeadSelection | Sequence | No
     return parse_heads(heads, a.n_layers, a.head_counts, scores=scores, top_k=top_k, seed=seed)
 
 
-def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence | None = None, *, top_k: int = 10,
+def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence | None = None, *, top_k: int | None = None,
                    seed: int = 0, scores: Mapping[str, Sequence[Sequence[float]]] | None = None) -> AttentionView:
     """The attention of ``heads`` (a head spec, as ``--heads`` takes; default every head) on ``text``.
 
@@ -140,8 +140,9 @@ def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence 
     if ids.shape[1] > MAX_TOKENS:
         raise MechkitError(f"the prompt has {ids.shape[1]} tokens; a view holds at most {MAX_TOKENS}",
                            "shorten the prompt")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise MechkitError(f"top_k must be a whole number of at least 1, not {top_k!r}", "pass top_k=10, say")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise MechkitError(f"top_k must be a whole number of at least 1, not {top_k!r}",
+                           "pass top_k=4, say, or leave it out (10, at most half the model's heads)")
     chosen = select_heads(model, heads, top_k, seed, scores)
     if not chosen:
         raise MechkitError("the head spec selects no heads", 'name at least one, e.g. heads="0.1" or heads=None for all')

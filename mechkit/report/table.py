@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mechkit.errors import MechkitError
 from mechkit.report import values
 
 HEAD_LIMIT = 4  # heads shown in a cell before "+N more"
@@ -37,10 +38,21 @@ class Table:
     digits: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.columns, str) or not isinstance(self.columns, (list, tuple)):
+            raise TableError(f"table {self.title!r}: columns must be a list of names, not {self.columns!r}"[:200],
+                             "pass columns=[\"name\", \"value\"] (a string would be split into letters)")
+        if isinstance(self.rows, str) or not isinstance(self.rows, (list, tuple)):
+            raise TableError(f"table {self.title!r}: rows must be a list of rows, not {type(self.rows).__name__}",
+                             "pass rows=[[cell, ...], ...], one cell per column")
         for i, row in enumerate(self.rows):
-            if len(row) != len(self.columns):
-                raise ValueError(f"table {self.title!r}: row {i} has {len(row)} cells for "
-                                 f"{len(self.columns)} columns")
+            if isinstance(row, str) or not isinstance(row, (list, tuple)) or len(row) != len(self.columns):
+                got = f"{len(row)} cells" if isinstance(row, (list, tuple)) else f"a {type(row).__name__}"
+                raise TableError(f"table {self.title!r}: row {i} has {got} for {len(self.columns)} columns",
+                                 "give every row one cell per column")
+
+
+class TableError(MechkitError, ValueError):
+    """A table whose shape is wrong (one line; still a ``ValueError`` for code that catches that)."""
 
 
 def pm(mean: float | None, std: float | None) -> dict[str, float | None]:

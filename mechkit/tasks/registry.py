@@ -18,7 +18,7 @@ from mechkit.tasks.composite import COMPOSITES, CompositeTask
 from mechkit.tasks.fuzzy_copy import FuzzyCopyTask
 from mechkit.tasks.ioi import IOITask
 from mechkit.tasks.logic import LOGIC_COMPOSITES, LOGIC_SIMPLE, LOGIC_TASKS
-from mechkit.tasks.prompt import Prompt
+from mechkit.tasks.prompt import Prompt, TaskOptionError
 from mechkit.tasks.repeat_tokens import RepeatTokensTask
 from mechkit.tasks.simple import SIMPLE_TASKS, SimpleTask
 
@@ -40,6 +40,9 @@ def list_tasks(kind: str | None = None) -> list[str]:
 
     Kinds: ``simple``, ``composite``, ``logic``, ``logic-composite``, ``copy``, ``ioi``, ``tokens``.
     """
+    kinds = sorted({task.kind for task in _ALL.values()})
+    if kind is not None and kind not in kinds:  # a typo would list nothing, as if there were no such tasks
+        raise UnknownTaskError(f"unknown task kind {kind!r}", f"use one of: {', '.join(kinds)}, or no kind for all")
     return [tid for tid, task in _ALL.items() if kind is None or task.kind == kind]
 
 
@@ -107,4 +110,6 @@ def build_prompts(task_id: str, n: int = 30, shots: int | None = None, seed: int
     prompts. ``setting=None`` is the task's default: ``simple`` for simple tasks, ``composite`` for
     composites (whose ``simple`` setting returns ``n`` prompts per component, component order).
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TaskOptionError(f"seed must be a whole number of at least 0, got {seed!r}", "pass seed=0, say")
     return get_task(task_id).prompts(n=n, shots=shots, seed=seed, setting=setting)

@@ -13,7 +13,11 @@ import hashlib
 import json
 from typing import Any
 
-_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset")
+# Fields that name where a config was read from, which transformers wrote it, or what a save records
+# beside it (the dtype is the identity's own entry; ``architectures`` is absent from a config built in code
+# and present once saved): none changes what the model computes.
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset", "dtype",
+                 "torch_dtype", "architectures")
 
 
 def config_sha256(model: Any) -> str:
@@ -43,10 +47,30 @@ def tokenizer_sha256(tokenizer: Any) -> str:
             vocab = []
         text = json.dumps([type(tokenizer).__name__, vocab], default=str)
     special = json.dumps(getattr(tokenizer, "special_tokens_map", {}) or {}, sort_keys=True, default=str)
-    return hashlib.sha256((text + special).encode()).hexdigest()
+    return hashlib.sha256((text + special + _tokenizer_settings(tokenizer)).encode()).hexdigest()
+
+
+_SETTINGS = ("padding_side", "truncation_side", "model_max_length", "add_bos_token", "add_eos_token",
+             "clean_up_tokenization_spaces")
+
+
+def _tokenizer_settings(tokenizer: Any) -> str:
+    """The Python-side settings that change ids or padded batches (``padding_side`` left pads prompts on
+    the left: other positions, other results) but live outside the backend's definition. Only plain
+    values count (a setting holding an object would put its address in the key)."""
+    plain = (str, int, float, bool, type(None))
+    values = {name: getattr(tokenizer, name, None) for name in _SETTINGS}
+    return json.dumps({k: v for k, v in values.items() if isinstance(v, plain)}, sort_keys=True)
 
 
 def model_identity(handle: Any) -> dict[str, str]:
     """The parts of a loaded model that decide its results: weights, config, tokenizer and dtype."""
     return {"weights_sha256": handle.weights_sha256(), "config_sha256": config_sha256(handle.model),
             "tokenizer_sha256": tokenizer_sha256(handle.tokenizer), "dtype": str(handle.dtype)}
+
+
+def identity_tag(handle: Any) -> str:
+    """A short digest of :func:`model_identity`, for the step keys of a run that computes on several models
+    (``compose --models``): the run's own resume key covers only the model it was started with."""
+    text = json.dumps(model_identity(handle), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -34,9 +34,38 @@ def refuse_pickle_only(path: Path) -> None:
         raise ModelLoadError(
             f"{path} holds only pickle weights ({pickles[0]}); mechkit loads safetensors only and never unpickles",
             "convert it once where you trust the file: AutoModelForCausalLM.from_pretrained(DIR)"
-            ".save_pretrained(NEW_DIR, safe_serialization=True), then use NEW_DIR")
+            ".save_pretrained(NEW_DIR, safe_serialization=True) and AutoTokenizer.from_pretrained(DIR)"
+            ".save_pretrained(NEW_DIR) (analyses of text need the tokenizer beside the weights), then use NEW_DIR")
     raise ModelLoadError(f"no weights in {path}: no *.safetensors file",
                          "point --model at a directory written by save_pretrained (config.json + model.safetensors)")
+
+
+def refuse_invalid_config(path: Path) -> None:
+    """Refuse a ``config.json`` transformers cannot build a config from (fields that disagree, such as a
+    ``layer_types`` list longer than ``num_hidden_layers``, or an unknown model type) as a config problem,
+    quoting transformers' reason, before it is reported as damaged weights."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except Exception as err:
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        reason = (lines[-1] if lines and lines[0].endswith(":") else lines[0] if lines else type(err).__name__)[:240]
+        raise ModelLoadError(f"{path / 'config.json'} does not make a valid config: {reason}",
+                             "fix config.json so its fields agree with each other and with the weights "
+                             "(e.g. num_hidden_layers and the length of layer_types)") from None
+
+
+def layer_fields(path: Path) -> str:
+    """The config.json fields that count layers, as a fix names them: ``num_hidden_layers`` and, where the
+    config lists one entry per layer, ``layer_types`` too (changing one alone is refused by transformers)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except Exception:
+        return "num_hidden_layers"
+    config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    count = next((k for k in _LAYER_COUNT_KEYS if k in config), "num_hidden_layers")
+    return f"{count} and layer_types" if isinstance(config.get("layer_types"), list) else count
 
 
 _LAYER_KEY = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
@@ -67,7 +96,7 @@ def refuse_more_layers_than_weights(path: Path) -> None:
         raise ModelLoadError(
             f"the weights in {path} lack layers {max(held) + 1}–{wanted - 1}: config.json asks for {wanted:,} layers "
             f"and they hold {max(held) + 1}; those would be random", "re-export the model with all its weights, "
-            "or fix config.json (e.g. num_hidden_layers) to match the weights")
+            f"or set {layer_fields(path)} in config.json to the {max(held) + 1} layers the weights hold")
 
 
 def refuse_load_gaps(info: dict, path: Any) -> None:
@@ -77,11 +106,12 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
     missing = sorted(info.get("missing_keys") or ())
     mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
+    layers = layer_fields(path) if isinstance(path, Path) else "num_hidden_layers"
     if missing:
         raise ModelLoadError(
             f"the weights in {path} lack {len(missing)} tensor(s) its config.json needs (first: {missing[0]}); "
             "they would be random", "re-export the model with all its weights, or fix config.json "
-            "(e.g. num_hidden_layers) to match the weights")
+            f"(e.g. {layers}) to match the weights")
     if mismatched:
         raise ModelLoadError(
             f"{len(mismatched)} tensor(s) in {path} have another shape than config.json says (first: {mismatched[0]})",
@@ -90,7 +120,45 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
         raise ModelLoadError(
             f"the weights in {path} hold {len(unexpected)} tensor(s) its config.json has no place for "
             f"(first: {unexpected[0]}); they would be ignored",
-            "fix config.json (e.g. num_hidden_layers) to match the weights, or re-export the model")
+            f"fix config.json (e.g. {layers}) to match the weights, or re-export the model")
+
+
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FN", "F8_E5M2FNUZ", "F8_E4M3FNUZ")
+
+
+def refuse_non_float_weights(path: Path, model: Any) -> None:
+    """Refuse a checkpoint that stores one of the model's floating-point parameters as integers or booleans,
+    read from the safetensors headers: transformers casts it silently (an int8 or packed quantized tensor
+    under a float name would be computed on as if its integers were the weights). Buffers stored that way
+    (an old checkpoint's boolean attention mask) are not parameters and are left alone."""
+    from safetensors import safe_open
+
+    params = {name for name, p in model.named_parameters() if p.is_floating_point()}
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - no __iter__
+                    dtype = f.get_slice(key).get_dtype()
+                    if key in params and dtype not in _FLOAT_DTYPES:
+                        raise ModelLoadError(
+                            f"{file.name} in {path} stores {key} as {dtype}, not floating point: a quantized or "
+                            "damaged checkpoint, which mechkit would compute on as if its integers were the weights",
+                            "load the original float weights, or dequantize and re-save them "
+                            "(save_pretrained from a float model)")
+        except ModelLoadError:
+            raise
+        except Exception:  # a header this cannot read: the load already read it, or reported it
+            continue
+
+
+def refuse_meta_weights(model: Any, label: Any) -> None:
+    """Refuse a model object whose parameters have no data (built on the ``meta`` device, never loaded) and
+    that no accelerate hook fills: there is nothing to compute on."""
+    name = next((n for n, p in model.named_parameters() if p.device.type == "meta"), None)
+    if name is not None:
+        raise ModelLoadError(f"the model {label} has no weights in {name} (a meta tensor: built without data)",
+                             "load its weights first (from_pretrained, or load_state_dict(..., assign=True)), "
+                             "or pass the model directory to mk.load_model")
 
 
 def _not_a_load_report(record: logging.LogRecord) -> bool:

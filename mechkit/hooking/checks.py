@@ -1,0 +1,80 @@
+"""What the hook API accepts, checked where it is called: one line naming the argument, not a TypeError from
+deep inside a loop, and a replacement of the wrong shape named at its hook point, not a size mismatch from
+the layer that reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from mechkit.errors import MechkitError
+
+
+def _callables(value: Any, where: str, example: str) -> list[Callable]:
+    fns = value if isinstance(value, (list, tuple)) else [value]
+    bad = next((f for f in fns if not callable(f)), None)
+    if bad is not None or not fns:
+        got = "an empty list" if not fns else f"a {type(bad).__name__}"
+        raise MechkitError(f"{where} maps to {got}, not a function", f"give a function or a list of them, {example}")
+    return list(fns)
+
+
+def check_hook_fns(fns: Any, who: str) -> dict[str, list[Callable]]:
+    """``{hook name: [fn, ...]}`` from ``{name: fn or [fn, ...]}``, refused in one line when it is not that."""
+    example = "e.g. {\"blocks.0.hook_resid_post\": fn}"
+    if not isinstance(fns, Mapping):
+        raise MechkitError(f"{who} takes a dict of hook names to functions, not {type(fns).__name__}",
+                           f"pass {example}")
+    out = {}
+    for name, value in fns.items():
+        if not isinstance(name, str):
+            raise MechkitError(f"{who}: hook name {name!r} is not text", f"name hook points as text, {example}")
+        out[name] = _callables(value, f"{who}: {name!r}", example)
+    return out
+
+
+def check_layer_fns(fns: Any, n_layers: int, who: str) -> dict[int, list[Callable]]:
+    """``{layer: [fn, ...]}`` from ``{layer: fn or [fn, ...]}``, every layer one of the model's."""
+    example = "e.g. {0: [fn]}"
+    if not isinstance(fns, Mapping):
+        raise MechkitError(f"{who} takes a dict of layers to functions, not {type(fns).__name__}", f"pass {example}")
+    out = {}
+    for layer, value in fns.items():
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise MechkitError(f"{who}: layer {layer!r} is not one of the model's layers (0–{n_layers - 1})",
+                               f"key the functions by layer index, {example}")
+        out[layer] = _callables(value, f"{who}: layer {layer}", example)
+    return out
+
+
+def check_names(names: Any, who: str) -> list[str]:
+    """Hook names as a list: one name, or a list or tuple of names (text)."""
+    listed = [names] if isinstance(names, str) else names
+    if not isinstance(listed, (list, tuple)) or not listed or not all(isinstance(n, str) for n in listed):
+        raise MechkitError(f"{who} takes a hook name or a list of them, not {names!r}"[:200],
+                           "pass e.g. \"blocks.*.attn.hook_z\" or [\"blocks.0.hook_resid_post\"]")
+    return list(listed)
+
+
+def same_shape(fn: Callable, where: str) -> Callable:
+    """``fn`` whose replacement (a tensor it returns) must have the activation's shape: refused naming the
+    hook point otherwise, where the layer reading it would fail with a size mismatch (or, broadcast,
+    silently compute on something else). Attributes (such as a read-only mark) are kept."""
+    @functools.wraps(fn)
+    def checked(act: torch.Tensor, *rest: Any) -> Any:
+        new = fn(act, *rest)
+        if new is None:
+            return None
+        if not isinstance(new, torch.Tensor):
+            raise MechkitError(f"the function on {where} returned a {type(new).__name__}, not a tensor",
+                               "return a tensor of the activation's shape to replace it, or None to only read")
+        if new.shape != act.shape:
+            raise MechkitError(f"the function on {where} returned shape {list(new.shape)}; the activation there "
+                               f"is {list(act.shape)}", "return a tensor of the same shape, or None to only read")
+        return new
+
+    return checked
