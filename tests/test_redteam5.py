@@ -359,3 +359,9 @@ def test_a_vector_at_a_non_utf8_path_names_the_rename(tmp_path):
     with pytest.raises(mk.MechkitError, match="is not UTF-8") as err:
         TaskVector.load(path)
     assert "rename" in str(err.value) and "extract it again" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", [3, [], ["a", 2], None])
+def test_to_tokens_refuses_what_is_not_text_in_one_line(m, text):
+    with pytest.raises(mk.MechkitError, match="to_tokens takes text or a list of texts"):
+        m.to_tokens(text)

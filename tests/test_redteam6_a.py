@@ -499,7 +499,7 @@ def test_a_cache_path_with_an_unexpanded_tilde_is_the_home_directorys(monkeypatc
 
 def test_a_model_saved_with_force_into_an_existing_directory_gets_the_umasks_mode(tmp_path, dirs):
     """safetensors writes 0600; a new directory got the umask's mode, one written with --force kept 0600."""
-    from mechkit.io.atomic import _file_mode
+    from mechkit.io.atomic import file_mode
     from mechkit.pruning import prune_copy, save_pruned
     from mechkit.pruning.plan import UnitsToRemove
 
@@ -507,5 +507,5 @@ def test_a_model_saved_with_force_into_an_existing_directory_gets_the_umasks_mod
     out = save_pruned(pruned, tmp_path / "pruned")
     (out / "notes.txt").write_text("mine")
     save_pruned(pruned, out, force=True)
-    assert (out / "model.safetensors").stat().st_mode & 0o777 == _file_mode()
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == file_mode()
     assert (out / "notes.txt").read_text() == "mine"

@@ -192,7 +192,7 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
 def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     """Give every file under ``folder`` the mode the umask gives a new file (safetensors writes 0600, so a
     saved model was private to its owner), flushing each to disk when ``fsync``; symlinks are left alone."""
-    mode = _file_mode()
+    mode = file_mode()
     for root, _, files in os.walk(folder):
         for name in files:
             if not os.path.islink(os.path.join(root, name)):
@@ -203,7 +203,7 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
             _fsync(Path(root), directory=True)
 
 
-def _file_mode() -> int:
+def file_mode() -> int:
     """The mode a new file gets under the umask (read without a race: from /proc where it is shown)."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("Umask:"))

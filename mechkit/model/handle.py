@@ -149,6 +149,11 @@ class ModelHandle:
     def to_tokens(self, text: str | list[str]) -> torch.Tensor:
         """Token ids (with BOS where the tokenizer adds one), right-padded to a batch."""
         texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
+            from mechkit.errors import MechkitError
+
+            raise MechkitError(f"to_tokens takes text or a list of texts, not {type(text).__name__}",
+                               'pass a string (m.to_tokens("hello")) or a non-empty list of strings')
         enc = self.text_tokenizer()(texts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(self.device)
 
