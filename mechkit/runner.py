@@ -154,7 +154,8 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
     """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
     plugin, its version and its source (:func:`plugin_code`), mechkit's version, the options, the seed, the
     model's identity (weights,
-    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`) and the content of
+    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`; the runner adds its device
+    and device map) and the content of
     the files its options name (``inputs``: :func:`mechkit.options.inputs.input_digests`)."""
     from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
@@ -164,6 +165,12 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
     parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed] + ([inputs] if inputs else [])
     key = json.dumps(parts, sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def run_model_key(handle: Any) -> dict:
+    """The model's part of a run's resume key: its identity and where it runs (device, device map), so a run
+    killed on the CPU never resumes on steps a GPU computed, or the other way round."""
+    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map}
 
 
 def plugin_code(cls: type[Plugin]) -> str:
@@ -310,7 +317,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     before = _probe_logits(handle) if probe else None
     sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
     state = model_state(handle.model) if probe else None  # hooks, forward overrides, modes, config: read directly
-    model_key = model_identity(handle) if handle is not None else str(setup.model)
+    model_key = run_model_key(handle) if handle is not None else str(setup.model)
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with claimed(resume_dir(cls, model_key, params, setup.seed, inputs), console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,

@@ -365,3 +365,14 @@ def test_a_vector_at_a_non_utf8_path_names_the_rename(tmp_path):
 def test_to_tokens_refuses_what_is_not_text_in_one_line(m, text):
     with pytest.raises(mk.MechkitError, match="to_tokens takes text or a list of texts"):
         m.to_tokens(text)
+
+
+def test_the_resume_key_covers_the_device(m):
+    """Steps computed on one device are never resumed on another (the numbers differ in the last bits)."""
+    from mechkit import registry
+    from mechkit.runner import resume_dir, run_model_key
+
+    key = run_model_key(m)
+    assert key["device"] == "cpu" and key["device_map"] is None and key["weights_sha256"] == m.weights_sha256()
+    cls = registry.get("inspect")
+    assert resume_dir(cls, key, {}, 0) != resume_dir(cls, {**key, "device": "cuda"}, {}, 0)
