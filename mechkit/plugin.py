@@ -231,6 +231,14 @@ class Plugin:
         :class:`~mechkit.options.OptionError` with one line. The default has none."""
 
     @classmethod
+    def writes(cls, params: dict[str, Any]) -> tuple[str, ...]:
+        """Names a run with ``params`` writes into ``--out`` besides its report and figures (a saved model's
+        ``config.json``, a ``model/`` folder). The runner checks them before the model loads, so a model
+        that another writer saved there, or one mechkit never wrote, is refused at once and not after the
+        work (:func:`mechkit.io.replace.refuse_foreign_model`). The default writes none."""
+        return ()
+
+    @classmethod
     def tables(cls, results: dict) -> list[Table]:
         """The tables a reader sees, pivoted the natural way for this analysis, built from a report's
         JSON ``results`` at render time (``report.html``, ``mechkit report show`` and ``compare``).

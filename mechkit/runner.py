@@ -129,7 +129,9 @@ def load_run(path: str | Path) -> Run:
                            "pass a path, e.g. mk.load_report(\"mechkit-runs/inspect-1\")")
     p = Path(path)
     report = load_report(p)
-    return Run(report=report, out_dir=p if p.is_dir() else p.parent)
+    from mechkit.report.show import run_dir_of
+
+    return Run(report=report, out_dir=run_dir_of(p))
 
 
 def _seed_everything(seed: int) -> None:
@@ -256,9 +258,9 @@ def run_plugin(
             if not isinstance(out, (str, os.PathLike)):
                 raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
             out_dir = Path(out)
-            check_run_out(out_dir, force, model_inputs(model), cls.name)  # a file, a read-only place, a report without --force, another run's model: before any work
+            check_run_out(out_dir, force, model_inputs(model), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
             stack.enter_context(out_lock(out_dir))
-            check_run_out(out_dir, force, plugin=cls.name)  # again under the lock: a run that finished there meanwhile wrote a report
+            check_run_out(out_dir, force, plugin=cls.name, writes=cls.writes(params))  # again under the lock: a run that finished there meanwhile wrote a report
         else:
             out_dir = stack.enter_context(locked_default_out(cls.name))
         return _run(cls, params, parsed, out_dir, setup, console)

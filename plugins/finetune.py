@@ -80,6 +80,11 @@ class FinetunePlugin(Plugin):
                       finding=finding(results))
 
     @classmethod
+    def writes(cls, params: dict) -> tuple[str, ...]:
+        """The saved model's key files: checked against --out before the model loads."""
+        return ("config.json", "model.safetensors")
+
+    @classmethod
     def tables(cls, results: dict) -> list:
         """Before × after on the held-out prompts, and the training run in numbers."""
         from mechkit.report import Table, kv_table

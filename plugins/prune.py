@@ -142,6 +142,11 @@ class PrunePlugin(Plugin):
         return Result(results=results, figures=figures, files=files, finding=finding(results))
 
     @classmethod
+    def writes(cls, params: dict) -> tuple[str, ...]:
+        """``model/`` with --save-model: checked against --out before the model loads."""
+        return ("model",) if params.get("save_model") else ()
+
+    @classmethod
     def tables(cls, results: dict) -> list:
         """Guides × sparsity (mean accuracy, speedup), then every measured model, the dense one first."""
         from mechkit.report import Table

@@ -129,7 +129,7 @@ def test_the_lock_is_released_after_success_error_and_ctrl_c(tmp_path, cache):
     assert not (tmp_path / "new").exists()
     run = mk.run(Fails, out=out, how="ok")
     assert run.results == {"ok": True} and sorted(p.name for p in out.parent.iterdir()) == ["run"]
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # never inside the report
+    assert sorted(p.name for p in out.iterdir()) == [".mechkit-files", "report.html", "report.json"]  # no lock inside
 
 
 def test_a_lock_left_by_kill_9_is_taken_over(tmp_path, cache):

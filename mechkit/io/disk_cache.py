@@ -217,10 +217,26 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
             if size is not None:
                 removed.append((path.name, size))
             continue
+        if _in_use(path):
+            continue
         size = dir_size(path)
         remove_dir(path)
         removed.append((str(path.relative_to(root)), size))
     return removed
+
+
+def _in_use(entry: Path) -> bool:
+    """Whether a running mechkit process holds ``entry``'s lock (a run keeping its steps there, a conversion
+    being built): such an entry is kept, with a warning on stderr ("a write still running is never touched")."""
+    from mechkit.io.leftovers import lock_holder
+
+    held, pid = lock_holder(entry.parent, entry.name)
+    if held:
+        import sys
+
+        print(f"mechkit: warning: kept {entry.parent.name}/{entry.name}: a running mechkit process"
+              f"{f' (pid {pid})' if pid else ''} is using it", file=sys.stderr)
+    return held
 
 
 def _clear_group(group: Path) -> int | None:
@@ -228,7 +244,7 @@ def _clear_group(group: Path) -> int | None:
     empty; bytes freed, ``None`` where nothing of mechkit's was there. Other files stay."""
     if group.is_symlink() or not group.is_dir():
         return None
-    entries = _children(group)
+    entries = [p for p in _children(group) if not _in_use(p)]
     memos = []
     hashes = group / ".hashes"
     if group.name == "gguf" and hashes.is_dir() and not hashes.is_symlink():

@@ -28,6 +28,7 @@ _WHY = {
     errno.EFBIG: ("a file is larger than the file system or your file-size limit allows",
                   "raise the limit (ulimit -f unlimited), or choose an --out on another file system"),
     errno.ELOOP: ("a symlink loop (a link that leads back to itself)", "remove the link or choose another --out"),
+    errno.ENOTDIR: ("a part of the path is a file, not a directory", "choose another --out"),
 }
 PATH_MAX = 4096  # bytes in a whole path on Linux
 INNER_ROOM = 64  # what a run writes inside --out: model/model.safetensors, .previous/…
@@ -49,6 +50,7 @@ def describe(err: OSError) -> MechkitError | None:
                 import re
 
                 fix = re.sub(r"choose (another --out|an --out[^,]*)", "point $MECHKIT_CACHE elsewhere", fix)
+                fix = fix.replace("a shorter --out", "a shorter $MECHKIT_CACHE")
     except (OSError, ValueError, TypeError):
         pass
     return MechkitError(f"cannot write {where}: {why[0]}", fix)

@@ -139,10 +139,12 @@ def _remove_empty(dirs: list[Path]) -> None:
             break
 
 
-def check_run_out(out_dir: Path, force: bool, inputs: tuple = (), plugin: str | None = None) -> None:
+def check_run_out(out_dir: Path, force: bool, inputs: tuple = (), plugin: str | None = None,
+                  writes: tuple[str, ...] = ()) -> None:
     """Refuse ``out_dir`` (one line) where a run's report cannot go: a report already there without
     ``force``, a file, a read-only place, the working or home directory, the cache, a place holding an input,
-    or (``plugin`` given) a model another plugin's run saved there (:func:`mechkit.io.replace.refuse_foreign_model`)."""
+    or (``plugin`` given) a model another plugin's run saved there, or one among ``writes`` (the run's other
+    outputs) that mechkit never wrote (:func:`mechkit.io.replace.refuse_foreign_model`)."""
     from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(out_dir)  # first: a name too long makes even exists() fail
@@ -152,7 +154,7 @@ def check_run_out(out_dir: Path, force: bool, inputs: tuple = (), plugin: str | 
     if force and plugin is not None:
         from mechkit.io.replace import refuse_foreign_model
 
-        refuse_foreign_model(out_dir, plugin, ("report.json", "report.html"))  # what every run writes
+        refuse_foreign_model(out_dir, plugin, ("report.json", "report.html", *writes))  # what the run writes
 
 
 @contextlib.contextmanager
@@ -189,8 +191,11 @@ def claimed(resume: Path, console) -> Iterator[Path | None]:
                       markup=False, highlight=False, soft_wrap=True)
         yield None
         return
-    except MechkitError:  # an unwritable cache: RunContext.step warns once and the run goes on
-        yield resume
+    except MechkitError as err:  # an unwritable cache (or a file where it should be): the run goes on, unkept
+        why = err.__cause__.strerror if isinstance(err.__cause__, OSError) and err.__cause__.strerror else "unwritable"
+        console.print(f"mechkit: warning: cannot keep finished steps in {resume} ({why}); this run will not "
+                      "resume from here if it stops", markup=False, highlight=False, soft_wrap=True)
+        yield None  # not resumable: no steps kept, no checkpoints (a plugin's scratch() is None)
         return
     try:
         yield resume

@@ -30,7 +30,7 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes | None:
     ``limit`` bytes; else ``None``. Never blocks and never follows a link."""
     try:
         fd = os.open(Path(path), _FLAGS)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name no file can have (a NUL, a lone surrogate from JSON)
         return None
     try:
         info = os.fstat(fd)

@@ -32,6 +32,7 @@ from mechkit.io.journal import journal_path, plain_name, recover
 
 MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
 KEY_FILES = ("report.json", "config.json")  # the file that says "this set is whole": out first, in last
+REPORT_SCHEMA = "mechkit.report/"  # a report.json whose schema starts so is mechkit's (mechkit.report.schema.SCHEMA)
 
 
 def _read_json(path: Path) -> object:
@@ -44,17 +45,25 @@ def _read_json(path: Path) -> object:
         return None
 
 
+def _mechkit_report(out: Path) -> dict | None:
+    """``out``'s ``report.json`` where it is a mechkit report (its ``schema`` says so), else ``None``: another
+    tool's ``report.json`` with an ``artifacts`` list names that tool's files, never mechkit's."""
+    report = _read_json(out / "report.json")
+    schema = report.get("schema") if isinstance(report, dict) else None
+    return report if isinstance(schema, str) and schema.startswith(REPORT_SCHEMA) else None
+
+
 def owned_names(out: Path) -> list[str]:
-    """The names the last mechkit write made in ``out``: its manifest, else a report's own list (``report.json``,
-    ``report.html`` and its ``artifacts``); none where neither is there."""
+    """The names the last mechkit write made in ``out``: its manifest, else a mechkit report's own list
+    (``report.json``, ``report.html`` and its ``artifacts``); none where neither is there."""
     names = _read_json(out / MANIFEST)
     if isinstance(names, dict):  # {"writer": ..., "files": [...]}; an older manifest is the bare list
         names = names.get("files")
     if not names:
-        report = _read_json(out / "report.json")
-        artifacts = report.get("artifacts") if isinstance(report, dict) else None
+        report = _mechkit_report(out)
+        artifacts = report.get("artifacts") if report is not None else None
         names = ["report.json", "report.html", *(artifacts if isinstance(artifacts, list) else [])] \
-            if isinstance(report, dict) else []
+            if report is not None else []
     return [n for n in names if isinstance(n, str) and plain_name(n)] if isinstance(names, list) else []
 
 
@@ -64,8 +73,8 @@ def set_writer(out: Path) -> str | None:
     manifest = _read_json(out / MANIFEST)
     if isinstance(manifest, dict) and isinstance(manifest.get("writer"), str):
         return manifest["writer"]
-    report = _read_json(out / "report.json")
-    plugin = report.get("plugin") if isinstance(report, dict) else None
+    report = _mechkit_report(out)
+    plugin = report.get("plugin") if report is not None else None
     return plugin if isinstance(plugin, str) else None
 
 
@@ -99,6 +108,25 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
         raise MechkitError(f"--out {out} holds a model a `{wrote or 'mechkit'}` run saved ({', '.join(saved[:3])}), "
                            f"and {writer}'s --force would delete it",
                            "choose another --out, or remove that model yourself first")
+
+
+def refuse_foreign_file(path: str | os.PathLike[str], writer: str) -> None:
+    """Refuse (one line) a file writer (``taskvec extract``, ``merge``) that would replace, even with ``--force``,
+    a file of a set a directory writer made (its manifest lists it: ``finetune``'s ``model.safetensors``), or
+    a model's ``config.json`` or weights that mechkit never wrote. ``--out ft/model.safetensors --force`` put
+    a task vector where a fine-tune's weights were; ``--out ft/config`` replaced ``config.json`` with the
+    vector's metadata. Only the writer that saved a model replaces it (:func:`refuse_foreign_model`)."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    folder, name = path.parent, path.name
+    if name in owned_names(folder) and name != MANIFEST:
+        raise MechkitError(f"{path} is one of the files a `{set_writer(folder) or 'mechkit'}` run wrote in {folder}, "
+                           f"and {writer} would replace it", "choose another --out, outside that directory")
+    weights = name.endswith(".safetensors") and not path.with_name(name + ".json").is_file()  # a vector has its .json
+    if (folder / "config.json").is_file() and (name == "config.json" or weights):
+        raise MechkitError(f"{path} is part of the model in {folder}, and {writer} would replace it",
+                           "choose another --out, outside that model directory")
 
 
 def _ordered(names: Sequence[str]) -> list[str]:

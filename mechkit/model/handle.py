@@ -105,15 +105,21 @@ class ModelHandle:
         through the backend: what code that decodes step by step calls instead of ``handle.model``.
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
-        from mechkit.model.checks.token_ids import checked_ids, vocab_rows
+        from mechkit.model.checks.token_ids import checked_ids
 
-        if self._n_vocab is None:
-            self._n_vocab = vocab_rows(self.model) or -1
-        input_ids = checked_ids(input_ids, self._n_vocab if self._n_vocab > 0 else None)
+        input_ids = checked_ids(input_ids, self.n_vocab_rows())
         with forward_grad_mode():
             if self.backend.traced:
                 return self.backend.forward(input_ids.to(self.device), **kwargs)
             return self.model(input_ids=input_ids.to(self.device), **kwargs)
+
+    def n_vocab_rows(self) -> int | None:
+        """How many token ids the model embeds (read once; ``None`` where the model does not say)."""
+        from mechkit.model.checks.token_ids import vocab_rows
+
+        if self._n_vocab is None:
+            self._n_vocab = vocab_rows(self.model) or -1
+        return self._n_vocab if self._n_vocab > 0 else None
 
     def __repr__(self) -> str:
         """Its anatomy in a few lines, not the module tree (``handle.model`` shows that) nor the tokenizer.
@@ -166,8 +172,13 @@ class ModelHandle:
         >>> m.to_str_tokens("hi you")       # the tiny models' tokenizer has one token per character
         ['h', 'i', ' ', 'y', 'o', 'u']
         """
-        ids = self.to_tokens(text)[0] if isinstance(text, str) else text
-        ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+        if isinstance(text, str):
+            ids = self.to_tokens(text)[0]
+        else:  # an id outside the vocabulary decoded to "" (or an OverflowError): one line instead
+            from mechkit.model.checks.token_ids import checked_ids
+
+            ids = checked_ids(text, self.n_vocab_rows())
+        ids = ids.reshape(-1).tolist()
         return [self.text_tokenizer().decode([i]) for i in ids]
 
     def weights_sha256(self) -> str:

@@ -217,6 +217,9 @@ def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, pla
 def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None):
     """A local HF model directory: safetensors weights, no remote code; straight into ``placed``'s device
     map when given (a pruned directory loads into memory and is dispatched by :func:`load_model`)."""
+    from mechkit.io.leftovers import settle_interrupted
+
+    settle_interrupted(path)  # a killed --force write's half set: rolled back, not read as "no config"
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"no model in {path}: config.json is missing",
                              "point --model at a directory written by save_pretrained (config.json + weights)")

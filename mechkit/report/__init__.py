@@ -11,8 +11,8 @@ Importing this package stays cheap — no torch, no matplotlib: the plot functio
 ...                       params={"k": 2}, seed=0, results={"score": 0.5}, artifacts=[], timings={"run_s": 1.2})
 >>> out = pathlib.Path(tempfile.mkdtemp()) / "run"
 >>> _ = write_report(out, report, figures={"heatmap": head_heatmap([[0.1, 0.9], [0.4, 0.2]], "score")})
->>> sorted(p.name for p in out.iterdir())
-['heatmap.png', 'report.html', 'report.json']
+>>> sorted(p.name for p in out.iterdir())      # .mechkit-files: the names mechkit wrote (what --force replaces)
+['.mechkit-files', 'heatmap.png', 'report.html', 'report.json']
 >>> load_report(out)["results"]
 {'score': 0.5}
 """

@@ -33,7 +33,7 @@ from mechkit.errors import MechkitError
 from mechkit.report import values
 from mechkit.report.artifact_files import own_png, plain_png_name
 from mechkit.report.html import CSS, figure_html, model_line, table_html
-from mechkit.report.show import load_report, rich_table, safe_text
+from mechkit.report.show import load_report, rich_table, run_dir_of, safe_text
 from mechkit.report.table import Table, compare_tables, generic_tables
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def compare_runs(paths: Sequence[str | os.PathLike[str]],
     if len(paths) < 2:
         raise MechkitError("report compare needs at least two reports", "pass two or more run directories")
     tables_of = tables_of or (lambda r: generic_tables(r.get("results") or {}))
-    dirs = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
+    dirs = [run_dir_of(p) for p in paths]
     reports = [load_report(p) for p in paths]
     plugins = list(dict.fromkeys(r["plugin"] for r in reports))
     if len(plugins) > 1:

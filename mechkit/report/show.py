@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +28,34 @@ MAX_REPORT_BYTES = 32 * 2**20  # the largest report a run writes is about 1 MB; 
 MAX_TEXT = 4000  # characters of one report string shown in a terminal (a finding is a paragraph)
 
 
+def run_dir_of(path: str | os.PathLike[str]) -> Path:
+    """The run directory of PATH (a run directory, or its ``report.json``): the folder the report file really
+    lies in, links resolved, so its figures are its own and not the PNGs beside a link to it."""
+    p = Path(path)
+    return p if p.is_dir() else Path(os.path.realpath(p)).parent
+
+
+def _float_sized_int(text: str) -> int:
+    """An integer of a report, refused (ValueError) where no float holds it: mechkit writes none, and every
+    reader that draws or sums numbers (tables, grids) raised OverflowError on a crafted one."""
+    value = int(text)
+    if abs(value) > _FLOAT_MAX:
+        raise ValueError(f"the integer {text[:20]}… is too large for a number in a report")
+    return value
+
+
+_FLOAT_MAX = int(sys.float_info.max)
+
+
 def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and validate a report from a run directory or its ``report.json``.
 
     A missing, unreadable or malformed file raises :class:`MechkitError` with one line naming it.
     """
     p = Path(path)
+    from mechkit.io.leftovers import settle_interrupted
+
+    settle_interrupted(p if p.is_dir() else p.parent)  # a killed --force write: its old set back whole
     if p.is_dir():
         p = p / "report.json"
         if p.is_symlink():  # a run's report is its own file: a link could carry any local JSON into a page
@@ -55,7 +78,7 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise MechkitError(f"{p} is no longer a regular file of at most {MAX_REPORT_BYTES // 2**20} MB",
                            "pass a report.json written by a mechkit run")
     try:
-        report = json.loads(data.decode("utf-8"))
+        report = json.loads(data.decode("utf-8"), parse_int=_float_sized_int)
     except json.JSONDecodeError as err:
         raise MechkitError(
             f"{p} is not valid JSON ({err.msg} at line {err.lineno})", "rerun the analysis to write it again"

@@ -78,6 +78,9 @@ def write_report(
     files = dict(files or {})
     names = list(figures) + list(files)
     _check_names(names)
+    clash = [n for n in ("report.html", *names) if not force and os.path.lexists(out / n)]
+    if clash:  # without --force none of the run's files replaces one there (another writer's, made meanwhile)
+        raise ReportExistsError(f"{out / clash[0]} already exists", "pass --force to overwrite it or choose another --out")
     final = dict(to_jsonable(report, "keep"))  # NaN kept, so validate_report names where it is
     final["artifacts"] = list(dict.fromkeys([*final.get("artifacts", []), *names]))
     if "views" not in final:  # the runner puts them in the report; a direct call gets them from its figures

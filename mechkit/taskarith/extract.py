@@ -83,6 +83,9 @@ def _read_json(path: Path, what: str, fix: str) -> dict:
 
 def _config(source: Any) -> dict:
     if isinstance(source, Path):
+        from mechkit.io.leftovers import settle_interrupted
+
+        settle_interrupted(source)
         path = source / "config.json"
         if not path.is_file():
             raise MechkitError(f"no config.json in {source}", "pass a model directory written by save_pretrained")

@@ -287,6 +287,10 @@ def check_vector_out(out: str | Path, force: bool, inputs: tuple = ()) -> Path:
         raise MechkitError(f"{side} already exists, and mechkit writes the vector's metadata there (beside "
                            f"--out {out})", "pass --force to overwrite both or choose another --out")
     check_out(Path(side), force=True, kind="file", inputs=inputs)
+    from mechkit.io.replace import refuse_foreign_file
+
+    for target in (path, side):  # another writer's model files are never replaced, whatever --force says
+        refuse_foreign_file(target, "the task vector")
     return path
 
 

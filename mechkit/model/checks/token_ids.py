@@ -46,9 +46,14 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
         input_ids = _from_list(input_ids)
     if not isinstance(input_ids, torch.Tensor):
         raise MechkitError(f"token ids must be a tensor of integers, not {type(input_ids).__name__}", FIX)
+    if input_ids.layout != torch.strided or input_ids.is_quantized:
+        raise MechkitError(f"token ids must be a plain (dense) tensor, not a {'quantized' if input_ids.is_quantized else 'sparse'} one",
+                           f"{FIX}, or convert with .to_dense().long()" if not input_ids.is_quantized else FIX)
     if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
         raise MechkitError(f"token ids must be integers, not {str(input_ids.dtype).removeprefix('torch.')}",
                            f"{FIX}, or convert with .long()")
+    if input_ids.dtype in _WIDE_UNSIGNED:  # torch has no min/max for them; ids fit int64 or are refused below
+        input_ids = _unsigned_as_long(input_ids)
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     if input_ids.dim() != 2 or input_ids.numel() == 0:
@@ -65,11 +70,31 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
     return input_ids
 
 
+_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+_LONG_MAX = 2**63 - 1
+
+
+def _unsigned_as_long(ids: torch.Tensor) -> torch.Tensor:
+    """A uint16/32/64 tensor as int64; an id too large for int64 is refused (it is outside any vocabulary)."""
+    if ids.dtype == getattr(torch, "uint64", None):
+        big = [int(v) for v in ids.reshape(-1).tolist() if int(v) > _LONG_MAX]
+        if big:
+            raise MechkitError(f"token id {big[0]} is outside the model's vocabulary", FIX)
+    return ids.to(torch.long)
+
+
 def _from_list(ids: list | tuple) -> torch.Tensor:
+    rows = [isinstance(row, (list, tuple)) for row in ids]
+    if any(rows) and not all(rows):
+        raise MechkitError("token ids given as lists must be one list of integers, or one list per sequence, "
+                           "not a mix of both", FIX)
     flat = [i for row in ids for i in (row if isinstance(row, (list, tuple)) else [row])]
     if not flat or not all(isinstance(i, int) and not isinstance(i, bool) for i in flat):
         raise MechkitError("token ids given as a list must be integers (one list, or one list per sequence)", FIX)
+    outside = next((i for i in flat if not -_LONG_MAX <= i <= _LONG_MAX), None)
+    if outside is not None:  # torch.tensor would overflow: say what is wrong with the id
+        raise MechkitError(f"token id {outside} is outside the model's vocabulary", FIX)
     try:
         return torch.tensor(ids, dtype=torch.long)
-    except ValueError:
+    except (ValueError, TypeError):
         raise MechkitError("token ids given as lists must have one length per batch", FIX) from None
