@@ -120,7 +120,8 @@ def test_bad_input_is_one_line_before_the_model_loads(args, says, tmp_path, caps
 
 def test_attention_plugin_writes_its_report(tiny_llama, tmp_path):
     run = mk.run("attention", model=tiny_llama, out=tmp_path / "run", prompt="abcdabcd", heads="0.1,1.3")
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["attention.png", "report.html", "report.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".mechkit-files", "attention.png", "report.html",
+                                                                   "report.json"]
     heads = run.results["heads"]
     assert [(h["layer"], h["head"]) for h in heads] == [(0, 1), (1, 3)]
     assert all(h["stripe_repeats"] == 4 for h in heads)  # a b c d repeat once: 4 tokens seen before
