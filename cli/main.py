@@ -247,13 +247,15 @@ def cache_list() -> None:
 @click.option("--all", "all_entries", is_flag=True, help="Remove every model and run step mechkit cached.")
 def cache_clear(names: tuple[str, ...], all_entries: bool) -> None:
     """Remove cached entries by NAME (as `mechkit cache list` shows them: gguf/…, toy/…, runs, leftovers), or --all."""
-    from mechkit.io.disk_cache import clear_cache
+    from mechkit.io.disk_cache import cache_root, clear_cache, list_cache
 
     removed = clear_cache(names, all_entries=all_entries)
     for name, size in removed:
         click.echo(f"removed {name} ({_human_size(size)})")
-    if not removed:
-        click.echo("nothing to remove: the cache is empty")
+    if not removed:  # an entry a running mechkit holds is kept (warned about above), so "empty" is not always true
+        click.echo("nothing removed: the cache is empty" if not list_cache(cache_root()) else
+                   "nothing removed: nothing matched, or what matched is in use by a running mechkit "
+                   "(`mechkit cache list` shows what is there)")
 
 
 @cli.command("tasks")
