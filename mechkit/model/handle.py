@@ -36,6 +36,7 @@ class ModelHandle:
     name: str
     source: Path | None = None
     _sha256: str | None = field(default=None, repr=False)
+    _sha_sums: dict | None = field(default=None, repr=False)  # the weights' checksums when _sha256 was computed
     backend: Backend = field(default=NATIVE, repr=False)
     _n_vocab: int | None = field(default=None, repr=False)  # the embedding's rows, read once (token_ids)
 
@@ -99,17 +100,23 @@ class ModelHandle:
         (:mod:`mechkit.model.backends.grad`): the logits plot and convert to numpy as they are."""
         return self.forward(input_ids, use_cache=False, **kwargs).logits
 
+    def _vocab(self) -> int | None:
+        """How many token ids the model embeds (read once), None where it does not say."""
+        from mechkit.model.checks.token_ids import vocab_rows
+
+        if self._n_vocab is None:
+            self._n_vocab = vocab_rows(self.model) or -1
+        return self._n_vocab if self._n_vocab > 0 else None
+
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
         """The model's whole output (logits, the KV cache with ``use_cache=True``: read it with
         :func:`mechkit.model.compat.cache_of`…) of one forward
         through the backend: what code that decodes step by step calls instead of ``handle.model``.
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
-        from mechkit.model.checks.token_ids import checked_ids, vocab_rows
+        from mechkit.model.checks.token_ids import checked_ids
 
-        if self._n_vocab is None:
-            self._n_vocab = vocab_rows(self.model) or -1
-        input_ids = checked_ids(input_ids, self._n_vocab if self._n_vocab > 0 else None)
+        input_ids = checked_ids(input_ids, self._vocab())
         with forward_grad_mode():
             if self.backend.traced:
                 return self.backend.forward(input_ids.to(self.device), **kwargs)
@@ -166,8 +173,10 @@ class ModelHandle:
         >>> m.to_str_tokens("hi you")       # the tiny models' tokenizer has one token per character
         ['h', 'i', ' ', 'y', 'o', 'u']
         """
-        ids = self.to_tokens(text)[0] if isinstance(text, str) else text
-        ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+        from mechkit.model.checks.token_ids import checked_ids
+
+        ids = self.to_tokens(text) if isinstance(text, str) else checked_ids(text, self._vocab())
+        ids = ids.reshape(-1).tolist()  # an id outside the vocabulary decoded to '' (or overflowed): refused above
         return [self.text_tokenizer().decode([i]) for i in ids]
 
     def weights_sha256(self) -> str:
@@ -186,7 +195,22 @@ class ModelHandle:
                 digest.update(name.encode())
                 digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_u8()).numpy().tobytes())
             self._sha256 = digest.hexdigest()
+            from mechkit.model.checks.integrity import weights_checksums
+
+            self._sha_sums = weights_checksums(self.model)  # what :meth:`forget_stale_sha256` compares
         return self._sha256
+
+    def forget_sha256(self) -> None:
+        """Drop the remembered hash: the weights are being edited in place (``mk.edit_weights``)."""
+        if self.backend.remote != "ndif":
+            self._sha256, self._sha_sums = None, None
+
+    def forget_stale_sha256(self, sums: dict[str, int]) -> None:
+        """Drop the remembered hash where the weights' checksums (``weights_checksums``) differ from when it was
+        computed: weights edited in place since (by torch directly) must not keep the hash of the old ones,
+        which a resume key and every saved artifact record."""
+        if self._sha_sums is not None and self._sha_sums != sums:
+            self.forget_sha256()
 
     def info(self) -> dict:
         """The ``model`` block of a report."""

@@ -27,6 +27,7 @@ from mechkit.model.checks.integrity import (
     refuse_non_finite_weights,
     refuse_non_float_weights,
     refuse_pickle_only,
+    refuse_shard_gaps,
 )
 from mechkit.model.handle import ModelHandle
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
@@ -231,6 +232,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
+    refuse_shard_gaps(path)  # a shard missing, or a second weight set beside the shards
     safe = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True,
             "output_loading_info": True}
     try:

@@ -49,6 +49,8 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
     if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
         raise MechkitError(f"token ids must be integers, not {str(input_ids.dtype).removeprefix('torch.')}",
                            f"{FIX}, or convert with .long()")
+    if input_ids.dtype not in (torch.int64, torch.int32):  # uint8, int16...: the embedding takes only these
+        input_ids = input_ids.long()
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     if input_ids.dim() != 2 or input_ids.numel() == 0:
