@@ -42,7 +42,8 @@ def _module_state(m: Any) -> ModuleState:
     named = list(m.named_parameters(recurse=False))
     hook_dicts = [getattr(m, d, {}) for d in _HOOK_DICTS]
     hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in hook_dicts)
-    params = tuple((name, id(p), bool(p.requires_grad)) for name, p in named)
+    managed = hasattr(m, "_hf_hook")  # accelerate swaps a dispatched module's parameters in and out per forward
+    params = tuple((name, None if managed else id(p), bool(p.requires_grad)) for name, p in named)
     refs = (tuple(fn for d in hook_dicts for fn in d.values()), tuple(p for _, p in named))
     return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs)
 
