@@ -7,6 +7,7 @@ The CLI and the Python API share this path, so ``mk.run("inspect", model="llama"
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -24,12 +25,14 @@ from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.checks.identity import model_identity
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
-from mechkit.model.checks.state import changed_state, model_state
+from mechkit.model.checks.state import changed_state, hooked, model_state
 from mechkit.options.inputs import input_digests
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, Result, RunContext
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from mechkit.model.placement.request import Dispatch
 
 
@@ -176,15 +179,39 @@ def run_model_key(handle: Any) -> dict:
 
 
 def plugin_code(cls: type[Plugin]) -> str:
-    """SHA-256 of the file that defines the plugin: a plugin edited between a kill and the rerun without a
-    version bump (a third-party one in development, say) starts fresh instead of resuming on steps its
-    old code computed; ``""`` where the source cannot be read (the version alone keys it then)."""
+    """SHA-256 of the plugin's code: the file that defines it and every ``.py`` file of the top-level package it
+    lives in (a plugin's helper module, and mechkit's own code for the built-in ones). A plugin edited between
+    a kill and the rerun without a version bump (a third-party one in development, say), in its own file or a
+    module it imports from its package, starts fresh instead of resuming on steps its old code computed;
+    ``""`` where the source cannot be read (the version alone keys it then)."""
     import inspect
+    import sys
 
     try:
-        return hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes()).hexdigest()
+        own = Path(inspect.getsourcefile(cls) or "")
+        digest = hashlib.sha256(own.read_bytes())
     except (OSError, TypeError):
         return ""
+    top = sys.modules.get(cls.__module__.partition(".")[0])
+    roots = [Path(p) for p in getattr(top, "__path__", [])] if top is not None else []
+    if cls.__module__.partition(".")[0] == "mechkit":  # built-in plugins live beside mechkit's package
+        roots.append(own.parent)
+    digest.update(package_code(tuple(sorted({str(r) for r in roots}))).encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def package_code(roots: tuple[str, ...]) -> str:
+    """SHA-256 of every ``.py`` file under ``roots`` (names and bytes), read once per process: the code of a
+    process does not change while it runs."""
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(Path(root).rglob("*.py")):
+            try:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+            except OSError:
+                continue
+    return digest.hexdigest()
 
 
 def run_plugin(
@@ -318,10 +345,14 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
     sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
-    state = model_state(handle.model) if probe else None  # hooks, forward overrides, modes, config: read directly
+    state = model_state(handle.model, handle.tokenizer) if probe else None  # modules, hooks, modes, config: read directly
+    if sums is not None:
+        handle.forget_stale_sha256(sums)  # weights edited in place since it was computed
     model_key = run_model_key(handle) if handle is not None else str(setup.model)
+    if state is not None:
+        model_key["train_mode"] = sorted(name for name, s in state["modules"].items() if s.training)
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
-    with claimed(resume_dir(cls, model_key, params, setup.seed, inputs), console) as resume:
+    with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
@@ -339,6 +370,19 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         if resume is not None:
             shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+
+
+@contextlib.contextmanager
+def _resume(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: dict, state: dict | None,
+            console) -> Iterator[Path | None]:
+    """The run's locked resume directory, or None (nothing kept, nothing resumed) where the model carries a
+    hook or a replaced ``forward`` (inside ``mk.ablate`` or the user's own hooks): its steps then depend on
+    code no key can name, and a rerun without it must not pick them up."""
+    if state is not None and hooked(state) is not None:
+        yield None
+        return
+    with claimed(resume_dir(cls, model_key, params, seed, inputs), console) as resume:
+        yield resume
 
 
 def check_result(cls: type[Plugin], result: Any) -> Result:
@@ -397,7 +441,7 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
             raise PluginError(f"plugin {cls.name!r} left the model changed (weight {name} differs after the run; "
                               "this in-memory model stays changed)",
                               "reload the model; a weight edit was not undone: report this as a bug in the plugin")
-    what = changed_state(state, model_state(handle.model)) if state is not None else None
+    what = changed_state(state, model_state(handle.model, handle.tokenizer)) if state is not None else None
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
                           "reload the model; the plugin did not undo it: report this as a bug in the plugin")

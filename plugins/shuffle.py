@@ -53,7 +53,7 @@ class ShufflePlugin(Plugin):
         from mechkit.eval.conditions import shuffle_conditions
         from mechkit.eval.evaluation import task_prompts
         from mechkit.heads.scores import load_scores, repeated_tokens
-        from mechkit.model.headspec import default_top_k
+        from mechkit.model.headspec import default_top_k, per_layer
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
@@ -61,6 +61,13 @@ class ShufflePlugin(Plugin):
         selection, tasks = opts["heads"], opts["tasks"]
         top_k = opts["top_k"] or default_top_k(n_layers, n_heads)
         named = selection.count(n_layers, n_heads, top_k, ctx.seed)  # before head scores are computed
+        total = sum(per_layer(n_layers, n_heads))
+        if total < 4:  # 2 heads to permute and 2 others for the random baseline: no --top-k fits
+            from mechkit.errors import HeadSpecError
+
+            raise HeadSpecError(f"a shuffle needs at least 4 heads (2 to permute among and 2 others for the random "
+                                f"baseline); this model has {total}", "run shuffle on a model with more heads "
+                                "(a pruned model: the dense one)")
         if named < 2:
             from mechkit.errors import HeadSpecError
 

@@ -28,6 +28,7 @@ from mechkit.adapt import (
     signal_features,
 )
 from mechkit.adapt.cost import Measured
+from mechkit.adapt.scheduler import structure_identity
 from mechkit.adapt.tokens import keep_positions
 from mechkit.errors import MechkitError
 from mechkit.model.sources.tiny import tiny_model
@@ -352,7 +353,7 @@ def test_adaptive_runs_the_scheduled_plan_inside_the_forward(deep, tmp_path):
     cands = [Candidate(ExecutionPlan(), "static", {"capitalize": 1.0, "past-tense": 1.0}),
              Candidate(cap, "capitalize", {"capitalize": 0.9}), Candidate(past, "past-tense", {"past-tense": 0.9})]
     sched = Scheduler(cands, _table(6), ["capitalize", "past-tense"], signal, margin=0.0, min_cv=0.0,
-                      min_confidence=0.0)
+                      min_confidence=0.0, model=structure_identity(deep))  # a file must say its model
     path = tmp_path / "scheduler.json"
     path.write_text(__import__("json").dumps(sched.as_dict()))
     ids = deep.to_tokens(prompts[5].text)

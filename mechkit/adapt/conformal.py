@@ -89,13 +89,14 @@ def require_residuals(count: int, q: float, what: str = "") -> None:
     >>> require_residuals(120, 0.99)
     >>> require_residuals(80, 0.99, "2 tasks × 4 prompts × 10 plans")
     Traceback (most recent call last):
-    mechkit.errors.MechkitError: 2 tasks × 4 prompts × 10 plans give 80 residuals; a conformal margin for 0.99 adherence needs at least 99 — raise --margin-prompts or --margin-plans, lower --adherence, or give --margin
+    mechkit.errors.MechkitError: 2 tasks × 4 prompts × 10 plans give 80 residuals; a conformal margin for 0.99 adherence needs at least 99 — raise --margin-prompts or --margin-plans, lower --adherence, or give --margin (in Python: margin_prompts=, margin_plans=, adherence= or margin=)
     """
     needed = residuals_needed(q)
     if count < needed:
         raise MechkitError(f"{what + ' give ' if what else ''}{count} residuals; a conformal margin for {q:g} "
                            f"adherence needs at least {needed}",
-                           "raise --margin-prompts or --margin-plans, lower --adherence, or give --margin")
+                           "raise --margin-prompts or --margin-plans, lower --adherence, or give --margin "
+                           "(in Python: margin_prompts=, margin_plans=, adherence= or margin=)")
 
 
 def conformal_quantile(scores: Sequence[float], q: float) -> float:

@@ -322,10 +322,17 @@ class Scheduler:
         if path.is_dir():
             path = path / "scheduler.json"
         try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            sched = cls.from_dict(data)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise MechkitError(f"cannot read a scheduler from {path} ({type(err).__name__}: {err})",
                                "pass the scheduler.json of a `mechkit adapt` run (or its directory)") from None
+        if not isinstance(sched.model, dict) or not sched.model.get("architecture"):
+            # its plans name layers and heads of a model it does not say: on any other one they would run silently
+            raise MechkitError(f"{path} records no model it was calibrated on, so it cannot be checked against this one",
+                               "calibrate a scheduler on this model with `mechkit adapt --model ...` and use its "
+                               "scheduler.json")
+        return sched
 
 
 def structure_identity(handle: ModelHandle) -> dict:
@@ -366,12 +373,15 @@ def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Sch
     require_handle(handle, "mk.adaptive")
     if scheduler is None:
         raise MechkitError("adaptive inference needs a scheduler calibrated on this model",
-                           "pass scheduler=mechkit.adapt.calibrate(model, tasks) or the scheduler.json of a "
-                           "`mechkit adapt` run")
+                           "pass scheduler=mechkit.adapt.calibrate(model, tasks) (with margin=0.05, say, for "
+                           "one or two tasks) or the scheduler.json of a `mechkit adapt` run")
     if not isinstance(scheduler, (Scheduler, str, os.PathLike)):
         raise MechkitError(f"scheduler must be a Scheduler or the path of a scheduler.json, not "
                            f"{type(scheduler).__name__}", "pass scheduler=mechkit.adapt.calibrate(model, tasks) or "
                            "the scheduler.json of a `mechkit adapt` run (or its directory)")
+    if not isinstance(input_adaptive, bool):
+        raise MechkitError(f"input_adaptive must be True or False, not {input_adaptive!r}",
+                           "pass input_adaptive=False for one static plan per budget, or leave it out")
     sched = scheduler if isinstance(scheduler, Scheduler) else Scheduler.load(scheduler)
     sched.check_model(handle)
     if (budget is None) == (budget_ms is None):

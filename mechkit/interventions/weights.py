@@ -164,7 +164,9 @@ def edit_weights(handle: ModelHandle) -> Iterator[WeightEdits]:
 
     require_handle(handle, "mk.edit_weights")
     edits = WeightEdits(handle)
+    handle.forget_sha256()  # the weights change inside: a hash remembered from before would name other weights
     try:
         yield edits
     finally:
         edits.restore()
+        handle.forget_sha256()  # and one computed inside names the edited ones

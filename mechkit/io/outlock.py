@@ -201,3 +201,28 @@ def claimed(resume: Path, console) -> Iterator[Path | None]:
         yield resume
     finally:
         lock.__exit__(None, None, None)
+
+
+def settle_interrupted(directory: str | os.PathLike[str]) -> None:
+    """Before ``directory`` is read (a model, a run): roll back a set a killed writer left half-installed there.
+
+    A ``--force`` write killed between moving the old files out and the new ones in leaves a journal beside
+    the directory (:mod:`mechkit.io.replace`); read then, the directory lacks its key file, and the reader
+    said "config.json is missing", "no report", with a fix that could not help. Taking the directory's lock
+    rolls the old set back whole, as the next writer would; a write still running is waited for instead.
+    """
+    from mechkit.io.journal import journal_path
+
+    real = Path(os.path.realpath(directory))
+    if not journal_path(real).exists():
+        return
+    try:
+        with out_lock(real):
+            pass  # the lock cleans the killed writer's leftovers and rolls its journal back
+    except OutInUseError:
+        raise MechkitError(f"{directory} is being written by another mechkit run right now",
+                           "wait for it to finish, then run this again") from None
+    except MechkitError:
+        raise MechkitError(f"{directory} holds a set of files a killed mechkit write left half-installed "
+                           f"({journal_path(real)}), which this user cannot roll back",
+                           f"run any mechkit write to {directory} as its owner, or ask them to") from None

@@ -36,6 +36,7 @@ class ModelHandle:
     name: str
     source: Path | None = None
     _sha256: str | None = field(default=None, repr=False)
+    _sha_sums: dict | None = field(default=None, repr=False)  # the weights' checksums when _sha256 was computed
     backend: Backend = field(default=NATIVE, repr=False)
     _n_vocab: int | None = field(default=None, repr=False)  # the embedding's rows, read once (token_ids)
 
@@ -197,7 +198,22 @@ class ModelHandle:
                 digest.update(name.encode())
                 digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_u8()).numpy().tobytes())
             self._sha256 = digest.hexdigest()
+            from mechkit.model.checks.integrity import weights_checksums
+
+            self._sha_sums = weights_checksums(self.model)  # what :meth:`forget_stale_sha256` compares
         return self._sha256
+
+    def forget_sha256(self) -> None:
+        """Drop the remembered hash: the weights are being edited in place (``mk.edit_weights``)."""
+        if self.backend.remote != "ndif":
+            self._sha256, self._sha_sums = None, None
+
+    def forget_stale_sha256(self, sums: dict[str, int]) -> None:
+        """Drop the remembered hash where the weights' checksums (``weights_checksums``) differ from when it was
+        computed: weights edited in place since (by torch directly) must not keep the hash of the old ones,
+        which a resume key and every saved artifact record."""
+        if self._sha_sums is not None and self._sha_sums != sums:
+            self.forget_sha256()
 
     def info(self) -> dict:
         """The ``model`` block of a report."""

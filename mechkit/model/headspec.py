@@ -324,6 +324,7 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
     if kind == "random":
         return random_heads(n_layers, n_heads, top_k, seed, exclude)
     score = item[1]
+    scores = _score_map(scores)
     if not scores or score not in scores:
         raise HeadSpecError(f"the {score!r} head spec needs {score} scores",
                             "on the command line run `mechkit detect` and pass --from REPORT, or let the plugin "
@@ -336,7 +337,29 @@ def _resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude) -> list
             f", empty (NaN or None) past each layer's own {', '.join(map(str, per_layer(n_layers, n_heads)))} heads"
         raise HeadSpecError(f"the {score} scores are not a {n_layers} × {widest} grid of numbers (this model's layers × "
                             f"heads{empty})", "use scores from `mechkit detect` on this same model")
+    if not _finite_heads(grid, n_layers, n_heads):  # NaN sorts anywhere: the "top" heads would be arbitrary
+        raise HeadSpecError(f"the {score} scores hold NaN or inf for some of the model's heads",
+                            "use scores from a `mechkit detect` run that finished on this model")
     return top_heads(grid, top_k)
+
+
+def _score_map(scores: Any) -> Any:
+    """``scores`` as a mapping: a :class:`mechkit.Run` of ``detect`` (what ``mk.run("detect", ...)`` returns)
+    stands for its ``results["scores"]``; anything else that is not a mapping is refused in one line."""
+    results = getattr(scores, "results", None)
+    if isinstance(results, Mapping) and isinstance(results.get("scores"), Mapping):
+        return results["scores"]
+    if scores is not None and not isinstance(scores, Mapping):
+        raise HeadSpecError(f"scores must be a dict of score name to a layers × heads grid, not {type(scores).__name__}",
+                            "pass scores=mk.run(\"detect\", model=m, write=False).results[\"scores\"]")
+    return scores
+
+
+def _finite_heads(grid, n_layers: int, n_heads: HeadCounts) -> bool:
+    """Whether every head the model has (not the empty cells past a pruned layer's heads) has a finite score."""
+    counts = per_layer(n_layers, n_heads)
+    return all(v is not None and math.isfinite(float(v)) for row, n in zip(grid, counts, strict=True)
+               for v in list(row)[:n])
 
 
 def _is_grid(grid, n_layers: int, n_heads: HeadCounts) -> bool:

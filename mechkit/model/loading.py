@@ -27,6 +27,7 @@ from mechkit.model.checks.integrity import (
     refuse_non_finite_weights,
     refuse_non_float_weights,
     refuse_pickle_only,
+    refuse_shard_gaps,
 )
 from mechkit.model.handle import ModelHandle
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
@@ -217,7 +218,7 @@ def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, pla
 def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None):
     """A local HF model directory: safetensors weights, no remote code; straight into ``placed``'s device
     map when given (a pruned directory loads into memory and is dispatched by :func:`load_model`)."""
-    from mechkit.io.leftovers import settle_interrupted
+    from mechkit.io.outlock import settle_interrupted
 
     settle_interrupted(path)  # a killed --force write's half set: rolled back, not read as "no config"
     if not (path / "config.json").is_file():
@@ -234,6 +235,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
+    refuse_shard_gaps(path)  # a shard missing, or a second weight set beside the shards
     safe = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True,
             "output_loading_info": True}
     try:

@@ -45,7 +45,8 @@ def parse_sparsity(text: str | float, targets: list[str]) -> dict[str, float]:
         if key not in TARGETS:
             raise MechkitError(f"unknown pruning target {key!r}", f"use {', '.join(TARGETS)}")
         if not 0 <= value < 1:
-            raise MechkitError(f"sparsity {value} for {key} is outside [0, 1)", "use a fraction like 0.3")
+            where = f" for {key}" if "=" in str(text) else ""  # a plain fraction is every target's, not one's
+            raise MechkitError(f"sparsity {value}{where} is outside [0, 1)", "use a fraction like 0.3")
     return out
 
 

@@ -53,7 +53,7 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     A missing, unreadable or malformed file raises :class:`MechkitError` with one line naming it.
     """
     p = Path(path)
-    from mechkit.io.leftovers import settle_interrupted
+    from mechkit.io.outlock import settle_interrupted
 
     settle_interrupted(p if p.is_dir() else p.parent)  # a killed --force write: its old set back whole
     if p.is_dir():

@@ -83,7 +83,7 @@ def _read_json(path: Path, what: str, fix: str) -> dict:
 
 def _config(source: Any) -> dict:
     if isinstance(source, Path):
-        from mechkit.io.leftovers import settle_interrupted
+        from mechkit.io.outlock import settle_interrupted
 
         settle_interrupted(source)
         path = source / "config.json"

@@ -39,7 +39,7 @@ def tokenizer_sha256(tokenizer: Any) -> str:
         return "none"
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "to_str"):
-        text = backend.to_str()
+        text = _definition(backend.to_str())
     else:
         try:
             vocab = sorted(tokenizer.get_vocab().items())
@@ -48,6 +48,20 @@ def tokenizer_sha256(tokenizer: Any) -> str:
         text = json.dumps([type(tokenizer).__name__, vocab], default=str)
     special = json.dumps(getattr(tokenizer, "special_tokens_map", {}) or {}, sort_keys=True, default=str)
     return hashlib.sha256((text + special + _tokenizer_settings(tokenizer)).encode()).hexdigest()
+
+
+def _definition(text: str) -> str:
+    """A fast tokenizer's JSON without its ``padding`` and ``truncation`` entries: each call with
+    ``padding=True`` (a batch) sets them on the backend, so they record the last call, not what the
+    tokenizer is (the padding side is one of :data:`_SETTINGS`)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        data.pop("padding", None)
+        data.pop("truncation", None)
+    return json.dumps(data, sort_keys=True)
 
 
 _SETTINGS = ("padding_side", "truncation_side", "model_max_length", "add_bos_token", "add_eos_token",

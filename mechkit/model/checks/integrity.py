@@ -224,3 +224,29 @@ def changed_weight(before: dict[str, int], after: dict[str, int]) -> str | None:
         if before.get(name) != after.get(name):
             return name
     return None
+
+
+def refuse_shard_gaps(path: Path) -> None:
+    """A sharded directory whose index names a shard file that is not there, or that also holds a single
+    ``model.safetensors``: refused naming the files. transformers loads ``model.safetensors`` and ignores the
+    shards (two weight sets, one silently dropped), and a missing shard was refused as missing layers, with
+    a fix (fewer layers in config.json) that would have computed on part of the model."""
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return
+    if (path / "model.safetensors").is_file():
+        raise ModelLoadError(f"{path} holds two sets of weights: model.safetensors and the shards "
+                             "model.safetensors.index.json names; transformers would load the first and ignore "
+                             "the shards", "remove the set that is not this model's (model.safetensors, or the "
+                             "index and its shards)")
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except Exception:  # an index this cannot read: the load reports it
+        return
+    missing = [name for name in shards if not (path / str(name)).is_file()]
+    if missing:
+        raise ModelLoadError(f"{path} lacks {len(missing)} of the {len(shards)} shard files its "
+                             f"model.safetensors.index.json names (first: {missing[0]})",
+                             f"copy every shard the index names into {path} (a download or copy cut short), "
+                             "or re-export the model")
+

@@ -1,12 +1,16 @@
 """What a run must leave as it found besides the weights: hooks, replaced ``forward`` methods, train/eval
-mode and the config.
+mode, the modules themselves, the config and the tokenizer.
 
 The logits of a few probe tokens miss a hook that acts only on longer inputs, on batches or on padding,
 a ``forward`` replaced to act only past the probe's length, a model left in train mode whose dropout is
 zero, or a config field read only for long inputs. The run's model would then compute differently for
 the next caller. These are read directly, before and after the run: the hooks every module (and torch's
 global registry) holds, each module's own ``forward`` attribute and mode, and the config's fields. Only
-references are compared, so the check is exact and costs a walk over the modules.
+references are compared, so the check is exact and costs a walk over the modules. References, not names:
+a module swapped for another object under the same name (or its class swapped), a hook's function
+replaced under the same handle, or a parameter replaced by a copy (a tie broken) changes what the model
+computes while every name stays. The tokenizer's definition and settings (a ``padding_side`` left flipped,
+tokens added) change the next caller's ids.
 """
 
 from __future__ import annotations
@@ -22,29 +26,61 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_
 
 @dataclass(frozen=True)
 class ModuleState:
-    """One module's hooks (their handles' ids), its own ``forward`` attribute if any, and its mode."""
+    """One module: the object and its class, its hooks (handle ids and functions), its own ``forward``
+    attribute if any, its mode, and its own parameters (objects and ``requires_grad``)."""
 
-    hooks: tuple[tuple[int, ...], ...]
+    module: Any
+    cls: type
+    hooks: tuple
     forward: Any
     training: bool
+    params: tuple
+    refs: tuple  # the hook functions and parameters, held so that their ids stay theirs while compared
+
+
+def _module_state(m: Any) -> ModuleState:
+    named = list(m.named_parameters(recurse=False))
+    hook_dicts = [getattr(m, d, {}) for d in _HOOK_DICTS]
+    hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in hook_dicts)
+    managed = hasattr(m, "_hf_hook")  # accelerate swaps a dispatched module's parameters in and out per forward
+    params = tuple((name, None if managed else id(p), bool(p.requires_grad)) for name, p in named)
+    refs = (tuple(fn for d in hook_dicts for fn in d.values()), tuple(p for _, p in named))
+    return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs)
 
 
 def _config(model: Any) -> dict:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return {}
-    return json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
+    data = json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
+    data["_attn_implementation"] = str(getattr(config, "_attn_implementation", None))  # not in to_dict()
+    return data
 
 
-def model_state(model: Any) -> dict:
-    """The model's hooks, ``forward`` overrides, modes and config, to compare with :func:`changed_state`."""
+def model_state(model: Any, tokenizer: Any = None) -> dict:
+    """The model's modules, hooks, ``forward`` overrides, modes, parameters, config and (given) tokenizer,
+    to compare with :func:`changed_state`."""
     from torch.nn.modules import module as torch_module
 
-    modules = {name: ModuleState(tuple(tuple(getattr(m, d, {})) for d in _HOOK_DICTS),
-                                 m.__dict__.get("forward"), bool(m.training))
-               for name, m in model.named_modules()}
-    global_hooks = tuple(tuple(getattr(torch_module, d, {})) for d in _GLOBAL_HOOKS)
-    return {"modules": modules, "global_hooks": global_hooks, "config": _config(model)}
+    from mechkit.model.checks.identity import tokenizer_sha256
+
+    modules = {name: _module_state(m) for name, m in model.named_modules()}
+    global_dicts = [getattr(torch_module, d, {}) for d in _GLOBAL_HOOKS]
+    global_hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in global_dicts)
+    return {"modules": modules, "global_hooks": global_hooks, "config": _config(model),
+            "global_refs": [fn for d in global_dicts for fn in d.values()],  # held: their ids stay theirs
+            "tokenizer": tokenizer_sha256(tokenizer) if tokenizer is not None else None}
+
+
+def hooked(state: dict) -> str | None:
+    """Where the model carries a hook or a replaced ``forward`` (the first found), else None: a run's results
+    then depend on code no resume key can name."""
+    if any(state["global_hooks"]):
+        return "a global module hook"
+    for name, s in state["modules"].items():
+        if any(s.hooks) or s.forward is not None:
+            return f"{'a hook' if any(s.hooks) else 'a replaced forward'} on {name or 'the model'}"
+    return None
 
 
 def changed_state(before: dict, after: dict) -> str | None:
@@ -56,13 +92,19 @@ def changed_state(before: dict, after: dict) -> str | None:
         return f"its modules changed ({sorted(set(old) ^ set(new))[0] or 'the model'} appeared or vanished)"
     for name, was in old.items():
         now, label = new[name], name or "the model"
+        if was.module is not now.module or was.cls is not now.cls:
+            return f"{label} was replaced by another module (or its class was swapped) and not put back"
         if was.hooks != now.hooks:
             return f"a hook was left on {label} (or one it had was removed)"
         if was.forward is not now.forward:
             return f"{label}.forward was replaced and not put back"
         if was.training != now.training:
             return f"{label} was left in {'train' if now.training else 'eval'} mode"
+        if was.params != now.params:
+            return f"a parameter of {label} was replaced or its requires_grad changed, and not put back"
     for key in sorted(set(before["config"]) | set(after["config"])):
         if before["config"].get(key) != after["config"].get(key):
             return f"its config field {key} changed ({before['config'].get(key)!r} -> {after['config'].get(key)!r})"
+    if before.get("tokenizer") != after.get("tokenizer"):
+        return "its tokenizer was changed (its vocabulary, special tokens or a setting such as padding_side)"
     return None

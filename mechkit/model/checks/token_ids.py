@@ -54,6 +54,8 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
                            f"{FIX}, or convert with .long()")
     if input_ids.dtype in _WIDE_UNSIGNED:  # torch has no min/max for them; ids fit int64 or are refused below
         input_ids = _unsigned_as_long(input_ids)
+    if input_ids.dtype not in (torch.int64, torch.int32):  # uint8, int16...: the embedding takes only these
+        input_ids = input_ids.long()
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     if input_ids.dim() != 2 or input_ids.numel() == 0:
