@@ -10,7 +10,7 @@ Attributes load lazily, so ``import mechkit`` (and ``mechkit --help``) never imp
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
 
 from mechkit.errors import MechkitError
 
@@ -56,10 +56,10 @@ _SUBPACKAGES = {"interventions": "mechkit.interventions", "hooks_api": "mechkit.
 
 def __getattr__(name: str):
     if name in _SUBPACKAGES:
-        return importlib.import_module(_SUBPACKAGES[name])
+        return _importlib.import_module(_SUBPACKAGES[name])
     if name in _API:
         module, _, attr = _API[name].partition(":")
-        return getattr(importlib.import_module(module), attr or name)
+        return getattr(_importlib.import_module(module), attr or name)
     raise AttributeError(f"module 'mechkit' has no attribute {name!r}")
 
 

@@ -376,3 +376,14 @@ def test_the_resume_key_covers_the_device(m):
     assert key["device"] == "cpu" and key["device_map"] is None and key["weights_sha256"] == m.weights_sha256()
     cls = registry.get("inspect")
     assert resume_dir(cls, key, {}, 0) != resume_dir(cls, {**key, "device": "cuda"}, {}, 0)
+
+
+def test_mk_run_takes_head_objects_as_mk_ablate_does():
+    for heads in ([mk.Head(0, 1), mk.Head(1, 2)], mk.Head(0, 1)):
+        run = mk.run("attention", model="tiny:llama", prompt="abab", heads=heads, write=False, device="cpu")
+        want = [[h.layer, h.head] for h in (heads if isinstance(heads, list) else [heads])]
+        assert [[h["layer"], h["head"]] for h in run.results["heads"]] == want
+
+
+def test_the_top_level_namespace_lists_no_stdlib_module():
+    assert "importlib" not in dir(mk)

@@ -258,7 +258,13 @@ class Option:
                 return os.fspath(value)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 return str(value)
-            if isinstance(value, list | tuple) and all(isinstance(x, str | int | float | os.PathLike) and
+            from mechkit.model.headspec import (
+                Head,  # mk.run(..., heads=[mk.Head(0, 1)]), as mk.ablate takes them
+            )
+
+            if isinstance(value, Head):
+                return str(value)
+            if isinstance(value, list | tuple) and all(isinstance(x, str | int | float | os.PathLike | Head) and
                                                        not isinstance(x, bool) for x in value):
                 return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else str(x) for x in value)
             raise OptionError(f"{self.flag} {show(value)} is not text", f"pass {self.flag} {self.value_hint()}")
