@@ -23,7 +23,7 @@ from mechkit.executors import check_execution
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
-from mechkit.model.checks.identity import model_identity
+from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
 from mechkit.model.checks.state import changed_state, hooked, model_state
 from mechkit.options.inputs import input_digests
@@ -158,10 +158,8 @@ def _probe_logits(handle):
 def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: dict | None = None) -> Path:
     """Where finished steps of this exact run are kept: keyed on everything that decides its result, the
     plugin, its version and its source (:func:`plugin_code`), mechkit's version, the options, the seed, the
-    model's identity (weights,
-    config, tokenizer, dtype: :func:`mechkit.model.checks.identity.model_identity`; the runner adds its device
-    and device map) and the content of
-    the files its options name (``inputs``: :func:`mechkit.options.inputs.input_digests`)."""
+    model's identity (weights, config, tokenizer, dtype, train mode, device and device map:
+    :func:`mechkit.model.checks.identity.model_key`) and the content of the files its options name (``inputs``: :func:`mechkit.options.inputs.input_digests`)."""
     from mechkit import __version__
     from mechkit.io.disk_cache import cache_root
 
@@ -175,7 +173,7 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
 def run_model_key(handle: Any) -> dict:
     """The model's part of a run's resume key: its identity and where it runs (device, device map), so a run
     killed on the CPU never resumes on steps a GPU computed, or the other way round."""
-    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map}
+    return identity_key(handle)
 
 
 def plugin_code(cls: type[Plugin]) -> str:
@@ -348,9 +346,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     state = model_state(handle.model, handle.tokenizer) if probe else None  # modules, hooks, modes, config: read directly
     if sums is not None:
         handle.forget_stale_sha256(sums)  # weights edited in place since it was computed
-    model_key = run_model_key(handle) if handle is not None else str(setup.model)
-    if state is not None:
-        model_key["train_mode"] = sorted(name for name, s in state["modules"].items() if s.training)
+    model_key = run_model_key(handle) if handle is not None else str(setup.model)  # train mode included
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,

@@ -96,7 +96,9 @@ class AdaptPlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.adapt import AdaptConfig, AdaptStudy
         from mechkit.adapt.config import auto_token_layers
+        from mechkit.adapt.figures import frontier, per_task
         from mechkit.adapt.findings import finding, same_latency, summary_lines
+        from mechkit.report import draw
 
         opts = ctx.options
         if "neurons" in opts["prune_targets"]:  # before any work: a mixture of experts has experts, not neurons
@@ -115,7 +117,7 @@ class AdaptPlugin(Plugin):
         scheduler = results.pop("scheduler")
         results["same_latency"] = same_latency(results)
         results["summary"] = summary_lines(results)
-        figures = {"frontier": _frontier(results), "accuracy_vs_budget": _per_task(results)}
+        figures = {"frontier": draw(frontier(results)), "accuracy_vs_budget": draw(per_task(results))}
         return Result(results=results, figures=figures,
                       files={"scheduler.json": json.dumps(scheduler, indent=1)}, finding=finding(results))
 
@@ -182,33 +184,3 @@ class AdaptPlugin(Plugin):
                         f"{num(cost['validation']['max_abs_error'], '.3f')}; noise {num(noise, '.3f')}")),
         ]
 
-
-def _frontier(results: dict):
-    from mechkit.report import xy_plot
-
-    rows = results["rows"]
-    series = {"adaptive": ([r["adaptive"]["latency_ratio"] for r in rows], [r["adaptive"]["mean_accuracy"] for r in rows]),
-              "best static plan": ([r["static"]["latency_ratio"] for r in rows],
-                                   [r["static"]["mean_accuracy"] for r in rows])}
-    from mechkit.adapt.findings import pruned_copies
-
-    pruned = sorted((c for r in rows for c in pruned_copies(r)), key=lambda c: c["latency_ratio"])
-    if pruned:
-        series["static prune"] = ([x["latency_ratio"] for x in pruned], [x["mean_accuracy"] for x in pruned])
-    return xy_plot(series, f"Held-out accuracy vs measured latency ({', '.join(results['tasks'])})",
-                   "measured latency / dense (median over inputs)", "mean exact-match accuracy",
-                   reference=(1.0, results["dense"]["mean_accuracy"]))
-
-
-def _per_task(results: dict):
-    from mechkit.report import line_plot
-
-    rows = results["rows"]
-    series, groups = {}, {}
-    for i, t in enumerate(results["tasks"]):
-        for kind, style in (("adaptive", "-"), ("static", "--")):
-            series[f"{t} {kind}"] = [r[kind]["accuracy"][t] for r in rows]
-            groups[f"{t} {kind}"] = (i, style)
-    return line_plot([r["budget"] for r in rows], series, "Held-out accuracy per task vs latency budget "
-                     "(solid: adaptive, dashed: best static)", "budget (fraction of dense latency)",
-                     "exact-match accuracy", groups=groups)

@@ -99,6 +99,7 @@ class ComposePlugin(Plugin):
         from mechkit import report
         from mechkit.compose import ComposeConfig, ComposeStudy, accuracy_by_setting, summary_lines
         from mechkit.compose.plots import plots
+        from mechkit.compose.tables import finding
         from mechkit.model.headspec import default_top_k
 
         opts, model = ctx.options, ctx.model
@@ -125,7 +126,7 @@ class ComposePlugin(Plugin):
             out["table_4_4"] = accuracy_by_setting(out["study"]["summary"], study.pairs, study.top)
         out["summary"] = summary_lines(out, study.top, treatments)
         specs = plots(out, shots, treatments, opts["contrast"], model=model.spec, grid="study" in parts)
-        figures = {name: getattr(report, s.kind)(*s.args, **s.kwargs) for name, s in specs.items()}
+        figures = {name: report.draw(s) for name, s in specs.items()}
         return Result(results=out, figures=figures, finding=finding(out))
 
     @classmethod
@@ -172,33 +173,3 @@ class ComposePlugin(Plugin):
                                            "random heads", "Δ log-prob selected", "Δ log-prob random"], rows))
         return out
 
-
-def finding(results: dict) -> str | None:
-    """Whether the first model composes each pair from simple-task demonstrations at the largest K, against
-    composite demonstrations and its parts; and what strengthening the top heads did against random ones."""
-    sentences = []
-    summary = results.get("study", {}).get("summary", {})
-    if summary:
-        spec, pairs = next(iter(summary.items()))
-        k = str(max(int(x) for x in next(iter(pairs.values()))))
-        parts = []
-        for pair, by_k in pairs.items():
-            s = by_k[k]["settings"]
-            a, b = pair.split("+")
-            parts.append(f"{pair} composes {s['composite']['mean']:.2f} from simple-task demonstrations and "
-                         f"{s['composite-in-context']['mean']:.2f} from composite ones (its parts alone "
-                         f"{s['simple:' + a]['mean']:.2f} and {s['simple:' + b]['mean']:.2f})")
-        sentences.append(f"On {spec} at K = {k}, " + "; ".join(parts) + ".")
-    for pair, res in results.get("strengthen", {}).items():
-        for treatment, c in res.items():
-            if isinstance(c, dict) and "selected" in c and "clean" in c:
-                sentences.append(f"Strengthening {pair}'s top composite-specific heads ({treatment}) moves held-out "
-                                 f"composite accuracy {c['clean']:.2f} → {c['selected']['accuracy']:.2f}, random "
-                                 f"heads {c['random_mean']:.2f} ± {c['random_std']:.2f} (Δ log-prob "
-                                 f"{c['selected']['delta_logprob']:+.3f} vs {c['random_delta_logprob']:+.3f}).")
-    if not sentences:
-        for pair, row in results.get("components", {}).get("pairs", {}).items():
-            h = row["selected"][0]
-            sentences.append(f"The most composite-specific head for {pair} is {h['layer']}.{h['head']} "
-                             f"(CS {h['cs']:+.3f}).")
-    return " ".join(sentences) or None

@@ -95,7 +95,9 @@ class PrunePlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.pruning import PruneConfig, PruneStudy
+        from mechkit.pruning.figures import accuracy_vs_speedup, kept_heads
         from mechkit.pruning.findings import finding, prune_results
+        from mechkit.report import draw
 
         opts = ctx.options
         guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
@@ -134,11 +136,11 @@ class PrunePlugin(Plugin):
             saved = rows[-1] if budget else [r for r in rows if r["guide"] == guides[0]][-1]
             files = {"model": study.save(saved)}
         results = prune_results(study, guides, opts["calib"], dense, rows, budget)
-        figures = {"accuracy_vs_speedup": _figure(tasks, dense, rows)}
+        figures = {"accuracy_vs_speedup": draw(accuracy_vs_speedup(tasks, dense, rows))}
         if {"heads", "layers"} & set(targets):  # which heads each guide keeps at its highest sparsity
             a = ctx.model.anatomy
             last = {r["guide"]: r for r in rows}
-            figures |= {f"kept_heads_{guide}": _kept_heads(r, a.n_layers, a.n_heads) for guide, r in last.items()}
+            figures |= {f"kept_heads_{guide}": draw(kept_heads(r, a.n_layers, a.n_heads)) for guide, r in last.items()}
         return Result(results=results, figures=figures, files=files, finding=finding(results))
 
     @classmethod
@@ -170,30 +172,6 @@ class PrunePlugin(Plugin):
                 Table("Speedup over dense: guide × sparsity", ["guide", *levels], pivot("speedup")),
                 Table("Every model measured", ["model", *tasks, "mean", "perplexity", "parameters", "speedup"], every,
                       note=f"held-out perplexity on {results.get('heldout_text') or 'held-out text'}")]
-
-
-def _figure(tasks: list[str], dense: dict, rows: list[dict]):
-    from mechkit.report import xy_plot
-
-    series: dict[str, tuple[list, list]] = {}
-    for r in rows:
-        xs, ys = series.setdefault(r["guide"], ([], []))
-        xs.append(r["speedup"])
-        ys.append(r["mean_accuracy"])
-    return xy_plot(series, f"Held-out accuracy vs measured speedup ({', '.join(tasks)})",
-                   "forward speedup over dense (×)", "mean exact-match accuracy",
-                   reference=(1.0, dense["mean_accuracy"]))
-
-
-def _kept_heads(row: dict, n_layers: int, n_heads: int):
-    """Layer × head: 1 where the row's plan keeps the head, 0 where it removes it (or its whole layer)."""
-    from mechkit.report import head_heatmap
-
-    plan = row.get("plan") or {}
-    gone = set(plan.get("layers", []))
-    removed = {(int(layer), h) for layer, hs in (plan.get("heads") or {}).items() for h in hs}
-    kept = [[0.0 if layer in gone or (layer, h) in removed else 1.0 for h in range(n_heads)] for layer in range(n_layers)]
-    return head_heatmap(kept, f"Heads {row['guide']} keeps at {_level(row['sparsity'])} (1 kept, 0 removed)", "kept")
 
 
 def _level(sparsity: dict) -> str:  # as mechkit.pruning.findings.level_text: the tables must not import torch

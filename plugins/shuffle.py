@@ -11,8 +11,6 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
@@ -50,9 +48,10 @@ class ShufflePlugin(Plugin):
     )
 
     def run(self, ctx: RunContext) -> Result:
-        from mechkit.eval.conditions import shuffle_conditions
+        from mechkit.eval.conditions import check_shuffle_heads, shuffle_conditions
         from mechkit.eval.evaluation import task_prompts
         from mechkit.heads.scores import load_scores, repeated_tokens
+        from mechkit.heads.shuffled import shuffle_metrics
         from mechkit.model.headspec import default_top_k, per_layer
         from mechkit.report import load_report
 
@@ -62,17 +61,7 @@ class ShufflePlugin(Plugin):
         top_k = opts["top_k"] or default_top_k(n_layers, n_heads)
         named = selection.count(n_layers, n_heads, top_k, ctx.seed)  # before head scores are computed
         total = sum(per_layer(n_layers, n_heads))
-        if total < 4:  # 2 heads to permute and 2 others for the random baseline: no --top-k fits
-            from mechkit.errors import HeadSpecError
-
-            raise HeadSpecError(f"a shuffle needs at least 4 heads (2 to permute among and 2 others for the random "
-                                f"baseline); this model has {total}", "run shuffle on a model with more heads "
-                                "(a pruned model: the dense one)")
-        if named < 2:
-            from mechkit.errors import HeadSpecError
-
-            raise HeadSpecError(f"--heads {selection.spec} names {named} head: a shuffle permutes weights among "
-                                "heads, so one head would be left as it is", "name at least 2 heads (or --top-k 2+)")
+        check_shuffle_heads(total, named, selection.spec)
         selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed)  # the random-heads comparison
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]) if tasks else {}
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
@@ -81,6 +70,7 @@ class ShufflePlugin(Plugin):
         # Held-out sequences: never the ones the heads were selected on.
         tokens = repeated_tokens(model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed + 1)
         plan = shuffle_conditions(target, n_layers, n_heads, opts["seeds"], ctx.seed)
+        measure = {name: opts[name] for name in ("component", "gqa", "seg_len", "batch_size")}
         conditions = []
         with ctx.progress() as bar:
             job = bar.add_task("shuffle", total=len(plan))
@@ -89,7 +79,7 @@ class ShufflePlugin(Plugin):
                        + ",".join(f"{d}<{s}" for d, s in mapping.items()))
                 conditions.append({"name": name, "seed": seed, "heads": [h.to_dict() for h in mapping],
                                    "mapping": {str(d): str(s) for d, s in mapping.items()},
-                                   "metrics": ctx.step(key, lambda m=mapping: _measure(model, m, tokens, prompts, opts))})
+                                   "metrics": ctx.step(key, lambda m=mapping: shuffle_metrics(model, m, tokens, prompts, **measure))})
                 bar.advance(job)
         return self._result(conditions, tasks, opts)
 
@@ -144,22 +134,6 @@ class ShufflePlugin(Plugin):
         acc = Table("Exact-match accuracy", ["condition", *tasks],
                     [[LABELS[n], *(_stat(conditions, n, "tasks", t) for t in tasks)] for n in NAMES], note=note)
         return [loss, acc]
-
-
-def _measure(model, mapping: dict, tokens, prompts: dict, opts: dict) -> dict:
-    """The loss per position on the held-out repeated tokens and the task metrics, with ``mapping``'s
-    weights moved (none: the clean model)."""
-    from mechkit.eval.evaluation import evaluate
-    from mechkit.heads.scores import copy_loss, token_loss
-    from mechkit.interventions import shuffle_heads
-
-    with shuffle_heads(model, mapping, component=opts["component"], gqa=opts["gqa"]) if mapping else nullcontext():
-        loss = token_loss(model, tokens, opts["batch_size"])
-        first, second = copy_loss(loss, opts["seg_len"])
-        out = {"loss_first_copy": first, "loss_second_copy": second, "loss_per_position": loss.tolist()}
-        if prompts:
-            out["tasks"] = evaluate(model, prompts, opts["batch_size"])
-    return out
 
 
 def _stat(conditions: list[dict], name: str, key: str, task: str | None = None):

@@ -312,6 +312,12 @@ class Scheduler:
         diff = [k for k in recorded if k in mine and recorded[k] != mine[k]]
         if diff:
             k = diff[0]
+            if k in ("dtype", "device"):
+                option = "--dtype" if k == "dtype" else "--device"
+                raise MechkitError(f"this scheduler's latency costs were measured with the model on {k} "
+                                   f"{recorded[k]}, and this model is on {mine[k]}",
+                                   f"load the model with {k}={recorded[k]!r}, or calibrate one with "
+                                   f"`mechkit adapt --model ... {option} {mine[k]}`")
             raise MechkitError(f"this scheduler was calibrated on another model ({k} {recorded[k]!r}, this model "
                                f"has {mine[k]!r})", "calibrate one on this model with `mechkit adapt --model ...`")
 
@@ -337,15 +343,23 @@ class Scheduler:
 
 def structure_identity(handle: ModelHandle) -> dict:
     """What a saved artifact tied to one model records and checks: its architecture and shape, layer by layer
-    (a pruned model whose widest layer is whole has the dense model's ``n_heads`` and ``d_mlp``), but not its
-    weights' hash, which changes with the dtype a model is loaded in."""
+    (a pruned model whose widest layer is whole has the dense model's ``n_heads`` and ``d_mlp``) and the
+    setting its costs were timed in (:func:`timing_setting`), but not its weights' hash: a scheduler's plans
+    and costs hold for another checkpoint of the same shape."""
     config = handle.model.config
     arch = (getattr(config, "architectures", None) or [type(handle.model).__name__])[0]
     a = handle.anatomy
     shape = a.as_dict()
     return {"architecture": arch, "vocab_size": getattr(config, "vocab_size", None),
             **{k: shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "d_head", "d_model", "d_mlp")},
-            "head_counts": list(a.head_counts), "mlp_widths": [a.mlp_width(i) for i in range(a.n_layers)]}
+            "head_counts": list(a.head_counts), "mlp_widths": [a.mlp_width(i) for i in range(a.n_layers)],
+            **timing_setting(handle)}
+
+
+def timing_setting(handle: ModelHandle) -> dict:
+    """The dtype and device type the costs were measured in: latency ratios (attention against MLP work,
+    per-block overhead) differ between float32 and bfloat16, and between a CPU and a GPU."""
+    return {"dtype": str(handle.dtype).removeprefix("torch."), "device": handle.device.type}
 
 
 @contextlib.contextmanager

@@ -19,20 +19,11 @@ arguments, so every analysis draws with the same helpers and this layer stays be
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from mechkit.compose.settings import composite_task, only, simple
+from mechkit.eval.figures import Plot
 
 __all__ = ["Plot", "plots", "slug"]
-
-
-@dataclass(frozen=True)
-class Plot:
-    """``getattr(mechkit.report, kind)(*args, **kwargs)`` draws it."""
-
-    kind: str
-    args: tuple
-    kwargs: dict = field(default_factory=dict)
 
 
 def slug(pair: str) -> str:

@@ -1,4 +1,4 @@
-"""What a composition run reports in words: the seeds' Table 4.4 and one summary line per finding.
+"""What a composition run reports in words: the seeds' Table 4.4, one summary line per finding, and the finding.
 
 Both read the results of :meth:`mechkit.compose.analysis.ComposeStudy.run` (after a JSON round
 trip as well as before), so a report can be re-summarised without rerunning anything.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from mechkit.compose.settings import composite_task, only, simple
 
-__all__ = ["accuracy_by_setting", "pm", "summary_lines"]
+__all__ = ["accuracy_by_setting", "finding", "pm", "summary_lines"]
 
 
 def pm(row: dict) -> str:
@@ -99,3 +99,34 @@ def summary_lines(out: dict, shots: int, treatments: Sequence[str]) -> dict[str,
         for treatment in treatments:
             lines[f"{pair} {treatment}"] = _strengthen_line(res[treatment])
     return lines
+
+
+def finding(results: dict) -> str | None:
+    """Whether the first model composes each pair from simple-task demonstrations at the largest K, against
+    composite demonstrations and its parts; and what strengthening the top heads did against random ones."""
+    sentences = []
+    summary = results.get("study", {}).get("summary", {})
+    if summary:
+        spec, pairs = next(iter(summary.items()))
+        k = str(max(int(x) for x in next(iter(pairs.values()))))
+        parts = []
+        for pair, by_k in pairs.items():
+            s = by_k[k]["settings"]
+            a, b = pair.split("+")
+            parts.append(f"{pair} composes {s['composite']['mean']:.2f} from simple-task demonstrations and "
+                         f"{s['composite-in-context']['mean']:.2f} from composite ones (its parts alone "
+                         f"{s['simple:' + a]['mean']:.2f} and {s['simple:' + b]['mean']:.2f})")
+        sentences.append(f"On {spec} at K = {k}, " + "; ".join(parts) + ".")
+    for pair, res in results.get("strengthen", {}).items():
+        for treatment, c in res.items():
+            if isinstance(c, dict) and "selected" in c and "clean" in c:
+                sentences.append(f"Strengthening {pair}'s top composite-specific heads ({treatment}) moves held-out "
+                                 f"composite accuracy {c['clean']:.2f} → {c['selected']['accuracy']:.2f}, random "
+                                 f"heads {c['random_mean']:.2f} ± {c['random_std']:.2f} (Δ log-prob "
+                                 f"{c['selected']['delta_logprob']:+.3f} vs {c['random_delta_logprob']:+.3f}).")
+    if not sentences:
+        for pair, row in results.get("components", {}).get("pairs", {}).items():
+            h = row["selected"][0]
+            sentences.append(f"The most composite-specific head for {pair} is {h['layer']}.{h['head']} "
+                             f"(CS {h['cs']:+.3f}).")
+    return " ".join(sentences) or None

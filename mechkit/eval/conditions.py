@@ -49,6 +49,20 @@ def shuffle_conditions(target: list[Head], n_layers: int, n_heads: int | Sequenc
     return conditions
 
 
+def check_shuffle_heads(total: int, named: int, spec: str) -> None:
+    """Refuse a shuffle that cannot mean anything, before any head score is computed: it needs 2 heads
+    to permute among and 2 others for the random baseline, and a selection of one head would stay as it is."""
+    from mechkit.errors import HeadSpecError
+
+    if total < 4:
+        raise HeadSpecError(f"a shuffle needs at least 4 heads (2 to permute among and 2 others for the random "
+                            f"baseline); this model has {total}", "run shuffle on a model with more heads "
+                            "(a pruned model: the dense one)")
+    if named < 2:
+        raise HeadSpecError(f"--heads {spec} names {named} head: a shuffle permutes weights among heads, so one "
+                            "head would be left as it is", "name at least 2 heads (or --top-k 2+)")
+
+
 def ablation_units(handle: ModelHandle, shared: tuple, units: list) -> Iterator[dict]:
     """Each unit a list of heads to ablate (empty: the clean model) -> ``evaluate``'s metrics per task.
 

@@ -223,6 +223,11 @@ def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: 
             from mechkit.errors import MechkitError
 
             name = (report.get("model") or {}).get("spec") or (report.get("model") or {}).get("name") or "another model"
+            dtype, mine = (report.get("model") or {}).get("dtype"), str(handle.dtype).removeprefix("torch.")
+            if isinstance(dtype, str) and dtype != mine:  # the same weights in another dtype hash differently
+                raise MechkitError(f"{source} scored the heads with the model in {dtype}, and this run has it in {mine} "
+                                   "(head scores are the weights' own, and the weights differ by dtype)",
+                                   f"pass --dtype {dtype} (dtype={dtype!r}), or drop --from to score its heads now")
             raise MechkitError(f"{source} scored the heads of {name} (weights {theirs[:12]}…), not of this model "
                                f"(weights {handle.weights_sha256()[:12]}…)",
                                "run `mechkit detect` on this model, or drop --from to score its heads now")

@@ -26,7 +26,7 @@ _WHY = {
     errno.ENAMETOOLONG: ("a name is too long for the file system", "choose a shorter --out"),
     errno.EMLINK: ("too many links", "choose another --out"),
     errno.EFBIG: ("a file is larger than the file system or your file-size limit allows",
-                  "raise the limit (ulimit -f unlimited), or choose an --out on another file system"),
+                  "choose an --out on a file system that allows larger files"),
     errno.ELOOP: ("a symlink loop (a link that leads back to itself)", "remove the link or choose another --out"),
     errno.ENOTDIR: ("a part of the path is a file, not a directory", "choose another --out"),
 }
@@ -41,6 +41,8 @@ def describe(err: OSError) -> MechkitError | None:
         return None
     where = err.filename if err.filename is not None else "a file mechkit was writing"
     fix = why[1]
+    if err.errno == errno.EFBIG:
+        fix = _file_size_limit_fix() or fix
     from mechkit.io.disk_cache import cache_root
 
     try:
@@ -54,6 +56,20 @@ def describe(err: OSError) -> MechkitError | None:
     except (OSError, ValueError, TypeError):
         pass
     return MechkitError(f"cannot write {where}: {why[0]}", fix)
+
+
+def _file_size_limit_fix() -> str | None:
+    """Where the process has a file-size limit (``ulimit -f``), it, not the file system, is what a larger
+    file meets: the only fix is raising it (another --out or TMPDIR meets the same limit)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - Windows
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return f"raise your file-size limit (ulimit -f unlimited; it is {soft} bytes now)"
 
 
 def check_name_lengths(path: str | os.PathLike[str]) -> None:

@@ -100,10 +100,10 @@ def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False)
 def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: bool) -> bool:
     if pattern is _LOCK:
         return not locked and _lock_free(path)
+    if not locked and _held(folder, m["name"]):
+        return False  # a writer of this target is running: its files are live (its pid may be another namespace's)
     if pattern is _TMP and m["pid"]:
         return not _alive(int(m["pid"]))
-    if not locked and _held(folder, m["name"]):
-        return False  # a writer of this target is running: its files are live
     if pattern is _TMP or pattern is _OLD_TMP_FILE:
         if pattern is _OLD_TMP_FILE and path.is_dir():
             return False  # only ever a file

@@ -75,7 +75,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     False
     """
     try:
-        import fcntl
+        import fcntl  # noqa: F401 - only whether it exists (Windows has none)
     except ImportError:  # pragma: no cover - Windows
         yield lock_path(out_dir)
         return
@@ -91,7 +91,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
                     continue
                 raise
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock_soon(fd)
             except BlockingIOError:
                 pid = _holder(fd)
                 os.close(fd)
@@ -115,19 +115,70 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         _remove_empty(created)
         raise
+    _HELD.add(path)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         from mechkit.io.leftovers import clean_leftovers
 
         real = Path(os.path.realpath(Path(out_dir).expanduser()))
+        refuse_locked_ancestor(real, out_dir)
         clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
         yield path
     finally:
+        _HELD.discard(path)
         with contextlib.suppress(OSError):
             path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
         os.close(fd)
         _remove_empty(created)  # those the run left empty (a written report keeps its parents)
+
+
+_HELD: set[Path] = set()
+"""The lock files this process holds: a writer inside a directory its own process is writing is no conflict."""
+
+
+def _flock_soon(fd: int) -> None:
+    """Lock ``fd`` exclusively, retrying for up to ~0.1 s: another writer's :func:`refuse_locked_ancestor`
+    holds a directory's lock for microseconds while it looks, which must not refuse the directory's own run."""
+    import fcntl
+
+    for attempt in range(20):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == 19:
+                raise
+            time.sleep(0.005)
+
+
+def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
+    """Refuse (one line) to write ``real`` inside a directory another live mechkit run is writing: ``taskvec
+    extract --out x/v.safetensors`` while ``finetune --out x`` runs. Each ancestor's lock file is tried
+    without waiting and released at once; one this process holds is no conflict."""
+    import fcntl
+
+    for folder in real.parents:
+        if folder.parent == folder:
+            break
+        lock = folder.parent / f".{folder.name}.mechkit-lock"
+        if lock in _HELD:
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # none (the usual case), or not ours to open: nobody is writing that directory
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            pid = _holder(fd)
+            raise OutInUseError(f"--out {out} is inside {folder}, which another mechkit run is writing"
+                                + (f" (pid {pid})" if pid else ""), "wait for it or choose another --out") from None
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _remove_empty(dirs: list[Path]) -> None:

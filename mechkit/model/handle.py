@@ -106,9 +106,11 @@ class ModelHandle:
         through the backend: what code that decodes step by step calls instead of ``handle.model``.
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
+        from mechkit.model.checks.forward_args import check_forward_kwargs
         from mechkit.model.checks.token_ids import checked_ids
 
         input_ids = checked_ids(input_ids, self.n_vocab_rows())
+        check_forward_kwargs(self.model, kwargs)
         with forward_grad_mode():
             if self.backend.traced:
                 return self.backend.forward(input_ids.to(self.device), **kwargs)

@@ -23,7 +23,13 @@ from mechkit.errors import MechkitError
 from mechkit.io import check_out, refuse_non_finite
 from mechkit.io.atomic import umask_modes
 from mechkit.io.replace import replacing_dir
-from mechkit.model.edit.surgery import Structure, apply_structure, pruned_config, renamed_after_drop
+from mechkit.model.edit.surgery import (
+    Structure,
+    apply_structure,
+    compose_structures,
+    pruned_config,
+    renamed_after_drop,
+)
 from mechkit.model.handle import ModelHandle
 from mechkit.model.modules.linear import weight_out_in
 from mechkit.model.placement.stored import is_dispatched
@@ -95,6 +101,9 @@ def prune_copy(handle: ModelHandle, plan: UnitsToRemove, stats: UnitStats | None
             if w.shape != fit.weight.shape:
                 raise ValueError(f"{name}: fit of shape {tuple(fit.weight.shape)} for a weight of {tuple(w.shape)}")
             w.copy_(fit.weight.to(w))
+    first = structure_of(handle.model)  # a model that lost whole layers before: record the dense model it came from
+    if first is not None:
+        structure = compose_structures(first, structure, handle.anatomy.family.layers)
     setattr(model, "_mechkit_structure", structure)  # noqa: B010 - read by save_pruned
     from mechkit.model.anatomy import discover_anatomy
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from mechkit.report.patterns import Patterns, record_patterns
     from mechkit.report.plots import bar_plot, head_heatmap, line_plot, xy_plot
 
-_PLOTS = ("head_heatmap", "line_plot", "bar_plot", "xy_plot")
+_PLOTS = ("head_heatmap", "line_plot", "bar_plot", "xy_plot", "draw")
 # Attention patterns and their viewer (numpy, and torch to record): loaded on first use as well.
 _LAZY = {"Patterns": "patterns", "record_patterns": "patterns", "AttentionView": "attention_view",
          "show_attention": "attention_view"}
@@ -49,6 +49,7 @@ __all__ = [
     "compare_runs",
     "compare_tables",
     "default_out_dir",
+    "draw",
     "generic_tables",
     "head_heatmap",
     "kv_table",

@@ -201,3 +201,10 @@ def xy_plot(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def draw(plot: Any) -> Figure:
+    """Draw an analysis' :class:`~mechkit.eval.figures.Plot`: the plot function it names, with its arguments."""
+    if plot.kind not in ("head_heatmap", "line_plot", "bar_plot", "xy_plot"):
+        raise ValueError(f"unknown plot kind {plot.kind!r}")
+    return globals()[plot.kind](*plot.args, **plot.kwargs)

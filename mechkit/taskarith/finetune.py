@@ -423,7 +423,7 @@ def _finish(model: nn.Module, losses: list[float], recipe: Recipe) -> Finetuned:
     return Finetuned(model=model, losses=losses, recipe=recipe, adapter=adapter, adapter_config=adapter_config)
 
 
-def _refuse_temp_write(err: Exception, tmp: Path) -> None:
+def refuse_temp_write(err: Exception, tmp: Path) -> None:
     """One line where the model could not be written to the system's temporary directory, naming it and
     TMPDIR (the fix); the run's --out is not where it failed."""
     from mechkit.io.fs_errors import describe, os_error_of
@@ -436,7 +436,7 @@ def _refuse_temp_write(err: Exception, tmp: Path) -> None:
         full = found.errno in (errno.ENOSPC, errno.EDQUOT)
         raise MechkitError(f"{line.problem} (the temporary directory the model is saved in before it goes into "
                            "--out)", "free space there, or set TMPDIR to a directory with room" if full
-                           else line.fix.replace("choose an --out", "set TMPDIR to a directory")) from err
+                           else line.fix.replace("choose an --out on", "set TMPDIR to a directory on")) from err
 
 
 def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
@@ -458,7 +458,7 @@ def model_files(result: Finetuned, tokenizer) -> dict[str, bytes]:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
         except Exception as err:  # a full or size-limited temporary directory: the fix is TMPDIR, not --out
-            _refuse_temp_write(err, Path(tmp))
+            refuse_temp_write(err, Path(tmp))
             raise
         for path in sorted(Path(tmp).iterdir()):
             if path.is_file():

@@ -198,7 +198,8 @@ class TaskVector:
     # ---- storage ------------------------------------------------------------------------------
     def save(self, path: str | Path, force: bool = True, inputs: tuple[str | Path, ...] = ()) -> Path:
         """Write ``path`` (safetensors, metadata JSON in its header) and ``path.json`` for people, each
-        atomically: a reader sees the old file or the new one, never a mix. NaN or inf deltas are
+        atomically: a reader sees the old file or the new one, never a mix. The old ``path.json`` goes
+        first, so a kill between the two files leaves the ``.json`` missing, never describing another vector. NaN or inf deltas are
         refused before anything is written. With ``force=False`` an existing ``path`` is refused, checked
         again under the file's lock: of two writers started together, the second gets one line instead of
         both exiting 0 with one vector silently lost (:func:`mechkit.io.check_out` names ``inputs``)."""
@@ -215,12 +216,13 @@ class TaskVector:
                                "record finite numbers in the vector's metadata") from None
         from mechkit.io.outlock import out_lock
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with out_lock(path):  # two writers of one file never interleave the vector and its .json
+        with out_lock(path):  # it makes the missing parents, and removes them again if the save fails  # two writers of one file never interleave the vector and its .json
             check_vector_out(path, force, inputs)  # again: another may have finished meanwhile
+            side = path.with_name(path.name + ".json")
+            side.unlink(missing_ok=True)  # killed before the new .json: it is missing, never the old one's
             with atomic_file(path) as tmp:
                 save_file({k: v.contiguous() for k, v in self.deltas.items()}, str(tmp), metadata={"mechkit": header})
-            write_atomic(path.with_name(path.name + ".json"), json.dumps(meta, indent=2, default=str) + "\n")
+            write_atomic(side, json.dumps(meta, indent=2, default=str) + "\n")
         return path
 
     @classmethod

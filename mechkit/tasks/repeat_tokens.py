@@ -44,9 +44,10 @@ def repeated_random_tokens(
     allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int64),
                            np.fromiter(excluded, dtype=np.int64, count=len(excluded)))
     if allowed.size < seg_len:
-        raise TaskOptionError(
-            f"only {allowed.size} token ids are left after exclusions, fewer than seg_len={seg_len}",
-            "lower seg_len or exclude fewer ids",
+        raise TaskOptionError(  # the special tokens are excluded by mechkit, not the user: only the length is theirs
+            f"a repeated segment of {seg_len} tokens (--seg-len, seg_len=) needs {seg_len} distinct token ids, and "
+            f"this vocabulary has {allowed.size} once its special tokens are left out",
+            f"lower --seg-len (seg_len=) to {allowed.size} or less",
         )
     rng = np.random.default_rng(seed)
     segment = np.stack([rng.choice(allowed, size=seg_len, replace=False) for _ in range(n_seqs)])

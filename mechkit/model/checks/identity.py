@@ -77,14 +77,22 @@ def _tokenizer_settings(tokenizer: Any) -> str:
     return json.dumps({k: v for k, v in values.items() if isinstance(v, plain)}, sort_keys=True)
 
 
-def model_identity(handle: Any) -> dict[str, str]:
-    """The parts of a loaded model that decide its results: weights, config, tokenizer and dtype."""
+def model_identity(handle: Any) -> dict[str, Any]:
+    """The parts of a loaded model that decide its results: weights, config, tokenizer, dtype, and the
+    modules left in train mode (dropout on: other numbers)."""
     return {"weights_sha256": handle.weights_sha256(), "config_sha256": config_sha256(handle.model),
-            "tokenizer_sha256": tokenizer_sha256(handle.tokenizer), "dtype": str(handle.dtype)}
+            "tokenizer_sha256": tokenizer_sha256(handle.tokenizer), "dtype": str(handle.dtype),
+            "train_mode": sorted(name for name, module in handle.model.named_modules() if module.training)}
+
+
+def model_key(handle: Any) -> dict[str, Any]:
+    """:func:`model_identity` and where the model runs (device, device map): a resume key's model part, so
+    steps computed on the CPU are never reused on a GPU, or the other way round."""
+    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map}
 
 
 def identity_tag(handle: Any) -> str:
-    """A short digest of :func:`model_identity`, for the step keys of a run that computes on several models
+    """A short digest of :func:`model_key`, for the step keys of a run that computes on several models
     (``compose --models``): the run's own resume key covers only the model it was started with."""
-    text = json.dumps(model_identity(handle), sort_keys=True)
+    text = json.dumps(model_key(handle), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -137,7 +137,8 @@ def refuse_non_float_weights(path: Path, model: Any) -> None:
     for file in sorted(path.glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 - no __iter__
+                names = f.keys()
+                for key in names:  # noqa: SIM118 - no __iter__
                     dtype = f.get_slice(key).get_dtype()
                     if key in params and dtype not in _FLOAT_DTYPES:
                         raise ModelLoadError(
@@ -249,4 +250,40 @@ def refuse_shard_gaps(path: Path) -> None:
                              f"model.safetensors.index.json names (first: {missing[0]})",
                              f"copy every shard the index names into {path} (a download or copy cut short), "
                              "or re-export the model")
+    refuse_conflicting_copies(path, index)
+
+
+def refuse_conflicting_copies(path: Path, index: Path) -> None:
+    """A tensor the index maps to one shard but that another ``.safetensors`` file in the directory also holds
+    with other values (a shard of an older export, or a stray file): refused naming both. transformers reads
+    the index's copy only, so which weights the model has would depend on a file nobody looks at. Identical
+    copies and files of other names (a Mistral ``consolidated.safetensors``) are fine."""
+    try:
+        from safetensors import safe_open
+
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        holders: dict[str, list[str]] = {}
+        for file in sorted(p.name for p in path.glob("*.safetensors") if p.is_file()):
+            with safe_open(str(path / file), framework="pt") as f:
+                names = f.keys()
+                for key in names:
+                    holders.setdefault(key, []).append(file)
+    except Exception:  # a file or index this cannot read: the load reports it
+        return
+    for key, files in holders.items():
+        mapped = weight_map.get(key)
+        for other in (f for f in files if f != mapped and mapped in files):
+            if not _same_tensor(path, key, mapped, other):
+                raise ModelLoadError(f"{path}: tensor {key} is in {mapped}, where model.safetensors.index.json "
+                                     f"maps it, and with other values in {other}",
+                                     f"remove {other} if it is left from another export, or re-export the model")
+
+
+def _same_tensor(path: Path, key: str, a: str, b: str) -> bool:
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path / a), framework="pt") as fa, safe_open(str(path / b), framework="pt") as fb:
+        x, y = fa.get_tensor(key), fb.get_tensor(key)
+    return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y))
 

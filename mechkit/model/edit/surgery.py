@@ -64,6 +64,42 @@ class Structure:
                    config_restore=dict(d.get("config_restore", {})))
 
 
+def compose_structures(first: Structure, second: Structure, layers_path: str) -> Structure:
+    """``second`` (a prune of a model that ``first`` pruned by whole layers only) in the dense model's numbering,
+    so a twice-pruned model records the dense model it came from, not the first pruned one as if it were dense.
+
+    ``second``'s layer indices count the first pruned model's blocks; its config values to restore are the
+    first pruned model's, so ``first``'s (the dense ones) win. Bias names are the final model's: ``first``'s
+    are renamed past ``second``'s dropped blocks (those in dropped blocks go with them).
+
+    >>> a = Structure(n_layers=4, layers_removed=[1], config_restore={"num_hidden_layers": 4})
+    >>> b = Structure(n_layers=3, head_keep={2: [0, 1]}, layers_removed=[0], config_restore={"num_hidden_layers": 3})
+    >>> c = compose_structures(a, b, "model.layers")
+    >>> c.n_layers, c.layers_removed, c.head_keep, c.config_restore
+    (4, [0, 1], {3: [0, 1]}, {'num_hidden_layers': 4})
+    """
+    if first.mlp_keep or first.head_keep:
+        raise ValueError("only a model pruned by whole layers can be pruned again")
+    kept = [i for i in range(first.n_layers) if i not in set(first.layers_removed)]  # first model's block j is kept[j]
+    dropped = set(second.layers_removed)
+    biased = [renamed_after_drop(name, layers_path, second.layers_removed) for name in first.biased
+              if _block_of(name, layers_path) not in dropped]
+    return Structure(n_layers=first.n_layers,
+                     mlp_keep={kept[k]: v for k, v in second.mlp_keep.items()},
+                     head_keep={kept[k]: v for k, v in second.head_keep.items()},
+                     layers_removed=sorted(set(first.layers_removed) | {kept[k] for k in dropped}),
+                     biased=sorted(set(biased) | set(second.biased)),
+                     config_restore={**second.config_restore, **first.config_restore})
+
+
+def _block_of(name: str, layers_path: str) -> int | None:
+    """The block index in a parameter name under ``layers_path`` (``model.layers.3.mlp…`` -> 3), else None."""
+    prefix = layers_path + "."
+    if not name.startswith(prefix):
+        return None
+    head = name[len(prefix):].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
 class LayerConfig:
     """A per-layer view of a shared config: a few overridden fields, everything else read live.
 
