@@ -207,16 +207,27 @@ def weights_checksums(model: Any) -> dict[str, int]:
     import torch
 
     sums: dict[str, int] = {}
+    weights: dict[torch.device, torch.Tensor] = {}
     with torch.no_grad():
         for name, t in model.named_parameters():
             if t.device.type == "meta":
                 continue
             flat = t.detach().contiguous().view(-1)
             bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
-            raw = flat.view(bits).to(torch.int64)
-            weights = torch.arange(1, raw.numel() + 1, device=raw.device, dtype=torch.int64) % 65521 + 1
-            sums[name] = int((raw * weights).sum())
+            raw = flat.view(bits)
+            if raw.device not in weights:  # position i weighs (i + 1) % 65521 + 1: a chunk of whole periods repeats it
+                size = _PERIOD * (4 if raw.device.type == "cpu" else 256)
+                weights[raw.device] = torch.arange(1, size + 1, device=raw.device, dtype=torch.int64) % _PERIOD + 1
+            w = weights[raw.device]
+            total = torch.zeros((), dtype=torch.int64, device=raw.device)  # int64 wraps as one whole sum would
+            for start in range(0, raw.numel(), w.numel()):  # in cache-sized chunks: ~5x faster than at once on a CPU
+                part = raw[start:start + w.numel()]
+                total += (part.to(torch.int64) * w[:part.numel()]).sum()
+            sums[name] = int(total)
     return sums
+
+
+_PERIOD = 65521  # the largest prime below 2**16: the weights of neighbouring entries never coincide
 
 
 def changed_weight(before: dict[str, int], after: dict[str, int]) -> str | None:
