@@ -51,12 +51,12 @@ class PrunePlugin(Plugin):
                parse=GuideList()),
         Option("target", str, "neurons", "Units to prune: comma list of neurons, heads, layers.",
                parse=TargetList()),
-        Option("sparsity", str, "0.2", "Fractions (0.1,0.2,0.3: each for every target) or neurons=0.3,heads=0.2.",
-               parse=SparsityLevels()),
+        Option("sparsity", str, None, "Fractions (0.1,0.2,0.3: each for every target) or neurons=0.3,heads=0.2 "
+                                      "(default 0.2; not with --budget, which searches it).", parse=SparsityLevels()),
         Option("budget", float, None, "Instead of --sparsity: at most this fraction of the dense cost (a "
                                       "sequential search: it runs in this process, also with --executor ray).",
                min=0, min_exclusive=True, max=1, max_exclusive=True),
-        Option("budget_unit", str, "latency", "What --budget limits.", choices=("latency", "flops")),
+        Option("budget_unit", str, None, "What --budget limits (default latency).", choices=("latency", "flops")),
         Option("tasks", str, DEFAULT_TASKS, "Comma-separated task ids (see `mechkit tasks`).", parse=TaskList()),
         Option("calib", int, 16, "Calibration prompts per task (scores and budget search only).", min=1),
         Option("n", int, 30, "Held-out prompts per task (evaluation only).", min=1),
@@ -106,7 +106,7 @@ class PrunePlugin(Plugin):
         if "heads" in targets:  # before any work: heads normalised together cannot be sliced apart
             ctx.model.anatomy.refuse_joint_head_norm("pruning heads", "pass --target layers")
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
-        levels = [] if opts["budget"] is not None else opts["sparsity"].resolve(targets)
+        levels = [] if opts["budget"] is not None else (opts["sparsity"] or SparsityLevels()("0.2")).resolve(targets)
         config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],
                              seed=ctx.seed, text_weight=opts["calib_text_weight"])
         study = PruneStudy(ctx.model, tasks, config, step=ctx.step)
@@ -115,7 +115,7 @@ class PrunePlugin(Plugin):
         with ctx.progress() as bar:
             if opts["budget"] is not None:
                 job = bar.add_task("budget search", total=None)
-                budget = study.budget(guides[0], opts["budget"], opts["budget_unit"],
+                budget = study.budget(guides[0], opts["budget"], opts["budget_unit"] or "latency",
                                       on_step=lambda mix, s, r: bar.update(job, description=f"budget {mix} {r:.2f}"))
                 rows.append(budget["chosen_row"])
             elif opts["executor"] == "ray":  # scores here, rows on the workers, each timed where it ran
@@ -142,6 +142,18 @@ class PrunePlugin(Plugin):
             last = {r["guide"]: r for r in rows}
             figures |= {f"kept_heads_{guide}": draw(kept_heads(r, a.n_layers, a.n_heads)) for guide, r in last.items()}
         return Result(results=results, figures=figures, files=files, finding=finding(results))
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        """--budget searches the sparsity: a --sparsity beside it, or a --budget-unit without it, would be ignored."""
+        from mechkit.options import OptionError
+
+        if parsed["budget"] is not None and parsed["sparsity"] is not None:
+            raise OptionError("--sparsity and --budget were both given; --budget searches the sparsity itself",
+                              "drop --sparsity, or drop --budget to measure the levels given")
+        if parsed["budget"] is None and parsed["budget_unit"] is not None:
+            raise OptionError(f"--budget-unit {parsed['budget_unit']} without --budget limits nothing",
+                              "add --budget (a fraction of the dense cost), or drop --budget-unit")
 
     @classmethod
     def writes(cls, params: dict) -> tuple[str, ...]:

@@ -354,3 +354,20 @@ def test_pruning_a_layer_pruned_model_records_the_dense_model(tmp_path):
     ids = again.to_tokens("hello")
     assert again.anatomy.n_layers == 2 and again.anatomy.head_counts == (4, 2)
     assert torch.equal(again(ids), twice(ids))
+
+
+# ---- class 11: prune options that --budget would ignore ------------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["--budget", "0.9", "--budget-unit", "flops", "--sparsity", "0.3"], "--sparsity and --budget were both given"),
+    (["--budget-unit", "flops"], "--budget-unit flops without --budget"),
+])
+def test_prune_refuses_options_its_budget_search_would_ignore(tmp_path, capsys, monkeypatch, args, words):
+    from mechkit.cli.main import main
+
+    monkeypatch.setattr(mk, "load_model", lambda *a, **k: pytest.fail("checked after the model loaded"))
+    with pytest.raises(SystemExit) as code:
+        main(["prune", "--model", "tiny:llama", *args, "--out", str(tmp_path / "p")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code.value.code == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "p").exists()
