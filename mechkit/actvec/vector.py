@@ -123,7 +123,11 @@ class ActivationVector:
 
     def save(self, path: str | Path) -> Path:
         """Write ``path`` atomically: a temporary file in the same directory, then renamed over it
-        (an interrupted save leaves the previous file, and no temporary file, behind)."""
+        (an interrupted save leaves the previous file, and no temporary file, behind). A model's file or
+        one of another run's set is never replaced (:func:`mechkit.io.replace.refuse_foreign_file`)."""
+        from mechkit.io.replace import refuse_foreign_file
+
+        refuse_foreign_file(path, "the activation vector")
         return write_atomic(path, self.to_bytes(path))
 
     @classmethod

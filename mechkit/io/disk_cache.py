@@ -82,6 +82,7 @@ _ENTRY = {  # the names mechkit gives the entries of each group; anything else i
     "runs": re.compile(r"^[0-9a-f]{8,64}$"),  # a run key: hex (16 digits now)
 }
 _META = {"gguf": "mechkit-cache.json", "toy": "mechkit-toy.json", "embedded": "mechkit-cache.json"}
+_ASIDE = re.compile(r"^\.[a-z]+\.old-[0-9a-f]{8}$")  # a group renamed aside by remove_dir (a user's .toy.old-mine is not)
 _HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 of GGUF files
 
 
@@ -199,7 +200,8 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
     leftovers = all_entries or any(n.strip().strip("/") == LEFTOVERS for n in names)
     names = [n for n in names if n.strip().strip("/") != LEFTOVERS]
     if all_entries:  # the groups, and what an interrupted clear left renamed aside
-        targets = [root / g for g in GROUPS] + sorted(p for g in GROUPS for p in root.glob(f".{g}.old-*"))
+        targets = [root / g for g in GROUPS] + sorted(p for g in GROUPS for p in root.glob(f".{g}.old-*")
+                                                      if _ASIDE.match(p.name))  # only remove_dir's own names
     else:
         targets = [_resolve_name(root, n) for n in names]
     removed = []

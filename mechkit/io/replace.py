@@ -111,22 +111,44 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
 
 
 def refuse_foreign_file(path: str | os.PathLike[str], writer: str) -> None:
-    """Refuse (one line) a file writer (``taskvec extract``, ``merge``) that would replace, even with ``--force``,
-    a file of a set a directory writer made (its manifest lists it: ``finetune``'s ``model.safetensors``), or
-    a model's ``config.json`` or weights that mechkit never wrote. ``--out ft/model.safetensors --force`` put
-    a task vector where a fine-tune's weights were; ``--out ft/config`` replaced ``config.json`` with the
-    vector's metadata. Only the writer that saved a model replaces it (:func:`refuse_foreign_model`)."""
+    """Refuse (one line) a file writer (``taskvec extract``, ``merge``, an activation vector's or an attention
+    page's ``save``) that would replace, even with ``--force``, a file of a set a directory writer made (its
+    manifest lists it: ``finetune``'s ``model.safetensors``), that manifest itself, or any file of a model
+    directory (one holding ``config.json``: weights, config, tokenizer; a user's notes there are theirs to
+    replace) other than a task vector and its ``.json``. ``--out ft/model.safetensors --force`` put a task vector where a fine-tune's weights were;
+    ``--out ft/.mechkit-files`` replaced the list that protects the set, and then ``--out hf/tokenizer.json``
+    the model's tokenizer. Only the writer that saved a model replaces it (:func:`refuse_foreign_model`)."""
     path = Path(path)
     if not os.path.lexists(path):
         return
     folder, name = path.parent, path.name
-    if name in owned_names(folder) and name != MANIFEST:
+    if name == MANIFEST:
+        raise MechkitError(f"{path} is mechkit's list of the files a run wrote in {folder}, and {writer} would "
+                           "replace it", "choose another --out, outside that directory")
+    if name in owned_names(folder):
         raise MechkitError(f"{path} is one of the files a `{set_writer(folder) or 'mechkit'}` run wrote in {folder}, "
                            f"and {writer} would replace it", "choose another --out, outside that directory")
-    weights = name.endswith(".safetensors") and not path.with_name(name + ".json").is_file()  # a vector has its .json
-    if (folder / "config.json").is_file() and (name == "config.json" or weights):
-        raise MechkitError(f"{path} is part of the model in {folder}, and {writer} would replace it",
-                           "choose another --out, outside that model directory")
+    if (folder / "config.json").is_file() and _model_file(name) and not _task_vector_file(path):
+        raise MechkitError(f"{path} is part of the model in {folder} (a directory holding its config.json), and "
+                           f"{writer} would replace it", "choose another --out, outside that model directory")
+
+
+MODEL_FILES = ("config.json", "generation_config.json", "special_tokens_map.json", "added_tokens.json",
+               "merges.txt", "chat_template.jinja", "chat_template.json")
+MODEL_SUFFIXES = (".safetensors", ".bin", ".gguf", ".model", ".index.json", ".pt", ".pth")
+
+
+def _model_file(name: str) -> bool:
+    """Whether ``name`` in a model directory is part of the model (weights, config, tokenizer), not a user's note."""
+    return name in MODEL_FILES or name.startswith(("tokenizer", "vocab.")) or name.endswith(MODEL_SUFFIXES)
+
+
+def _task_vector_file(path: Path) -> bool:
+    """A task vector (``NAME.safetensors`` with its ``NAME.safetensors.json`` beside it) or that ``.json``."""
+    name = path.name
+    if name.endswith(".safetensors"):
+        return path.with_name(name + ".json").is_file()
+    return name.endswith(".safetensors.json") and path.with_name(name.removesuffix(".json")).is_file()
 
 
 def _ordered(names: Sequence[str]) -> list[str]:
@@ -206,7 +228,7 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
     target = Path(os.path.realpath(target))  # a symlinked --out: the directory it names, not the link
     recover(target)
     if not target.is_dir():
-        with atomic_dir(target, replace=False) as tmp:
+        with _naming(target), atomic_dir(target, replace=False) as tmp:
             yield tmp
             if manifest:
                 _write_manifest(tmp, [p.name for p in tmp.iterdir()], writer)
@@ -218,11 +240,28 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
     refuse_foreign_model(target, writer)  # before the caller's work: nothing of it would be kept
     tmp = temp_dir_beside(target)
     try:
-        yield tmp
-        install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest, writer=writer)
+        with _naming(target):
+            yield tmp
+            install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest, writer=writer)
     finally:
         if not journal_path(target).exists():  # else it holds the old files the journal's roll-back needs
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """An environment error without a file name (a ``write`` on a full disk, safetensors' wrapped I/O error)
+    raised while ``target`` is built names ``target``: the one line said "cannot write a file mechkit was
+    writing", which left the user to guess which disk was full."""
+    try:
+        yield
+    except Exception as err:
+        from mechkit.io.fs_errors import os_error_of
+
+        found = os_error_of(err, target)
+        if found is not None and found is not err:
+            raise found from err
+        raise
 
 
 def _inherit_group(out: Path, names: Sequence[str]) -> None:

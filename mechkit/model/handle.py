@@ -39,6 +39,7 @@ class ModelHandle:
     _sha_sums: dict | None = field(default=None, repr=False)  # the weights' checksums when _sha256 was computed
     backend: Backend = field(default=NATIVE, repr=False)
     _n_vocab: int | None = field(default=None, repr=False)  # the embedding's rows, read once (token_ids)
+    _n_positions: int | None = field(default=None, repr=False)  # a learned position table's rows (-1: none)
 
     @property
     def device(self) -> torch.device:
@@ -107,10 +108,13 @@ class ModelHandle:
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
         from mechkit.model.checks.forward_args import check_forward_kwargs
-        from mechkit.model.checks.token_ids import checked_ids
+        from mechkit.model.checks.token_ids import check_forward_inputs, checked_ids, position_rows
 
         input_ids = checked_ids(input_ids, self.n_vocab_rows())
         check_forward_kwargs(self.model, kwargs)
+        if self._n_positions is None:
+            self._n_positions = position_rows(self.model) or -1
+        check_forward_inputs(input_ids, self._n_positions if self._n_positions > 0 else None, kwargs)
         with forward_grad_mode():
             if self.backend.traced:
                 return self.backend.forward(input_ids.to(self.device), **kwargs)

@@ -99,7 +99,9 @@ class AttentionView:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`html` to ``path`` (atomically); return it."""
         from mechkit.io import write_atomic
+        from mechkit.io.replace import refuse_foreign_file
 
+        refuse_foreign_file(path, "the attention page")  # never a model's or another run's file
         return write_atomic(path, self.html())  # refuses a directory, a missing folder or a non-path in one line
 
     def __repr__(self) -> str:

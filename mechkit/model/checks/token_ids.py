@@ -47,6 +47,9 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
         input_ids = _from_list(input_ids)
     if not isinstance(input_ids, torch.Tensor):
         raise MechkitError(f"token ids must be a tensor of integers, not {type(input_ids).__name__}", FIX)
+    if input_ids.is_nested:  # one tensor per sequence, of other lengths: torch has no min/max for it
+        raise MechkitError("token ids must be a plain [batch, pos] tensor, not a nested tensor",
+                           f"{FIX}, padded to one length (or one sequence at a time)")
     if input_ids.layout != torch.strided or input_ids.is_quantized:
         raise MechkitError(f"token ids must be a plain (dense) tensor, not a {'quantized' if input_ids.is_quantized else 'sparse'} one",
                            f"{FIX}, or convert with .to_dense().long()" if not input_ids.is_quantized else FIX)
@@ -83,6 +86,50 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
 _CHECKED: dict[int, tuple] = {}
 """Token-id tensors whose range was checked, with their version counter then (an in-place write bumps it):
 an analysis that runs the same ids through many ablations pays for the range check once."""
+
+
+POSITION_NAMES = ("wpe", "embed_positions", "position_embeddings")  # learned absolute positions (GPT-2, OPT...)
+
+
+def position_rows(model: torch.nn.Module) -> int | None:
+    """How many positions a model with *learned* absolute position embeddings can take (GPT-2's 512);
+    ``None`` for rotary or ALiBi models, which have no such table and no hard limit."""
+    rows = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in POSITION_NAMES:
+            n = module.num_embeddings - int(getattr(module, "offset", 0) or 0)  # OPT keeps 2 rows before 0
+            rows = n if rows is None else min(rows, n)
+    return rows if rows is not None and rows > 0 else None
+
+
+def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dict) -> None:
+    """One line for what would fail deep inside the model (an IndexError, or a device-side assert on a GPU):
+    more tokens than a learned position table holds, ``position_ids`` outside it, and an ``attention_mask``
+    that is not a tensor of the ids' shape ``[batch, pos]`` (a 4-D mask is the caller's own and passes)."""
+    if n_positions is not None and ids.shape[1] > n_positions:
+        raise MechkitError(f"{ids.shape[1]} tokens are more than the model's {n_positions} positions "
+                           "(it learned one embedding per position)",
+                           f"pass at most {n_positions} tokens per sequence (truncate or split the text)")
+    positions = kwargs.get("position_ids")
+    if isinstance(positions, torch.Tensor) and positions.numel() and not positions.is_floating_point():
+        low, high = (int(v) for v in torch.aminmax(positions))
+        if low < 0 or (n_positions is not None and high >= n_positions):
+            bound = f"0 to {n_positions - 1}" if n_positions is not None else "0 or more"
+            raise MechkitError(f"position id {low if low < 0 else high} is outside the model's positions ({bound})",
+                               "pass position_ids in that range, or leave them out")
+    mask = kwargs.get("attention_mask")
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise MechkitError(f"attention_mask must be a tensor, not {type(mask).__name__}",
+                           "pass torch.ones_like(ids) with 0 at padding, or leave it out")
+    shape = tuple(mask.reshape(1, -1).shape if mask.dim() == 1 else mask.shape)
+    from mechkit.model.compat import cache_in
+
+    cached = cache_in(kwargs) is not None  # decoding step by step: the mask covers the past too
+    if mask.dim() <= 2 and (shape[0] != ids.shape[0] or (shape[1] < ids.shape[1] if cached else shape[1] != ids.shape[1])):
+        raise MechkitError(f"attention_mask has shape {tuple(mask.shape)}, not the token ids' {tuple(ids.shape)}",
+                           "pass one mask value per token: torch.ones_like(ids) with 0 at padding")
 
 
 _WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
