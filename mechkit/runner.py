@@ -25,7 +25,7 @@ from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.checks.identity import model_identity
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
-from mechkit.model.checks.state import changed_state, hooked, model_state
+from mechkit.model.checks.state import changed_handle, changed_state, handle_state, hooked, model_state
 from mechkit.options.inputs import input_digests
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, Result, RunContext
@@ -167,7 +167,8 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed] + ([inputs] if inputs else [])
+    parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed, library_versions()] + \
+        ([inputs] if inputs else [])
     key = json.dumps(parts, sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -175,7 +176,24 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
 def run_model_key(handle: Any) -> dict:
     """The model's part of a run's resume key: its identity and where it runs (device, device map), so a run
     killed on the CPU never resumes on steps a GPU computed, or the other way round."""
-    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map}
+    attention = getattr(getattr(handle.model, "config", None), "_attn_implementation", None)
+    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map,
+            "attn_implementation": str(attention), "backend": handle.backend.name, "remote": handle.backend.remote}
+
+
+@functools.lru_cache(maxsize=1)
+def library_versions() -> dict[str, str]:
+    """The versions of the libraries that compute a run's numbers (torch's kernels, transformers' model code,
+    accelerate's placement): a rerun after an upgrade computes differently from the steps a killed run kept."""
+    from importlib import metadata
+
+    versions = {}
+    for name in ("torch", "transformers", "accelerate", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
 
 
 def plugin_code(cls: type[Plugin]) -> str:
@@ -351,6 +369,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     model_key = run_model_key(handle) if handle is not None else str(setup.model)
     if state is not None:
         model_key["train_mode"] = sorted(name for name, s in state["modules"].items() if s.training)
+        state["handle"] = handle_state(handle)  # its anatomy, origin and remembered hash: after the key computed it
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
@@ -435,6 +454,10 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
     a replaced ``forward``, a module's train/eval mode or a config field (read directly:
     :mod:`mechkit.model.checks.state`), or the logits of 16 probe tokens (what the others cannot see, such
     as a buffer)."""
+    what = changed_handle(state["handle"], handle) if state is not None and "handle" in state else None
+    if what is not None:
+        raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
+                          "reload the model; the plugin did not undo it: report this as a bug in the plugin")
     if sums is not None:
         name = changed_weight(sums, weights_checksums(handle.model))
         if name is not None:

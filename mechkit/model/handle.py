@@ -108,7 +108,7 @@ class ModelHandle:
         from mechkit.model.backends.grad import forward_grad_mode
         from mechkit.model.checks.token_ids import checked_ids
 
-        input_ids = checked_ids(input_ids, self.n_vocab_rows())
+        input_ids = checked_ids(input_ids, self.n_vocab_rows(), self.tokenizer)
         with forward_grad_mode():
             if self.backend.traced:
                 return self.backend.forward(input_ids.to(self.device), **kwargs)
