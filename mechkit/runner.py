@@ -25,7 +25,7 @@ from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
-from mechkit.model.checks.state import changed_state, hooked, model_state
+from mechkit.model.checks.state import changed_handle, changed_state, handle_state, hooked, model_state
 from mechkit.options.inputs import input_digests
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, Result, RunContext
@@ -165,15 +165,31 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
 
     execution = {o.name for o in cls.options if getattr(o, "execution", False)}  # how it runs, not what: resumable
     params = {k: v for k, v in params.items() if k not in execution}  # under another --executor or --workers
-    parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed] + ([inputs] if inputs else [])
+    parts = [cls.name, cls.version, __version__, plugin_code(cls), model_key, params, seed, library_versions()] + \
+        ([inputs] if inputs else [])
     key = json.dumps(parts, sort_keys=True, default=str)
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def run_model_key(handle: Any) -> dict:
-    """The model's part of a run's resume key: its identity and where it runs (device, device map), so a run
-    killed on the CPU never resumes on steps a GPU computed, or the other way round."""
+    """The model's part of a run's resume key (:func:`mechkit.model.checks.identity.model_key`): its identity and
+    how it runs, so a run killed on the CPU never resumes on steps a GPU computed, or the other way round."""
     return identity_key(handle)
+
+
+@functools.lru_cache(maxsize=1)
+def library_versions() -> dict[str, str]:
+    """The versions of the libraries that compute a run's numbers (torch's kernels, transformers' model code,
+    accelerate's placement): a rerun after an upgrade computes differently from the steps a killed run kept."""
+    from importlib import metadata
+
+    versions = {}
+    for name in ("torch", "transformers", "accelerate", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
 
 
 def plugin_code(cls: type[Plugin]) -> str:
@@ -347,6 +363,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     if sums is not None:
         handle.forget_stale_sha256(sums)  # weights edited in place since it was computed
     model_key = run_model_key(handle) if handle is not None else str(setup.model)  # train mode included
+    if state is not None:
+        state["handle"] = handle_state(handle)  # its anatomy, origin and remembered hash: after the key computed it
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
@@ -431,6 +449,10 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
     a replaced ``forward``, a module's train/eval mode or a config field (read directly:
     :mod:`mechkit.model.checks.state`), or the logits of 16 probe tokens (what the others cannot see, such
     as a buffer)."""
+    what = changed_handle(state["handle"], handle) if state is not None and "handle" in state else None
+    if what is not None:
+        raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
+                          "reload the model; the plugin did not undo it: report this as a bug in the plugin")
     if sums is not None:
         name = changed_weight(sums, weights_checksums(handle.model))
         if name is not None:

@@ -34,7 +34,7 @@ from mechkit.actvec.vector import METHODS, ActivationVector
 from mechkit.errors import MechkitError
 from mechkit.heads.scores import grid_list
 from mechkit.model.backends.weight_reads import read_weights
-from mechkit.model.checks.identity import config_sha256
+from mechkit.model.checks.identity import config_sha256, tokenizer_sha256
 from mechkit.model.headspec import top_heads
 from mechkit.tasks import build_prompts
 from mechkit.tasks.shuffled import shuffled_label_prompts
@@ -103,6 +103,8 @@ def extracted_vector(handle: ModelHandle, method: str, task: str, extracted: dic
     return ActivationVector(vector=torch.tensor(extracted["vector"]), method=method, task=task, layer=-1,
                             mode="replace" if method == "task-vector" else "add",
                             model_sha256=handle.weights_sha256(), model_config_sha256=config_sha256(handle.model),
+                            model_dtype=str(handle.dtype).removeprefix("torch."),
+                            model_tokenizer_sha256=tokenizer_sha256(handle.tokenizer) if handle.tokenizer else "",
                             heads=extracted["heads"],
                             info={k: v for k, v in extracted.items() if k not in ("vector", "heads")})
 

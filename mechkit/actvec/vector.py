@@ -23,9 +23,11 @@ if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
 METHODS = ("task-vector", "function-vector")
+_IDENTITY = ("model_config_sha256", "model_dtype", "model_tokenizer_sha256")  # recorded where known
 # metadata key -> the JSON types it may hold (bool is refused where a number is meant, below)
 _META_TYPES: dict[str, tuple[type, ...]] = {"method": (str,), "task": (str,), "layer": (int,), "mode": (str,),
                                             "model_sha256": (str,), "model_config_sha256": (str,),
+                                            "model_dtype": (str,), "model_tokenizer_sha256": (str,),
                                             "heads": (list,), "info": (dict,),
                                             "scale": (int, float), "span": (int,)}
 
@@ -53,6 +55,8 @@ class ActivationVector:
     scale: float = 1.0
     span: int = 1
     model_config_sha256: str = ""  # the config it was extracted under: same weights, other config, other activations
+    model_dtype: str = ""  # the dtype the weights were hashed in: another dtype hashes the same weights differently
+    model_tokenizer_sha256: str = ""  # the tokenizer its prompts were encoded with: other ids, other activations
 
     def __repr__(self) -> str:
         """Method, task, layer, shape, norm and scale in a few lines — never the vector itself.
@@ -98,8 +102,7 @@ class ActivationVector:
     def metadata(self) -> dict:
         return {"method": self.method, "task": self.task, "layer": self.layer, "mode": self.mode,
                 "scale": self.scale, "span": self.span, "model_sha256": self.model_sha256, "heads": self.heads,
-                "info": self.info, **({"model_config_sha256": self.model_config_sha256}
-                                      if self.model_config_sha256 else {})}
+                "info": self.info, **{k: getattr(self, k) for k in _IDENTITY if getattr(self, k)}}
 
     def to_bytes(self, name: str | Path | None = None) -> bytes:
         """The safetensors file as bytes; the metadata is JSON under the header key ``mechkit``.
@@ -200,10 +203,22 @@ class ActivationVector:
         if self.vector.shape[-1] != handle.anatomy.d_model:
             raise MechkitError(f"vector width {self.vector.shape[-1]} does not match d_model "
                                f"{handle.anatomy.d_model}", "use a vector extracted from this model")
+        dtype = str(handle.dtype).removeprefix("torch.")
+        if self.model_sha256 and self.model_dtype and self.model_dtype != dtype:  # the hashes cannot be compared
+            raise MechkitError(f"the vector was extracted from the model in {self.model_dtype}, and this one is "
+                               f"loaded in {dtype}: its weights' hash cannot tell whether they are the same",
+                               f"load the model in {self.model_dtype} (--dtype {self.model_dtype}, "
+                               f"dtype=\"{self.model_dtype}\"), or extract the vector again in {dtype}")
         if self.model_sha256 and self.model_sha256 != handle.weights_sha256():
             raise MechkitError("the vector was extracted from other model weights (sha256 differs)",
                                "extract it again on this model with `mechkit icl-vectors`")
-        from mechkit.model.checks.identity import config_sha256
+        from mechkit.model.checks.identity import config_sha256, tokenizer_sha256
+
+        if self.model_tokenizer_sha256 and handle.tokenizer is not None and \
+                self.model_tokenizer_sha256 != tokenizer_sha256(handle.tokenizer):
+            raise MechkitError("the vector was extracted with another tokenizer (other ids or settings, such as "
+                               "padding_side: other activations)", "use the tokenizer it was extracted with, or "
+                               "extract it again on this model with `mechkit icl-vectors`")
 
         if self.model_config_sha256 and self.model_config_sha256 != config_sha256(handle.model):
             raise MechkitError("the vector was extracted from these weights under another config.json (another "

@@ -110,7 +110,7 @@ class ModelHandle:
         from mechkit.model.checks.forward_args import check_forward_kwargs
         from mechkit.model.checks.token_ids import check_forward_inputs, checked_ids, position_rows
 
-        input_ids = checked_ids(input_ids, self.n_vocab_rows())
+        input_ids = checked_ids(input_ids, self.n_vocab_rows(), self.tokenizer)
         check_forward_kwargs(self.model, kwargs)
         if self._n_positions is None:
             self._n_positions = position_rows(self.model) or -1

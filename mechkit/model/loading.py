@@ -20,6 +20,7 @@ from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
 from mechkit.model.checks.integrity import (
     load_report_muted,
+    refuse_adapter_beside,
     refuse_invalid_config,
     refuse_load_gaps,
     refuse_meta_weights,
@@ -229,10 +230,11 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     from mechkit.model.edit.surgery import CONFIG_KEY, load_pruned_directory
 
     try:
-        pruned = CONFIG_KEY in (path / "config.json").read_text(encoding="utf-8")
+        pruned = _is_pruned(path / "config.json", CONFIG_KEY)
     except (OSError, UnicodeDecodeError) as err:
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(err)}",
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
+    refuse_adapter_beside(path)  # transformers would apply a PEFT adapter found there, silently
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
     refuse_shard_gaps(path)  # a shard missing, or a second weight set beside the shards
@@ -261,6 +263,23 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
         raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)
+
+
+def _is_pruned(config: Path, key: str) -> bool:
+    """Whether ``config.json`` carries a pruned model's structure as a top-level entry: the key as a JSON key,
+    not the text anywhere (a path or name holding ``mechkit_pruning`` sent a dense model down the pruned
+    loader, which failed with "the weights may be corrupt"). JSON transformers cannot read: not pruned here,
+    the config check says what is wrong."""
+    import json
+
+    text = config.read_text(encoding="utf-8")
+    if key not in text:
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and key in data
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")

@@ -81,7 +81,7 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
-def budget_fix(targets: list[str], candidates: list[dict]) -> str:
+def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency") -> str:
     """The fix for a budget no plan reaches: raise it (to about what the cheapest plan reached), or add the
     unit types not pruned yet, naming them only where some are left (all three given: only the budget).
 
@@ -90,12 +90,22 @@ def budget_fix(targets: list[str], candidates: list[dict]) -> str:
     >>> budget_fix(["neurons", "heads", "layers"], [])
     'raise --budget'
     """
+    ratios = [c["cost_ratio"] for c in candidates if isinstance(c.get("cost_ratio"), int | float)]
+    if ratios and min(ratios) >= 1:  # --budget stays below 1: raising it cannot reach a plan no faster than dense
+        other = "--budget-unit flops, or " if unit == "latency" else ""
+        fix = (f"no plan tried was cheaper than the dense model (the cheapest reached {min(ratios):.2f} of its "
+               f"{unit}), so no --budget below 1 is met: pass {other}--sparsity instead of --budget")
+        return fix + (f"; or add targets: --target {','.join([*targets, *_missing(targets)])}"
+                      if _missing(targets) else "")
+    fix = "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
+    missing = _missing(targets)
+    return fix + (f", or add targets: --target {','.join([*targets, *missing])}" if missing else "")
+
+
+def _missing(targets: list[str]) -> list[str]:
     from mechkit.pruning.select import TARGETS
 
-    ratios = [c["cost_ratio"] for c in candidates if isinstance(c.get("cost_ratio"), int | float)]
-    fix = "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
-    missing = [t for t in TARGETS if t not in targets]
-    return fix + (f", or add targets: --target {','.join([*targets, *missing])}" if missing else "")
+    return [t for t in TARGETS if t not in targets]
 
 
 @dataclass(frozen=True)
@@ -373,7 +383,7 @@ class PruneStudy:
         within = [c for c in candidates if c["calib_accuracy"] is not None]
         if not within:
             raise MechkitError(f"no plan of {', '.join(self.targets)} reaches {budget} of the dense {unit}",
-                               budget_fix(self.targets, candidates))
+                               budget_fix(self.targets, candidates, unit))
         chosen = max(within, key=lambda c: c["calib_accuracy"])
         sparsity = dict(chosen["sparsity"])
         for _ in range(BUDGET_RETRIES):  # the reported row must meet the budget; noise can put it just over

@@ -65,7 +65,12 @@ def model_base(handle: ModelHandle, sha256: bool = True) -> dict:
     base = {"spec": handle.spec, "name": handle.name, "dtype": str(handle.dtype).removeprefix("torch."),
             "architecture": architecture(handle.model.config.to_dict())}
     if sha256:
+        from mechkit.model.placement.stored import state_items
+        from mechkit.taskarith.probe import weights_probe
+
         base["sha256"] = handle.weights_sha256()
+        params = dict(handle.model.named_parameters())
+        base["probe"] = weights_probe((n, t) for n, t in state_items(handle.model) if n in params)
     return base
 
 

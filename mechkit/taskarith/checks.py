@@ -78,8 +78,12 @@ def base_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
                 return f"{key} {arch_a[key]} vs {arch_b[key]}"
     sha_a, sha_b = a.get("sha256"), b.get("sha256")
     same_dtype = (a.get("dtype") or DEFAULT_DTYPE) == (b.get("dtype") or DEFAULT_DTYPE)
-    if sha_a and sha_b and same_dtype and sha_a != sha_b:
-        return f"the weights differ (sha256 {str(sha_a)[:12]}… vs {str(sha_b)[:12]}…)"
+    if sha_a and sha_b and same_dtype:
+        return f"the weights differ (sha256 {str(sha_a)[:12]}… vs {str(sha_b)[:12]}…)" if sha_a != sha_b else None
+    from mechkit.taskarith.probe import probes_differ
+
+    if probes_differ(a.get("probe"), b.get("probe")):  # hashes of two dtypes, or none: the values decide
+        return "the weights differ (their values, compared across dtypes)"
     return None
 
 

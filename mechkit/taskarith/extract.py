@@ -29,6 +29,7 @@ from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, is_dispatched
 from mechkit.model.placement.ties import distinct_parameters, tied_names
 from mechkit.taskarith.checks import architecture, non_finite
+from mechkit.taskarith.probe import weights_probe
 from mechkit.taskarith.vector import TaskVector
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
     base_tensors, aliases = _base_tensors(base_src)
     rename = (lambda key: key) if isinstance(base_src, Path) else checkpoint_renamer(base_src.model)
     deltas: dict[str, torch.Tensor] = {}
+    probe: dict[str, list[float]] = {}
     for name, ft in stream_tensors(ft_dir):
         target = aliases.get(name, name)
         if target not in base_tensors:
@@ -199,6 +201,7 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
         if delta is not None:
             _refuse_non_finite(name, ft, base_t, ft_dir)
             deltas[target] = delta
+            probe.update(weights_probe([(target, base_t)]))  # the base's values: a check across dtypes
     missing = sorted(set(base_tensors) - set(deltas) - ({n for n in base_tensors if is_embedding(n)}
                                                        if embeddings != "error" else set()))
     if missing:
@@ -206,7 +209,9 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
                            "a task vector needs the fine-tuned model of this very base model")
     if tasks is None:
         tasks = _task_ids([recipe["task"]], ft_dir / "report.json") if recipe and "task" in recipe else []
-    return TaskVector(deltas, _metadata(base_src, base_cfg, ft_dir, embeddings, tasks, recipe))
+    meta = _metadata(base_src, base_cfg, ft_dir, embeddings, tasks, recipe)
+    meta["base"]["probe"] = probe
+    return TaskVector(deltas, meta)
 
 
 def _task_ids(tasks: list[str], source: Path | None = None) -> list[str]:

@@ -263,7 +263,8 @@ class TaskVector:
         return {"tasks": self.meta.get("tasks", []), "tensors": len(self.deltas), "numel": self.numel(),
                 "nonzero": self.nonzero(), "norm": round(self.norm(), 6),
                 "layers": f"{layers[0]}-{layers[-1]}" if layers else "-", "ops": self.meta.get("ops", []),
-                "base": self.meta.get("base", {}), "recipe": self.meta.get("recipe")}
+                "base": {k: v for k, v in (self.meta.get("base") or {}).items() if k != "probe"},  # values: not for people
+                "recipe": self.meta.get("recipe")}
 
 
 def check_vector_out(out: str | Path, force: bool, inputs: tuple = ()) -> Path:

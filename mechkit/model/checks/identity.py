@@ -86,9 +86,11 @@ def model_identity(handle: Any) -> dict[str, Any]:
 
 
 def model_key(handle: Any) -> dict[str, Any]:
-    """:func:`model_identity` and where the model runs (device, device map): a resume key's model part, so
-    steps computed on the CPU are never reused on a GPU, or the other way round."""
-    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map}
+    """:func:`model_identity` and how the model runs (device, device map, attention implementation, backend):
+    a resume key's model part, so steps computed on the CPU are never reused on a GPU, or the other way round."""
+    attention = getattr(getattr(handle.model, "config", None), "_attn_implementation", None)
+    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map,
+            "attn_implementation": str(attention), "backend": handle.backend.name, "remote": handle.backend.remote}
 
 
 def identity_tag(handle: Any) -> str:

@@ -40,6 +40,22 @@ def refuse_pickle_only(path: Path) -> None:
                          "point --model at a directory written by save_pretrained (config.json + model.safetensors)")
 
 
+ADAPTER_CONFIG = "adapter_config.json"  # what transformers looks for to apply a PEFT adapter on load
+
+
+def refuse_adapter_beside(path: Path) -> None:
+    """A model directory that also holds a PEFT adapter (``adapter_config.json``): with peft installed,
+    transformers wraps the layers it names in LoRA modules and applies the adapter's weights on load, without
+    a word; the model computed on is then not the one ``model.safetensors`` holds, and its modules are not
+    the ones its anatomy names. Refused, naming the ways to say which model is meant."""
+    if (path / ADAPTER_CONFIG).is_file():
+        raise ModelLoadError(
+            f"{path} holds a PEFT adapter ({ADAPTER_CONFIG}) beside the model's weights; transformers would "
+            "apply it silently on load", "to analyse the adapted model, merge it once "
+            "(PeftModel.from_pretrained(model, DIR).merge_and_unload().save_pretrained(NEW_DIR), with the tokenizer) "
+            f"and use NEW_DIR; to analyse the base model, move {ADAPTER_CONFIG} and the adapter's weights out of {path}")
+
+
 def refuse_invalid_config(path: Path) -> None:
     """Refuse a ``config.json`` transformers cannot build a config from (fields that disagree, such as a
     ``layer_types`` list longer than ``num_hidden_layers``, or an unknown model type) as a config problem,
@@ -194,6 +210,11 @@ def refuse_non_finite_weights(model: Any, label: Any) -> None:
             continue
         if not bool(torch.isfinite(t).all()):
             what = "NaN" if bool(torch.isnan(t).any()) else "inf"
+            if what == "inf" and t.dtype == torch.float16:  # most likely finite weights past float16's range
+                raise ModelLoadError(f"the model {label} has inf values in {name} in float16: weights beyond "
+                                     "±65504 (float16's range) become inf when cast to it",
+                                     "load it in bfloat16 or float32 (--dtype bfloat16, dtype=\"bfloat16\"); if it "
+                                     "still has inf values there, its weights are damaged")
             raise ModelLoadError(f"the model {label} has {what} values in {name}",
                                  "its weights are damaged (a diverged fine-tune, a bad conversion): "
                                  "use the original weights or re-export them")

@@ -57,6 +57,61 @@ def _config(model: Any) -> dict:
     return data
 
 
+def _generation(model: Any) -> dict:
+    """The model's generation settings (``generation_config``: a ``repetition_penalty`` or ``do_sample`` left
+    set changes every later ``generate``), as plain JSON."""
+    config = getattr(model, "generation_config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return {}
+    return json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
+
+
+def handle_state(handle: Any) -> dict:
+    """What a :class:`~mechkit.model.handle.ModelHandle` says about its model besides the model object: its
+    anatomy (what every analysis reads its layers and heads from), where it came from, its backend and the
+    weights' hash it remembers (what resume keys and saved artifacts record). A run that changes one leaves
+    the next caller's analyses, keys or artifacts wrong although the model computes as before."""
+    return {"anatomy": _anatomy(handle.anatomy), "anatomy_obj": handle.anatomy, "spec": handle.spec, "name": handle.name,
+            "source": handle.source, "backend": handle.backend, "model": handle.model,
+            "tokenizer": handle.tokenizer, "sha256": handle._sha256}
+
+
+def _anatomy(anatomy: Any) -> tuple:
+    """An anatomy's fields as comparable values: modules by identity (held, so their ids stay theirs), lists
+    of them item by item, everything else by value (a copy: a list changed in place must show)."""
+    import copy
+    import dataclasses
+
+    from torch import nn
+
+    def frozen(value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return ("module", id(value), value)
+        if isinstance(value, (list, tuple)):
+            return tuple(frozen(v) for v in value)
+        return copy.deepcopy(value)
+
+    if not dataclasses.is_dataclass(anatomy):
+        return (anatomy,)
+    return tuple((f.name, frozen(getattr(anatomy, f.name))) for f in dataclasses.fields(anatomy))
+
+
+def changed_handle(before: dict, handle: Any) -> str | None:
+    """What of :func:`handle_state` differs after a run, in words, else None. A weights' hash dropped (an
+    in-place edit forgets it, to be computed again) is no change; one replaced by another value is."""
+    if handle.anatomy is not before["anatomy_obj"] or _anatomy(handle.anatomy) != before["anatomy"]:
+        return "its anatomy (handle.anatomy: layers, heads, module names) was changed"
+    for key in ("spec", "name", "source"):
+        if getattr(handle, key) != before[key]:
+            return f"handle.{key} was changed ({before[key]!r} -> {getattr(handle, key)!r})"
+    for key in ("backend", "model", "tokenizer"):
+        if getattr(handle, key) is not before[key]:
+            return f"handle.{key} was replaced by another object"
+    if handle._sha256 is not None and before["sha256"] is not None and handle._sha256 != before["sha256"]:
+        return "the weights' hash it remembers (handle._sha256) was replaced while its weights stayed the same"
+    return None
+
+
 def model_state(model: Any, tokenizer: Any = None) -> dict:
     """The model's modules, hooks, ``forward`` overrides, modes, parameters, config and (given) tokenizer,
     to compare with :func:`changed_state`."""
@@ -68,6 +123,7 @@ def model_state(model: Any, tokenizer: Any = None) -> dict:
     global_dicts = [getattr(torch_module, d, {}) for d in _GLOBAL_HOOKS]
     global_hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in global_dicts)
     return {"modules": modules, "global_hooks": global_hooks, "config": _config(model),
+            "generation": _generation(model),
             "global_refs": [fn for d in global_dicts for fn in d.values()],  # held: their ids stay theirs
             "tokenizer": tokenizer_sha256(tokenizer) if tokenizer is not None else None}
 
@@ -105,6 +161,11 @@ def changed_state(before: dict, after: dict) -> str | None:
     for key in sorted(set(before["config"]) | set(after["config"])):
         if before["config"].get(key) != after["config"].get(key):
             return f"its config field {key} changed ({before['config'].get(key)!r} -> {after['config'].get(key)!r})"
+    if before.get("generation") != after.get("generation"):
+        key = next(k for k in sorted(set(before["generation"]) | set(after["generation"]))
+                   if before["generation"].get(k) != after["generation"].get(k))
+        return (f"its generation_config field {key} changed ({before['generation'].get(key)!r} -> "
+                f"{after['generation'].get(key)!r})")
     if before.get("tokenizer") != after.get("tokenizer"):
         return "its tokenizer was changed (its vocabulary, special tokens or a setting such as padding_side)"
     return None

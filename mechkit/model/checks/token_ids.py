@@ -39,8 +39,9 @@ def vocab_rows(model: torch.nn.Module) -> int | None:
     return rows if isinstance(rows, int) and rows > 0 else None
 
 
-def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
-    """``input_ids`` as a 2-D integer tensor ``[batch, pos]`` of ids in ``[0, n_vocab)``, or one line why not."""
+def checked_ids(input_ids: Any, n_vocab: int | None, tokenizer: Any = None) -> torch.Tensor:
+    """``input_ids`` as a 2-D integer tensor ``[batch, pos]`` of ids in ``[0, n_vocab)``, or one line why not
+    (naming the model's ``tokenizer`` where it is the one that gives such ids)."""
     if isinstance(input_ids, str):
         raise MechkitError("the model was given text, not token ids", f"{FIX} (or mk.run_with_cache(m, m.to_tokens(text)))")
     if isinstance(input_ids, (list, tuple)):
@@ -73,6 +74,7 @@ def checked_ids(input_ids: Any, n_vocab: int | None) -> torch.Tensor:
     low, high = (int(v) for v in torch.aminmax(input_ids))
     bad = low if low < 0 else high if n_vocab is not None and high >= n_vocab else None
     if bad is not None:
+        _refuse_tokenizer_beyond(bad, n_vocab, tokenizer)
         bound = f"0 to {n_vocab - 1}" if n_vocab is not None else "0 or more"
         raise MechkitError(f"token id {bad} is outside the model's vocabulary ({bound})",
                            f"{FIX}, or ids below {n_vocab}" if n_vocab is not None else FIX)
@@ -130,6 +132,26 @@ def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dic
     if mask.dim() <= 2 and (shape[0] != ids.shape[0] or (shape[1] < ids.shape[1] if cached else shape[1] != ids.shape[1])):
         raise MechkitError(f"attention_mask has shape {tuple(mask.shape)}, not the token ids' {tuple(ids.shape)}",
                            "pass one mask value per token: torch.ones_like(ids) with 0 at padding")
+
+
+def _refuse_tokenizer_beyond(bad: int, n_vocab: int | None, tokenizer: Any) -> None:
+    """An id past the embedding that the model's own tokenizer gives (a token added to the tokenizer, or the
+    tokenizer of another model beside these weights): "pass ids from m.to_tokens(text)" would be no fix,
+    since they came from it."""
+    try:
+        size = len(tokenizer) if tokenizer is not None else 0
+    except TypeError:
+        return
+    if n_vocab is None or not 0 <= bad < size or size <= n_vocab:
+        return
+    try:
+        token = repr(tokenizer.convert_ids_to_tokens(bad))
+    except Exception:
+        token = "a token"
+    raise MechkitError(f"the model's tokenizer gives {token} id {bad}, but the model embeds only {n_vocab} ids: the "
+                       f"tokenizer ({size} tokens) is not the one these weights were made with",
+                       "use the tokenizer saved with these weights, or resize the embeddings "
+                       "(model.resize_token_embeddings(len(tokenizer))) and fine-tune before analysing text with it")
 
 
 _WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))

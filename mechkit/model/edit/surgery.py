@@ -412,13 +412,17 @@ def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Te
     for name in structure.biased:
         module = model.get_submodule(name.rsplit(".", 1)[0])
         add_output_bias(module, torch.zeros(_out_width(module)))
+    out_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings()) + ".weight"
+    in_name = next(n for n, m in model.named_modules() if m is model.get_input_embeddings()) + ".weight"
+    tied = getattr(config, "tie_word_embeddings", False) and not _distinct(state, out_name, in_name)
+    if not tied and model.get_output_embeddings().weight is model.get_input_embeddings().weight:
+        out = model.get_output_embeddings()  # built tied: one tensor would take both files' values, the last wins
+        out.weight = nn.Parameter(out.weight.detach().clone())
     try:
         missing, unexpected = model.load_state_dict(dict(state), strict=False)
     except RuntimeError as err:  # a shape the structure does not give: name the first, not torch's header
         first = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
         raise MechkitError(f"pruned weights do not match their structure ({first[:300]})", WEIGHTS_FIX) from None
-    tied = getattr(config, "tie_word_embeddings", False)
-    out_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings()) + ".weight"
     missing = [k for k in missing if not (tied and k == out_name)]
     if missing or unexpected:
         raise MechkitError(f"pruned weights do not match their structure (missing {missing[:3]}, "
@@ -427,6 +431,14 @@ def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Te
         model.tie_weights()
     model.eval()
     return model
+
+
+def _distinct(state: Mapping[str, torch.Tensor], out_name: str, in_name: str) -> bool:
+    """Whether the saved weights hold an output embedding of their own, other than the input one: a config
+    saying the two are tied must not replace it by the input embedding (transformers' own load keeps both
+    then), which computed on an output layer the weights do not hold."""
+    out, inp = state.get(out_name), state.get(in_name)
+    return out is not None and inp is not None and (out.shape != inp.shape or not torch.equal(out, inp))
 
 
 def pruned_config(model: nn.Module) -> dict | None:
