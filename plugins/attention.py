@@ -44,8 +44,8 @@ class AttentionPlugin(Plugin):
         selection.check(model.anatomy.n_layers, model.anatomy.head_counts, [opts["top_k"]], ctx.seed)
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
-        view = mk.show_attention(model, opts["prompt"], heads=selection, top_k=opts["top_k"], seed=ctx.seed,
-                                 scores=scores)
+        view = mk.show_attention(model, opts["prompt"], heads=selection, seed=ctx.seed, scores=scores,
+                                 top_k=opts["top_k"] if selection.ranked else None)
         patterns = view.patterns
         heads = []
         for head in patterns.heads:

@@ -371,3 +371,45 @@ def test_prune_refuses_options_its_budget_search_would_ignore(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code.value.code == 2 and len(err) == 1 and words in err[0], err
     assert not (tmp_path / "p").exists()
+
+
+# ---- after pass 8: what the helpers left --------------------------------------------------------------------
+
+def test_show_attention_refuses_top_k_for_heads_named_one_by_one(llama):
+    with pytest.raises(MechkitError, match="top_k= picks among ranked or random heads.*each head to show"):
+        mk.show_attention(llama, "hello hello", heads="0.1", top_k=3)
+    assert len(mk.show_attention(llama, "hello hello", heads="random", top_k=2).patterns.heads) == 2
+    run = mk.run("attention", model=llama, write=False, heads="0.1,1.2", prompt="ab ab")  # the plugin's own top_k
+    assert [(h["layer"], h["head"]) for h in run.results["heads"]] == [(0, 1), (1, 2)]
+
+
+def test_decoding_past_a_learned_position_table_is_one_line():
+    from mechkit.model.compat import cache_kwargs, cache_of
+
+    gpt2 = mk.load_model("tiny:gpt2")
+    cache = cache_of(gpt2.forward(torch.randint(3, 250, (1, 510)), use_cache=True))
+    assert gpt2.forward(torch.randint(3, 250, (1, 2)), use_cache=True, **cache_kwargs(cache)).logits.shape[1] == 2
+    with pytest.raises(MechkitError, match=r"3 tokens after the 512 cached are more than the model's 512 positions"):
+        gpt2.forward(torch.randint(3, 250, (1, 3)), use_cache=True, **cache_kwargs(cache))
+
+
+def test_a_fifo_named_as_a_task_vector_is_not_said_to_be_missing(tmp_path):
+    from mechkit.taskarith.vector import TaskVector
+
+    os.mkfifo(tmp_path / "v.safetensors")
+    with pytest.raises(MechkitError, match="is not a regular file, so not a task vector"):
+        TaskVector.load(tmp_path / "v.safetensors")
+    with pytest.raises(MechkitError, match="task vector not found"):
+        TaskVector.load(tmp_path / "w.safetensors")
+
+
+def test_one_tensor_of_other_weights_tells_the_bases_apart_across_dtypes(llama):
+    """A model whose blocks were renumbered (layers pruned) differs only after the gap: any tensor counts."""
+    from mechkit.taskarith.probe import probes_differ, weights_probe
+
+    ours = weights_probe(llama.model.named_parameters())
+    assert probes_differ(ours, weights_probe((n, p.bfloat16()) for n, p in llama.model.named_parameters())) is False
+    moved = dict(ours)
+    name = next(n for n in moved if ".layers.1." in n)
+    moved[name] = [v + 1.0 for v in moved[name]]
+    assert probes_differ(ours, moved) is True

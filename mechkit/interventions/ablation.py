@@ -34,7 +34,7 @@ from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks, record
 from mechkit.hooking.traced import pure
 from mechkit.model.expertspec import Expert, experts_by_layer, parse_experts
-from mechkit.model.headspec import Head, HeadSelection, heads_by_layer, parse_heads
+from mechkit.model.headspec import Head, HeadSelection, heads_by_layer, parse_heads, refuse_unused_ranking
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -169,7 +169,7 @@ def ablate(
         raise MechkitError(f"unknown ablation mode {mode!r}", f"use one of: {', '.join(MODES)}")
     if heads is None and experts is None:
         raise MechkitError("nothing to ablate", "pass heads=... (e.g. '0.1,1.3') or experts=... (e.g. '1.e2')")
-    _refuse_ignored(heads, top_k, scores)
+    refuse_unused_ranking(heads, top_k, scores)
     a = handle.anatomy
     resolved: list[Head] = [] if heads is None else \
         parse_heads(heads, a.n_layers, a.head_counts, scores=scores, top_k=top_k, seed=seed)
@@ -191,23 +191,3 @@ def ablate(
     with hooks(handle, fns):
         yield [*resolved, *chosen]
 
-
-def _refuse_ignored(heads: object, top_k: object, scores: object) -> None:
-    """``top_k`` or ``scores`` where the heads are named one by one, refused rather than silently ignored:
-    they pick among ranked or random heads, and there are none to pick from. (A ``reference`` with
-    ``mode="zero"`` is accepted: a loop over the modes passes the same one to each.)"""
-    if top_k is None and scores is None:
-        return
-    from mechkit.model.headspec import parse_spec
-
-    ranked = False
-    if isinstance(heads, str | HeadSelection):
-        try:
-            ranked = parse_spec(heads).ranked
-        except MechkitError:
-            return  # a malformed spec: parse_heads names what is wrong with it
-    if not ranked:
-        given = "top_k=" if top_k is not None else "scores="
-        raise MechkitError(f"{given} picks among ranked or random heads, and heads= names each head to ablate, so "
-                           "it would be ignored", f"drop {given}, or ask for ranked heads "
-                           "(heads=\"induction\", heads=\"random\") to pick the top_k of")

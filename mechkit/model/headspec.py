@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mechkit.errors import HeadSpecError
+from mechkit.errors import HeadSpecError, MechkitError
 
 SCORE_KINDS = ("induction", "previous-token", "duplicate-token")
 _PAIR = re.compile(r"^(\d+)\.(\d+)$")
@@ -418,3 +418,22 @@ def heads_by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
     for h in heads:
         out.setdefault(h.layer, []).append(h.head)
     return out
+
+
+def refuse_unused_ranking(heads: object, top_k: object, scores: object, verb: str = "ablate") -> None:
+    """``top_k`` or ``scores`` where the heads are named one by one (``mk.ablate``, ``mk.show_attention``),
+    refused rather than silently ignored: they pick among ranked or random heads, and there are none to pick
+    from."""
+    if top_k is None and scores is None:
+        return
+    ranked = False
+    if isinstance(heads, str | HeadSelection):
+        try:
+            ranked = parse_spec(heads).ranked
+        except MechkitError:
+            return  # a malformed spec: parse_heads names what is wrong with it
+    if not ranked:
+        given = "top_k=" if top_k is not None else "scores="
+        raise MechkitError(f"{given} picks among ranked or random heads, and heads= names each head to {verb}, so "
+                           "it would be ignored", f"drop {given}, or ask for ranked heads "
+                           "(heads=\"induction\", heads=\"random\") to pick the top_k of")

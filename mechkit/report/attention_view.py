@@ -145,6 +145,9 @@ def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence 
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise MechkitError(f"top_k must be a whole number of at least 1, not {top_k!r}",
                            "pass top_k=4, say, or leave it out (10, at most half the model's heads)")
+    from mechkit.model.headspec import refuse_unused_ranking
+
+    refuse_unused_ranking(heads, top_k, scores, verb="show")
     chosen = select_heads(model, heads, top_k, seed, scores)
     if not chosen:
         raise MechkitError("the head spec selects no heads", 'name at least one, e.g. heads="0.1" or heads=None for all')

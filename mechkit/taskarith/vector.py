@@ -30,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import os
 import re
 import struct
 import textwrap
@@ -235,6 +236,9 @@ class TaskVector:
 
         path = Path(path)
         if not path.is_file():
+            if os.path.lexists(path):  # a directory, a FIFO, a device or a broken link: there, but no vector
+                raise MechkitError(f"{path} is not a regular file, so not a task vector",
+                                   "pass the .safetensors file `mechkit taskvec extract` wrote")
             raise MechkitError(f"task vector not found: {path}", "extract one with `mechkit taskvec extract`")
         try:
             str(path).encode("utf-8")

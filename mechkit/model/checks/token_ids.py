@@ -108,10 +108,20 @@ def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dic
     """One line for what would fail deep inside the model (an IndexError, or a device-side assert on a GPU):
     more tokens than a learned position table holds, ``position_ids`` outside it, and an ``attention_mask``
     that is not a tensor of the ids' shape ``[batch, pos]`` (a 4-D mask is the caller's own and passes)."""
-    if n_positions is not None and ids.shape[1] > n_positions:
-        raise MechkitError(f"{ids.shape[1]} tokens are more than the model's {n_positions} positions "
-                           "(it learned one embedding per position)",
-                           f"pass at most {n_positions} tokens per sequence (truncate or split the text)")
+    if n_positions is not None:
+        from mechkit.model.compat import cache_in
+
+        cache = cache_in(kwargs)
+        try:  # decoding step by step: the new tokens sit after the cached ones
+            past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+        except Exception:  # a cache of another kind: its length is not ours to read
+            past = 0
+        if past + ids.shape[1] > n_positions:
+            held = f" after the {past} cached" if past else ""
+            raise MechkitError(f"{ids.shape[1]} tokens{held} are more than the model's {n_positions} positions "
+                               "(it learned one embedding per position)",
+                               f"pass at most {n_positions} tokens per sequence, cache included (truncate or split "
+                               "the text)")
     positions = kwargs.get("position_ids")
     if isinstance(positions, torch.Tensor) and positions.numel() and not positions.is_floating_point():
         low, high = (int(v) for v in torch.aminmax(positions))
