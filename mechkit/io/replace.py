@@ -118,6 +118,8 @@ def refuse_foreign_file(path: str | os.PathLike[str], writer: str) -> None:
     replace) other than a task vector and its ``.json``. ``--out ft/model.safetensors --force`` put a task vector where a fine-tune's weights were;
     ``--out ft/.mechkit-files`` replaced the list that protects the set, and then ``--out hf/tokenizer.json``
     the model's tokenizer. Only the writer that saved a model replaces it (:func:`refuse_foreign_model`)."""
+    if not isinstance(path, str | os.PathLike):
+        return  # not a path at all: the writer's own check says so in one line (mechkit.io.write_atomic)
     path = Path(path)
     if not os.path.lexists(path):
         return
