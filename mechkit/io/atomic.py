@@ -98,7 +98,7 @@ def _file_target(path: object) -> Path:
     given a directory, a folder that does not exist or a non-path would otherwise raise a bare OSError
     or TypeError (and a rename onto a directory fails only after the whole file is written)."""
     if not isinstance(path, str | os.PathLike) or not str(os.fspath(path)).strip():
-        raise MechkitError(f"cannot write a file to {path!r}", "pass a file path, e.g. 'out/attention.html'")
+        raise MechkitError(f"cannot write a file to {path!r}", "pass a file path (a str or pathlib.Path) in a folder that exists")
     target = Path(path)
     if target.is_dir():
         raise MechkitError(f"{target} is a directory, not a file name", f"name a file inside it, e.g. {target / 'out'}")
