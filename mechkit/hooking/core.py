@@ -479,9 +479,7 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
                            "pass e.g. lambda logits: logits[0, -1, token_id]")
     points = [p for name in check_names(names, "mk.gradients") for p in resolve(handle.anatomy, name)]
     if handle.backend.traced:  # its forward goes round ModelHandle.forward's check of the arguments
-        from mechkit.model.checks.forward_args import check_forward_kwargs
-
-        check_forward_kwargs(handle.model, kwargs)
+        input_ids = handle.checked_inputs(input_ids, kwargs)
         return traced.gradients(handle, points, input_ids.to(handle.device), metric, use_cache=False, **kwargs)
     acts: dict[str, torch.Tensor] = {}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,14 @@ def journal_path(out: str | os.PathLike[str]) -> Path:
 
 def plain_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
+def own_temp_name(name: object, target: str) -> bool:
+    """Whether ``name`` is one :func:`mechkit.io.atomic.temp_dir_beside` gives a directory built for ``target``
+    (``.TARGET.tmp-PID-TOKEN``): a journal naming anything else (a crafted or foreign file) would have
+    the roll-back delete that folder, a sibling project, whole."""
+    return isinstance(name, str) and plain_name(name) and re.fullmatch(
+        re.escape(f".{target}.tmp-") + r"\d+-[0-9a-f]{8}", name) is not None
 
 
 def remove_path(path: Path) -> None:
@@ -54,7 +63,11 @@ def recover(out: str | os.PathLike[str]) -> bool:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise MechkitError(f"cannot read the interrupted write's journal {journal}: {err}",
                            f"move aside the newest files in {out} by hand, then delete {journal}") from None
-    if plain_name(record["tmp"]) and tmp.is_dir():
+    if not own_temp_name(record["tmp"], out.name):
+        raise MechkitError(f"the journal {journal} names {str(record['tmp'])[:60]!r}, which is not a temporary "
+                           f"directory mechkit makes for {out.name}: it is no journal of a mechkit write, and "
+                           "mechkit rolls nothing back from it", f"delete {journal} (nothing was moved)")
+    if tmp.is_dir() and not tmp.is_symlink():
         backup = tmp / ".previous"
         for name in install:  # moved in already: ours, from the killed write
             if not (tmp / name).exists() and ((out / name).exists() or (out / name).is_symlink()):

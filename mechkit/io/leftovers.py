@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ _OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]{8}$")
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
 _JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
 UNTAGGED_AGE_S = 24 * 3600
+_LOCK_OPEN = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a link is never followed
 
 
 def _alive(pid: int) -> bool:
@@ -52,10 +54,13 @@ def _lock_free(path: Path) -> bool:
     except ImportError:  # pragma: no cover - Windows: never judged stale
         return False
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, _LOCK_OPEN)
     except OSError:
         return False
     try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > 32:
+            return False  # not a lock file mechkit made (a user's file under that name): never removed as one
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False
@@ -66,7 +71,7 @@ def _lock_free(path: Path) -> bool:
 
 def _held(folder: Path, name: str) -> bool:
     lock = folder / f".{name}.mechkit-lock"
-    return lock.exists() and not _lock_free(lock)
+    return lock.exists() and not lock.is_symlink() and not _lock_free(lock)  # a link is no lock mechkit made
 
 
 def lock_holder(folder: Path, name: str) -> tuple[bool, int | None]:
@@ -159,7 +164,7 @@ def _unlink_lock(path: Path) -> bool:
     when it ends), so a run that opened it just now sees it gone and locks a new one."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, _LOCK_OPEN)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

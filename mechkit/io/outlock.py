@@ -7,8 +7,10 @@ beside :mod:`mechkit.io.atomic`, which makes what the run writes there appear wh
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,7 +87,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         for attempt in itertools.count():
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = _open_lock(path)
             except FileNotFoundError:  # a parent another run had made was removed again as it ended
                 if attempt < 100:
                     continue
@@ -137,6 +139,44 @@ _HELD: set[Path] = set()
 """The lock files this process holds: a writer inside a directory its own process is writing is no conflict."""
 
 
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+LOCK_MAX_BYTES = 32  # a pid and a newline: anything larger at the lock's name is not a lock mechkit made
+
+
+def _open_lock(path: Path) -> int:
+    """Open (or create) the lock file ``path``, or refuse (one line) what sits at its name and is not one: the
+    lock is truncated and written, so a symlink or a hard link there would have replaced the user's file it
+    leads to with a pid, a FIFO gave a traceback and a directory a fix that could not help."""
+    try:
+        fd = os.open(path, _LOCK_FLAGS, 0o644)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or (os.path.lexists(path) and not path.is_file()):
+            _refuse_not_a_lock(path)
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > LOCK_MAX_BYTES:
+            _refuse_not_a_lock(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refuse_not_a_lock(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+        links = path.lstat().st_nlink
+    except OSError:
+        mode, links = 0, 1
+    what = ("a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a hard link to another file" if stat.S_ISREG(mode) and links > 1
+            else "a file that is not a lock" if stat.S_ISREG(mode) else "not a regular file")
+    raise MechkitError(f"{path} is {what}, not a lock file mechkit made, and mechkit locks the --out beside it "
+                       "there", f"move {path} away (mechkit never writes through it), or choose another --out")
+
+
 def _flock_soon(fd: int) -> None:
     """Lock ``fd`` exclusively, retrying for up to ~0.1 s: another writer's :func:`refuse_locked_ancestor`
     holds a directory's lock for microseconds while it looks, which must not refuse the directory's own run."""
@@ -150,6 +190,41 @@ def _flock_soon(fd: int) -> None:
             if attempt == 19:
                 raise
             time.sleep(0.005)
+
+
+def refuse_in_use(out: str | os.PathLike[str]) -> None:
+    """Refuse (one line) an ``out`` another live mechkit run is writing, itself or a directory above it, before
+    any work: ``taskvec extract --out x/v.safetensors`` while ``finetune --out x`` runs was refused only when
+    it saved, after the model had loaded and the vector was computed. A lock this process holds is no
+    conflict; the writer's own lock (:func:`out_lock`) checks again when it is taken."""
+    real = Path(os.path.realpath(Path(out).expanduser()))
+    lock = lock_path(real)
+    pid = _lock_taken(lock) if lock not in _HELD else None
+    if pid is not None:
+        raise OutInUseError(f"--out {out} is in use by another mechkit run" + (f" (pid {pid})" if pid else ""),
+                            "wait for it or choose another --out")
+    refuse_locked_ancestor(real, out)
+
+
+def _lock_taken(lock: Path) -> str | None:
+    """The pid (``""`` where unknown) of a live process holding the lock file ``lock``, else ``None``
+    (taken and released at once to see)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # none (the usual case), or not one mechkit made: the writer's own lock refuses that
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
 
 
 def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
@@ -216,7 +291,10 @@ def locked_fresh_dir(base: Path) -> Iterator[Path]:
         candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
         if candidate.exists():
             continue
-        check_run_out(candidate, force=False)
+        try:
+            check_run_out(candidate, force=False)
+        except OutInUseError:  # another run started with this name just now: take the next
+            continue
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(out_lock(candidate))
@@ -273,7 +351,9 @@ def settle_interrupted(directory: str | os.PathLike[str]) -> None:
     except OutInUseError:
         raise MechkitError(f"{directory} is being written by another mechkit run right now",
                            "wait for it to finish, then run this again") from None
-    except MechkitError:
+    except MechkitError as err:
+        if not isinstance(err.__cause__, OSError):  # not mechkit's journal, not a lock file: its own line says so
+            raise
         raise MechkitError(f"{directory} holds a set of files a killed mechkit write left half-installed "
                            f"({journal_path(real)}), which this user cannot roll back",
                            f"run any mechkit write to {directory} as its owner, or ask them to") from None

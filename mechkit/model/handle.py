@@ -99,7 +99,7 @@ class ModelHandle:
         """Logits of a plain forward pass, through the backend (on nnsight: one trace running the active
         hook functions). Without grad unless the caller asks inside :func:`mechkit.enable_grad`
         (:mod:`mechkit.model.backends.grad`): the logits plot and convert to numpy as they are."""
-        return self.forward(input_ids, use_cache=False, **kwargs).logits
+        return self.forward(input_ids, **{"use_cache": False, **kwargs}).logits  # the caller's use_cache wins
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
         """The model's whole output (logits, the KV cache with ``use_cache=True``: read it with
@@ -107,18 +107,29 @@ class ModelHandle:
         through the backend: what code that decodes step by step calls instead of ``handle.model``.
         Without grad unless inside :func:`mechkit.enable_grad`, as for :meth:`__call__`."""
         from mechkit.model.backends.grad import forward_grad_mode
+
+        input_ids = self.checked_inputs(input_ids, kwargs)
+        with forward_grad_mode():
+            if self.backend.traced:
+                return self.backend.forward(input_ids.to(self.device), **kwargs)
+            return self.model(input_ids=input_ids.to(self.device), **kwargs)
+
+    def checked_inputs(self, input_ids: Any, kwargs: dict) -> torch.Tensor:
+        """The token ids as a ``[batch, pos]`` tensor, and ``kwargs`` checked for this model (a 1-D
+        ``position_ids`` made one row, in place), or one line naming what is wrong
+        (:mod:`mechkit.model.checks.token_ids`, :mod:`mechkit.model.checks.forward_inputs`)."""
         from mechkit.model.checks.forward_args import check_forward_kwargs
+        from mechkit.model.checks.forward_inputs import normalise_positions
         from mechkit.model.checks.token_ids import check_forward_inputs, checked_ids, position_rows
 
         input_ids = checked_ids(input_ids, self.n_vocab_rows(), self.tokenizer)
         check_forward_kwargs(self.model, kwargs)
         if self._n_positions is None:
             self._n_positions = position_rows(self.model) or -1
-        check_forward_inputs(input_ids, self._n_positions if self._n_positions > 0 else None, kwargs)
-        with forward_grad_mode():
-            if self.backend.traced:
-                return self.backend.forward(input_ids.to(self.device), **kwargs)
-            return self.model(input_ids=input_ids.to(self.device), **kwargs)
+        normalise_positions(input_ids, kwargs)
+        check_forward_inputs(input_ids, self._n_positions if self._n_positions > 0 else None, kwargs, self.model,
+                             self.anatomy, self.n_vocab_rows())
+        return input_ids
 
     def n_vocab_rows(self) -> int | None:
         """How many token ids the model embeds (read once; ``None`` where the model does not say)."""

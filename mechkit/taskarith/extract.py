@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechkit.errors import MechkitError, first_line
+from mechkit.io.journal import plain_name
 from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, is_dispatched
 from mechkit.model.placement.ties import distinct_parameters, tied_names
@@ -51,7 +52,12 @@ def weight_files(model_dir: Path) -> list[Path]:
         return [model_dir / "model.safetensors"]
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        fix = "write the model again with save_pretrained (its index names each tensor's shard file)"
+        weight_map = _read_json(index, "safetensors index", fix).get("weight_map")
+        shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+        if not shards or not all(isinstance(s, str) and plain_name(s) for s in shards):
+            raise MechkitError(f"{index} is not a safetensors index: its weight_map is not an object of tensor "
+                               "names to shard files in that directory", fix)
         return [model_dir / s for s in shards]
     raise MechkitError(f"no safetensors weights in {model_dir}",
                        "pass a directory written by `mechkit finetune` or save_pretrained (model.safetensors)")
@@ -109,9 +115,16 @@ def _vocab(source: Any) -> dict | None:
         path = source / "tokenizer.json"
         if not path.is_file():
             return None
-        data = json.loads(path.read_text())
-        vocab = dict(data.get("model", {}).get("vocab") or {})
-        vocab.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+        fix = "save the fine-tuned model's tokenizer again (tokenizer.save_pretrained)"
+        data = _read_json(path, "tokenizer", fix)
+        model, added = data.get("model"), data.get("added_tokens") or []
+        vocab = model.get("vocab") if isinstance(model, dict) else None
+        if not isinstance(vocab or {}, dict) or not isinstance(added, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int) for t in added):
+            raise MechkitError(f"{path} is not a tokenizer.json: its model.vocab is not an object of tokens to ids, "
+                               "or its added_tokens not a list of tokens with their ids", fix)
+        vocab = dict(vocab or {})
+        vocab.update({t["content"]: t["id"] for t in added})
         return vocab
     tok = source.tokenizer
     return tok.get_vocab() if tok is not None else None

@@ -104,24 +104,35 @@ def position_rows(model: torch.nn.Module) -> int | None:
     return rows if rows is not None and rows > 0 else None
 
 
-def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dict) -> None:
-    """One line for what would fail deep inside the model (an IndexError, or a device-side assert on a GPU):
-    more tokens than a learned position table holds, ``position_ids`` outside it, and an ``attention_mask``
-    that is not a tensor of the ids' shape ``[batch, pos]`` (a 4-D mask is the caller's own and passes)."""
-    if n_positions is not None:
-        from mechkit.model.compat import cache_in
+def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dict, model: Any = None,
+                         anatomy: Any = None, n_vocab: int | None = None) -> None:
+    """One line for what would fail deep inside the model (an IndexError, or a device-side assert on a GPU)
+    or run silently wrong: more tokens than a learned position table holds, ``position_ids`` outside it or
+    not one integer per token, an ``attention_mask`` that is not 0/1 of the ids' shape ``[batch, pos]`` (or
+    a 4-D mask of the ids' and cache's sizes), a KV cache of another model or batch, ``labels`` and
+    ``token_type_ids`` of another shape or outside the vocabulary (:mod:`mechkit.model.checks.forward_inputs`)."""
+    from mechkit.model.checks import forward_inputs as fi
+    from mechkit.model.compat import cache_in
 
-        cache = cache_in(kwargs)
-        try:  # decoding step by step: the new tokens sit after the cached ones
-            past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
-        except Exception:  # a cache of another kind: its length is not ours to read
-            past = 0
-        if past + ids.shape[1] > n_positions:
-            held = f" after the {past} cached" if past else ""
-            raise MechkitError(f"{ids.shape[1]} tokens{held} are more than the model's {n_positions} positions "
-                               "(it learned one embedding per position)",
-                               f"pass at most {n_positions} tokens per sequence, cache included (truncate or split "
-                               "the text)")
+    fi.check_inputs_embeds(kwargs)
+    cache = cache_in(kwargs)
+    if cache is not None:
+        fi.check_cache(ids, cache, anatomy)
+    try:  # decoding step by step: the new tokens sit after the cached ones
+        past = int(cache.get_seq_length()) if cache is not None else 0
+    except Exception:  # a cache of another kind: its length is not ours to read
+        past = 0
+    if kwargs.get("position_ids") is not None:
+        fi.check_positions(ids, kwargs["position_ids"], model)
+    fi.check_per_token(ids, kwargs, n_vocab, model)
+    if "logits_to_keep" in kwargs:
+        fi.check_logits_to_keep(kwargs["logits_to_keep"])
+    if n_positions is not None and past + ids.shape[1] > n_positions:
+        held = f" after the {past} cached" if past else ""
+        raise MechkitError(f"{ids.shape[1]} tokens{held} are more than the model's {n_positions} positions "
+                           "(it learned one embedding per position)",
+                           f"pass at most {n_positions} tokens per sequence, cache included (truncate or split "
+                           "the text)")
     positions = kwargs.get("position_ids")
     if isinstance(positions, torch.Tensor) and positions.numel() and not positions.is_floating_point():
         low, high = (int(v) for v in torch.aminmax(positions))
@@ -135,13 +146,13 @@ def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dic
     if not isinstance(mask, torch.Tensor):
         raise MechkitError(f"attention_mask must be a tensor, not {type(mask).__name__}",
                            "pass torch.ones_like(ids) with 0 at padding, or leave it out")
+    fi.refuse_no_values("attention_mask", mask, fi.MASK_FIX)
     shape = tuple(mask.reshape(1, -1).shape if mask.dim() == 1 else mask.shape)
-    from mechkit.model.compat import cache_in
-
-    cached = cache_in(kwargs) is not None  # decoding step by step: the mask covers the past too
+    cached = cache is not None  # decoding step by step: the mask covers the past too
     if mask.dim() <= 2 and (shape[0] != ids.shape[0] or (shape[1] < ids.shape[1] if cached else shape[1] != ids.shape[1])):
         raise MechkitError(f"attention_mask has shape {tuple(mask.shape)}, not the token ids' {tuple(ids.shape)}",
                            "pass one mask value per token: torch.ones_like(ids) with 0 at padding")
+    fi.check_mask(ids, mask, past, cached)
 
 
 def _refuse_tokenizer_beyond(bad: int, n_vocab: int | None, tokenizer: Any) -> None:
