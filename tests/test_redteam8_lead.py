@@ -413,3 +413,12 @@ def test_one_tensor_of_other_weights_tells_the_bases_apart_across_dtypes(llama):
     name = next(n for n in moved if ".layers.1." in n)
     moved[name] = [v + 1.0 for v in moved[name]]
     assert probes_differ(ours, moved) is True
+
+
+def test_a_mask_changed_in_place_after_a_check_is_checked_again(llama):
+    ids = llama.to_tokens("hello world")
+    mask = torch.ones_like(ids)
+    assert torch.equal(llama(ids, attention_mask=mask), llama(ids, attention_mask=mask))  # the second: remembered
+    mask[0, 0] = 2
+    with pytest.raises(MechkitError, match="neither 0 nor 1"):
+        llama(ids, attention_mask=mask)

@@ -190,11 +190,11 @@ def test_fresh_run_directories_skip_a_name_another_run_holds(other_run_holds):
 @pytest.mark.parametrize("text", [b"\xff\xfe{}", b"[1, 2]", b'{"model": {"vocab": [1]}}',
                                   b'{"model": {}, "added_tokens": [{"content": 5}]}'])
 def test_a_crafted_tokenizer_json_is_one_line(tmp_path, text):
-    from mechkit.taskarith.extract import _vocab
+    from mechkit.taskarith.extract import vocab_of
 
     (tmp_path / "tokenizer.json").write_bytes(text)
     with pytest.raises(MechkitError, match="tokenizer"):
-        _vocab(tmp_path)
+        vocab_of(tmp_path)
 
 
 @pytest.mark.parametrize("text", [b"\xff", b"[]", b'{"weight_map": 5}', b'{"weight_map": {}}',

@@ -76,7 +76,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     if kind == "dir":
         refuse_mount_point(path)
     _probe_writable(path)
-    from mechkit.io.outlock import refuse_in_use
+    from mechkit.io.locks import refuse_in_use
 
     refuse_in_use(path)  # known now, not after the work: the lock of a file writer is taken when it saves
     return path

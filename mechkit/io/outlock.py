@@ -16,40 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError, ReportExistsError
+from mechkit.io.locks import HELD, OutInUseError, holder, lock_path, refuse_locked_ancestor
 from mechkit.io.out import check_out
-
-
-def lock_path(out_dir: str | os.PathLike[str]) -> Path:
-    """The lock file of a run writing ``out_dir``: hidden, beside it, never inside the report directory.
-
-    The directory's real identity decides: ``runs/a``, ``./runs/../runs/a`` and a symlink to it share
-    one lock (symlinks and ``..`` resolved, as far as the path exists).
-
-    >>> import os
-    >>> lock_path("runs/a") == lock_path("runs/../runs/a") == lock_path(os.path.abspath("runs/a"))
-    True
-    >>> lock_path("runs/a").name
-    '.a.mechkit-lock'
-    """
-    out = Path(os.path.realpath(Path(out_dir).expanduser()))
-    return out.parent / f".{out.name}.mechkit-lock"
-
-
-class OutInUseError(MechkitError):
-    """Another mechkit run holds the lock of the same ``--out``."""
-
-
-def _holder(fd: int) -> str:
-    """The pid recorded in a lock file another run holds (it writes it just after locking)."""
-    for _ in range(50):
-        try:
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        except OSError:
-            return ""
-        if text:
-            return text
-        time.sleep(0.01)
-    return ""
 
 
 @contextlib.contextmanager
@@ -95,7 +63,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
             try:
                 _flock_soon(fd)
             except BlockingIOError:
-                pid = _holder(fd)
+                pid = holder(fd)
                 os.close(fd)
                 raise OutInUseError(f"--out {out_dir} is in use by another mechkit run"
                                     + (f" (pid {pid})" if pid else ""),
@@ -117,7 +85,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         _remove_empty(created)
         raise
-    _HELD.add(path)
+    HELD.add(path)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -128,15 +96,11 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
         yield path
     finally:
-        _HELD.discard(path)
+        HELD.discard(path)
         with contextlib.suppress(OSError):
             path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
         os.close(fd)
         _remove_empty(created)  # those the run left empty (a written report keeps its parents)
-
-
-_HELD: set[Path] = set()
-"""The lock files this process holds: a writer inside a directory its own process is writing is no conflict."""
 
 
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -190,70 +154,6 @@ def _flock_soon(fd: int) -> None:
             if attempt == 19:
                 raise
             time.sleep(0.005)
-
-
-def refuse_in_use(out: str | os.PathLike[str]) -> None:
-    """Refuse (one line) an ``out`` another live mechkit run is writing, itself or a directory above it, before
-    any work: ``taskvec extract --out x/v.safetensors`` while ``finetune --out x`` runs was refused only when
-    it saved, after the model had loaded and the vector was computed. A lock this process holds is no
-    conflict; the writer's own lock (:func:`out_lock`) checks again when it is taken."""
-    real = Path(os.path.realpath(Path(out).expanduser()))
-    lock = lock_path(real)
-    pid = _lock_taken(lock) if lock not in _HELD else None
-    if pid is not None:
-        raise OutInUseError(f"--out {out} is in use by another mechkit run" + (f" (pid {pid})" if pid else ""),
-                            "wait for it or choose another --out")
-    refuse_locked_ancestor(real, out)
-
-
-def _lock_taken(lock: Path) -> str | None:
-    """The pid (``""`` where unknown) of a live process holding the lock file ``lock``, else ``None``
-    (taken and released at once to see)."""
-    import fcntl
-
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # none (the usual case), or not one mechkit made: the writer's own lock refuses that
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except BlockingIOError:
-        return _holder(fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return None
-
-
-def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
-    """Refuse (one line) to write ``real`` inside a directory another live mechkit run is writing: ``taskvec
-    extract --out x/v.safetensors`` while ``finetune --out x`` runs. Each ancestor's lock file is tried
-    without waiting and released at once; one this process holds is no conflict."""
-    import fcntl
-
-    for folder in real.parents:
-        if folder.parent == folder:
-            break
-        lock = folder.parent / f".{folder.name}.mechkit-lock"
-        if lock in _HELD:
-            continue
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:  # none (the usual case), or not ours to open: nobody is writing that directory
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except BlockingIOError:
-            pid = _holder(fd)
-            raise OutInUseError(f"--out {out} is inside {folder}, which another mechkit run is writing"
-                                + (f" (pid {pid})" if pid else ""), "wait for it or choose another --out") from None
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def _remove_empty(dirs: list[Path]) -> None:

@@ -108,7 +108,7 @@ def check_architecture(base_cfg: dict, ft_cfg: dict) -> None:
                                "a task vector needs the fine-tuned model of this very base model")
 
 
-def _vocab(source: Any) -> dict | None:
+def vocab_of(source: Any) -> dict | None:
     """Token → id, added tokens included on both sides (``get_vocab()`` counts them; tokenizer.json
     keeps them apart from ``model.vocab``)."""
     if isinstance(source, Path):
@@ -191,7 +191,7 @@ def extract(base: ModelHandle | str | Path, finetuned: str | Path, embeddings: s
     recipe, trained_from = _finetune_report(ft_dir)
     if not isinstance(base_src, Path):
         _check_trained_from(base_src, trained_from, ft_dir)
-    vocab_base, vocab_ft = _vocab(base_src), _vocab(ft_dir)
+    vocab_base, vocab_ft = vocab_of(base_src), vocab_of(ft_dir)
     vocab_differs = vocab_base is not None and vocab_ft is not None and vocab_base != vocab_ft
     if vocab_differs and embeddings == "error":
         raise MechkitError("the base and fine-tuned tokenizers have different vocabularies",

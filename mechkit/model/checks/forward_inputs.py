@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.model.checks.memo import remember, seen
 
 MASK_FIX = "pass one mask value per token: torch.ones_like(ids) with 0 at padding"
 IGNORE_INDEX = -100  # transformers' loss skips labels of this value
@@ -74,6 +75,8 @@ def check_mask(ids: torch.Tensor, mask: torch.Tensor, past: int, cached: bool) -
         return
     if mask.is_complex():
         raise MechkitError(f"attention_mask must be 0 and 1, not {str(mask.dtype).removeprefix('torch.')}", MASK_FIX)
+    if seen(mask, "mask01"):
+        return  # the same mask through many forwards: its values checked once
     odd = (mask != 0) & (mask != 1)
     if bool(odd.any()):
         value = mask[odd].reshape(-1)[0].item()
@@ -83,6 +86,7 @@ def check_mask(ids: torch.Tensor, mask: torch.Tensor, past: int, cached: bool) -
                            "mask is 1 at tokens and 0 at padding)" if not additive else
                            f"attention_mask holds {shown}, which is neither 0 nor 1: an additive mask (0 to attend, "
                            "-inf to hide) would run inverted, as transformers reads nonzero as 'attend'", MASK_FIX)
+    remember(mask, "mask01")
 
 
 def check_per_token(ids: torch.Tensor, kwargs: dict, n_vocab: int | None, model: Any = None) -> None:

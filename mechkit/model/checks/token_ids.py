@@ -17,12 +17,12 @@ token id 10000 is outside the model's vocabulary (0 to 258) — pass ids from m.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 
 from mechkit.errors import MechkitError
+from mechkit.model.checks.memo import remember, seen
 
 FIX = "pass ids from m.to_tokens(text)"
 
@@ -68,8 +68,7 @@ def checked_ids(input_ids: Any, n_vocab: int | None, tokenizer: Any = None) -> t
                            FIX)
     if input_ids.device.type == "meta":
         raise MechkitError("token ids are on the meta device (no values)", FIX)
-    seen = _CHECKED.get(id(input_ids))
-    if seen is not None and seen[0]() is input_ids and seen[1:] == (input_ids._version, n_vocab):
+    if seen(input_ids, ("ids", n_vocab)):
         return input_ids  # checked before and unchanged since: no second pass (on a GPU, no second host sync)
     low, high = (int(v) for v in torch.aminmax(input_ids))
     bad = low if low < 0 else high if n_vocab is not None and high >= n_vocab else None
@@ -78,16 +77,8 @@ def checked_ids(input_ids: Any, n_vocab: int | None, tokenizer: Any = None) -> t
         bound = f"0 to {n_vocab - 1}" if n_vocab is not None else "0 or more"
         raise MechkitError(f"token id {bad} is outside the model's vocabulary ({bound})",
                            f"{FIX}, or ids below {n_vocab}" if n_vocab is not None else FIX)
-    if len(_CHECKED) > 256:
-        _CHECKED.clear()
-    key = id(input_ids)
-    _CHECKED[key] = (weakref.ref(input_ids, lambda _, key=key: _CHECKED.pop(key, None)), input_ids._version, n_vocab)
+    remember(input_ids, ("ids", n_vocab))  # the same ids through many forwards: range-checked once
     return input_ids
-
-
-_CHECKED: dict[int, tuple] = {}
-"""Token-id tensors whose range was checked, with their version counter then (an in-place write bumps it):
-an analysis that runs the same ids through many ablations pays for the range check once."""
 
 
 POSITION_NAMES = ("wpe", "embed_positions", "position_embeddings")  # learned absolute positions (GPT-2, OPT...)

@@ -1,0 +1,115 @@
+"""Whether another live mechkit run is writing a place: the lock file of a run's ``--out`` and what a writer
+reads of it (its holder's pid), without taking it for long.
+
+Apart from :mod:`mechkit.io.outlock`, which takes and holds the lock for a run, because the checks of an
+``--out`` (:mod:`mechkit.io.out`) ask it before any work, and :mod:`mechkit.io.outlock` uses those checks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from mechkit.errors import MechkitError
+
+
+def lock_path(out_dir: str | os.PathLike[str]) -> Path:
+    """The lock file of a run writing ``out_dir``: hidden, beside it, never inside the report directory.
+
+    The directory's real identity decides: ``runs/a``, ``./runs/../runs/a`` and a symlink to it share
+    one lock (symlinks and ``..`` resolved, as far as the path exists).
+
+    >>> import os
+    >>> lock_path("runs/a") == lock_path("runs/../runs/a") == lock_path(os.path.abspath("runs/a"))
+    True
+    >>> lock_path("runs/a").name
+    '.a.mechkit-lock'
+    """
+    out = Path(os.path.realpath(Path(out_dir).expanduser()))
+    return out.parent / f".{out.name}.mechkit-lock"
+
+
+class OutInUseError(MechkitError):
+    """Another mechkit run holds the lock of the same ``--out``."""
+
+
+def holder(fd: int) -> str:
+    """The pid recorded in a lock file another run holds (it writes it just after locking)."""
+    for _ in range(50):
+        try:
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            return ""
+        if text:
+            return text
+        time.sleep(0.01)
+    return ""
+
+
+HELD: set[Path] = set()
+"""The lock files this process holds: a writer inside a directory its own process is writing is no conflict."""
+
+
+def refuse_in_use(out: str | os.PathLike[str]) -> None:
+    """Refuse (one line) an ``out`` another live mechkit run is writing, itself or a directory above it, before
+    any work: ``taskvec extract --out x/v.safetensors`` while ``finetune --out x`` runs was refused only when
+    it saved, after the model had loaded and the vector was computed. A lock this process holds is no
+    conflict; the writer's own lock (:func:`mechkit.io.outlock.out_lock`) checks again when it is taken."""
+    real = Path(os.path.realpath(Path(out).expanduser()))
+    lock = lock_path(real)
+    pid = _lock_taken(lock) if lock not in HELD else None
+    if pid is not None:
+        raise OutInUseError(f"--out {out} is in use by another mechkit run" + (f" (pid {pid})" if pid else ""),
+                            "wait for it or choose another --out")
+    refuse_locked_ancestor(real, out)
+
+
+def _lock_taken(lock: Path) -> str | None:
+    """The pid (``""`` where unknown) of a live process holding the lock file ``lock``, else ``None``
+    (taken and released at once to see)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # none (the usual case), or not one mechkit made: the writer's own lock refuses that
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
+    """Refuse (one line) to write ``real`` inside a directory another live mechkit run is writing: ``taskvec
+    extract --out x/v.safetensors`` while ``finetune --out x`` runs. Each ancestor's lock file is tried
+    without waiting and released at once; one this process holds is no conflict."""
+    import fcntl
+
+    for folder in real.parents:
+        if folder.parent == folder:
+            break
+        lock = folder.parent / f".{folder.name}.mechkit-lock"
+        if lock in HELD:
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # none (the usual case), or not ours to open: nobody is writing that directory
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            pid = holder(fd)
+            raise OutInUseError(f"--out {out} is inside {folder}, which another mechkit run is writing"
+                                + (f" (pid {pid})" if pid else ""), "wait for it or choose another --out") from None
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
