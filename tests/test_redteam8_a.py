@@ -181,11 +181,12 @@ def test_api_savers_refuse_a_model_file(tmp_path, llama):
 def test_cache_clear_all_keeps_a_users_dot_old_folders(tmp_path):
     from mechkit.io.disk_cache import clear_cache
 
-    mine = [tmp_path / ".toy.old-mine", tmp_path / ".runs.old-notes", tmp_path / ".gguf.old-0123abcdef"]
+    mine = [tmp_path / ".toy.old-mine", tmp_path / ".runs.old-notes", tmp_path / ".gguf.old-0123abcdef",
+            tmp_path / ".toy.old-20251127"]  # a dated backup: 8 hex digits, but no pid
     for d in mine:
         d.mkdir()
         (d / "data.txt").write_text("precious")
-    aside = tmp_path / ".toy.old-0123abcd"  # what remove_dir itself leaves when a clear is interrupted
+    aside = tmp_path / ".toy.old-999999999-0123abcd"  # what remove_dir itself leaves when a clear is interrupted
     aside.mkdir()
     clear_cache(all_entries=True, root=tmp_path)
     assert all((d / "data.txt").read_text() == "precious" for d in mine)

@@ -422,3 +422,19 @@ def test_a_mask_changed_in_place_after_a_check_is_checked_again(llama):
     mask[0, 0] = 2
     with pytest.raises(MechkitError, match="neither 0 nor 1"):
         llama(ids, attention_mask=mask)
+
+
+def test_a_users_dated_backup_beside_out_is_not_a_leftover(tmp_path, monkeypatch):
+    """``.r10.old-20251127/``: 8 hex digits, exactly mechkit's old set-aside name; its names now hold a pid."""
+    from mechkit.io.leftovers import clean_leftovers
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    backup = tmp_path / ".r10.old-20251127"
+    backup.mkdir()
+    (backup / "notes.txt").write_text("mine")
+    aside = tmp_path / ".r10.old-999999999-0123abcd"  # a killed mechkit writer's, pid gone
+    aside.mkdir()
+    mk.run("inspect", model="tiny:llama", out=tmp_path / "r10", seq_len=8)
+    assert (backup / "notes.txt").read_text() == "mine" and not aside.exists()
+    clean_leftovers(tmp_path)
+    assert backup.exists()

@@ -580,7 +580,7 @@ def _leave_killed_writes(folder: Path, name: str) -> list[Path]:
     tmp = folder / f".{name}.tmp-{_dead_pid()}-0badc0de"
     tmp.mkdir(parents=True)
     (tmp / "model.safetensors").write_bytes(b"x" * 1000)
-    old = folder / f".{name}.old-12345678"
+    old = folder / f".{name}.old-{_dead_pid()}-12345678"
     old.mkdir()
     lock = folder / f".{name}.mechkit-lock"
     lock.write_text("99999\n")

@@ -242,7 +242,7 @@ def _swap_in(tmp: Path, target: Path) -> None:
     if _renameat2(tmp, target, _RENAME_EXCHANGE):
         old = tmp  # the exchange left the previous target at the temporary name
     else:
-        old = target.with_name(f".{target.name}.old-{_token()}")
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{_token()}")  # a pid: never a user's name
         os.replace(target, old)
         try:
             os.replace(tmp, target)

@@ -82,7 +82,7 @@ _ENTRY = {  # the names mechkit gives the entries of each group; anything else i
     "runs": re.compile(r"^[0-9a-f]{8,64}$"),  # a run key: hex (16 digits now)
 }
 _META = {"gguf": "mechkit-cache.json", "toy": "mechkit-toy.json", "embedded": "mechkit-cache.json"}
-_ASIDE = re.compile(r"^\.[a-z]+\.old-[0-9a-f]{8}$")  # a group renamed aside by remove_dir (a user's .toy.old-mine is not)
+_ASIDE = re.compile(r"^\.[a-z]+\.old-\d+-[0-9a-f]{8}$")  # a group renamed aside by remove_dir (a user's .toy.old-mine is not)
 _HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 of GGUF files
 
 
@@ -159,7 +159,7 @@ def remove_dir(path: Path) -> None:
     if path.is_symlink():
         path.unlink(missing_ok=True)
         return
-    aside = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
+    aside = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.replace(path, aside)
     except FileNotFoundError:

@@ -5,7 +5,8 @@ A write in progress keeps, beside its target (hidden, so listings stay clean):
 - ``.NAME.tmp-PID-TOKEN/``: the directory being built (:func:`mechkit.io.temp_dir_beside`), or the file
   (:func:`mechkit.io.atomic_file`); stale once process PID is gone (a name without a pid, from an older
   mechkit, once it is a day old, as is an older mechkit's temporary file ``.NAME.TOKEN.tmp``);
-- ``.NAME.old-TOKEN``: an old directory set aside to be deleted; always stale when no writer holds NAME;
+- ``.NAME.old-PID-TOKEN``: an old directory set aside to be deleted; stale once process PID is gone and no
+  writer holds NAME (a name without a pid is a user's, never removed);
 - ``.NAME.mechkit-lock``: the lock file (:mod:`mechkit.io.outlock`); stale when nobody holds its lock;
 - ``.NAME.mechkit-replace``: the journal of a half-installed set (:mod:`mechkit.io.replace`): rolled back.
 
@@ -28,7 +29,7 @@ from mechkit.io.journal import recover
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
 # atomic_file's name before it held a pid: generic enough that only a writer of that very NAME removes it
 _OLD_TMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
-_OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]{8}$")
+_OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>\d+)-[0-9a-f]{8}$")  # a pid: a user's .x.old-20251127 is not one
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
 _JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
 UNTAGGED_AGE_S = 24 * 3600
@@ -107,7 +108,7 @@ def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: b
         return not locked and _lock_free(path)
     if not locked and _held(folder, m["name"]):
         return False  # a writer of this target is running: its files are live (its pid may be another namespace's)
-    if pattern is _TMP and m["pid"]:
+    if (pattern is _TMP or pattern is _OLD) and m["pid"]:
         return not _alive(int(m["pid"]))
     if pattern is _TMP or pattern is _OLD_TMP_FILE:
         if pattern is _OLD_TMP_FILE and path.is_dir():
