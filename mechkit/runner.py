@@ -23,6 +23,7 @@ from mechkit.executors import check_execution
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
+from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
 from mechkit.model.checks.state import changed_handle, changed_state, handle_state, hooked, model_state
@@ -193,8 +194,10 @@ def library_versions() -> dict[str, str]:
 
 
 def plugin_code(cls: type[Plugin]) -> str:
-    """SHA-256 of the plugin's code: the file that defines it and every ``.py`` file of the top-level package it
-    lives in (a plugin's helper module, and mechkit's own code for the built-in ones). A plugin edited between
+    """SHA-256 of the plugin's code: the file that defines it, every ``.py`` file of the top-level package it
+    lives in (a plugin's helper module) and mechkit's own code (which every plugin computes through: a
+    third-party plugin's key covered only its own package, so mechkit edited under the same version between a
+    kill and the rerun resumed on steps the old code computed). A plugin edited between
     a kill and the rerun without a version bump (a third-party one in development, say), in its own file or a
     module it imports from its package, starts fresh instead of resuming on steps its old code computed;
     ``""`` where the source cannot be read (the version alone keys it then)."""
@@ -210,6 +213,8 @@ def plugin_code(cls: type[Plugin]) -> str:
     roots = [Path(p) for p in getattr(top, "__path__", [])] if top is not None else []
     if cls.__module__.partition(".")[0] == "mechkit":  # built-in plugins live beside mechkit's package
         roots.append(own.parent)
+    mechkit_root = sys.modules.get("mechkit")  # a third-party plugin computes through mechkit's code too
+    roots += [Path(p) for p in getattr(mechkit_root, "__path__", [])]
     digest.update(package_code(tuple(sorted({str(r) for r in roots}))).encode())
     return digest.hexdigest()
 
@@ -240,7 +245,7 @@ def run_plugin(
     device_map: Any = None,
     max_memory: Any = None,
     offload_folder: str | Path | None = None,
-    backend: str = "native",
+    backend: str | None = None,
     remote: str | None = None,
     write: bool = True,
     console=None,
@@ -365,6 +370,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     model_key = run_model_key(handle) if handle is not None else str(setup.model)  # train mode included
     if state is not None:
         state["handle"] = handle_state(handle)  # its anatomy, origin and remembered hash: after the key computed it
+        state["code"] = code_state(handle.model)  # the functions and classes its forward runs: a global swap shows
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
@@ -453,6 +459,12 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
                           "reload the model; the plugin did not undo it: report this as a bug in the plugin")
+    what = changed_code(state["code"], code_state(handle.model)) if state is not None and "code" in state else None
+    if what is not None:
+        raise PluginError(f"plugin {cls.name!r} left the code the model runs changed ({what}; every model in this "
+                          "process computes differently now)",
+                          "restart the Python process (reloading the model does not undo it): report this as a "
+                          "bug in the plugin")
     if sums is not None:
         name = changed_weight(sums, weights_checksums(handle.model))
         if name is not None:

@@ -55,6 +55,7 @@ class MarginStage:
         self.check_margin_sample()
         table = self.cost_table()
         plans = self.margin_plan_set(budgets)
+        self._check_plan_count(len(plans))  # fewer distinct plans than --margin-plans: known before any timing
         per_plan, forwards, spent = self._time_plans(plans, "margin-time")
         residuals = [r for v in per_plan for r in v]
         lengths = [n for t in self.tasks for n in self.margin_lengths()[t]]
@@ -93,6 +94,24 @@ class MarginStage:
                 for j, plan in enumerate(plans):
                     per_plan[j].append(timed["seconds"][f"plan {j}"] / dense - table.predict(plan, timed["n_tokens"]))
         return per_plan, forwards, spent
+
+    def _check_plan_count(self, n_plans: int) -> None:
+        """Refuse, before the margin prompts are timed, a model that offers fewer distinct plans than
+        ``--margin-plans`` asks (a tiny model has 3 to 7) where those are too few residuals for ``--adherence``.
+        It was refused after the timing, saying to raise --margin-prompts without saying how far."""
+        import math
+
+        n_prompts = sum(map(len, self.margin_texts.values()))
+        needed = residuals_needed(self.adherence)
+        if n_plans * n_prompts >= needed or n_plans == 0:
+            return
+        per_task = math.ceil(needed / (n_plans * max(1, len(self.margin_texts))))
+        raise MechkitError(f"this model offers {n_plans} distinct plans for the margin (--margin-plans asks "
+                           f"{self.margin_plan_count}): {n_prompts} margin prompts × {n_plans} plans give "
+                           f"{n_plans * n_prompts} residuals, and a conformal margin for {self.adherence:g} adherence "
+                           f"needs at least {needed}",
+                           f"pass --margin-prompts {per_task} (margin_prompts={per_task}) or more, lower --adherence, "
+                           "or give --margin")
 
     def check_margin_sample(self) -> None:
         """Refuse, before any timing, margin prompts × plans too few for a finite conformal margin."""

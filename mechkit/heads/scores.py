@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -211,6 +211,25 @@ def compute_scores(handle: ModelHandle, n_seqs: int, seg_len: int, seed: int) ->
     return {k: grid_list(v, handle.anatomy) for k, v in head_scores(handle, tokens, seg_len).scores.items()}
 
 
+def refuse_foreign_scores(report: Any, source: str) -> None:
+    """Refuse a report that is not a ``detect`` run's (another plugin named in ``plugin``) or that does not
+    record the weights it scored (``model.weights_sha256``). Such scores fit any model with the same layers
+    × heads grid, so another model's heads would be ranked by them silently, as a vector or a scheduler that
+    records no model is refused for the same reason."""
+    from mechkit.errors import MechkitError
+
+    fix = "run `mechkit detect` on this model and pass its run directory, or drop --from to score its heads now"
+    if not isinstance(report, dict):
+        raise MechkitError(f"{source} is not a detect report", fix)
+    plugin = report.get("plugin")
+    if plugin is not None and plugin != "detect":
+        raise MechkitError(f"{source} is a report of {str(plugin)[:60]!r}, not of detect", fix)
+    model = report.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("weights_sha256"), str) or not model["weights_sha256"]:
+        raise MechkitError(f"{source} does not record the weights it scored (no model.weights_sha256), so it "
+                           "could be any model's", fix)
+
+
 def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: int, seed: int,
                 step=None, source: str = "the report") -> dict:
     """Head scores from a ``detect`` report already read (``--from``), else computed now.
@@ -218,6 +237,7 @@ def load_scores(handle: ModelHandle, report: dict | None, n_seqs: int, seg_len: 
     ``step(key, compute)`` (a plugin's ``ctx.step``) makes the computation resumable.
     """
     if report is not None:
+        refuse_foreign_scores(report, source)
         theirs = (report.get("model") or {}).get("weights_sha256") if isinstance(report, dict) else None
         if theirs and theirs != handle.weights_sha256():
             from mechkit.errors import MechkitError

@@ -69,7 +69,7 @@ def _dtype(dtype: Any, device: str):
 @quietly  # transformers' progress bars and deprecation notes are not the user's output
 def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenizer: Any = None, *,
                device_map: Any = None, max_memory: Any = None, offload_folder: Any = None,
-               backend: str = "native", remote: str | None = None) -> ModelHandle:
+               backend: str | None = None, remote: str | None = None) -> ModelHandle:
     """Load a causal LM and discover its anatomy.
 
     ``device`` defaults to CUDA when available (bf16 there), else CPU float32.
@@ -93,14 +93,16 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     offline simulation of that path. A TransformerLens ``TransformerBridge`` is accepted as ``spec``
     (its HF model and tokenizer are used).
     """
+    if isinstance(spec, ModelHandle):
+        from mechkit.options.resolve import handle_backend
+
+        backend = handle_backend(spec, backend, remote)  # left out: the handle's own; another one: refused
+        remote = None
     backend = check_backend(backend)
     if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
         raise ModelLoadError(f"tokenizer must be a tokenizer (callable on text, with .decode), not "
                              f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...), or leave it out")
     if isinstance(spec, ModelHandle):
-        if backend != spec.backend.name or remote is not None:
-            raise ModelLoadError("a loaded handle keeps the backend it was loaded with",
-                                 "load the model again with backend=/remote=")
         given = {"device": device, "dtype": dtype, "tokenizer": tokenizer, "device_map": device_map,
                  "max_memory": max_memory, "offload_folder": offload_folder}
         ignored = [k for k, v in given.items() if v is not None]
@@ -256,6 +258,14 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     except MechkitError:
         raise
     except Exception as err:  # transformers raises many types; the user needs one line
+        method = quantization_method(path / "config.json")
+        if method is not None:  # not damaged weights: a quantization transformers cannot apply here
+            why = ("the weights do not have the shapes it gives them" if "ignore_mismatched_sizes" in str(err)
+                   else first_line(err, 160))  # transformers' "see the report above": a report mechkit mutes
+            raise ModelLoadError(f"could not load the model in {path}: its config.json asks for {method} "
+                                 f"quantization, which this setup cannot apply ({why})",
+                                 "load the original float model, or a copy dequantized and re-saved with "
+                                 "save_pretrained (no quantization_config in its config.json)") from err
         if "ignore_mismatched_sizes" in str(err):  # its "see the report above": a report mechkit mutes
             raise ModelLoadError(f"the weights in {path} do not have the shapes its config.json gives them",
                                  "use the config.json saved with these weights (a pruned model's has a "
@@ -263,6 +273,22 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
         raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)
+
+
+def quantization_method(config: Path) -> str | None:
+    """The ``quant_method`` of a ``quantization_config`` in ``config.json`` (``"quantized"`` where it names
+    none), else None: a load that fails on such a config failed on the quantization, not on damaged weights."""
+    import json
+
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    quant = data.get("quantization_config") if isinstance(data, dict) else None
+    if not quant:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return str(method)[:40] if method else "quantized"
 
 
 def _is_pruned(config: Path, key: str) -> bool:

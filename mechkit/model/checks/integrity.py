@@ -273,9 +273,14 @@ def refuse_shard_gaps(path: Path) -> None:
                              "the shards", "remove the set that is not this model's (model.safetensors, or the "
                              "index and its shards)")
     try:
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     except Exception:  # an index this cannot read: the load reports it
         return
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelLoadError(f"{index}: its weight_map is not an object of tensor name -> shard file name",
+                             "re-export the model (save_pretrained writes the index with its shards)")
+    shards = sorted(set(weight_map.values()))
+    refuse_shards_elsewhere(path, shards)
     missing = [name for name in shards if not (path / str(name)).is_file()]
     if missing:
         raise ModelLoadError(f"{path} lacks {len(missing)} of the {len(shards)} shard files its "
@@ -283,6 +288,19 @@ def refuse_shard_gaps(path: Path) -> None:
                              f"copy every shard the index names into {path} (a download or copy cut short), "
                              "or re-export the model")
     refuse_conflicting_copies(path, index)
+
+
+def refuse_shards_elsewhere(path: Path, shards: list[str]) -> None:
+    """An index naming a shard by a path (``../other/model-00001.safetensors``, ``/abs/file.safetensors``)
+    instead of a file name in the directory: refused. transformers joins the name to the directory, so the
+    model would compute on weights from outside the directory the user named. A shard file in the directory
+    that is a symlink (the hub cache's layout) is fine: the index still names it by its own name."""
+    for name in shards:
+        if not name or "/" in name or "\\" in name or name in (".", "..") or Path(name).is_absolute():
+            raise ModelLoadError(f"{path}/model.safetensors.index.json names the shard {name!r}, a path rather "
+                                 "than a file in the model's directory: the weights would come from outside it",
+                                 f"put the shard files in {path} and name them by file name in the index, or "
+                                 "re-export the model")
 
 
 def refuse_conflicting_copies(path: Path, index: Path) -> None:

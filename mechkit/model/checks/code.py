@@ -1,0 +1,72 @@
+"""The code a model's forward runs, beyond the model object: its classes, its modeling module's functions,
+the attention and mask registries transformers dispatches through, and torch's functions.
+
+The state check (:mod:`mechkit.model.checks.state`) reads the model object; the probe's 16 tokens read what
+it computes on short inputs. A plugin that replaces ``modeling_llama.apply_rotary_pos_emb``,
+``LlamaMLP.forward`` (on the class), ``ALL_ATTENTION_FUNCTIONS["sdpa"]`` or
+``torch.nn.functional.silu`` with a version that acts only past 16 tokens, or only on padded batches,
+passed both while every later forward computed differently. Only references are compared (``is``), so the
+check is exact, and names that appear during a run (a lazily imported function, mechkit's own registered
+attention name) are no change. Reloading the model does not undo such a change: the process's code is
+changed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+# Modules whose functions every family's forward calls (masks, attention kernels, activations) besides the
+# modules that define the model's own classes.
+LIBRARY_MODULES = ("torch", "torch.nn.functional", "transformers.masking_utils", "transformers.modeling_utils",
+                   "transformers.integrations.sdpa_attention", "transformers.activations",
+                   "transformers.pytorch_utils")
+
+
+def _classes(model: Any) -> set[type]:
+    import torch
+
+    classes = {torch.Tensor}
+    for module in model.modules():
+        classes.update(c for c in type(module).__mro__ if c is not object)
+    return classes
+
+
+def _callables(namespace: Mapping, where: str, out: dict) -> None:
+    for name, value in list(namespace.items()):
+        if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
+            out[(where, str(name))] = value
+
+
+def code_state(model: Any) -> dict[tuple[str, str], Any]:
+    """``{(where, name): object}`` for the code the model's forward can reach (see the module docstring);
+    the objects are held, so that their ids stay theirs while compared."""
+    refs: dict[tuple[str, str], Any] = {}
+    classes = _classes(model)
+    for cls in classes:
+        _callables(vars(cls), f"{cls.__module__}.{cls.__qualname__}", refs)
+    for name in sorted({c.__module__ for c in classes} | set(LIBRARY_MODULES)):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        namespace = vars(module)
+        _callables(namespace, name, refs)
+        for attr, value in list(namespace.items()):  # registries: ALL_ATTENTION_FUNCTIONS, ACT2FN
+            if isinstance(value, Mapping) and not isinstance(value, type):
+                try:
+                    _callables(dict(value.items()), f"{name}.{attr}[...]", refs)
+                except Exception:  # a mapping that cannot list itself: nothing to compare
+                    continue
+    return refs
+
+
+def changed_code(before: dict, after: dict) -> str | None:
+    """The first name whose object was replaced (or removed) during the run, in words, else None."""
+    for key, value in before.items():
+        if key not in after or after[key] is not value:
+            where, name = key
+            if where.endswith("[...]"):
+                return f"{where[:-5]}[{name!r}] was replaced and not put back"
+            return f"{where}.{name} was replaced and not put back"
+    return None
