@@ -94,7 +94,7 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     (its HF model and tokenizer are used).
     """
     if isinstance(spec, ModelHandle):
-        from mechkit.options.resolve import handle_backend
+        from mechkit.model.backends.base import handle_backend
 
         backend = handle_backend(spec, backend, remote)  # left out: the handle's own; another one: refused
         remote = None

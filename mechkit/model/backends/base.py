@@ -131,3 +131,20 @@ def nnsight_model(model_or_id: Any, tokenizer: Any = None, **kwargs) -> Any:
         if tokenizer is not None:
             return TransformersModel(model_or_id, tokenizer=tokenizer, task="text-generation", **kwargs)
         return TransformersModel(model_or_id, task="text-generation", **kwargs)
+
+
+def handle_backend(handle: Any, backend: str | None, remote: str | None) -> str:
+    """The backend a loaded handle runs on: its own. ``backend=`` left out means that one (an nnsight handle was
+    refused under the default ``"native"``, with a fix that loaded it again as it already was); another
+    backend, or any ``remote=``, is refused naming what to do instead."""
+    own = handle.backend.name
+    if remote not in (None, False, ""):
+        raise BackendError(f"a loaded handle runs where it was loaded (backend {own!r}, "
+                           f"remote {handle.backend.remote!r}); remote={remote!r} cannot move it",
+                           "drop remote=, or pass the model's name instead of the handle: "
+                           f"mk.load_model(name, backend='nnsight', remote={remote!r})")
+    if backend is not None and check_backend(backend) != own:
+        raise BackendError(f"a loaded handle keeps the backend it was loaded with ({own!r}), not {backend!r}",
+                           f"drop backend= (the handle runs on {own!r}), or load the model again with "
+                           f"mk.load_model(name, backend={backend!r})")
+    return own
