@@ -47,3 +47,62 @@ def first_line(err: BaseException, limit: int = 200) -> str:
     what a one-line error may quote of a library's multi-line message."""
     text = str(err).strip().splitlines()
     return text[0][:limit] if text else type(err).__name__
+
+
+def single_use(func):
+    """``contextlib.contextmanager`` for the API's contexts (``mk.hooks``, ``mk.edit_weights``…), whose second
+    ``with`` of one object is one :class:`MechkitError` line: contextlib raised ``AttributeError: ... has no
+    attribute 'args'``, a traceback from inside the standard library.
+
+    >>> @single_use
+    ... def ctx():
+    ...     yield 1
+    >>> c = ctx()
+    >>> with c as value:
+    ...     value
+    1
+    >>> try:
+    ...     with c:
+    ...         pass
+    ... except MechkitError as err:
+    ...     print(err)
+    this ctx(...) context was entered already; a context can be entered once — call ctx(...) again for a new one
+    """
+    import contextlib
+    import functools
+
+    factory = contextlib.contextmanager(func)
+
+    @functools.wraps(func)
+    def make(*args, **kwargs):
+        return _Once(lambda: factory(*args, **kwargs), func.__name__)
+
+    return make
+
+
+class _Once:
+    """One entry of a context; as a decorator (``@mk.enable_grad()``), a fresh one for each call."""
+
+    def __init__(self, make, name: str) -> None:
+        self._make, self._name, self._entered = make, name, False
+        self._inner = make()
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with _Once(self._make, self._name):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+    def __enter__(self):
+        if self._entered:
+            raise MechkitError(f"this {self._name}(...) context was entered already; a context can be entered once",
+                               f"call {self._name}(...) again for a new one")
+        self._entered = True
+        return self._inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self._inner.__exit__(*exc)

@@ -438,3 +438,20 @@ def test_a_users_dated_backup_beside_out_is_not_a_leftover(tmp_path, monkeypatch
     assert (backup / "notes.txt").read_text() == "mine" and not aside.exists()
     clean_leftovers(tmp_path)
     assert backup.exists()
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: mk.edit_weights(m), lambda m: mk.hooks(m, {}), lambda m: mk.record(m, "blocks.0.hook_resid_post"),
+    lambda m: mk.ablate(m, heads="0.1"), lambda m: mk.enable_grad(), lambda m: mk.pattern_hooks(m, {}),
+])
+def test_entering_a_used_api_context_again_is_one_line(llama, make):
+    """contextlib raised ``AttributeError: '_GeneratorContextManager' object has no attribute 'args'`` (pass 9b)."""
+    ctx = make(llama)
+    with ctx:
+        pass
+    with pytest.raises(MechkitError, match="context was entered already") as err:
+        with ctx:
+            pass
+    assert "again for a new one" in err.value.fix
+    with make(llama):  # a new one works
+        pass

@@ -38,7 +38,6 @@ plan is chosen *inside* the forward, right after the signal block (:func:`adapti
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -52,7 +51,7 @@ import torch
 
 from mechkit.adapt.cost import CostTable
 from mechkit.adapt.plan import ExecutionPlan, PlanRunner, run_plan
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, single_use
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -362,7 +361,7 @@ def timing_setting(handle: ModelHandle) -> dict:
     return {"dtype": str(handle.dtype).removeprefix("torch."), "device": handle.device.type}
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def adaptive(handle: ModelHandle, budget: float | None = None, *, scheduler: Scheduler | str | Path | None = None,
              budget_ms: float | None = None, input_adaptive: bool = True) -> Iterator[PlanRunner]:
     """Run ``handle`` within a latency budget while the context is open: ``budget`` as a fraction of

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mechkit.errors import single_use
 from mechkit.hooking.checks import check_hook_fns, check_layer_fns, same_shape
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def _configs(model: torch.nn.Module) -> list:
     return list(seen.values())
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
                   qkv: dict[int, dict[str, list[PatternFn]]] | None = None) -> Iterator[None]:
     """Attach pattern functions ``{layer: [fn, ...]}``; each gets ``[batch, n_heads, q, k]``.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from einops import rearrange
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
@@ -241,7 +241,7 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.uti
     return [*extra, module.register_forward_hook(post)]
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iterator[None]:
     """Run ``fn(activation, point)`` at each named hook point while the context is open.
 
@@ -375,7 +375,7 @@ class Cache(dict):
     __str__ = __repr__
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def record(handle: ModelHandle, names: str | list[str], device: str | None = None) -> Iterator[Cache]:
     """Record (detached) activations at the named hook points; nothing else is kept.
 

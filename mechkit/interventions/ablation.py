@@ -24,13 +24,12 @@ here on the activation the server saw (the generator here moves on as after a lo
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, single_use
 from mechkit.hooking.core import hooks, record
 from mechkit.hooking.traced import pure
 from mechkit.model.expertspec import Expert, experts_by_layer, parse_experts
@@ -136,7 +135,7 @@ def _expert_fns(handle: ModelHandle, experts: list[Expert], mode: str, reference
     return fns
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def ablate(
     handle: ModelHandle,
     heads: str | HeadSelection | Sequence[Head] | None = None,

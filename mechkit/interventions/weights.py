@@ -8,7 +8,6 @@ loads instead of the stored weight, and the stored weight is never written — s
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import weakref
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, single_use
 from mechkit.model.headspec import Head, check_heads
 from mechkit.model.modules.linear import is_transposed
 from mechkit.model.placement.slots import WeightSlot
@@ -150,7 +149,7 @@ class WeightEdits:
         return len(self._slots)
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def edit_weights(handle: ModelHandle) -> Iterator[WeightEdits]:
     """Edit weights in place for the duration of the context.
 

@@ -25,10 +25,12 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+from mechkit.errors import single_use
+
 _REQUESTED: ContextVar[bool] = ContextVar("mechkit_grad_requested", default=False)
 
 
-@contextlib.contextmanager
+@single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def enable_grad() -> Iterator[None]:
     """Forwards through mechkit build an autograd graph inside this block (also under an outer
     ``torch.no_grad()``); usable as a decorator too. Outside it they run without grad."""
