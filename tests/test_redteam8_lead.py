@@ -455,3 +455,27 @@ def test_entering_a_used_api_context_again_is_one_line(llama, make):
     assert "again for a new one" in err.value.fix
     with make(llama):  # a new one works
         pass
+
+
+def test_a_replaced_builtin_is_not_the_models_code(llama):
+    """Ray's driver replaces ``builtins.print`` (log deduplication): a module's ``__builtins__`` is not what the
+    forward runs, and a run must not be refused for it (make test-latest's Ray test was, after pass 9b)."""
+    import builtins
+
+    from mechkit.model.checks.code import changed_code, code_state
+
+    before = code_state(llama.model)
+    original = builtins.print
+    builtins.print = lambda *a, **k: original(*a, **k)
+    try:
+        assert changed_code(before, code_state(llama.model)) is None
+    finally:
+        builtins.print = original
+    import torch.nn.functional as F
+
+    silu = F.silu
+    F.silu = lambda x, inplace=False: silu(x)
+    try:
+        assert "silu" in changed_code(before, code_state(llama.model))
+    finally:
+        F.silu = silu

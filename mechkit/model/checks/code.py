@@ -33,8 +33,10 @@ def _classes(model: Any) -> set[type]:
     return classes
 
 
-def _callables(namespace: Mapping, where: str, out: dict) -> None:
+def _callables(namespace: Mapping, where: str, out: dict, dunders: bool = True) -> None:
     for name, value in list(namespace.items()):
+        if not dunders and str(name).startswith("__"):
+            continue  # a module's __builtins__, __loader__…: not the model's code (Ray's driver replaces print)
         if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
             out[(where, str(name))] = value
 
@@ -51,9 +53,9 @@ def code_state(model: Any) -> dict[tuple[str, str], Any]:
         if module is None:
             continue
         namespace = vars(module)
-        _callables(namespace, name, refs)
+        _callables(namespace, name, refs, dunders=False)
         for attr, value in list(namespace.items()):  # registries: ALL_ATTENTION_FUNCTIONS, ACT2FN
-            if isinstance(value, Mapping) and not isinstance(value, type):
+            if isinstance(value, Mapping) and not isinstance(value, type) and not str(attr).startswith("__"):
                 try:
                     _callables(dict(value.items()), f"{name}.{attr}[...]", refs)
                 except Exception:  # a mapping that cannot list itself: nothing to compare
