@@ -24,10 +24,7 @@ class TaskvecSweepPlugin(Plugin):
     name = "taskvec-sweep"
     version = "0.1.0"
     needs = frozenset({"weight_writes", "weight_reads", "generation"})  # Ψ0 + Σ λ·τ from the base weights
-    pruned = frozenset()  # docs/analyses/prune.md
-    pruned_why = {kind: ("a task vector is checked against its base model by the config, which a pruned directory "
-                         "records as the dense model's, so a vector of another shape would pass the check",
-                         "run it on the dense model") for kind in ("neurons", "heads", "layers")}
+    pruned = frozenset({"neurons", "heads", "uneven-heads", "layers"})  # docs/analyses/prune.md
     summary = "Accuracy of Ψ0 + ΔΨ_A + λ·ΔΨ_B over a λ grid on both tasks, best λ and task correlation α̂."
     options = (
         Option("vectors", str, None, "Two task-vector files A,B (from `mechkit taskvec extract`).", required=True,

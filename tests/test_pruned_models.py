@@ -186,6 +186,42 @@ def test_prune_runs_again_on_a_model_with_layers_removed_and_saves_a_model_that_
     assert torch.equal(again(ids), mk.load_model(str(runs[1].out_dir / "model"), device="cpu")(ids))
 
 
+def _vectors(model_dir, where, tasks=("capitalize", "swap")) -> str:
+    """Two task vectors of the model at ``model_dir`` (each a 2-step fine-tune of it), as --vectors."""
+    from mechkit import taskarith
+
+    paths = []
+    for task in tasks:
+        ft = mk.run("finetune", model=str(model_dir), out=where / f"ft-{task}", device="cpu", **OPTIONS["finetune"]
+                    | {"task": task})
+        paths.append(taskarith.extract(mk.load_model(str(model_dir), device="cpu"), ft.out_dir)
+                     .save(where / f"{task}.safetensors"))
+    return ",".join(map(str, paths))
+
+
+def test_taskvec_sweep_on_a_pruned_model_equals_its_twin_and_refuses_another_models_vectors(even, uneven_dir,
+                                                                                            dense_dir, tmp_path):
+    """Vectors of the pruned model: the twin, holding the same weights, gives the same sweep (its vectors are
+    the pruned model's, so it is told they are another base's); a differently pruned or the dense model
+    refuses them in one line, and extract refuses a fine-tune of another pruning."""
+    from mechkit.errors import MechkitError
+
+    vectors = _vectors(even[0], tmp_path)
+    options = dict(vectors=vectors, n=2, lambdas="0,1", shots="0", write=False, device="cpu")
+    ours = mk.run("taskvec-sweep", model=str(even[0]), **options).results
+    theirs = mk.run("taskvec-sweep", model=str(even[1]), allow_other_base=True, **options).results
+    _close(*(json.loads(json.dumps(r, default=str).replace(str(p), "MODEL"))
+             for r, p in zip((ours, theirs), even, strict=True)))
+    for other, why in ((uneven_dir, "pruned differently"), (dense_dir, "one is a pruned model")):
+        with pytest.raises(MechkitError) as err:
+            mk.run("taskvec-sweep", model=str(other), **options)
+        assert "\n" not in str(err.value) and why in str(err.value)
+    from mechkit import taskarith
+
+    with pytest.raises(MechkitError, match="not pruned alike"):
+        taskarith.extract(mk.load_model(str(uneven_dir), device="cpu"), tmp_path / "ft-swap")
+
+
 # ---- heads pruned unevenly: the pruned model's own numbering -----------------------------------------
 
 def test_the_anatomy_counts_each_layers_own_heads(uneven):

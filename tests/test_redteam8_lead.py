@@ -450,8 +450,7 @@ def test_entering_a_used_api_context_again_is_one_line(llama, make):
     with ctx:
         pass
     with pytest.raises(MechkitError, match="context was entered already") as err:
-        with ctx:
-            pass
+        ctx.__enter__()  # a second `with ctx:`
     assert "again for a new one" in err.value.fix
     with make(llama):  # a new one works
         pass

@@ -39,7 +39,7 @@ from mechkit.interventions.weights import WeightEdits
 from mechkit.io import check_out
 from mechkit.io.atomic import umask_modes
 from mechkit.io.replace import replacing_dir
-from mechkit.model.edit.surgery import save_model_files
+from mechkit.model.edit.surgery import save_model_files, saved_config
 from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, state_items
 from mechkit.taskarith.checks import (
@@ -63,7 +63,7 @@ Term = tuple[TaskVector, float]
 def model_base(handle: ModelHandle, sha256: bool = True) -> dict:
     """The model's identity in the form a task vector records its base (``meta["base"]``)."""
     base = {"spec": handle.spec, "name": handle.name, "dtype": str(handle.dtype).removeprefix("torch."),
-            "architecture": architecture(handle.model.config.to_dict())}
+            "architecture": architecture(saved_config(handle.model))}
     if sha256:
         from mechkit.model.placement.stored import state_items
         from mechkit.taskarith.probe import weights_probe

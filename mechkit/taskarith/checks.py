@@ -6,7 +6,8 @@ model directory or task-vector file is never produced.
 
 **Base identity.** A task vector records the base model it was extracted from (``meta["base"]``:
 ``spec``, ``name``, ``sha256`` of the weights, the ``dtype`` they were hashed in, and the config's
-``architecture`` fields). Two bases are the same model when their sha256 agree; the hashes are only
+``architecture`` fields, with ``pruning``: what a physically pruned model keeps, in the dense model's
+numbering, or None for a dense model). Two bases are the same model when their sha256 agree; the hashes are only
 comparable in one dtype (a bfloat16 copy of float32 weights hashes differently), so across dtypes,
 or where one side has no hash (a base given as a directory), the architecture fields decide.
 Vectors written before ``dtype`` was recorded were extracted in float32 (``taskvec extract``
@@ -29,6 +30,7 @@ from typing import Any
 
 from mechkit.errors import MechkitError
 from mechkit.io import non_finite, refuse_non_finite
+from mechkit.model.edit.surgery import CONFIG_KEY
 
 # Config fields that fix a model's parameter names and shapes: two bases must agree on all they share.
 ARCH_KEYS = ("model_type", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads",
@@ -48,9 +50,34 @@ def finite_number(value: Any, what: str, example: str) -> float:
 
 
 def architecture(config: Mapping) -> dict:
-    """The :data:`ARCH_KEYS` fields of a model config (a ``config.to_dict()`` or a parsed config.json)."""
-    return {k: config[k] for k in ARCH_KEYS
+    """The :data:`ARCH_KEYS` fields of a model config (a ``config.to_dict()`` or a parsed config.json), and
+    ``pruning``: the units a pruned model keeps (its config's pruning entry; None for a dense model).
+
+    Two models pruned from one dense model to the same shape can keep different heads or neurons, so the
+    sizes alone do not tell their tensors apart.
+
+    >>> architecture({"model_type": "llama", "num_hidden_layers": 3, "mechkit_pruning": {"n_layers": 3,
+    ...     "head_keep": {"1": [0, 2]}, "biased": []}})
+    {'model_type': 'llama', 'num_hidden_layers': 3, 'pruning': {'n_layers': 3, 'head_keep': {'1': [0, 2]}}}
+    """
+    arch = {k: config[k] for k in ARCH_KEYS
             if k in config and (config[k] is None or isinstance(config[k], (str, int, float)))}
+    entry = config.get(CONFIG_KEY)
+    arch["pruning"] = {k: v for k, v in entry.items() if k in _KEPT_UNITS} if isinstance(entry, Mapping) else None
+    return arch
+
+
+_KEPT_UNITS = ("n_layers", "mlp_keep", "head_keep", "layers_removed")  # what decides a pruned model's tensors
+
+
+def _pruning_differs(arch_a: Mapping, arch_b: Mapping) -> str | None:
+    """Why two architectures are pruned differently (one dense, or other units kept), or None."""
+    a, b = arch_a.get("pruning"), arch_b.get("pruning")
+    if a == b:
+        return None
+    if not a or not b:
+        return "one is a pruned model, the other is not" if a or b else None
+    return "they are pruned differently (other units kept)"
 
 
 def base_label(base: Mapping) -> str:
@@ -76,6 +103,9 @@ def base_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
         for key in ARCH_KEYS:
             if key in arch_a and key in arch_b and arch_a[key] != arch_b[key]:
                 return f"{key} {arch_a[key]} vs {arch_b[key]}"
+        pruning = _pruning_differs(arch_a, arch_b)
+        if pruning:
+            return pruning
     sha_a, sha_b = a.get("sha256"), b.get("sha256")
     same_dtype = (a.get("dtype") or DEFAULT_DTYPE) == (b.get("dtype") or DEFAULT_DTYPE)
     if sha_a and sha_b and same_dtype:

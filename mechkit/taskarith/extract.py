@@ -26,6 +26,7 @@ import torch
 
 from mechkit.errors import MechkitError, first_line
 from mechkit.io.journal import plain_name
+from mechkit.model.edit.surgery import saved_config
 from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, is_dispatched
 from mechkit.model.placement.ties import distinct_parameters, tied_names
@@ -97,15 +98,19 @@ def _config(source: Any) -> dict:
         if not path.is_file():
             raise MechkitError(f"no config.json in {source}", "pass a model directory written by save_pretrained")
         return _read_json(path, "model config", "pass a model directory written by save_pretrained")
-    return source.model.config.to_dict()
+    return saved_config(source.model)
 
 
 def check_architecture(base_cfg: dict, ft_cfg: dict) -> None:
-    """Same family and sizes, or a one-line error naming the first difference."""
+    """Same family, sizes and pruning, or a one-line error naming the first difference."""
+    fix = "a task vector needs the fine-tuned model of this very base model"
     for key in _ARCH_KEYS:
         if key in base_cfg and key in ft_cfg and base_cfg[key] != ft_cfg[key]:
             raise MechkitError(f"architectures differ: {key} is {base_cfg[key]} in the base, {ft_cfg[key]} fine-tuned",
-                               "a task vector needs the fine-tuned model of this very base model")
+                               fix)
+    if (architecture(base_cfg)["pruning"] or None) != (architecture(ft_cfg)["pruning"] or None):
+        raise MechkitError("architectures differ: the base and the fine-tuned model are not pruned alike "
+                           "(one is pruned, or they keep other units)", fix)
 
 
 def vocab_of(source: Any) -> dict | None:

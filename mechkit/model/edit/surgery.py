@@ -457,6 +457,13 @@ def pruned_config(model: nn.Module) -> dict | None:
     return config
 
 
+def saved_config(model: nn.Module) -> dict:
+    """The ``config.json`` content that a save of ``model`` writes: :func:`pruned_config` for a pruned model
+    (whose in-memory config counts only its kept layers), else the model's own config. It is what a model
+    loaded back from that directory and the directory itself are compared by."""
+    return pruned_config(model) or model.config.to_dict()
+
+
 def save_model_files(model: nn.Module, where: Any, **kwargs: Any) -> None:
     """``save_pretrained`` (safetensors) into ``where``, a pruned model's config in place of the dense one it
     writes: every writer of a model directory calls this, so none writes a directory that does not load."""
