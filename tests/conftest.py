@@ -6,7 +6,10 @@ README's test command installs; if it is missing the embedded tests fail (they n
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import resource
 import subprocess
 import traceback
 
@@ -38,6 +41,53 @@ def tiny(request):
 @pytest.fixture(scope="session")
 def tiny_llama():
     return mk.load_model("tiny:llama", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """tiny:llama loaded once per test module: a module may edit it (and must restore it) without reaching others."""
+    return mk.load_model("tiny:llama", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    """tiny:gpt2 loaded once per test module (as :func:`llama`)."""
+    return mk.load_model("tiny:gpt2", device="cpu")
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    """tiny:llama saved as two shards and an index (with its tokenizer): the directory, its tensors and their
+    sorted names (the first half in the first shard)."""
+    from safetensors.torch import load_file, save_file
+
+    from mechkit.model.sources.tiny import tiny_model
+
+    d = tmp_path / "sharded"
+    model, tok = tiny_model("llama")
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, d / file, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return d, tensors, names
+
+
+@contextlib.contextmanager
+def file_size_limit(n_bytes: int):
+    """``ulimit -f n_bytes`` for this process while inside (a write past it fails with EFBIG)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 @pytest.fixture(scope="session")

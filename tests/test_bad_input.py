@@ -103,13 +103,6 @@ def _one_line_exit_2(argv: list[str], capsys, root) -> str:
 
 
 @pytest.fixture(scope="module")
-def llama():
-    import mechkit as mk
-
-    return mk.load_model("tiny:llama", device="cpu", dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def other_llama():
     """tiny:llama's architecture with other weights (seed 1): another base model."""
     import mechkit as mk

@@ -89,11 +89,6 @@ def test_patch_on_its_default_task_runs_on_the_tiny_models(tmp_path, model, opti
     assert all(p["first_token"] and not p["shuffled_labels"] for p in results["pairs"])
 
 
-@pytest.fixture(scope="module")
-def tiny_llama():
-    return mk.load_model("tiny:llama")
-
-
 SHOW_BAD = {  # mk.show_attention misuse: a MechkitError naming the fix, never a raw exception or a silent view
     "blank text": {"text": "   "},
     "top_k text": {"heads": "random", "top_k": "3"},
@@ -105,32 +100,32 @@ SHOW_BAD = {  # mk.show_attention misuse: a MechkitError naming the fix, never a
 
 
 @pytest.mark.parametrize("case", SHOW_BAD)
-def test_show_attention_misuse_is_a_mechkit_error(tiny_llama, case):
+def test_show_attention_misuse_is_a_mechkit_error(llama, case):
     from mechkit.errors import MechkitError
 
     kwargs = {"text": "abcabc", **SHOW_BAD[case]}
     with pytest.raises(MechkitError) as err:
-        mk.show_attention(tiny_llama, kwargs.pop("text"), **kwargs)
+        mk.show_attention(llama, kwargs.pop("text"), **kwargs)
     assert " — " in str(err.value)  # the problem, then the fix
 
 
-def test_scores_of_the_right_shape_still_rank_heads(tiny_llama):
+def test_scores_of_the_right_shape_still_rank_heads(llama):
     import numpy as np
 
     grid = np.zeros((2, 4))
     grid[1, 2] = 1.0
-    view = mk.show_attention(tiny_llama, "abcabc", heads="induction", top_k=1, scores={"induction": grid})
+    view = mk.show_attention(llama, "abcabc", heads="induction", top_k=1, scores={"induction": grid})
     assert [(h.layer, h.head) for h in view.patterns.heads] == [(1, 2)]
 
 
 @pytest.mark.parametrize("where", ["a directory", "a missing folder", "not a path", "empty"])
-def test_a_save_to_a_place_no_file_can_go_is_one_line_and_leaves_nothing(tiny_llama, tmp_path, where):
+def test_a_save_to_a_place_no_file_can_go_is_one_line_and_leaves_nothing(llama, tmp_path, where):
     from mechkit.errors import MechkitError
     from mechkit.io import write_atomic
 
     target = {"a directory": tmp_path, "a missing folder": tmp_path / "no" / "a.html", "not a path": 5,
               "empty": ""}[where]
-    view = mk.show_attention(tiny_llama, "abc", heads="0.0")
+    view = mk.show_attention(llama, "abc", heads="0.0")
     for save in (view.save, lambda p: write_atomic(p, "x")):
         with pytest.raises(MechkitError) as err:
             save(target)
@@ -196,11 +191,11 @@ def test_the_default_k_runs_on_a_tiny_model(tmp_path, capsys, plugin):
 
 
 @pytest.mark.parametrize(("icl", "shots"), [(False, False), (True, True)])
-def test_no_patchable_pair_names_shots_only_for_icl_pairs(tiny_llama, icl, shots):
+def test_no_patchable_pair_names_shots_only_for_icl_pairs(llama, icl, shots):
     from mechkit.errors import MechkitError
     from mechkit.patching.pairs import PromptPair, aligned
 
     pair = PromptPair("ab", "abc", " x", " y", first_token=True, shuffled_labels=icl)  # lengths differ
     with pytest.raises(MechkitError) as err:
-        aligned(tiny_llama, [pair])
+        aligned(llama, [pair])
     assert ("--shots" in str(err.value)) == shots and "--seed" in str(err.value)

@@ -12,12 +12,10 @@ temporary file that nothing ever removed. The last tests fuzz paths and report f
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import time
@@ -27,6 +25,7 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from tests.conftest import file_size_limit
 from tests.test_reliability import _cli, _model_dir
 
 
@@ -235,22 +234,12 @@ def test_a_real_mount_point_is_refused(tmp_path):
 
 # ---- class 10: a full disk or a file-size limit is one line naming the file ------------------------------
 
-@contextlib.contextmanager
-def _file_size_limit(n_bytes: int):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 def test_a_file_size_limit_is_one_line_and_leaves_nothing(tmp_path, capsys, dirs):
     """``ulimit -f``: safetensors raised its own SafetensorError (a traceback), report files an OSError
     without a mapped errno (EFBIG)."""
     base, ft = dirs
     out = tmp_path / "v.safetensors"
-    with _file_size_limit(64 * 1024):
+    with file_size_limit(64 * 1024):
         code, err = _cli(capsys, "taskvec", "extract", "--base", str(base), "--finetuned", str(ft), "--out", str(out))
     assert code == 2 and err[-1].startswith(f"mechkit: error: cannot write {out}: a file is larger")
     assert "ulimit -f" in err[-1] and os.listdir(tmp_path) == []
@@ -266,7 +255,7 @@ def test_a_write_error_without_a_file_name_names_the_target(tmp_path):
     found = os_error_of(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
                         tmp_path / "v")
     assert (found.errno, found.filename) == (errno.ENOSPC, str(tmp_path / "v"))
-    with _file_size_limit(16), pytest.raises(OSError) as err:
+    with file_size_limit(16), pytest.raises(OSError) as err:
         write_atomic(tmp_path / "big.json", "x" * 4096)
     assert err.value.errno == errno.EFBIG and err.value.filename == str(tmp_path / "big.json")
     assert os.listdir(tmp_path) == []

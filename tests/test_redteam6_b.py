@@ -21,10 +21,6 @@ from mechkit.plugin import Plugin, Result
 IDS = torch.tensor([[1, 2, 3, 4, 5, 6]])
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
-
 
 def _pruned(structure: Structure, family: str = "llama"):
     """A tiny model physically pruned in memory (as `prune --save-model` leaves it), as a handle."""

@@ -28,11 +28,6 @@ from mechkit.errors import MechkitError
 from tests.test_reliability import _cli, _model_dir
 
 
-@pytest.fixture(scope="module")
-def model():
-    return mk.load_model("tiny:llama", device="cpu")
-
-
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Any model load fails the test: the refusals below must come before the work."""
@@ -321,21 +316,21 @@ def test_figures_come_from_the_folder_the_report_lies_in_not_from_beside_a_link(
     (torch.tensor([[2**63]], dtype=torch.uint64), "token id 9223372036854775808 is outside"),
     (torch.tensor([[1, 300]], dtype=torch.uint16), "token id 300 is outside"),
 ])
-def test_odd_token_ids_are_one_line(model, ids, says):
-    for call in (lambda: model(ids), lambda: mk.run_with_cache(model, ids), lambda: model.to_str_tokens(ids)):
+def test_odd_token_ids_are_one_line(llama, ids, says):
+    for call in (lambda: llama(ids), lambda: mk.run_with_cache(llama, ids), lambda: llama.to_str_tokens(ids)):
         with pytest.raises(MechkitError, match=says) as err:
             call()
         assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
-def test_unsigned_token_ids_give_the_same_logits(model, dtype):
+def test_unsigned_token_ids_give_the_same_logits(llama, dtype):
     ids = torch.tensor([[1, 2, 258]])
-    assert torch.equal(model(ids.to(dtype)), model(ids))
+    assert torch.equal(llama(ids.to(dtype)), llama(ids))
 
 
 @pytest.mark.parametrize("ids", [torch.tensor([[-5]]), [1, 10_000], torch.tensor([[1.5]])])
-def test_to_str_tokens_refuses_ids_it_cannot_decode(model, ids):
+def test_to_str_tokens_refuses_ids_it_cannot_decode(llama, ids):
     with pytest.raises(MechkitError):
-        model.to_str_tokens(ids)
-    assert model.to_str_tokens([1, 2]) == model.to_str_tokens(torch.tensor([[1, 2]]))
+        llama.to_str_tokens(ids)
+    assert llama.to_str_tokens([1, 2]) == llama.to_str_tokens(torch.tensor([[1, 2]]))

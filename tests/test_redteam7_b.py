@@ -19,12 +19,6 @@ from mechkit.errors import MechkitError, PluginError
 from mechkit.model.sources.tiny import tiny_model
 from mechkit.plugin import Plugin, Result
 
-
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
-
-
 # ---- class 8: token ids in every public entry, scores in every form --------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int8])
@@ -222,29 +216,9 @@ def test_the_resume_key_covers_a_plugins_helper_module(tmp_path, monkeypatch):
 
 # ---- class 2 and 11: sharded directories --------------------------------------------------------------
 
-@pytest.fixture()
-def sharded(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    d = tmp_path / "sharded"
-    model, tok = tiny_model("llama")
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    tensors = load_file(d / "model.safetensors")
-    (d / "model.safetensors").unlink()
-    names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    for file, keys in shards.items():
-        save_file({k: tensors[k] for k in keys}, d / file, metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
-    (d / "model.safetensors.index.json").write_text(json.dumps(index))
-    return d, tensors
-
-
 def test_a_missing_shard_is_named_not_blamed_on_the_layer_count(sharded):
     """The fix was 'set num_hidden_layers to 1': computing on half the model."""
-    d, _ = sharded
+    d, _, _ = sharded
     assert mk.load_model(str(d)).n_layers == 2
     (d / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(MechkitError, match="lacks 1 of the 2 shard files") as err:
@@ -255,7 +229,7 @@ def test_a_missing_shard_is_named_not_blamed_on_the_layer_count(sharded):
 def test_a_single_file_beside_shards_is_two_weight_sets(sharded):
     from safetensors.torch import save_file
 
-    d, tensors = sharded
+    d, tensors, _ = sharded
     save_file({k: v * 2 for k, v in tensors.items()}, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(MechkitError, match="two sets of weights"):
         mk.load_model(str(d))

@@ -24,16 +24,6 @@ import mechkit as mk
 from mechkit.errors import MechkitError
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    return mk.load_model("tiny:gpt2", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama", device="cpu")
-
-
 # ---- the API's forward inputs ------------------------------------------------------------------------------
 def test_nested_tensor_is_one_line(llama):
     nested = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([3])])

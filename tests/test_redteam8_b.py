@@ -19,11 +19,6 @@ from mechkit.plugin import Plugin, Result
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
-
-
-@pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """tiny:llama saved as a model directory (with its tokenizer)."""
     path = tmp_path_factory.mktemp("rt8b") / "llama"

@@ -15,11 +15,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import resource
 import subprocess
 import sys
 import textwrap
@@ -30,11 +28,7 @@ import torch
 import mechkit as mk
 from mechkit.errors import MechkitError
 from mechkit.model.sources.tiny import tiny_model
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
+from tests.conftest import file_size_limit
 
 
 def _vector(scale: float = 1.0):
@@ -140,22 +134,12 @@ def test_a_temp_dir_with_a_dead_looking_pid_is_kept_while_its_target_is_locked(t
     assert tmp in stale_leftovers(tmp_path)  # the lock is free and the pid is dead: a leftover
 
 
-@contextlib.contextmanager
-def _file_size_limit(n_bytes: int):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 def test_a_file_size_limit_names_the_limit_not_another_place(tmp_path):
     from mechkit.io.fs_errors import describe
     from mechkit.taskarith.finetune import refuse_temp_write
 
     err = OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(tmp_path / "model.safetensors"))
-    with _file_size_limit(1 << 20):
+    with file_size_limit(1 << 20):
         line = describe(err)
         assert "ulimit -f unlimited" in line.fix and "1048576 bytes" in line.fix and "--out" not in line.fix
         with pytest.raises(MechkitError) as temp:
@@ -227,26 +211,6 @@ def test_a_segment_longer_than_the_vocabulary_names_the_option_and_the_largest_v
 
 
 # ---- class 2: a tensor in two files of a sharded directory --------------------------------------------------
-
-@pytest.fixture()
-def sharded(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    d = tmp_path / "sharded"
-    model, tok = tiny_model("llama")
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    tensors = load_file(d / "model.safetensors")
-    (d / "model.safetensors").unlink()
-    names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-    for file, keys in shards.items():
-        save_file({k: tensors[k] for k in keys}, d / file, metadata={"format": "pt"})
-    index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
-    (d / "model.safetensors.index.json").write_text(json.dumps(index))
-    return d, tensors, names
-
 
 @pytest.mark.parametrize("where", ["model-00001-of-00002.safetensors", "model-00003-of-00003.safetensors"])
 def test_a_tensor_with_other_values_in_another_file_is_refused(sharded, where):

@@ -26,16 +26,6 @@ import mechkit as mk
 from mechkit.errors import MechkitError
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    return mk.load_model("tiny:gpt2", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama", device="cpu")
-
-
 # ---- class 1/3/10: whatever sits at a lock file's name is never written through ----------------------------
 def _lock_name(tmp_path: Path) -> Path:
     return tmp_path / ".run.mechkit-lock"

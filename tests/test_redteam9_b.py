@@ -18,13 +18,8 @@ from mechkit.model.sources.tiny import tiny_model
 from mechkit.plugin import Plugin, Result
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
-
-
 @pytest.fixture
-def sharded(tmp_path):
+def many_shards(tmp_path):
     """tiny:llama saved in several shards (with its tokenizer) and the name of the shard holding lm_head."""
     path = tmp_path / "sharded"
     model, tok = tiny_model("llama")
@@ -44,8 +39,8 @@ def _rewrite_index(path, fn):
 # ---- class 2: never compute on weights the user did not give ------------------------------------------
 
 @pytest.mark.parametrize("where", ["relative", "absolute"])
-def test_an_index_naming_a_shard_outside_the_directory_is_refused(sharded, tmp_path, where):
-    path, shard = sharded
+def test_an_index_naming_a_shard_outside_the_directory_is_refused(many_shards, tmp_path, where):
+    path, shard = many_shards
     outside = tmp_path / "elsewhere.safetensors"  # other values: the model would silently compute on them
     save_file({k: v * 0 + 7 for k, v in load_file(path / shard).items()}, outside)
     (path / shard).unlink()
@@ -56,16 +51,16 @@ def test_an_index_naming_a_shard_outside_the_directory_is_refused(sharded, tmp_p
     assert name in str(err.value)
 
 
-def test_a_shard_symlinked_into_the_directory_still_loads(sharded, tmp_path):
-    path, shard = sharded  # the hub cache's layout: every file a symlink to a blob
+def test_a_shard_symlinked_into_the_directory_still_loads(many_shards, tmp_path):
+    path, shard = many_shards  # the hub cache's layout: every file a symlink to a blob
     blob = tmp_path / "blob"
     (path / shard).rename(blob)
     (path / shard).symlink_to(blob)
     assert mk.load_model(str(path)).anatomy.n_layers == 2
 
 
-def test_an_index_whose_weight_map_is_not_an_object_is_one_line_naming_it(sharded):
-    path, _ = sharded
+def test_an_index_whose_weight_map_is_not_an_object_is_one_line_naming_it(many_shards):
+    path, _ = many_shards
     _rewrite_index(path, lambda wm: list(wm))
     with pytest.raises(MechkitError, match="weight_map is not an object"):
         mk.load_model(str(path))
@@ -73,8 +68,8 @@ def test_an_index_whose_weight_map_is_not_an_object_is_one_line_naming_it(sharde
 
 @pytest.mark.parametrize("quant", [{"quant_method": "gptq", "bits": 4}, {"quant_method": "bitnet"},
                                    {"quant_method": "compressed-tensors"}])
-def test_a_quantization_that_cannot_be_applied_is_named_not_called_corrupt_weights(sharded, quant):
-    path, _ = sharded
+def test_a_quantization_that_cannot_be_applied_is_named_not_called_corrupt_weights(many_shards, quant):
+    path, _ = many_shards
     config = json.loads((path / "config.json").read_text())
     config["quantization_config"] = quant
     (path / "config.json").write_text(json.dumps(config))
