@@ -62,9 +62,11 @@ class AdaptPlugin(Plugin):
                                          "subtracted from each budget is the split-conformal ⌈(n+1)q⌉/n quantile of "
                                          "measured − predicted latency on calibration prompts.",
                min=0, max=1, min_exclusive=True, max_exclusive=True),
-        Option("margin_prompts", int, 4, "Calibration prompts per task timed for the margin, each against dense "
-                                         "under --margin-plans plans (not the cost table's fitting prompts); "
-                                         "tasks × prompts × plans must reach q/(1−q) residuals (99 for 0.99).", min=1),
+        Option("margin_prompts", int, None, "Calibration prompts per task timed for the margin, each against dense "
+                                            "under --margin-plans plans (not the cost table's fitting prompts); "
+                                            "tasks × prompts × plans must reach q/(1−q) residuals (99 for 0.99). "
+                                            "Default: 4, or as many as that needs where the model offers fewer "
+                                            "distinct plans.", min=1),
         Option("margin_plans", int, 10, "Plans spanning the predicted ratios timed on each margin prompt.", min=1),
         Option("debias", bool, True, "Time the plans the scheduler chooses on the margin prompts too: each gets "
                                      "its median residual added to its prediction, and the margin is recalibrated "

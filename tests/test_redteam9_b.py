@@ -241,8 +241,24 @@ def test_too_few_distinct_margin_plans_are_refused_before_timing_naming_the_prom
     from mechkit.adapt.margin import MarginStage
 
     study = SimpleNamespace(margin_texts={"a": ["x"] * 4, "b": ["x"] * 4, "c": ["x"] * 4}, adherence=0.99,
-                            margin_plan_count=10)
+                            margin_plan_count=10, margin_prompts=4)  # given: refused (left to the study: more)
     with pytest.raises(MechkitError, match="offers 3 distinct plans") as err:
         MarginStage._check_plan_count(study, 3)  # 12 prompts x 3 plans: 36 < 99 residuals
     assert "--margin-prompts 11" in err.value.fix
     MarginStage._check_plan_count(study, 10)  # 120 residuals: enough
+
+
+def test_margin_prompts_left_to_the_study_grow_to_what_a_tiny_models_few_plans_need(gpt2):
+    """adapt's default --margin-prompts 4 was refused on every tiny model (3 distinct plans: 36 < 99 residuals,
+    "pass --margin-prompts 11"): a default that failed on the default tiny models (pass 9b's leftover)."""
+    from mechkit.adapt import AdaptStudy
+
+    tasks = ["capitalize", "swap", "opposite"]
+    study = AdaptStudy(gpt2, tasks, n=20)
+    assert all(len(xs) == 4 for xs in study.margin_texts.values())  # the default on a model with 10 plans
+    study.check_margin_sample()  # 3 tasks x 4 prompts x 10 plans: 120 residuals
+    study._check_plan_count(3)
+    assert [len(xs) for xs in study.margin_texts.values()] == [11, 11, 11]  # 3 x 11 x 3 plans = 99
+    held_out = {p.text for ps in study.test.values() for p in ps}
+    assert not held_out & {x for xs in study.margin_texts.values() for x in xs}  # never tested on
+    assert all(xs == study.margin_pool[t][:11] for t, xs in study.margin_texts.items())

@@ -33,6 +33,9 @@ def auto_token_layers(n_layers: int, signal_layer: int) -> tuple[int, ...]:
     return tuple(sorted({min(top, max(signal_layer, round(share * n_layers))) for share in (0.2, 0.4, 0.6)}))
 
 
+MARGIN_PROMPTS = 4  # margin prompts per task by default (3 tasks × 4 × 10 plans: 120 residuals ≥ 99)
+
+
 @dataclass(frozen=True)
 class AdaptConfig:
     """The settings of :class:`~mechkit.adapt.AdaptStudy`; the defaults are the study's own.
@@ -42,7 +45,8 @@ class AdaptConfig:
     ``repeats`` timed runs per plan and input (medians), ``timing_prompts`` calibration prompts per
     task for the cost table; ``adherence`` the share of inputs the budget margin is calibrated to
     keep within budget, from ``margin_prompts`` calibration prompts per task each timed under
-    ``margin_plans`` plans; ``margin`` given skips that calibration and is the scheduler's safety
+    ``margin_plans`` plans (None: :data:`MARGIN_PROMPTS` per task, or as many more as ``adherence`` needs
+    where the model offers fewer distinct plans than ``margin_plans``, as a tiny model does); ``margin`` given skips that calibration and is the scheduler's safety
     margin; ``select`` is its ranking metric (:data:`mechkit.adapt.scheduler.SELECT`); ``clock`` the
     timing clock (:func:`mechkit.adapt.cost.resolve_clock`); ``debias`` corrects the predictions of the
     plans the scheduler chooses and recalibrates the margin on them (off: the first margin and the
@@ -75,7 +79,7 @@ class AdaptConfig:
     clock: str = "auto"
     select: str = "logprob"
     adherence: float = 0.99
-    margin_prompts: int = 4
+    margin_prompts: int | None = None  # MARGIN_PROMPTS, or more where the model offers few plans
     margin_plans: int = 10
     debias: bool = True
 
@@ -95,7 +99,7 @@ class AdaptConfig:
         check_adherence(self.adherence)
         if self.margin is not None and not self.margin >= 0:
             raise MechkitError(f"margin {self.margin} is negative or not a number", "pass a margin of 0 or more")
-        if self.margin_prompts < 1 or self.margin_plans < 1:
+        if (self.margin_prompts is not None and self.margin_prompts < 1) or self.margin_plans < 1:
             raise MechkitError("the budget margin needs at least one prompt and one plan timed",
                                "pass margin_prompts ≥ 1 and margin_plans ≥ 1")
         if n_layers < 2:

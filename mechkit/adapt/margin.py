@@ -96,8 +96,9 @@ class MarginStage:
         return per_plan, forwards, spent
 
     def _check_plan_count(self, n_plans: int) -> None:
-        """Refuse, before the margin prompts are timed, a model that offers fewer distinct plans than
-        ``--margin-plans`` asks (a tiny model has 3 to 7) where those are too few residuals for ``--adherence``.
+        """Before the margin prompts are timed: a model that offers fewer distinct plans than
+        ``--margin-plans`` asks (a tiny model has 3 to 7) gets as many more margin prompts as ``--adherence``
+        needs when their number was left to the study, and is refused, naming the number, when it was given.
         It was refused after the timing, saying to raise --margin-prompts without saying how far."""
         import math
 
@@ -106,6 +107,10 @@ class MarginStage:
         if n_plans * n_prompts >= needed or n_plans == 0:
             return
         per_task = math.ceil(needed / (n_plans * max(1, len(self.margin_texts))))
+        if self.margin_prompts is None and all(len(xs) >= per_task for xs in self.margin_pool.values()):
+            self.margin_texts = {t: xs[:per_task] for t, xs in self.margin_pool.items()}
+            self._memo.pop("margin-lengths", None)
+            return
         raise MechkitError(f"this model offers {n_plans} distinct plans for the margin (--margin-plans asks "
                            f"{self.margin_plan_count}): {n_prompts} margin prompts × {n_plans} plans give "
                            f"{n_plans * n_prompts} residuals, and a conformal margin for {self.adherence:g} adherence "

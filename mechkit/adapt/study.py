@@ -51,13 +51,14 @@ their values are JSON-able.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mechkit.adapt.candidates import CandidateStage
-from mechkit.adapt.config import CALIB_SEED_OFFSET, AdaptConfig, Step, compute_now
-from mechkit.adapt.conformal import check_adherence
+from mechkit.adapt.config import CALIB_SEED_OFFSET, MARGIN_PROMPTS, AdaptConfig, Step, compute_now
+from mechkit.adapt.conformal import check_adherence, residuals_needed
 from mechkit.adapt.cost import CostTable, resolve_clock
 from mechkit.adapt.costing import CostStage
 from mechkit.adapt.guides import GuideStage
@@ -103,15 +104,24 @@ class AdaptStudy(GuideStage, CostStage, MarginStage, CandidateStage, SignalStage
         self.margin_report: dict = {}
 
     def _prompts(self, config: AdaptConfig) -> None:
-        """Calibration, margin and held-out prompts: disjoint, the first two at a calibration seed."""
+        """Calibration, margin and held-out prompts: disjoint, the first two at a calibration seed.
+
+        With ``margin_prompts`` left to the study (None) as many margin prompts are drawn as ``adherence``
+        could need, one plan per prompt; the first :data:`MARGIN_PROMPTS` per task are timed, more only
+        where the model offers fewer distinct plans (:meth:`MarginStage.margin_calibration`). All drawn are
+        kept out of the held-out prompts, so timing more later never tests on a calibration prompt."""
         shots, timing_prompts, margin_prompts = config.shots, config.timing_prompts, config.margin_prompts
         self.calib = task_prompts(self.tasks, config.n_calib, shots, self.seed + CALIB_SEED_OFFSET)
         self.margin_prompts, self.margin_plan_count = margin_prompts, config.margin_plans
+        drawn_n = margin_prompts or MARGIN_PROMPTS
+        if margin_prompts is None and config.margin is None:
+            drawn_n = max(drawn_n, math.ceil(residuals_needed(config.adherence) / max(1, len(self.tasks))))
         # the margin's prompts: calibration-seeded, past the ones the cost table is fitted on
         fitted = {p.text for ps in self.calib.values() for p in ps[:timing_prompts]}
-        drawn = task_prompts(self.tasks, timing_prompts + margin_prompts, shots, self.seed + CALIB_SEED_OFFSET)
-        self.margin_texts = {t: [p.text for p in ps if p.text not in fitted][:margin_prompts] for t, ps in drawn.items()}
-        seen = {p.text for ps in self.calib.values() for p in ps} | {x for xs in self.margin_texts.values() for x in xs}
+        drawn = task_prompts(self.tasks, timing_prompts + drawn_n, shots, self.seed + CALIB_SEED_OFFSET)
+        self.margin_pool = {t: [p.text for p in ps if p.text not in fitted][:drawn_n] for t, ps in drawn.items()}
+        self.margin_texts = {t: xs[:margin_prompts or MARGIN_PROMPTS] for t, xs in self.margin_pool.items()}
+        seen = {p.text for ps in self.calib.values() for p in ps} | {x for xs in self.margin_pool.values() for x in xs}
         test = task_prompts(self.tasks, config.n, shots, self.seed)
         self.test = {t: [p for p in ps if p.text not in seen] for t, ps in test.items()}
         self.n_calib, self.shots = config.n_calib, shots
