@@ -114,6 +114,7 @@ class ComposePlugin(Plugin):
         models = {model.spec: model}
         for spec in (s.strip() for s in str(opts["models"] or "").split(",") if s.strip()):
             models.setdefault(spec, mk.load_model(spec, device=str(model.device), dtype=model.dtype))  # before any work
+        study.check_fits(parts, models)  # prompts too long for a model's context: refused before any work
         with ctx.progress() as bar:
             job = bar.add_task("compose", total=study.units(parts, len(models), treatments))
             count = itertools.count()
