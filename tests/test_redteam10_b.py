@@ -90,6 +90,33 @@ def test_patch_shots_on_an_icl_task_is_still_taken(llama):
     assert run.results["n_pairs"] == 1
 
 
+@pytest.mark.parametrize("options, said", [
+    ({"parts": "study", "top_k": 3}, "--top-k counts in the components and strengthen parts"),
+    ({"parts": "study", "n_contexts": 3}, "--n-contexts counts in the strengthen part"),
+    ({"parts": "study", "strengths": "3"}, "--strengths counts in the strengthen part"),
+    ({"parts": "study", "effect_shots": 1}, "--effect-shots counts in the components"),
+    ({"parts": "components", "treatment": "vector"}, "--treatment counts in the strengthen part"),
+    ({"parts": "components", "models": "tiny:gpt2"}, "--models counts in the study and steps parts"),
+    ({"parts": "components,strengthen", "n": 3}, "--n counts in the study and steps parts"),
+    ({"treatment": "scale", "n_contexts": 3}, "--n-contexts counts for the vector treatment only"),
+    ({"method": "exact", "verify": 1}, "--verify checks attribution estimates"),
+])
+def test_compose_refuses_options_of_parts_it_does_not_run(options, said):
+    with pytest.raises(OptionError, match=said):
+        mk.run("compose", model="tiny:llama", write=False, **options)
+
+
+def test_compose_options_of_the_parts_it_runs_are_still_taken():
+    from mechkit.options.resolve import resolve_options
+    from mechkit.registry import get
+
+    cls = get("compose")
+    for options in ({"parts": "study", "n": 2, "seeds": 1, "models": "tiny:gpt2"},
+                    {"parts": "components", "top_k": 2, "verify": 1, "n_seqs": 3},
+                    {"parts": "strengthen", "treatment": "vector", "n_contexts": 2, "strengths": "2"}):
+        resolve_options(cls, options)  # no OptionError
+
+
 # ---- class 4 / 7: a tokenizer switch that changes ids is part of the identity ----------------------------
 
 def test_split_special_tokens_changes_the_tokenizer_identity_and_the_key(llama):
@@ -123,3 +150,24 @@ def test_a_plugin_leaving_split_special_tokens_on_is_refused():
 
 def test_the_resume_key_names_the_libraries_that_make_ids_lora_layers_and_fits():
     assert {"tokenizers", "peft", "scikit-learn"} <= set(library_versions())
+
+
+# ---- class 11: compose's defaults on a 512-token model are refused before any work, naming --shots that fit --
+
+def test_compose_prompts_too_long_for_the_context_are_refused_before_any_work(monkeypatch):
+    import mechkit.compose.analysis as core
+
+    def no_work(*_a, **_k):
+        raise AssertionError("work started")
+
+    for name in ("evaluate_cell", "component_effects", "compute_scores"):
+        monkeypatch.setattr(core, name, no_work)
+    with pytest.raises(MechkitError, match="longer than the model's context") as err:
+        mk.run("compose", model="tiny:gpt2", write=False, pairs="capitalize+swap", parts="study", n=1, seeds=1)
+    assert err.value.fix.startswith("use --shots 0,2,5:")  # the grid's K that fit: following it runs (below)
+
+
+def test_following_the_shots_fix_runs():
+    run = mk.run("compose", model="tiny:gpt2", write=False, pairs="capitalize+swap", parts="study", n=1, seeds=1,
+                 shots="0,2,5")
+    assert run.results["shots"] == [0, 2, 5]
