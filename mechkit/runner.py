@@ -181,11 +181,12 @@ def run_model_key(handle: Any) -> dict:
 @functools.lru_cache(maxsize=1)
 def library_versions() -> dict[str, str]:
     """The versions of the libraries that compute a run's numbers (torch's kernels, transformers' model code,
-    accelerate's placement): a rerun after an upgrade computes differently from the steps a killed run kept."""
+    accelerate's placement, tokenizers' ids, peft's LoRA layers, scikit-learn's fits of task-selection and
+    adapt): a rerun after an upgrade computes differently from the steps a killed run kept."""
     from importlib import metadata
 
     versions = {}
-    for name in ("torch", "transformers", "accelerate", "numpy"):
+    for name in ("torch", "transformers", "accelerate", "numpy", "tokenizers", "peft", "scikit-learn"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

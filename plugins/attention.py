@@ -10,6 +10,7 @@ tokens seen before, how many attend most to the token after their earlier occurr
 from __future__ import annotations
 
 from mechkit.options import ExistingPath, HeadSpec, Text
+from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 DEFAULT_PROMPT = ("The old lighthouse keeper wrote in his logbook every night. "
@@ -33,6 +34,23 @@ class AttentionPlugin(Plugin):
         Option("n_seqs", int, 20, "Random sequences for head scores (when they are computed).", min=1),
         Option("seg_len", int, 25, "Segment length for head scores.", min=1),
     )
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        """Options the heads asked for never read, refused (they were silently ignored): --top-k where every
+        head is named, --from and the scoring options where no head is ranked by a score, and --n-seqs and
+        --seg-len where the scores come from --from's report."""
+        selection = parsed["heads"]
+        spec = "--heads " + str(selection)
+        if not selection.ranked:
+            refuse_ignored(cls, parsed, ("top_k",), f"picks among ranked or random heads, and {spec} names each head",
+                           "drop --top-k, or ask for ranked heads (--heads induction, --heads random)")
+        if not selection.needs_scores:
+            refuse_ignored(cls, parsed, ("from_report", "n_seqs", "seg_len"), f"scores heads to rank them, and {spec} "
+                           "ranks none by a score", "drop it, or ask for score-ranked heads (--heads induction)")
+        elif parsed["from_report"] is not None:
+            refuse_ignored(cls, parsed, ("n_seqs", "seg_len"), "sets how heads are scored here, and --from reads "
+                           "the scores of the detect report", "drop it, or drop --from to score the heads now")
 
     def run(self, ctx: RunContext) -> Result:
         import mechkit as mk

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mechkit.options import Choices, NumberList, TaskList
+from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 PARTS = ("study", "steps", "components", "strengthen")  # mechkit.compose.PARTS, without importing torch
@@ -92,6 +93,30 @@ class ComposePlugin(Plugin):
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
     )
 
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        """An option of a part --parts leaves out (or of a treatment, or a method, not chosen) is refused: it was
+        silently ignored, and the report read as if it had been applied."""
+        parts, parts_flag = set(parsed["parts"]), "--parts " + ",".join(parsed["parts"])
+        if not parts & {"study", "steps"}:
+            refuse_ignored(cls, parsed, ("n", "seeds", "word_match", "models"), f"counts in the study and steps parts, "
+                           f"and {parts_flag} leaves both out", "drop it, or add study to --parts")
+        if not parts & {"components", "strengthen"}:
+            refuse_ignored(cls, parsed, ("effect_shots", "n_effect", "method", "mlp_ablation", "contrast", "top_k",
+                                         "verify", "n_seqs", "seg_len"),
+                           f"counts in the components and strengthen parts, and {parts_flag} leaves both out",
+                           "drop it, or add components to --parts")
+        if "strengthen" not in parts:
+            refuse_ignored(cls, parsed, ("treatment", "strengths", "draws", "n_dev", "n_test", "n_contexts"),
+                           f"counts in the strengthen part, and {parts_flag} leaves it out",
+                           "drop it, or add strengthen to --parts")
+        elif parsed["treatment"] == "scale":
+            refuse_ignored(cls, parsed, ("n_contexts",), "counts for the vector treatment only, and --treatment is "
+                           "scale", "drop --n-contexts, or pass --treatment vector (or both)")
+        if parsed["method"] == "exact":
+            refuse_ignored(cls, parsed, ("verify",), "checks attribution estimates by exact ablation, and --method "
+                           "exact computes every effect exactly", "drop --verify, or pass --method attribution")
+
     def run(self, ctx: RunContext) -> Result:
         import itertools
 
@@ -114,6 +139,7 @@ class ComposePlugin(Plugin):
         models = {model.spec: model}
         for spec in (s.strip() for s in str(opts["models"] or "").split(",") if s.strip()):
             models.setdefault(spec, mk.load_model(spec, device=str(model.device), dtype=model.dtype))  # before any work
+        study.check_fits(parts, models)  # prompts too long for a model's context: refused before any work
         with ctx.progress() as bar:
             job = bar.add_task("compose", total=study.units(parts, len(models), treatments))
             count = itertools.count()

@@ -23,6 +23,7 @@ from mechkit.options import (
     OptionError,
     TaskList,
 )
+from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -65,6 +66,35 @@ class IclVectorsPlugin(Plugin):
     @classmethod
     def tables(cls, results: dict) -> list:
         return accuracy_tables(results)
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        """With --load-vector the vector's own task, method and place are used: a --tasks of another task
+        evaluated it there and saved it as that task's vector, and a --method or an extraction option
+        (--top-k, --fv-scales, --spans, --n-contexts, --n-cie, --n-dev) was silently ignored."""
+        if parsed["load_vector"] is None:
+            return
+        from mechkit.actvec import ActivationVector
+        from mechkit.errors import MechkitError
+        from mechkit.tasks import parse_tasks
+
+        try:
+            vector = ActivationVector.load(parsed["load_vector"])  # its metadata, checked, before the model loads
+            own = parse_tasks(vector.task)
+        except MechkitError as err:
+            raise OptionError(err.problem, err.fix) from None
+        if parsed["tasks"] is not None and list(parsed["tasks"]) != own:
+            raise OptionError(f"--tasks {','.join(parsed['tasks'])}: the loaded vector is {','.join(own)}'s, and it "
+                              "would be reported and saved as the vector of the tasks given",
+                              f"drop --tasks (the vector's task is used), or extract a vector for those tasks with "
+                              f"`mechkit icl-vectors --tasks {','.join(parsed['tasks'])}`")
+        if parsed["method"] not in ("both", vector.method):
+            raise OptionError(f"--method {parsed['method']}: the loaded vector is a {vector.method}, and it is "
+                              "evaluated as what it is", "drop --method, or load a "
+                              f"{parsed['method']} saved by icl-vectors")
+        refuse_ignored(cls, parsed, ("top_k", "fv_scales", "spans", "n_contexts", "n_cie", "n_dev"),
+                       "chooses how a vector is extracted and placed, and --load-vector evaluates the saved one as "
+                       "it is", "drop it, or drop --load-vector to extract a vector with it")
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.actvec import ActivationVector, VectorConfig

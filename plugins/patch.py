@@ -14,6 +14,7 @@ Algorithms: :mod:`mechkit.patching`.
 from __future__ import annotations
 
 from mechkit.options import OptionError, Text
+from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -25,7 +26,7 @@ class PatchPlugin(Plugin):
     summary = "Activation patching clean -> corrupted (layer x position, layer x head), logit lens and DLA."
     options = (
         Option("task", str, "ioi", "Prompt pairs from this task: ioi (the name swapped) or an ICL task id (its "
-               "demonstrations' labels shuffled); ignored with --clean."),
+               "demonstrations' labels shuffled); not with --clean."),
         Option("clean", str, None, "Clean prompt text (with --corrupted and --answers).", parse=Text("the clean prompt")),
         Option("corrupted", str, None, "Corrupted prompt text, the same number of tokens as --clean.",
                parse=Text("the corrupted prompt", "The cat sat. The dog sat.")),
@@ -48,10 +49,16 @@ class PatchPlugin(Plugin):
         if given and (parsed.get("pairs", 1) != 1 or parsed.get("pair", 0) != 0):
             raise OptionError("--pairs and --pair choose among a task's prompt pairs; --clean/--corrupted give one pair",
                               "drop --pairs and --pair, or drop --clean/--corrupted/--answers to use --task")
-        if not given:
-            from mechkit.patching.pairs import check_pair_task
+        if given:  # one pair given as text: no task builds pairs, so neither --task nor --shots is read
+            refuse_ignored(cls, parsed, ("task", "shots"), "builds a task's prompt pairs, and --clean/--corrupted "
+                           "give the pair", "drop it, or drop --clean/--corrupted/--answers to use --task")
+            return
+        from mechkit.patching.pairs import check_pair_task
 
-            check_pair_task(parsed.get("task") or "ioi")
+        check_pair_task(parsed.get("task") or "ioi")
+        if (parsed.get("task") or "ioi") == "ioi":  # its pairs have no demonstrations
+            refuse_ignored(cls, parsed, ("shots",), "sets the demonstrations of an ICL task's prompts, and ioi's "
+                           "pairs have none", "drop --shots, or pass an ICL task (--task capitalize)")
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.patching.pairs import PromptPair, aligned, task_pairs

@@ -41,7 +41,7 @@ OPTIONS = {
                   calib=2, shots=2, repeats=1, timing_batch=1),
     "taskvec-sweep": dict(lambdas="-1:1:1", n=2),  # plus --vectors, made in the fixture
     "compose": dict(n=2, seeds=2, shots="0,2", n_effect=2, n_dev=2, n_test=2, draws=2, top_k=2, verify=1,
-                    n_contexts=2, n_seqs=4, seg_len=6),
+                    n_seqs=4, seg_len=6),  # no n_contexts: the vector treatment's, refused under scale
     "adapt": dict(tasks="capitalize,past-tense", budgets="0.7,1.0", calib=3, n=2, shots=1, token_layers="0",
                   token_keep="0.5", signal_layer=0, repeats=1, prune_budgets="0.7", margin=0.05),
     "patch": dict(clean="abcab", corrupted="abdab", answers="c,d"),

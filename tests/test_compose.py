@@ -408,7 +408,7 @@ def test_bad_options_fail_with_one_line_before_work(tmp_path, monkeypatch, optio
     for name in ("evaluate_cell", "component_effects", "compute_scores"):
         monkeypatch.setattr(core, name, no_work)
     with pytest.raises(MechkitError) as err:
-        mk.run(ComposePlugin, model="tiny:llama", out=tmp_path / "bad", **{**SMALL, **options})
+        mk.run(ComposePlugin, model="tiny:llama", out=tmp_path / "bad", **{**SMALL, "treatment": "both", **options})
     assert needle in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "bad").exists()
 

@@ -359,8 +359,7 @@ def test_a_killed_compose_rerun_with_another_config_recomputes_everything(tmp_pa
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    options = dict(pairs="capitalize+swap", parts="study", shots="0,1,2", n=2, seeds=1, n_seqs=4, seg_len=5,
-                   top_k=2, verify=1, draws=1, n_dev=2, n_test=2, n_contexts=2, n_effect=2)
+    options = dict(pairs="capitalize+swap", parts="study", shots="0,1,2", n=2, seeds=1)  # the others: not read
     real = RunContext._write_step
     written: list[str] = []
 

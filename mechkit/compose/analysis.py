@@ -46,7 +46,7 @@ from mechkit.compose.components import (
     exact_head_effects,
     ranks_of,
 )
-from mechkit.compose.settings import PARTS, composite_task
+from mechkit.compose.settings import PARTS, composite_task, study_prompts
 from mechkit.compose.strengthen import (
     TREATMENTS,
     choose_strength,
@@ -56,7 +56,7 @@ from mechkit.compose.strengthen import (
 )
 from mechkit.compose.study import evaluate_cell, summarize
 from mechkit.errors import MechkitError
-from mechkit.eval import mean_std, score_prompts
+from mechkit.eval import check_context, encode_rows, mean_std, score_prompts
 from mechkit.heads import Head, compute_scores, top_heads
 from mechkit.heads.scores import grid_list
 from mechkit.model.checks.identity import identity_tag
@@ -158,6 +158,33 @@ class ComposeStudy:
         if "strengthen" in parts:
             count += len(self.pairs) * (1 + len(treatments) * (1 + self.draws) + ("vector" in treatments))
         return count
+
+    def check_fits(self, parts: Sequence[str], models: dict[str, ModelHandle] | None = None) -> None:
+        """Refuse, before any work, prompts longer than a model's context at the largest K the parts use
+        (the grid's for the study, ``effect_shots`` for the components and strengthening): the defaults on
+        a 512-token model (tiny:gpt2) were refused only at K = 10, after every smaller K's cells were
+        computed. The fix names the largest K of the grid whose prompts fit."""
+        wanted = ([self.top] if {"study", "steps"} & set(parts) else []) + \
+            ([self.effect_shots] if {"components", "strengthen"} & set(parts) else [])
+        for spec, handle in (models or {self.handle.spec: self.handle}).items():
+            if handle.context_length is None:
+                continue
+
+            def longest(k: int, handle: ModelHandle = handle) -> int:
+                prompts = [p for pair in self.pairs for s in range(self.seeds)
+                           for ps in study_prompts(pair, self.n, k, self.seed + s).values() for p in ps]
+                return max(len(row.ids) for row in encode_rows(handle.text_tokenizer(), prompts, None))
+
+            for k in sorted(set(wanted), reverse=True):
+                if longest(k) <= handle.context_length:
+                    continue
+                if k == self.top:
+                    fits = [x for x in self.shots if x < k and longest(x) <= handle.context_length]
+                    fix = f"use --shots {','.join(map(str, fits))}" if fits else "use --shots 0"
+                else:
+                    fits = next((x for x in range(k - 1, -1, -1) if longest(x) <= handle.context_length), 0)
+                    fix = f"use --effect-shots {fits} or fewer"
+                check_context(handle, longest(k), f"{fix}: {spec}'s context holds {handle.context_length} tokens")
 
     def run(self, parts: Sequence[str], models: dict[str, ModelHandle] | None = None,
             treatments: Sequence[str] = ("scale",)) -> dict:

@@ -74,7 +74,13 @@ def _tokenizer_settings(tokenizer: Any) -> str:
     values count (a setting holding an object would put its address in the key)."""
     plain = (str, int, float, bool, type(None))
     values = {name: getattr(tokenizer, name, None) for name in _SETTINGS}
+    values |= {name: True for name in _SWITCHES if getattr(tokenizer, name, False) is True}
     return json.dumps({k: v for k, v in values.items() if isinstance(v, plain)}, sort_keys=True)
+
+
+# Settings off by default that change ids when on: ``split_special_tokens`` tokenizes the text ``<bos>`` as
+# its characters, not as the BOS id. Recorded only when on, so every identity recorded before stays the same.
+_SWITCHES = ("split_special_tokens",)
 
 
 def model_identity(handle: Any) -> dict[str, Any]:

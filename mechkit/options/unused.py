@@ -1,0 +1,44 @@
+"""Options a run would silently ignore, refused before the model loads.
+
+An option whose value only matters in another mode (``--method`` beside ``--load-vector``, which takes the
+vector's own method; ``--from`` beside heads named one by one; ``--n-contexts`` of the vector treatment under
+``--treatment scale``) ran without a word: the user read a report made without the setting they asked for.
+A value equal to the option's default cannot be told from one left out, so only a value that differs from
+it is refused.
+
+>>> from mechkit.options import Option, OptionError
+>>> class Demo:
+...     options = (Option("top_k", int, 10, min=1),)
+>>> try:
+...     refuse_ignored(Demo, {"top_k": 3}, ["top_k"], "ranks heads, and heads= names each head")
+... except OptionError as err:
+...     print(err)
+--top-k ranks heads, and heads= names each head, so it would be ignored — drop --top-k
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from mechkit.options.option import Option, OptionError
+
+
+def default_value(option: Option) -> Any:
+    """The option's default as its parser returns it (what ``ctx.options`` holds when it is left out)."""
+    return option.check(option.default)[1]
+
+
+def given(cls: Any, parsed: dict[str, Any], name: str) -> bool:
+    """Whether option ``name`` holds a value other than its default (so the user asked for it)."""
+    option = next(o for o in cls.options if o.name == name)
+    return parsed.get(name) != default_value(option)
+
+
+def refuse_ignored(cls: Any, parsed: dict[str, Any], names: Iterable[str], why: str, fix: str | None = None) -> None:
+    """Refuse the first of ``names`` given a value other than its default: ``why`` says in words why the run
+    would not read it; ``fix`` defaults to dropping the option."""
+    flags = {o.name: o.flag for o in cls.options}
+    for name in names:
+        if given(cls, parsed, name):
+            raise OptionError(f"{flags[name]} {why}, so it would be ignored", fix or f"drop {flags[name]}")
