@@ -45,7 +45,7 @@ OPTIONS = {
     "finetune": dict(task="capitalize", steps=2, batch_size=2, eval_n=2),
     "icl-vectors": dict(tasks="swap", n=3, n_dev=2, n_contexts=2, n_cie=1, shots=2, top_k=2, fv_scales="1"),
     "compose": dict(n=2, seeds=1, shots="0,2", n_effect=2, n_dev=2, n_test=2, draws=1, top_k=1, verify=1,
-                    n_contexts=2, n_seqs=3, seg_len=5),
+                    n_seqs=3, seg_len=5),
     "patch": dict(clean="abcab", corrupted="abdab", answers="c,d"),
     "select-tasks": dict(target="past-tense", pool="capitalize,swap,opposite", n=4),
     "prune": dict(guide="magnitude", target="heads", sparsity="0.25", tasks="swap", n=2, calib=2, shots=1,
@@ -356,7 +356,8 @@ def test_function_vectors_of_kept_heads_are_the_dense_models_with_the_others_sil
 
 def test_compose_component_effects_of_kept_heads_are_the_dense_models_with_the_others_silenced(uneven):
     pruned, zeroed = uneven
-    options = {**OPTIONS["compose"], "parts": "components", "pairs": "capitalize+swap"}
+    keep = ("shots", "n_effect", "top_k", "verify", "n_seqs", "seg_len")  # those the components part reads
+    options = {**{k: OPTIONS["compose"][k] for k in keep}, "parts": "components", "pairs": "capitalize+swap"}
     mine, other = (mk.run("compose", model=m, write=False, **options).results["components"]["pairs"]["capitalize+swap"]
                    for m in (pruned, zeroed()))
     for layer, kept in KEPT.items():
