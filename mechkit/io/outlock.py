@@ -87,8 +87,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         raise
     HELD.add(path)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _write_pid(fd, path, out_dir)
         from mechkit.io.leftovers import clean_leftovers
 
         real = Path(os.path.realpath(Path(out_dir).expanduser()))
@@ -101,6 +100,22 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
             path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
         os.close(fd)
         _remove_empty(created)  # those the run left empty (a written report keeps its parents)
+
+
+def _write_pid(fd: int, path: Path, out_dir: str | os.PathLike[str]) -> None:
+    """Record this process's pid in its lock file, or one line naming the lock file: on a full disk the
+    ``pwrite`` failed with an OSError naming no file, which reached the user as "cannot write a file mechkit
+    was writing ... choose another --out" even where the full disk was $MECHKIT_CACHE's (a run's resume
+    lock), and stopped a run that goes on, unkept, when the cache cannot hold its steps."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as err:
+        from mechkit.io.fs_errors import describe
+
+        named = OSError(err.errno, err.strerror or type(err).__name__, os.fspath(path))
+        raise (describe(named) or MechkitError(f"cannot lock --out {out_dir}: {named.strerror} ({path})",
+                                               "choose an --out in a writable directory")) from named
 
 
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)

@@ -1,0 +1,171 @@
+"""Red-team pass 10 of issue 32, classes 1, 3, 6 and 10, and the forward inputs the Python API checks.
+
+Each test holds one class of failure the pass found: a folder of the user's under a name a run writes
+(``d/attention.png/``) went into the replaced set and was deleted with what it held; a full disk under a lock
+file (the ``pwrite`` of its pid) was "cannot write a file mechkit was writing ... choose another --out", naming
+no path and the wrong fix where the disk was the cache's, and stopped a run that goes on unkept when the cache
+cannot hold its steps; and the forward checks' memo trusted CPU tensors written past the version counter
+(``.data``, NumPy, the storage: an IndexError, and a mask holding 5 taken as 1) and raised a RuntimeError for
+every tensor made under ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+
+import pytest
+import torch
+
+import mechkit as mk
+from mechkit.errors import MechkitError
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return mk.load_model("tiny:llama", device="cpu")
+
+
+# ---- class 1: a folder of the user's under a name the run writes is never replaced ------------------------------
+def test_a_users_folder_under_an_artifact_name_is_refused_and_kept(tmp_path):
+    from mechkit.io.replace import replacing_dir
+
+    out = tmp_path / "d"
+    (out / "attention.png").mkdir(parents=True)
+    (out / "attention.png" / "mine.txt").write_text("keep")
+    with pytest.raises(MechkitError, match=r"holds a folder attention\.png, which mechkit did not write"), \
+            replacing_dir(out, writer="attention", force=True) as tmp:
+        (tmp / "attention.png").write_bytes(b"png")
+        (tmp / "report.json").write_text("{}")
+    assert (out / "attention.png" / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in out.iterdir()) == ["attention.png"]
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temporary directory, no journal left
+
+
+@pytest.mark.parametrize("name", ["report.html", "model"])
+def test_a_users_folder_under_a_known_name_is_refused_before_the_model_loads(tmp_path, name):
+    from mechkit.io.replace import refuse_foreign_model
+
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "notes.txt").write_text("mine")  # no config.json: not a model, still the user's
+    with pytest.raises(MechkitError, match=f"holds a folder {name}"):
+        refuse_foreign_model(tmp_path, "prune", ("report.json", "report.html", "model"))
+    assert (tmp_path / name / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_the_previous_set_wrote_and_a_symlink_are_still_replaced(tmp_path):
+    from mechkit.io.replace import replacing_dir
+
+    out = tmp_path / "d"
+    with replacing_dir(out, writer="prune") as tmp:
+        (tmp / "model").mkdir()
+        (tmp / "model" / "config.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "attention.png").symlink_to(elsewhere)  # a link is replaced as a link; its target is untouched
+    with replacing_dir(out, writer="prune", force=True) as tmp:
+        (tmp / "model").mkdir()
+        (tmp / "model" / "config.json").write_text('{"new": 1}')
+        (tmp / "attention.png").write_bytes(b"png")
+    assert (out / "model" / "config.json").read_text() == '{"new": 1}'
+    assert (out / "attention.png").read_bytes() == b"png" and elsewhere.is_dir()
+
+
+def test_the_cli_refuses_a_folder_under_an_artifact_name(tmp_path):
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    out = tmp_path / "d"
+    (out / "attention.png").mkdir(parents=True)
+    (out / "attention.png" / "mine.txt").write_text("keep")
+    result = CliRunner().invoke(cli, ["attention", "--model", "tiny:llama", "--heads", "0.1", "--out", str(out),
+                                      "--force"])
+    lines = [line for line in result.output.splitlines() if line.startswith("mechkit: error")]
+    assert result.exit_code == 2 and len(lines) == 1 and "folder attention.png" in lines[0], result.output
+    assert (out / "attention.png" / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in out.iterdir()) == ["attention.png"]
+
+
+# ---- class 10: a full disk under a lock file names the lock file and the right fix -------------------------------
+@pytest.fixture
+def full_disk(monkeypatch):
+    def pwrite(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+
+
+def test_a_full_disk_under_an_out_lock_is_one_line_naming_the_lock(tmp_path, full_disk):
+    from mechkit.io.locks import lock_path
+    from mechkit.io.outlock import out_lock
+
+    out = tmp_path / "run"
+    with pytest.raises(MechkitError) as caught, out_lock(out):
+        pass
+    assert str(lock_path(out)) in str(caught.value) and "no space left" in str(caught.value)
+    assert "choose another --out" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []  # the lock file is removed again
+
+
+def test_a_full_cache_under_a_resume_lock_warns_and_the_run_goes_on(tmp_path, monkeypatch, full_disk):
+    from rich.console import Console
+
+    from mechkit.io.outlock import claimed, out_lock
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    resume = tmp_path / "cache" / "runs" / "0123456789abcdef"
+    with pytest.raises(MechkitError, match=r"MECHKIT_CACHE"), out_lock(resume):  # the fix names the cache
+        pass
+    text = io.StringIO()
+    with claimed(resume, Console(file=text, width=300)) as kept:
+        assert kept is None
+    assert "cannot keep finished steps" in text.getvalue() and "No space left" in text.getvalue()
+
+
+# ---- forward inputs: the memo never trusts a tensor it cannot see change -----------------------------------------
+def _data_write(t):
+    t.data[0, 0] = 10**6
+
+
+def _numpy_write(t):
+    t.numpy()[0, 0] = 10**6
+
+
+def _storage_write(t):
+    t.untyped_storage().copy_(torch.full_like(t, 10**6).untyped_storage())
+
+
+@pytest.mark.parametrize("write", [_data_write, _numpy_write, _storage_write], ids=["data", "numpy", "storage"])
+def test_ids_written_past_the_version_counter_are_checked_again(llama, write):
+    ids = llama.to_tokens("hello there you").clone()
+    llama(ids)
+    write(ids)
+    with pytest.raises(MechkitError, match="outside the model's vocabulary"):
+        llama(ids)
+    with pytest.raises(MechkitError, match="outside the model's vocabulary"):
+        mk.run_with_cache(llama, ids)
+
+
+def test_a_mask_written_through_data_is_checked_again(llama):
+    ids = llama.to_tokens("hello there you")
+    mask = torch.ones_like(ids)
+    llama(ids, attention_mask=mask)
+    mask.data[0, 0] = 5
+    with pytest.raises(MechkitError, match="holds 5, which is neither 0 nor 1"):
+        llama(ids, attention_mask=mask)
+
+
+def test_forwards_under_inference_mode_run(llama):
+    ids = llama.to_tokens("hello there you")
+    expected = llama(ids)
+    with torch.inference_mode():
+        frozen = ids.clone()
+        mask = torch.ones_like(frozen)
+        assert torch.equal(llama(frozen, attention_mask=mask), expected)
+        bad = frozen.clone()
+        bad[0, 0] = 10**6
+        with pytest.raises(MechkitError, match="outside the model's vocabulary"):
+            llama(bad)
+    assert torch.equal(llama(frozen), expected) and torch.equal(llama(frozen), expected)  # twice: no memo error
