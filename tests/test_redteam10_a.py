@@ -169,3 +169,24 @@ def test_forwards_under_inference_mode_run(llama):
         with pytest.raises(MechkitError, match="outside the model's vocabulary"):
             llama(bad)
     assert torch.equal(llama(frozen), expected) and torch.equal(llama(frozen), expected)  # twice: no memo error
+
+
+# ---- API inputs: a hook's replacement of another dtype is the activation's, or one line ---------------------------
+def test_a_replacement_of_another_float_dtype_runs_in_the_activations(llama):
+    ids = llama.to_tokens("hello there you")
+    with mk.hooks(llama, {"blocks.0.hook_resid_pre": lambda act, hook: act.double() * 1.0}):
+        doubled = llama(ids)
+    assert doubled.dtype == torch.float32 and torch.allclose(doubled, llama(ids))
+    with mk.pattern_hooks(llama, {0: [lambda pattern: pattern * 1.0]}):
+        eager = llama(ids)  # the pattern path's own kernel: the baseline for a pattern of another dtype
+    with mk.pattern_hooks(llama, {0: [lambda pattern: pattern.double()]}):
+        assert torch.equal(llama(ids), eager)
+
+
+@pytest.mark.parametrize("make", [lambda act: act.long(), lambda act: act > 0, lambda act: act.to(torch.complex64)],
+                         ids=["int", "bool", "complex"])
+def test_a_replacement_of_integers_for_a_float_activation_is_one_line(llama, make):
+    ids = llama.to_tokens("hello there you")
+    with mk.hooks(llama, {"blocks.0.hook_resid_pre": lambda act, hook: make(act)}), \
+            pytest.raises(MechkitError, match=r"blocks\.0\.hook_resid_pre returned .* values; the activation there is float32"):
+        llama(ids)
