@@ -190,3 +190,55 @@ def test_a_replacement_of_integers_for_a_float_activation_is_one_line(llama, mak
     with mk.hooks(llama, {"blocks.0.hook_resid_pre": lambda act, hook: make(act)}), \
             pytest.raises(MechkitError, match=r"blocks\.0\.hook_resid_pre returned .* values; the activation there is float32"):
         llama(ids)
+
+
+# ---- class 3: the API's file writers take their lock like every writer ------------------------------------------
+@pytest.fixture
+def held_by_another_run(tmp_path):
+    """A directory another live process (a run's stand-in) holds the lock of."""
+    import subprocess
+    import sys
+
+    from mechkit.io.locks import lock_path
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    code = ("import sys, time\nfrom mechkit.io.outlock import out_lock\n"
+            "with out_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert lock_path(folder).exists()
+        yield folder
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _attention_page(llama, path):
+    mk.show_attention(llama, "hi there you", heads="0.1").save(path)
+
+
+def _activation_vector(llama, path):
+    from mechkit.actvec.vector import ActivationVector
+
+    ActivationVector(torch.randn(64), "function-vector", "swap", 0, "add", llama.weights_sha256()).save(path)
+
+
+@pytest.mark.parametrize("save", [_attention_page, _activation_vector], ids=["attention page", "activation vector"])
+def test_an_api_save_inside_a_directory_another_run_writes_is_refused(llama, held_by_another_run, save):
+    path = held_by_another_run / "mine.out"
+    with pytest.raises(MechkitError, match="which another mechkit run is writing"):
+        save(llama, path)
+    assert not path.exists() and sorted(p.name for p in held_by_another_run.iterdir()) == []
+
+
+@pytest.mark.parametrize("save", [_attention_page, _activation_vector], ids=["attention page", "activation vector"])
+def test_an_api_save_elsewhere_writes_and_leaves_no_lock(llama, tmp_path, save):
+    path = tmp_path / "mine.out"
+    save(llama, path)
+    save(llama, path)  # again, over its own file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.out"]
+    with pytest.raises(MechkitError, match="does not exist"):
+        save(llama, tmp_path / "missing" / "mine.out")
+    assert not (tmp_path / "missing").exists()
