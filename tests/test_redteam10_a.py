@@ -242,3 +242,24 @@ def test_an_api_save_elsewhere_writes_and_leaves_no_lock(llama, tmp_path, save):
     with pytest.raises(MechkitError, match="does not exist"):
         save(llama, tmp_path / "missing" / "mine.out")
     assert not (tmp_path / "missing").exists()
+
+
+# ---- class 1: `cache clear` takes a run's step folder only when it holds nothing but steps -----------------------
+@pytest.mark.parametrize("names", [["runs"], ["--all"], ["runs/0123456789abcdef0123456789abcdef"]])
+def test_cache_clear_keeps_a_users_hash_named_experiment_in_a_runs_folder(tmp_path, monkeypatch, names):
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    mine = tmp_path / "runs" / "0123456789abcdef0123456789abcdef"  # an MLflow run id
+    (mine / "artifacts").mkdir(parents=True)
+    (mine / "metrics.csv").write_text("precious")
+    steps = tmp_path / "runs" / "fedcba9876543210"
+    (steps / "finetune").mkdir(parents=True)
+    (steps / "0123456789abcdef.json").write_text('{"key": "k", "value": 1}')
+    listed = CliRunner().invoke(cli, ["cache", "list"])
+    assert "1 run(s), for resuming" in listed.output, listed.output
+    CliRunner().invoke(cli, ["cache", "clear", *names])
+    assert (mine / "metrics.csv").read_text() == "precious"
+    assert not steps.exists() or names[0].startswith("runs/")
