@@ -263,3 +263,17 @@ def test_cache_clear_keeps_a_users_hash_named_experiment_in_a_runs_folder(tmp_pa
     CliRunner().invoke(cli, ["cache", "clear", *names])
     assert (mine / "metrics.csv").read_text() == "precious"
     assert not steps.exists() or names[0].startswith("runs/")
+
+
+def test_a_cache_name_too_long_for_the_file_system_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from mechkit.io.outlock import claimed
+
+    cache = tmp_path / ("d" * 300)  # exists() on it raises ENAMETOOLONG: it was a fatal OSError after the load
+    monkeypatch.setenv("MECHKIT_CACHE", str(cache))
+    text = io.StringIO()
+    with claimed(cache / "runs" / "0123456789abcdef", Console(file=text, width=1000)) as kept:
+        assert kept is None
+    assert "cannot keep finished steps" in text.getvalue() and "File name too long" in text.getvalue()
+    assert list(tmp_path.iterdir()) == []

@@ -50,8 +50,9 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         yield lock_path(out_dir)
         return
     path = lock_path(out_dir)
-    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    try:
+    created: list[Path] = []
+    try:  # exists() itself raises for a name too long ($MECHKIT_CACHE's): one line, and a resume lock warns
+        created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
         for attempt in itertools.count():
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
