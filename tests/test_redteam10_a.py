@@ -277,3 +277,19 @@ def test_a_cache_name_too_long_for_the_file_system_warns_and_the_run_goes_on(tmp
         assert kept is None
     assert "cannot keep finished steps" in text.getvalue() and "File name too long" in text.getvalue()
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- class 1: an --out that is or holds a file an option names (--from) is refused before the model loads ----------
+@pytest.mark.parametrize("where", ["is", "holds"])
+def test_an_out_that_is_or_holds_the_from_report_is_refused(tmp_path, where):
+    from mechkit.report import build_report, write_report
+
+    out = tmp_path / "d"
+    detect = out if where == "is" else out / "det"
+    report = build_report(plugin="detect", plugin_version="0.1", model={"name": "tiny:llama"}, params={}, seed=0,
+                          results={}, artifacts=[], timings={}, finding="")
+    write_report(detect, report)
+    before = sorted(p.name for p in detect.iterdir())
+    with pytest.raises(MechkitError, match="which the run reads"):
+        mk.run("attention", model="tiny:llama", out=out, force=True, from_report=str(detect), heads="induction")
+    assert sorted(p.name for p in detect.iterdir()) == before
