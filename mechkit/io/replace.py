@@ -100,15 +100,15 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
         raise MechkitError(f"--out {out} holds {odd[0]}, which is not a regular file (a FIFO, device or socket), "
                            f"where {writer} would write", "choose another --out, or remove it first")
     owned = owned_names(out)
-    folders = [n for n in names if n not in owned and _real_dir(out / n)]
-    if folders:
-        raise MechkitError(f"--out {out} holds a folder {folders[0]}, which mechkit did not write, where {writer} would "
-                           "write its own file; --force would delete the folder with all it holds",
-                           "choose another --out, or move that folder away first")
     foreign = [n for n in _models(out, [n for n in names if n not in owned]) if os.path.lexists(out / n)]
     if foreign:
         raise MechkitError(f"--out {out} holds {', '.join(foreign[:3])}, which mechkit did not write, and "
                            f"{writer} would replace it", "choose another --out, or move those files away first")
+    folders = [n for n in names if n not in owned and _real_dir(out / n)]
+    if folders:
+        raise MechkitError(f"--out {out} holds a folder {folders[0]}, which mechkit did not write, where {writer} would "
+                           "write; --force would delete the folder with all it holds",
+                           "choose another --out, or move that folder away first")
     saved = _models(out, owned)
     wrote = set_writer(out)
     if saved and wrote != writer:
