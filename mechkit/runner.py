@@ -27,7 +27,7 @@ from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
 from mechkit.model.checks.state import changed_handle, changed_state, handle_state, hooked, model_state
-from mechkit.options.inputs import input_digests
+from mechkit.options.inputs import input_digests, input_paths
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, Result, RunContext
 
@@ -305,7 +305,7 @@ def run_plugin(
             if not isinstance(out, (str, os.PathLike)):
                 raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
             out_dir = Path(out)
-            check_run_out(out_dir, force, model_inputs(model), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
+            check_run_out(out_dir, force, (*model_inputs(model), *input_paths(cls, parsed)), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
             stack.enter_context(out_lock(out_dir))
             check_run_out(out_dir, force, plugin=cls.name, writes=cls.writes(params))  # again under the lock: a run that finished there meanwhile wrote a report
         else:

@@ -17,7 +17,7 @@ import torch
 
 from mechkit.actvec.edits import ResidEdit
 from mechkit.errors import MechkitError, first_line
-from mechkit.io import non_finite, write_atomic
+from mechkit.io import non_finite
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -128,10 +128,11 @@ class ActivationVector:
         """Write ``path`` atomically: a temporary file in the same directory, then renamed over it
         (an interrupted save leaves the previous file, and no temporary file, behind). A model's file or
         one of another run's set is never replaced (:func:`mechkit.io.replace.refuse_foreign_file`)."""
+        from mechkit.io.locked_write import write_locked
         from mechkit.io.replace import refuse_foreign_file
 
-        refuse_foreign_file(path, "the activation vector")
-        return write_atomic(path, self.to_bytes(path))
+        refuse_foreign_file(path, "the activation vector")  # before the bytes are made
+        return write_locked(path, self.to_bytes(path), "the activation vector")
 
     @classmethod
     def load(cls, path: str | Path, handle: ModelHandle | None = None) -> ActivationVector:

@@ -63,7 +63,8 @@ def check_names(names: Any, who: str) -> list[str]:
 def same_shape(fn: Callable, where: str) -> Callable:
     """``fn`` whose replacement (a tensor it returns) must have the activation's shape: refused naming the
     hook point otherwise, where the layer reading it would fail with a size mismatch (or, broadcast,
-    silently compute on something else). Attributes (such as a read-only mark) are kept."""
+    silently compute on something else), and in the activation's dtype and device (:func:`_as_activation`).
+    Attributes (such as a read-only mark) are kept."""
     @functools.wraps(fn)
     def checked(act: torch.Tensor, *rest: Any) -> Any:
         new = fn(act, *rest)
@@ -75,6 +76,21 @@ def same_shape(fn: Callable, where: str) -> Callable:
         if new.shape != act.shape:
             raise MechkitError(f"the function on {where} returned shape {list(new.shape)}; the activation there "
                                f"is {list(act.shape)}", "return a tensor of the same shape, or None to only read")
-        return new
+        return _as_activation(new, act, where)
 
     return checked
+
+
+def _as_activation(new: torch.Tensor, act: torch.Tensor, where: str) -> torch.Tensor:
+    """A replacement of another floating dtype or device, as the activation's: the next layer multiplies it
+    with weights of the activation's dtype, and a float64 ``t.double()`` or a NumPy round trip failed there
+    ("expected m1 and m2 to have the same dtype", a RuntimeError); the model can only carry it at that
+    precision anyway. Integers, booleans or complex numbers for a floating activation (or floats for an
+    integer one: a router's expert ids) are refused, not rounded."""
+    if new.dtype == act.dtype and new.device == act.device:
+        return new
+    if act.is_floating_point() != new.is_floating_point() or new.is_complex() != act.is_complex():
+        raise MechkitError(f"the function on {where} returned {str(new.dtype).removeprefix('torch.')} values; the "
+                           f"activation there is {str(act.dtype).removeprefix('torch.')}",
+                           "return values of the activation's kind (new.to(act.dtype)), or None to only read")
+    return new.to(device=act.device, dtype=act.dtype)

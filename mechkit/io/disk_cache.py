@@ -88,12 +88,25 @@ _HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 
 
 def is_entry(group: str, path: Path) -> bool:
     """Whether ``path`` in ``group`` is an entry mechkit made: a directory (not a link) named as mechkit names
-    them, or holding mechkit's metadata file. A ``$MECHKIT_CACHE`` pointed at a project directory may hold a
+    them, or holding mechkit's metadata file; a run's step folder holds nothing but steps (:func:`_holds_only_steps`). A ``$MECHKIT_CACHE`` pointed at a project directory may hold a
     user's own ``runs/`` or ``toy/``; `cache clear` must never delete those."""
     if path.name.startswith(".") or path.is_symlink() or not path.is_dir():
         return False
+    if group == "runs" and not _holds_only_steps(path):
+        return False
     pattern = _ENTRY.get(group)
     return bool(pattern and pattern.match(path.name)) or (group in _META and (path / _META[group]).is_file())
+
+
+def _holds_only_steps(path: Path) -> bool:
+    """Whether a run-key-named folder holds only what a run keeps there: its step files (``KEY.json``), its
+    scratch folders (checkpoints) and hidden leftovers. A user's ``runs/`` with an experiment named by a hash
+    (an MLflow run id) was cleared by `cache clear runs`, its ``metrics.csv`` with it."""
+    try:
+        names = [p for p in path.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return False
+    return all(not p.is_symlink() and (p.is_dir() or (p.name.endswith(".json") and p.is_file())) for p in names)
 
 
 def _children(group: Path) -> list[Path]:

@@ -50,8 +50,9 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         yield lock_path(out_dir)
         return
     path = lock_path(out_dir)
-    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    try:
+    created: list[Path] = []
+    try:  # exists() itself raises for a name too long ($MECHKIT_CACHE's): one line, and a resume lock warns
+        created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
         for attempt in itertools.count():
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -87,8 +88,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         raise
     HELD.add(path)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _write_pid(fd, path, out_dir)
         from mechkit.io.leftovers import clean_leftovers
 
         real = Path(os.path.realpath(Path(out_dir).expanduser()))
@@ -101,6 +101,22 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
             path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
         os.close(fd)
         _remove_empty(created)  # those the run left empty (a written report keeps its parents)
+
+
+def _write_pid(fd: int, path: Path, out_dir: str | os.PathLike[str]) -> None:
+    """Record this process's pid in its lock file, or one line naming the lock file: on a full disk the
+    ``pwrite`` failed with an OSError naming no file, which reached the user as "cannot write a file mechkit
+    was writing ... choose another --out" even where the full disk was $MECHKIT_CACHE's (a run's resume
+    lock), and stopped a run that goes on, unkept, when the cache cannot hold its steps."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as err:
+        from mechkit.io.fs_errors import describe
+
+        named = OSError(err.errno, err.strerror or type(err).__name__, os.fspath(path))
+        raise (describe(named) or MechkitError(f"cannot lock --out {out_dir}: {named.strerror} ({path})",
+                                               "choose an --out in a writable directory")) from named
 
 
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)

@@ -90,7 +90,9 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
     (``finetune``'s weights, ``prune --save-model``'s ``model/``, a ``taskvec apply`` directory), only the
     writer that saved it may replace it: another analysis, or ``taskvec apply``, pointed there would delete
     weights that took a training run to make. A model file among ``names`` (the new set) that mechkit did
-    not write at all, and a FIFO, device or socket, are never replaced. Every writer calls this: the plugin runner before the model loads,
+    not write at all, a folder mechkit did not write under one of those names (``attention --out d --force``
+    with the user's ``d/attention.png/`` went into the set and was deleted with what it held), and a FIFO,
+    device or socket, are never replaced. Every writer calls this: the plugin runner before the model loads,
     and :func:`replacing_dir` again before it installs anything.
     """
     odd = [n for n in names if _special(out / n)]
@@ -102,6 +104,11 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
     if foreign:
         raise MechkitError(f"--out {out} holds {', '.join(foreign[:3])}, which mechkit did not write, and "
                            f"{writer} would replace it", "choose another --out, or move those files away first")
+    folders = [n for n in names if n not in owned and _real_dir(out / n)]
+    if folders:
+        raise MechkitError(f"--out {out} holds a folder {folders[0]}, which mechkit did not write, where {writer} would "
+                           "write; --force would delete the folder with all it holds",
+                           "choose another --out, or move that folder away first")
     saved = _models(out, owned)
     wrote = set_writer(out)
     if saved and wrote != writer:
@@ -157,6 +164,14 @@ def _ordered(names: Sequence[str]) -> list[str]:
     """``names`` with the key file last (it goes in last and comes out first)."""
     keys = [n for n in KEY_FILES if n in names]
     return [n for n in names if n not in keys] + keys
+
+
+def _real_dir(path: Path) -> bool:
+    """A directory itself, not a symlink to one (a link is replaced as a link; what it leads to is untouched)."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _special(path: Path) -> bool:

@@ -79,3 +79,14 @@ def input_digests(cls: type[Plugin], parsed: dict) -> dict[str, list[str]]:
         if names_files(option) and parsed.get(option.name) is not None:
             out[option.name] = [file_digest(Path(p).expanduser()) for p in _paths(parsed[option.name])]
     return out
+
+
+def input_paths(cls: type[Plugin], parsed: dict) -> tuple[Path, ...]:
+    """The existing files and directories the plugin's file-naming options name (``--from``, ``--vectors``),
+    which a run's ``--out`` must not be or hold: ``attention --from d --out d --force`` read the detect report
+    in ``d``, then replaced it with its own (:func:`mechkit.io.out.check_out`'s ``inputs``)."""
+    found = []
+    for option in cls.options:
+        if names_files(option) and parsed.get(option.name) is not None:
+            found += [Path(p).expanduser() for p in _paths(parsed[option.name]) if Path(p).expanduser().exists()]
+    return tuple(found)

@@ -97,12 +97,10 @@ class AttentionView:
                 f"margin:0 auto;padding:1.5em 2em}}</style></head><body><h1>{title}</h1>{self.fragment()}</body></html>")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`html` to ``path`` (atomically); return it."""
-        from mechkit.io import write_atomic
-        from mechkit.io.replace import refuse_foreign_file
+        """Write :meth:`html` to ``path`` (atomically, under its lock); return it."""
+        from mechkit.io.locked_write import write_locked
 
-        refuse_foreign_file(path, "the attention page")  # never a model's or another run's file
-        return write_atomic(path, self.html())  # refuses a directory, a missing folder or a non-path in one line
+        return write_locked(path, self.html(), "the attention page")  # under its lock; never a model's file
 
     def __repr__(self) -> str:
         n = len(self.patterns.heads)
