@@ -87,15 +87,43 @@ _HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 
 
 
 def is_entry(group: str, path: Path) -> bool:
-    """Whether ``path`` in ``group`` is an entry mechkit made: a directory (not a link) named as mechkit names
-    them, or holding mechkit's metadata file; a run's step folder holds nothing but steps (:func:`_holds_only_steps`). A ``$MECHKIT_CACHE`` pointed at a project directory may hold a
-    user's own ``runs/`` or ``toy/``; `cache clear` must never delete those."""
+    """Whether ``path`` in ``group`` is an entry mechkit made: a directory (not a link) holding mechkit's
+    metadata file, or named as mechkit names them and holding only what mechkit writes there (a run's step
+    folder: steps, :func:`_holds_only_steps`; a model entry built before its metadata file existed: model
+    files, :func:`_holds_only_model_files`). A ``$MECHKIT_CACHE`` pointed at a project directory may hold
+    a user's own ``runs/`` or ``toy/``; `cache clear` and a rebuild must never delete those."""
     if path.name.startswith(".") or path.is_symlink() or not path.is_dir():
         return False
     if group == "runs" and not _holds_only_steps(path):
         return False
+    if group in _META and (path / _META[group]).is_file():
+        return True
     pattern = _ENTRY.get(group)
-    return bool(pattern and pattern.match(path.name)) or (group in _META and (path / _META[group]).is_file())
+    return bool(pattern and pattern.match(path.name)) and (group == "runs" or _holds_only_model_files(path))
+
+
+# What a model entry holds: weights, configs, tokenizer files and mechkit's own metadata.
+_MODEL_FILE = re.compile(r"^(.+\.safetensors|model\.safetensors\.index\.json|(generation_)?config\.json|"
+                         r"tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.json|"
+                         r"merges\.txt|tokenizer\.model|chat_template\.jinja|mechkit-[a-z]+\.json)$")
+
+
+def _holds_only_model_files(path: Path) -> bool:
+    """Whether a model entry's folder holds only files mechkit writes there (hidden leftovers aside). A user's
+    ``toy/induction-deadbeef/notes.txt`` matched the entry name alone and was deleted by `cache clear --all`."""
+    try:
+        names = [p for p in path.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return False
+    return all(p.is_file() and not p.is_symlink() and _MODEL_FILE.match(p.name) for p in names)
+
+
+def refuse_foreign_entry(group: str, path: Path) -> None:
+    """Before a cache entry is built at ``path`` over something already there: one line unless that is an
+    entry of mechkit's (a stale or damaged one, replaced), never a user's folder that happens to bear the name."""
+    if (path.exists() or path.is_symlink()) and not is_entry(group, path):
+        raise MechkitError(f"{path} is in the way of mechkit's cache entry and holds what mechkit did not write",
+                           "move it out of $MECHKIT_CACHE, or point $MECHKIT_CACHE at another directory")
 
 
 def _holds_only_steps(path: Path) -> bool:

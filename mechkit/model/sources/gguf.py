@@ -28,7 +28,7 @@ from pathlib import Path
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.io import atomic_dir, write_atomic
-from mechkit.io.disk_cache import cache_root
+from mechkit.io.disk_cache import cache_root, refuse_foreign_entry
 
 CACHE_FORMAT = 2  # bump when the entry layout or the conversion changes meaning
 META = "mechkit-cache.json"
@@ -137,6 +137,7 @@ def cached_gguf(path: Path, *, label: str | None = None, rebuild: bool = False) 
     if not rebuild and read_entry(target, sha) is not None:
         return target, False
     _check_writable(target.parent)  # before the minutes of dequantizing, not at the last rename
+    refuse_foreign_entry("gguf", target)  # a damaged entry is rebuilt, a user's folder of that name never replaced
     what = label or path.name
     size_mb = path.stat().st_size / 1e6
     if target.exists():

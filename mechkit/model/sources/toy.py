@@ -32,6 +32,7 @@ from typing import Any
 
 from mechkit.errors import MechkitError
 from mechkit.io import atomic_dir
+from mechkit.io.disk_cache import refuse_foreign_entry
 from mechkit.model.sources.tiny import SPECIAL_TOKENS, VOCAB, byte_tokenizer
 
 FORMAT = 1  # bump when the cache layout or the training code changes meaning
@@ -170,6 +171,7 @@ def toy_model(seed: int = 0, steps: int | None = None):
     steps = DEFAULT_STEPS if steps is None else steps
     target = cache_dir(seed, steps)
     if not (target / "mechkit-toy.json").is_file():
+        refuse_foreign_entry("toy", target)  # a user's folder of that name is never replaced by the training
         print(f"mechkit: training the toy induction model (first use only, ~20 s) into {target}",
               file=sys.stderr, flush=True)
         start = time.perf_counter()

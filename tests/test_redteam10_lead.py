@@ -1,0 +1,61 @@
+"""Issue 32, pass 10's leftovers fixed by the lead: cache entries are mechkit's by their metadata file or by
+holding only model files, never by their name alone.
+
+A ``$MECHKIT_CACHE`` pointed at a project directory may hold a user's ``toy/induction-deadbeef/`` or a
+``gguf/<stem>-<16 hex>/`` folder: `cache clear` deleted it (its name matched), and the toy model's training and
+a GGUF conversion replaced it as a "stale partial entry".
+"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mechkit.errors import MechkitError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _user_folder(path):
+    path.mkdir(parents=True)
+    (path / "notes.txt").write_text("precious")
+    return path / "notes.txt"
+
+
+@pytest.mark.parametrize("group, name", [("toy", "induction-deadbeef"), ("gguf", "my-model-0123456789abcdef")])
+def test_cache_clear_keeps_a_users_folder_that_bears_an_entry_name(cache, group, name):
+    from mechkit.cli.main import cli
+
+    notes = _user_folder(cache / group / name)
+    old_entry = cache / group / (name[:-1] + "0")  # an entry written before the metadata file: model files only
+    old_entry.mkdir()
+    for file in ("config.json", "model.safetensors", "tokenizer.json"):
+        (old_entry / file).write_text("{}")
+    done = CliRunner().invoke(cli, ["cache", "clear", "--all"])
+    assert done.exit_code == 0, done.output
+    assert notes.read_text() == "precious" and not old_entry.exists()
+
+
+def test_training_the_toy_model_never_replaces_a_users_folder_of_its_name(cache):
+    from mechkit.model.sources.toy import cache_dir, toy_model
+
+    notes = _user_folder(cache_dir())
+    with pytest.raises(MechkitError, match="in the way of mechkit's cache entry") as err:
+        toy_model()  # refused before the training
+    assert "\n" not in str(err.value) and "$MECHKIT_CACHE" in err.value.fix
+    assert notes.read_text() == "precious"
+
+
+def test_a_gguf_conversion_never_replaces_a_users_folder_of_its_name(cache, tmp_path):
+    from mechkit.model.sources.gguf import cached_gguf, entry_dir, gguf_sha256
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(200)))
+    notes = _user_folder(entry_dir(gguf, gguf_sha256(gguf)))
+    with pytest.raises(MechkitError, match="in the way of mechkit's cache entry"):
+        cached_gguf(gguf)  # refused before dequantizing (this file would not parse)
+    assert notes.read_text() == "precious"
