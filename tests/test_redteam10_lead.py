@@ -59,3 +59,15 @@ def test_a_gguf_conversion_never_replaces_a_users_folder_of_its_name(cache, tmp_
     with pytest.raises(MechkitError, match="in the way of mechkit's cache entry"):
         cached_gguf(gguf)  # refused before dequantizing (this file would not parse)
     assert notes.read_text() == "precious"
+
+
+def test_replacing_a_run_that_saved_vectors_names_vectors_not_a_model(tmp_path):
+    """select-tasks --force over an icl-vectors run said the folder "holds a model" (pass 10b's note)."""
+    from mechkit.io.replace import refuse_foreign_model, replacing_dir
+
+    out = tmp_path / "D"
+    with replacing_dir(out, writer="icl-vectors") as built:
+        for name in ("report.json", "swap.task-vector.safetensors"):
+            (built / name).write_text("{}")
+    with pytest.raises(MechkitError, match=r"holds saved tensors \(vectors or weights\) that a `icl-vectors` run"):
+        refuse_foreign_model(out, "select-tasks", ["report.json"])

@@ -185,7 +185,7 @@ def saved_model_run(tmp_path_factory):
                                              ("inspect", {}), ("detect", dict(n_seqs=2, seg_len=4))])
 def test_another_plugins_force_never_deletes_a_saved_model(saved_model_run, plugin, options):
     before = {p.name: p.stat().st_mtime_ns for p in saved_model_run.iterdir()}
-    with pytest.raises(mk.MechkitError, match="holds a model a `finetune` run saved") as err:
+    with pytest.raises(mk.MechkitError, match="holds a model that a `finetune` run wrote") as err:
         mk.run(plugin, model="tiny:llama", out=str(saved_model_run), force=True, device="cpu", **options)
     assert "\n" not in str(err.value) and "another --out" in str(err.value)
     assert {p.name: p.stat().st_mtime_ns for p in saved_model_run.iterdir()} == before

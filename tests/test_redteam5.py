@@ -61,7 +61,7 @@ def test_taskvec_apply_force_never_replaces_a_model_another_run_saved(runs, targ
     r = cli_in_process("taskvec", "apply", "--base", "tiny:llama", "-v", f"a={runs / 'v.safetensors'}",
                        "--expr", "a", "--out", str(out), "--force")
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert f"holds a model a `{wrote}` run saved" in r.stderr and "another --out" in r.stderr
+    assert f"holds a model that a `{wrote}` run wrote" in r.stderr and "another --out" in r.stderr
     assert _state(out) == before
 
 
@@ -78,7 +78,7 @@ def test_taskvec_apply_force_still_replaces_its_own_directory(runs):
 def test_a_plugin_force_never_replaces_a_taskvec_apply_model(runs):
     out = runs / "merged"
     before = _state(out)
-    with pytest.raises(mk.MechkitError, match="holds a model a `taskvec apply` run saved"):
+    with pytest.raises(mk.MechkitError, match="holds a model that a `taskvec apply` run wrote"):
         mk.run("inspect", model="tiny:llama", out=str(out), force=True, device="cpu")
     assert _state(out) == before
 
@@ -106,9 +106,9 @@ def test_the_api_writers_obey_the_same_rule(runs, tmp_path):
 
     handle = mk.load_model("tiny:llama", device="cpu")
     before = _state(runs / "ft")
-    with pytest.raises(mk.MechkitError, match="`finetune` run saved"):
+    with pytest.raises(mk.MechkitError, match="`finetune` run wrote"):
         save_merged(handle, TaskVector.load(runs / "v.safetensors"), runs / "ft", force=True)
-    with pytest.raises(mk.MechkitError, match="`finetune` run saved"):
+    with pytest.raises(mk.MechkitError, match="`finetune` run wrote"):
         save_pruned(prune_copy(handle, UnitsToRemove(heads={0: [0, 1]})), runs / "ft", force=True)
     assert _state(runs / "ft") == before
     assert mk.load_model("tiny:llama", device="cpu")(torch.tensor([[1, 2]])).equal(handle(torch.tensor([[1, 2]])))

@@ -112,9 +112,10 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
     saved = _models(out, owned)
     wrote = set_writer(out)
     if saved and wrote != writer:
-        raise MechkitError(f"--out {out} holds a model a `{wrote or 'mechkit'}` run saved ({', '.join(saved[:3])}), "
+        what = "a model" if any(not n.endswith(".safetensors") for n in saved) else "saved tensors (vectors or weights)"
+        raise MechkitError(f"--out {out} holds {what} that a `{wrote or 'mechkit'}` run wrote ({', '.join(saved[:3])}), "
                            f"and {writer}'s --force would delete it",
-                           "choose another --out, or remove that model yourself first")
+                           "choose another --out, or remove those files yourself first")
 
 
 def refuse_foreign_file(path: str | os.PathLike[str], writer: str) -> None:
