@@ -95,8 +95,7 @@ class ComposePlugin(Plugin):
 
     @classmethod
     def check_options(cls, parsed: dict) -> None:
-        """An option of a part --parts leaves out (or of a treatment, or a method, not chosen) is refused: it was
-        silently ignored, and the report read as if it had been applied."""
+        """Refuse an option of a part, treatment or method not run: it was silently ignored (the report read as if applied)."""
         parts, parts_flag = set(parsed["parts"]), "--parts " + ",".join(parsed["parts"])
         if not parts & {"study", "steps"}:
             refuse_ignored(cls, parsed, ("n", "seeds", "word_match", "models"), f"counts in the study and steps parts, "

@@ -76,22 +76,11 @@ class IclVectorsPlugin(Plugin):
             return
         from mechkit.actvec import ActivationVector
         from mechkit.errors import MechkitError
-        from mechkit.tasks import parse_tasks
 
-        try:
-            vector = ActivationVector.load(parsed["load_vector"])  # its metadata, checked, before the model loads
-            own = parse_tasks(vector.task)
+        try:  # its metadata, checked, before the model loads
+            ActivationVector.load(parsed["load_vector"]).refuse_other_use(parsed["tasks"], parsed["method"])
         except MechkitError as err:
             raise OptionError(err.problem, err.fix) from None
-        if parsed["tasks"] is not None and list(parsed["tasks"]) != own:
-            raise OptionError(f"--tasks {','.join(parsed['tasks'])}: the loaded vector is {','.join(own)}'s, and it "
-                              "would be reported and saved as the vector of the tasks given",
-                              f"drop --tasks (the vector's task is used), or extract a vector for those tasks with "
-                              f"`mechkit icl-vectors --tasks {','.join(parsed['tasks'])}`")
-        if parsed["method"] not in ("both", vector.method):
-            raise OptionError(f"--method {parsed['method']}: the loaded vector is a {vector.method}, and it is "
-                              "evaluated as what it is", "drop --method, or load a "
-                              f"{parsed['method']} saved by icl-vectors")
         refuse_ignored(cls, parsed, ("top_k", "fv_scales", "spans", "n_contexts", "n_cie", "n_dev"),
                        "chooses how a vector is extracted and placed, and --load-vector evaluates the saved one as "
                        "it is", "drop it, or drop --load-vector to extract a vector with it")

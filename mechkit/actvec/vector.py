@@ -186,6 +186,21 @@ class ActivationVector:
                                    "extract it again on this model with `mechkit icl-vectors`")
         return vec
 
+    def refuse_other_use(self, tasks: list[str] | None, method: str) -> None:
+        """One line where this loaded vector is asked to stand for other tasks or another method: it was
+        evaluated on the tasks given and saved as their vector, or silently evaluated as what it is."""
+        from mechkit.tasks import parse_tasks
+
+        own = parse_tasks(self.task)
+        if tasks is not None and list(tasks) != own:
+            raise MechkitError(f"--tasks {','.join(tasks)}: the loaded vector is {','.join(own)}'s, and it would be "
+                               "reported and saved as the vector of the tasks given",
+                               "drop --tasks (the vector's task is used), or extract a vector for those tasks with "
+                               f"`mechkit icl-vectors --tasks {','.join(tasks)}`")
+        if method not in ("both", self.method):
+            raise MechkitError(f"--method {method}: the loaded vector is a {self.method}, and it is evaluated as what "
+                               "it is", f"drop --method, or load a {method} saved by icl-vectors")
+
     def check(self, handle: ModelHandle) -> None:
         """Raise :class:`MechkitError` unless this vector can be applied to ``handle``'s model."""
         n_layers = handle.anatomy.n_layers
