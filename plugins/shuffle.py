@@ -12,6 +12,7 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 from __future__ import annotations
 
 from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList
+from mechkit.options.unused import refuse_head_options, refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 NAMES = ("clean", "target", "outside", "random")
@@ -46,6 +47,16 @@ class ShufflePlugin(Plugin):
                parse=ExistingPath("detect report (a run directory or its report.json)")),
         Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
     )
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        """Options never read, refused (they were silently ignored): --top-k where every head is named, --from
+        where no head is ranked by a score, and the prompt options under --tasks '' (no task is scored). --n-seqs
+        and --seg-len also set the held-out loss, so they always count."""
+        refuse_head_options(cls, parsed, ("top_k",), ())
+        if not parsed["tasks"]:
+            refuse_ignored(cls, parsed, ("n", "shots", "setting"), "sets the task prompts, and --tasks '' scores "
+                           "no task", "drop it, or name tasks to score (--tasks capitalize)")
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import check_shuffle_heads, shuffle_conditions

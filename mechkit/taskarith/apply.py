@@ -44,6 +44,7 @@ from mechkit.model.names import checkpoint_renamer
 from mechkit.model.placement.stored import StateView, state_items
 from mechkit.taskarith.checks import (
     architecture,
+    architecture_mismatch,
     base_label,
     base_mismatch,
     finite_number,
@@ -104,11 +105,13 @@ class TaskArithmetic:
         if self.allow_other_base or not base:
             return
         reason = base_mismatch(base, self._model_base())
-        if reason is not None:
+        if reason is not None:  # another architecture's tensors never fit: allow_other_base would not help
+            fix = ("apply it to the base it was extracted from (its architecture's tensors differ from this "
+                   "model's)" if architecture_mismatch(base, self._model_base()) else
+                   "apply it to the base it was extracted from, or pass --allow-other-base "
+                   "(allow_other_base=True) to apply it anyway")
             raise MechkitError(f"{tv.describe()} was extracted from {base_label(base)}, not from this model "
-                               f"{base_label(self._model_base())} ({reason})",
-                               "apply it to the base it was extracted from, or pass --allow-other-base "
-                               "(allow_other_base=True) to apply it anyway")
+                               f"{base_label(self._model_base())} ({reason})", fix)
 
     def _name(self, name: str) -> str:
         """The module parameter a vector's tensor name means (checkpoint names such as GPT-NeoX's
