@@ -88,26 +88,26 @@ def test_a_singular_covariance_never_suggests_the_estimator_that_failed():
     assert mahalanobis2(points, points.mean(0) * 0, "oas") > 0  # the fix named works
 
 
-def test_a_vector_of_another_architecture_is_not_offered_allow_other_base(llama):
+def test_allow_other_base_is_offered_only_where_the_vector_fits_the_model(llama):
     base = model_base(llama)
     pruned = {**base, "sha256": "0" * 64,
               "architecture": {**base["architecture"], "pruning": {"n_layers": 2, "head_keep": {"0": [0, 3]}}}}
     assert architecture_mismatch(pruned, base) == "one is a pruned model, the other is not"
     name = "model.layers.0.self_attn.o_proj.weight"
     vector = TaskVector({name: torch.zeros(64, 32)}, {"tasks": ["capitalize"], "base": pruned})
-    with pytest.raises(MechkitError) as err:  # "pass --allow-other-base", which then failed on the shapes
-        with apply(llama, vector):
-            pass
-    assert "allow-other-base" not in err.value.fix and "architecture" in err.value.fix
+    with pytest.raises(MechkitError) as err, apply(llama, vector):  # "pass --allow-other-base": then a shape error
+        pass
+    assert "allow-other-base" not in err.value.fix and "cannot take it" in err.value.fix
     other = {**base, "sha256": "0" * 64}  # same architecture, other weights: there the option does apply
     assert architecture_mismatch(other, base) is None and base_mismatch(other, base).startswith("the weights differ")
-    same_shape = TaskVector({name: torch.zeros_like(llama.model.state_dict()[name])},
-                            {"tasks": ["capitalize"], "base": other})
-    with pytest.raises(MechkitError) as err:
-        with apply(llama, same_shape):
+    qwen = {**other, "architecture": {**base["architecture"], "model_type": "qwen2"}}  # its names and shapes fit
+    for recorded in (other, qwen):
+        fits = TaskVector({name: torch.zeros_like(llama.model.state_dict()[name])}, {"base": recorded})
+        with pytest.raises(MechkitError) as err, apply(llama, fits):  # the option is the right fix
             pass
-    assert "--allow-other-base" in err.value.fix
-
+        assert "--allow-other-base" in err.value.fix
+        with apply(llama, fits, allow_other_base=True):  # and following it works
+            pass
 
 # ---- class 7: a plugin that fails after changing the model says so ------------------------------------------
 
