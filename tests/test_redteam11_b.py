@@ -57,6 +57,10 @@ def llama():
     ("adapt", {"margin": 0.05, "debias": False}, "--debias calibrates the margin"),
     ("adapt", {"protect_top_k": 3}, "--protect-top-k keeps the blocks of induction heads"),
     ("adapt", {"prune_budgets": "", "prune_reconstruct": "none"}, "--prune-reconstruct sets the static pruning"),
+    # compose --parts steps --shots 0,2 measured K = 2 alone, and its report listed the grid [0, 2]
+    ("compose", {"parts": "steps", "shots": "0,2"}, "--shots is a grid of the study part"),
+    ("compose", {"parts": "components", "shots": "0,5"}, "--shots is a grid of the study part"),
+    ("compose", {"parts": "components", "shots": "5", "effect_shots": 2}, "--effect-shots gives the only K"),
 ])
 def test_an_option_the_run_would_not_read_is_refused_before_the_model_loads(plugin, options, said):
     with pytest.raises(OptionError, match=said):
@@ -71,6 +75,9 @@ def test_an_option_the_run_would_not_read_is_refused_before_the_model_loads(plug
     ("prune", {"budget": 0.8, "guide_text_weight": 0.1}),  # the default guides' first (attribution) reads it
     ("adapt", {"margin": 0.05, "margin_plans": 10}),
     ("select-tasks", {"target": "capitalize", "validate": True, "steps": 5}),
+    ("compose", {"parts": "steps", "shots": "5"}),
+    ("compose", {"parts": "study", "shots": "0,2"}),
+    ("compose", {"parts": "steps,components", "shots": "5", "effect_shots": 2}),
 ])
 def test_an_option_the_run_reads_is_still_accepted(plugin, options):
     with pytest.raises(MechkitError) as err:  # only the (absent) model stops it: the options passed
