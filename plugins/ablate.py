@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mechkit.options import DEFAULT_TASKS, EXECUTION, ExistingPath, HeadSpec, NumberList, TaskList
-from mechkit.options.unused import refuse_head_options, refuse_ignored
+from mechkit.options import DEFAULT_TASKS, EXECUTION, ExistingPath, HeadSpec, NumberList, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 if TYPE_CHECKING:
@@ -49,17 +48,7 @@ class AblatePlugin(Plugin):
 
     @classmethod
     def check_options(cls, parsed: dict) -> None:
-        """Options the heads asked for never read, refused (they were silently ignored: ``--heads 0.1 --sweep 2,3``
-        ablated the one head named and reported k=1 only): --top-k and --sweep where every head is named, --top-k
-        beside --sweep, --from and the scoring options where no head is ranked by a score, --n-seqs and
-        --seg-len where the scores come from --from's report, --baseline-seeds under --baseline none."""
-        refuse_head_options(cls, parsed, ("top_k", "sweep"), ("n_seqs", "seg_len"))
-        if parsed["sweep"] is not None:
-            refuse_ignored(cls, parsed, ("top_k",), "sets the one k of a run, and --sweep gives the ks",
-                           "drop --top-k, or drop --sweep")
-        if parsed["baseline"] == "none":
-            refuse_ignored(cls, parsed, ("baseline_seeds",), "counts the random-head draws, and --baseline none "
-                           "draws none", "drop --baseline-seeds, or drop --baseline none")
+        unread.ablate(cls, parsed)  # the head, sweep and baseline options the run would not read
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import ablation_conditions, ablation_units

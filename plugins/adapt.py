@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, OrAuto, TargetList, TaskList
+from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, OrAuto, TargetList, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SAME_NAMES = ("guide", "n", "shots", "signal_layer", "protect_top_k", "repeats", "timing_prompts", "margin", "min_cv",
@@ -129,7 +129,7 @@ class AdaptPlugin(Plugin):
         if missing:  # pruning is compared with the scheduler at the same budget: it must run there too
             raise OptionError(f"--prune-budgets {','.join(f'{b:g}' for b in missing)} not among --budgets",
                               "add them to --budgets or drop them from --prune-budgets")
-        refuse_unread(cls, parsed)
+        unread.adapt(cls, parsed)
 
     @classmethod
     def tables(cls, results: dict) -> list:
@@ -186,21 +186,3 @@ class AdaptPlugin(Plugin):
                         f"{num(cost['validation']['mean_abs_error'], '.3f')}, max "
                         f"{num(cost['validation']['max_abs_error'], '.3f')}; noise {num(noise, '.3f')}")),
         ]
-
-
-def refuse_unread(cls: type[Plugin], parsed: dict) -> None:
-    """Options the run would not read, refused (they were silently ignored, and --adherence was reported as the
-    target of a margin given by hand): the margin calibration's under --margin, --protect-top-k outside the
-    induction guide, and the static pruning's under --prune-budgets ''."""
-    from mechkit.options.unused import refuse_ignored
-
-    if parsed["margin"] is not None:
-        refuse_ignored(cls, parsed, ("adherence", "margin_prompts", "margin_plans", "debias"), "calibrates the "
-                       "margin, and --margin gives it by hand", "drop it, or drop --margin to calibrate the margin")
-    if parsed["guide"] != "induction":
-        refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps the blocks of induction heads under --guide "
-                       f"induction, and --guide is {parsed['guide']}", "drop --protect-top-k, or pass --guide induction")
-    if not parsed["prune_budgets"]:
-        refuse_ignored(cls, parsed, ("prune_targets", "prune_reconstruct"), "sets the static pruning compared, "
-                       "and --prune-budgets '' runs none", "drop it, or give --prune-budgets (e.g. 0.7)")
-

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mechkit.options import Choices, NumberList, TaskList
+from mechkit.options import Choices, NumberList, TaskList, unread
 from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
@@ -112,7 +112,7 @@ class ComposePlugin(Plugin):
         elif parsed["treatment"] == "scale":
             refuse_ignored(cls, parsed, ("n_contexts",), "counts for the vector treatment only, and --treatment is "
                            "scale", "drop --n-contexts, or pass --treatment vector (or both)")
-        refuse_unread_shots(cls, parsed, parts)
+        unread.compose_shots(cls, parsed, parts)
         if parsed["method"] == "exact":
             refuse_ignored(cls, parsed, ("verify",), "checks attribution estimates by exact ablation, and --method "
                            "exact computes every effect exactly", "drop --verify, or pass --method attribution")
@@ -198,19 +198,3 @@ class ComposePlugin(Plugin):
                              "accuracy)", ["composite (treatment)", "clean", "selected heads", "strength",
                                            "random heads", "Δ log-prob selected", "Δ log-prob random"], rows))
         return out
-
-
-def refuse_unread_shots(cls: type[Plugin], parsed: dict, parts: set[str]) -> None:
-    """A --shots grid the parts read only in part, refused: ``--parts steps --shots 0,2`` measured K = 2 alone while
-    the report listed the grid [0, 2], and the components and strengthening read only the grid's largest K, none
-    of it beside --effect-shots."""
-    if "study" in parts:
-        return
-    if len(parsed["shots"]) > 1 and ("steps" in parts or parsed["effect_shots"] is None):
-        refuse_ignored(cls, parsed, ("shots",), "is a grid of the study part, and --parts without study reads "
-                       "its largest K alone", f"pass that K alone (--shots {max(parsed['shots'])}), or add study to "
-                       "--parts")
-    if "steps" not in parts and parsed["effect_shots"] is not None:
-        refuse_ignored(cls, parsed, ("shots",), "sets the study's and steps' K, and --effect-shots gives the only K "
-                       "these parts read", "drop --shots")
-

@@ -26,7 +26,7 @@ accuracy-vs-speedup figure.
 
 from __future__ import annotations
 
-from mechkit.options import DEFAULT_TASKS, EXECUTION, GuideList, SparsityLevels, TargetList, TaskList
+from mechkit.options import DEFAULT_TASKS, EXECUTION, GuideList, SparsityLevels, TargetList, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SAME_NAMES = ("n", "shots", "allocation", "gqa", "reconstruct", "sequential", "ridge", "guide_text_weight",
@@ -155,7 +155,7 @@ class PrunePlugin(Plugin):
         if parsed["budget"] is None and parsed["budget_unit"] is not None:
             raise OptionError(f"--budget-unit {parsed['budget_unit']} without --budget limits nothing",
                               "add --budget (a fraction of the dense cost), or drop --budget-unit")
-        refuse_unread(cls, parsed)
+        unread.prune(cls, parsed)
 
     @classmethod
     def writes(cls, params: dict) -> tuple[str, ...]:
@@ -194,31 +194,3 @@ def _level(sparsity: dict) -> str:  # as mechkit.pruning.findings.level_text: th
 
 def _num(v: float | None, fmt: str = ".2f") -> str:
     return "—" if v is None else format(v, fmt)
-
-
-STATIC_GUIDES = ("random", "magnitude", "wanda", "flap")  # scored from weights and activations, no gradient
-
-
-def refuse_unread(cls: type[Plugin], parsed: dict) -> None:
-    """Options of a reconstruction or guide the run does not use, refused (they were silently ignored): --ridge
-    and --sequential outside --reconstruct lsq, --protect-top-k without an induction or combined guide,
-    --guide-text-weight where every guide is static (random, magnitude, wanda, flap: no gradient scores), and
-    guides past the first under --budget (its search follows one guide's order)."""
-    from mechkit.options.unused import refuse_ignored
-
-    if parsed["reconstruct"] != "lsq":
-        refuse_ignored(cls, parsed, ("ridge", "sequential"), f"sets the least-squares refit, and --reconstruct "
-                       f"{parsed['reconstruct']} refits nothing", "drop it, or pass --reconstruct lsq")
-    guides = [g.partition("@")[0] for g in parsed["guide"]]
-    if parsed["budget"] is not None:  # the search follows one guide's order: the first
-        if len(guides) > 1:
-            refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
-                           "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
-        guides = guides[:1]
-    if not {"induction", "combined"} & set(guides):
-        refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
-                       f"and the run's guides ({','.join(guides)}) hold neither", "drop --protect-top-k, or add --guide induction")
-    if all(g in STATIC_GUIDES for g in guides):
-        refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's "
-                       f"guides ({','.join(guides)}) compute none", "drop --guide-text-weight, or add --guide attribution")
-

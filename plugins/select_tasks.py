@@ -13,12 +13,8 @@ coverage under every representation. The fine-tunes are units of ``--executor``.
 
 from __future__ import annotations
 
-from mechkit.options import EXECUTION, NumberList, Option, OptionError, TaskList
-from mechkit.options.unused import refuse_ignored
+from mechkit.options import EXECUTION, NumberList, Option, OptionError, TaskList, unread
 from mechkit.plugin import Plugin, Result, RunContext
-
-VALIDATE_ONLY = ("seeds", "steps", "budget", "batch_size", "lr", "eval_n", "eval_shots", "draws", "no_div_size",
-                 "transfer_seeds")  # read by the --validate fine-tunes alone
 
 SEEDS = NumberList(int, min=0, example="0,1,2")
 
@@ -83,9 +79,7 @@ class SelectTasksPlugin(Plugin):
             raise OptionError(f"{name} counts only under --representation lora-grad"
                               f"{'' if name == '--grad-blocks' else ' or --validate'}",
                               f"pass --representation lora-grad, or leave {name} out")
-        if not parsed["validate"]:  # the fine-tunes' options, silently ignored without it
-            refuse_ignored(cls, parsed, VALIDATE_ONLY, "sets the validation fine-tunes, which run only with "
-                           "--validate", "drop it, or pass --validate")
+        unread.select_tasks(cls, parsed)  # the fine-tunes' options, silently ignored without --validate
         if parsed["validate"] and parsed["budget"] < max(len(p) for p in pools):
             raise OptionError(f"--budget {parsed['budget']} gives some candidate no training example in All "
                               f"({max(len(p) for p in pools)} candidates)", "raise --budget")

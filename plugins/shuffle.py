@@ -11,8 +11,7 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 
 from __future__ import annotations
 
-from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList
-from mechkit.options.unused import refuse_head_options, refuse_ignored
+from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 NAMES = ("clean", "target", "outside", "random")
@@ -50,13 +49,7 @@ class ShufflePlugin(Plugin):
 
     @classmethod
     def check_options(cls, parsed: dict) -> None:
-        """Options never read, refused (they were silently ignored): --top-k where every head is named, --from
-        where no head is ranked by a score, and the prompt options under --tasks '' (no task is scored). --n-seqs
-        and --seg-len also set the held-out loss, so they always count."""
-        refuse_head_options(cls, parsed, ("top_k",), ())
-        if not parsed["tasks"]:
-            refuse_ignored(cls, parsed, ("n", "shots", "setting"), "sets the task prompts, and --tasks '' scores "
-                           "no task", "drop it, or name tasks to score (--tasks capitalize)")
+        unread.shuffle(cls, parsed)  # the head and prompt options the run would not read
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import check_shuffle_heads, shuffle_conditions
