@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import random
 import shutil
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mechkit.errors import MechkitError, PluginError
+from mechkit.errors import MechkitError, PluginError, first_line
 from mechkit.executors import check_execution
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
@@ -185,7 +186,7 @@ def library_versions() -> dict[str, str]:
     adapt): a rerun after an upgrade computes differently from the steps a killed run kept."""
     from importlib import metadata
 
-    versions = {}
+    versions = {"python": platform.python_version()}  # its random module and its pydoc_data text (prune's calibration)
     for name in ("torch", "transformers", "accelerate", "numpy", "tokenizers", "peft", "scikit-learn"):
         try:
             versions[name] = metadata.version(name)
@@ -377,7 +378,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
-        result = check_result(cls, _call(cls, ctx, handle, console))
+        with _said_if_changed(cls, handle, before, sums, state):
+            result = check_result(cls, _call(cls, ctx, handle, console))
         run_s = time.perf_counter() - t1
         _check_unchanged(cls, handle, before, sums, state)
         report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
@@ -449,6 +451,23 @@ def check_pruned(cls: type[Plugin], handle) -> None:
                      "run it on the dense model, or use `mechkit inspect` on the pruned one"))
     words = [PRUNED_WORDS.get(kind, kind) for kind in missing if not (kind == "heads" and "uneven-heads" in missing)]
     raise PluginError(f"{cls.name} cannot run on a model with pruned {', '.join(words)}: {why}", fix)
+
+
+@contextlib.contextmanager
+def _said_if_changed(cls: type[Plugin], handle, before, sums: dict[str, int] | None, state: dict | None) -> Iterator[None]:
+    """A plugin that failed (a MechkitError, a bug) after changing the model without undoing it: the error said
+    only why it failed, and the caller's in-memory handle stayed changed unsaid (``mk.run(plugin, model=h)``).
+    The unchanged check runs on the way out too, and its finding is added to the error (the cause chained)."""
+    try:
+        yield
+    except Exception as err:
+        try:
+            _check_unchanged(cls, handle, before, sums, state)
+        except PluginError as changed:
+            raise PluginError(f"{changed.problem}, after it failed: {first_line(err)}", changed.fix) from err
+        except Exception:  # the model cannot even be probed now: the plugin's own error says more
+            pass
+        raise
 
 
 def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None, state: dict | None = None) -> None:

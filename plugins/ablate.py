@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mechkit.options import DEFAULT_TASKS, EXECUTION, ExistingPath, HeadSpec, NumberList, TaskList
+from mechkit.options import DEFAULT_TASKS, EXECUTION, ExistingPath, HeadSpec, NumberList, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 if TYPE_CHECKING:
@@ -45,6 +45,10 @@ class AblatePlugin(Plugin):
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
         *EXECUTION,  # the conditions (clean, target, each random draw at each k) can run on Ray workers
     )
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        unread.ablate(cls, parsed)  # the head, sweep and baseline options the run would not read
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import ablation_conditions, ablation_units
@@ -198,3 +202,4 @@ def finding(results: dict, selection: HeadSelection | None = None) -> str:
     if len(results["ks"]) > 1:
         text += f" (k={k}, the largest of k = {', '.join(map(str, results['ks']))})"
     return text + "."
+

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, OrAuto, TargetList, TaskList
+from mechkit.options import DEFAULT_TASKS, NumberList, OptionError, OrAuto, TargetList, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SAME_NAMES = ("guide", "n", "shots", "signal_layer", "protect_top_k", "repeats", "timing_prompts", "margin", "min_cv",
@@ -129,6 +129,7 @@ class AdaptPlugin(Plugin):
         if missing:  # pruning is compared with the scheduler at the same budget: it must run there too
             raise OptionError(f"--prune-budgets {','.join(f'{b:g}' for b in missing)} not among --budgets",
                               "add them to --budgets or drop them from --prune-budgets")
+        unread.adapt(cls, parsed)
 
     @classmethod
     def tables(cls, results: dict) -> list:
@@ -185,4 +186,3 @@ class AdaptPlugin(Plugin):
                         f"{num(cost['validation']['mean_abs_error'], '.3f')}, max "
                         f"{num(cost['validation']['max_abs_error'], '.3f')}; noise {num(noise, '.3f')}")),
         ]
-

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mechkit.options import Choices, NumberList, TaskList
+from mechkit.options import Choices, NumberList, TaskList, unread
 from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
@@ -112,6 +112,7 @@ class ComposePlugin(Plugin):
         elif parsed["treatment"] == "scale":
             refuse_ignored(cls, parsed, ("n_contexts",), "counts for the vector treatment only, and --treatment is "
                            "scale", "drop --n-contexts, or pass --treatment vector (or both)")
+        unread.compose_shots(cls, parsed, parts)
         if parsed["method"] == "exact":
             refuse_ignored(cls, parsed, ("verify",), "checks attribution estimates by exact ablation, and --method "
                            "exact computes every effect exactly", "drop --verify, or pass --method attribution")
@@ -197,4 +198,3 @@ class ComposePlugin(Plugin):
                              "accuracy)", ["composite (treatment)", "clean", "selected heads", "strength",
                                            "random heads", "Δ log-prob selected", "Δ log-prob random"], rows))
         return out
-

@@ -26,7 +26,7 @@ accuracy-vs-speedup figure.
 
 from __future__ import annotations
 
-from mechkit.options import DEFAULT_TASKS, EXECUTION, GuideList, SparsityLevels, TargetList, TaskList
+from mechkit.options import DEFAULT_TASKS, EXECUTION, GuideList, SparsityLevels, TargetList, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SAME_NAMES = ("n", "shots", "allocation", "gqa", "reconstruct", "sequential", "ridge", "guide_text_weight",
@@ -145,7 +145,8 @@ class PrunePlugin(Plugin):
 
     @classmethod
     def check_options(cls, parsed: dict) -> None:
-        """--budget searches the sparsity: a --sparsity beside it, or a --budget-unit without it, would be ignored."""
+        """--budget searches the sparsity: a --sparsity beside it, or a --budget-unit without it, would be ignored;
+        so would the options of a reconstruction or guide not run (:func:`refuse_unread`)."""
         from mechkit.options import OptionError
 
         if parsed["budget"] is not None and parsed["sparsity"] is not None:
@@ -154,6 +155,7 @@ class PrunePlugin(Plugin):
         if parsed["budget"] is None and parsed["budget_unit"] is not None:
             raise OptionError(f"--budget-unit {parsed['budget_unit']} without --budget limits nothing",
                               "add --budget (a fraction of the dense cost), or drop --budget-unit")
+        unread.prune(cls, parsed)
 
     @classmethod
     def writes(cls, params: dict) -> tuple[str, ...]:

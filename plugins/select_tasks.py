@@ -13,7 +13,7 @@ coverage under every representation. The fine-tunes are units of ``--executor``.
 
 from __future__ import annotations
 
-from mechkit.options import EXECUTION, NumberList, Option, OptionError, TaskList
+from mechkit.options import EXECUTION, NumberList, Option, OptionError, TaskList, unread
 from mechkit.plugin import Plugin, Result, RunContext
 
 SEEDS = NumberList(int, min=0, example="0,1,2")
@@ -79,6 +79,7 @@ class SelectTasksPlugin(Plugin):
             raise OptionError(f"{name} counts only under --representation lora-grad"
                               f"{'' if name == '--grad-blocks' else ' or --validate'}",
                               f"pass --representation lora-grad, or leave {name} out")
+        unread.select_tasks(cls, parsed)  # the fine-tunes' options, silently ignored without --validate
         if parsed["validate"] and parsed["budget"] < max(len(p) for p in pools):
             raise OptionError(f"--budget {parsed['budget']} gives some candidate no training example in All "
                               f"({max(len(p) for p in pools)} candidates)", "raise --budget")

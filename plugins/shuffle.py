@@ -11,7 +11,7 @@ permuted among themselves; ``outside`` — each selected head given a random oth
 
 from __future__ import annotations
 
-from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList
+from mechkit.options import DEFAULT_TASKS, ExistingPath, HeadSpec, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 NAMES = ("clean", "target", "outside", "random")
@@ -46,6 +46,10 @@ class ShufflePlugin(Plugin):
                parse=ExistingPath("detect report (a run directory or its report.json)")),
         Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
     )
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        unread.shuffle(cls, parsed)  # the head and prompt options the run would not read
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import check_shuffle_heads, shuffle_conditions

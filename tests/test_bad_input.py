@@ -516,7 +516,7 @@ def test_ablate_counts_the_heads_an_explicit_spec_names(tmp_path, monkeypatch):
     import mechkit as mk
 
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-    run = mk.run("ablate", model="tiny:llama", heads="0.0,0.0,1.1", tasks="capitalize", n=2, shots=1, top_k=10,
+    run = mk.run("ablate", model="tiny:llama", heads="0.0,0.0,1.1", tasks="capitalize", n=2, shots=1,
                  baseline_seeds=1, write=False)
     assert {c["name"]: c["k"] for c in run.results["conditions"]} == {"clean": None, "target": 2, "random": 2}
 

@@ -30,7 +30,7 @@ TINY = "tiny:llama"
 OPTIONS = {
     "inspect": dict(seq_len=16, repeats=1, batch=1),
     "detect": dict(n_seqs=4, seg_len=6, top_k=3),
-    "ablate": dict(tasks="capitalize,swap", n=3, shots=2, top_k=2, baseline_seeds=2, sweep="1,2", n_seqs=4,
+    "ablate": dict(tasks="capitalize,swap", n=3, shots=2, baseline_seeds=2, sweep="1,2", n_seqs=4,
                    seg_len=6),
     "shuffle": dict(heads="0.0,0.1,1.2", tasks="swap", n=3, shots=2, seeds=2, n_seqs=4, seg_len=6),
     "sweep": dict(tasks="swap", n=4, shots=2, method="both"),

@@ -42,3 +42,21 @@ def refuse_ignored(cls: Any, parsed: dict[str, Any], names: Iterable[str], why: 
     for name in names:
         if given(cls, parsed, name):
             raise OptionError(f"{flags[name]} {why}, so it would be ignored", fix or f"drop {flags[name]}")
+
+
+def refuse_head_options(cls: Any, parsed: dict[str, Any], ranked_only: Iterable[str], scoring: Iterable[str]) -> None:
+    """The head options ``parsed["heads"]`` (a parsed ``--heads``) does not read, refused: ``ranked_only``
+    (--top-k, --sweep) where every head is named, --from and ``scoring`` (the options that score heads here)
+    where no head is ranked by a score, and ``scoring`` where --from's report gives the scores."""
+    selection = parsed["heads"]
+    spec = f"--heads {selection}"
+    if not selection.ranked:
+        refuse_ignored(cls, parsed, ranked_only, f"picks among ranked or random heads, and {spec} names each head",
+                       "drop it, or ask for ranked heads (--heads induction, --heads random)")
+    if not selection.needs_scores:
+        refuse_ignored(cls, parsed, ("from_report", *scoring), f"scores heads to rank them, and {spec} ranks none "
+                       "by a score", "drop it, or ask for score-ranked heads (--heads induction)")
+    elif parsed["from_report"] is not None:
+        refuse_ignored(cls, parsed, scoring, "sets how heads are scored here, and --from reads the scores of the "
+                       "detect report", "drop it, or drop --from to score the heads now")
+

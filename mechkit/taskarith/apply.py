@@ -104,11 +104,25 @@ class TaskArithmetic:
         if self.allow_other_base or not base:
             return
         reason = base_mismatch(base, self._model_base())
-        if reason is not None:
+        if reason is not None:  # tensors this model cannot take: allow_other_base would fail on them next
+            misfit = self._misfit(tv)
+            fix = (f"apply it to the base it was extracted from (this model cannot take it: {misfit})" if misfit else
+                   "apply it to the base it was extracted from, or pass --allow-other-base "
+                   "(allow_other_base=True) to apply it anyway")
             raise MechkitError(f"{tv.describe()} was extracted from {base_label(base)}, not from this model "
-                               f"{base_label(self._model_base())} ({reason})",
-                               "apply it to the base it was extracted from, or pass --allow-other-base "
-                               "(allow_other_base=True) to apply it anyway")
+                               f"{base_label(self._model_base())} ({reason})", fix)
+
+    def _misfit(self, tv: TaskVector) -> str | None:
+        """The first tensor of ``tv`` this model cannot take (a name it lacks, another shape), or None: what
+        decides whether ``allow_other_base`` can help (tiny:llama's vectors fit tiny:qwen2; a pruned model's
+        never fit the dense one)."""
+        for name, delta in tv.deltas.items():
+            param = self._params.get(name if name in self._params else self._rename(name))
+            if param is None:
+                return f"it has no parameter {name}"
+            if delta.shape[0] > param.shape[0] or delta.shape[1:] != param.shape[1:]:
+                return f"{name} is {tuple(param.shape)} here, {tuple(delta.shape)} in the vector"
+        return None
 
     def _name(self, name: str) -> str:
         """The module parameter a vector's tensor name means (checkpoint names such as GPT-NeoX's

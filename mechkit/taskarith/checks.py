@@ -90,6 +90,19 @@ def base_label(base: Mapping) -> str:
     return f"{name} ({', '.join(details)})" if details else str(name)
 
 
+def architecture_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
+    """Why two recorded bases have other architectures (a field both record differs, or they are pruned
+    differently), or None: their tensors then differ in names or shapes, so a vector of one can never be
+    applied to the other, not even with ``allow_other_base``."""
+    arch_a, arch_b = (a or {}).get("architecture"), (b or {}).get("architecture")
+    if not isinstance(arch_a, Mapping) or not isinstance(arch_b, Mapping):
+        return None
+    for key in ARCH_KEYS:
+        if key in arch_a and key in arch_b and arch_a[key] != arch_b[key]:
+            return f"{key} {arch_a[key]} vs {arch_b[key]}"
+    return _pruning_differs(arch_a, arch_b)
+
+
 def base_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
     """Why two recorded bases are different models, or None when they agree or cannot be told apart.
 
@@ -98,14 +111,9 @@ def base_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
     """
     if not a or not b:
         return None
-    arch_a, arch_b = a.get("architecture"), b.get("architecture")
-    if isinstance(arch_a, Mapping) and isinstance(arch_b, Mapping):
-        for key in ARCH_KEYS:
-            if key in arch_a and key in arch_b and arch_a[key] != arch_b[key]:
-                return f"{key} {arch_a[key]} vs {arch_b[key]}"
-        pruning = _pruning_differs(arch_a, arch_b)
-        if pruning:
-            return pruning
+    other = architecture_mismatch(a, b)
+    if other is not None:
+        return other
     sha_a, sha_b = a.get("sha256"), b.get("sha256")
     same_dtype = (a.get("dtype") or DEFAULT_DTYPE) == (b.get("dtype") or DEFAULT_DTYPE)
     if sha_a and sha_b and same_dtype:
@@ -117,5 +125,5 @@ def base_mismatch(a: Mapping | None, b: Mapping | None) -> str | None:
     return None
 
 
-__all__ = ["ARCH_KEYS", "architecture", "base_label", "base_mismatch", "finite_number", "non_finite",
+__all__ = ["ARCH_KEYS", "architecture", "architecture_mismatch", "base_label", "base_mismatch", "finite_number", "non_finite",
            "refuse_non_finite"]

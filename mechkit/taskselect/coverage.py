@@ -61,8 +61,26 @@ def mahalanobis2(points: np.ndarray, target_mean: np.ndarray, estimator: str = "
         solved = np.linalg.solve(cov, delta)
     except np.linalg.LinAlgError:
         raise MechkitError(f"the covariance of {len(points)} points in {points.shape[1]} dimensions is singular",
-                           "use --estimator ledoit-wolf or oas (shrinkage), or more examples") from None
+                           singular_fix(estimator)) from None
     return float(delta @ solved)
+
+
+def singular_fix(estimator: str) -> str:
+    """The fix for a singular covariance: a shrinkage estimator where another one ran, else more examples
+    (the estimator named was already the one used: following that fix changed nothing).
+
+    >>> singular_fix("empirical")
+    'use --estimator ledoit-wolf or oas (shrinkage), or more examples per task (--n)'
+    >>> singular_fix("ledoit-wolf")
+    'use more examples per task (--n), or --estimator oas'
+    """
+    if estimator not in SHRINKAGE:
+        return "use --estimator ledoit-wolf or oas (shrinkage), or more examples per task (--n)"
+    other = next(e for e in SHRINKAGE if e != estimator)
+    return f"use more examples per task (--n), or --estimator {other}"
+
+
+SHRINKAGE = ("ledoit-wolf", "oas")
 
 
 def coverage(points: np.ndarray, target_mean: np.ndarray, estimator: str = "ledoit-wolf") -> float:

@@ -1,0 +1,97 @@
+"""Each built-in plugin's options that a run would not read, refused before the model loads.
+
+One rule per plugin, called from its ``check_options`` (:func:`mechkit.options.unused.refuse_ignored` says the
+line). Each was a silent ignore: ``ablate --heads 0.1 --sweep 2,3`` ablated the one head and reported k=1 alone,
+``prune --reconstruct none --ridge 0.5`` refitted nothing, ``select-tasks --steps 5`` without ``--validate``
+trained nothing, ``adapt --margin 0.05 --margin-prompts 3`` timed no margin prompt and reported an adherence
+target it never aimed at, ``compose --parts steps --shots 0,2`` measured K = 2 alone and listed the grid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mechkit.options.unused import refuse_head_options, refuse_ignored
+
+STATIC_GUIDES = ("random", "magnitude", "wanda", "flap")  # prune's guides scored without a gradient
+VALIDATE_ONLY = ("seeds", "steps", "budget", "batch_size", "lr", "eval_n", "eval_shots", "draws", "no_div_size",
+                 "transfer_seeds")  # select-tasks: read by the --validate fine-tunes alone
+
+
+def ablate(cls: Any, parsed: dict) -> None:
+    """--top-k and --sweep where every head is named, --top-k beside --sweep, --from and the scoring options
+    where no head is ranked by a score, --n-seqs and --seg-len beside --from, --baseline-seeds under --baseline
+    none."""
+    refuse_head_options(cls, parsed, ("top_k", "sweep"), ("n_seqs", "seg_len"))
+    if parsed["sweep"] is not None:
+        refuse_ignored(cls, parsed, ("top_k",), "sets the one k of a run, and --sweep gives the ks",
+                       "drop --top-k, or drop --sweep")
+    if parsed["baseline"] == "none":
+        refuse_ignored(cls, parsed, ("baseline_seeds",), "counts the random-head draws, and --baseline none draws "
+                       "none", "drop --baseline-seeds, or drop --baseline none")
+
+
+def shuffle(cls: Any, parsed: dict) -> None:
+    """--top-k where every head is named, --from where no head is ranked by a score, the prompt options under
+    --tasks '' (--n-seqs and --seg-len also set the held-out loss: they always count)."""
+    refuse_head_options(cls, parsed, ("top_k",), ())
+    if not parsed["tasks"]:
+        refuse_ignored(cls, parsed, ("n", "shots", "setting"), "sets the task prompts, and --tasks '' scores no "
+                       "task", "drop it, or name tasks to score (--tasks capitalize)")
+
+
+def prune(cls: Any, parsed: dict) -> None:
+    """--ridge and --sequential outside --reconstruct lsq, guides past the first under --budget (its search
+    follows one guide's order), --protect-top-k without an induction or combined guide, --guide-text-weight
+    where every guide is static (no gradient scores)."""
+    if parsed["reconstruct"] != "lsq":
+        refuse_ignored(cls, parsed, ("ridge", "sequential"), f"sets the least-squares refit, and --reconstruct "
+                       f"{parsed['reconstruct']} refits nothing", "drop it, or pass --reconstruct lsq")
+    guides = [g.partition("@")[0] for g in parsed["guide"]]
+    if parsed["budget"] is not None:
+        if len(guides) > 1:
+            refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
+                           "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
+        guides = guides[:1]
+    if not {"induction", "combined"} & set(guides):
+        refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
+                       f"and the run's guides ({','.join(guides)}) hold neither",
+                       "drop --protect-top-k, or add --guide induction")
+    if all(g in STATIC_GUIDES for g in guides):
+        refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's guides "
+                       f"({','.join(guides)}) compute none", "drop --guide-text-weight, or add --guide attribution")
+
+
+def adapt(cls: Any, parsed: dict) -> None:
+    """The margin calibration's options under --margin, --protect-top-k outside the induction guide, the static
+    pruning's options under --prune-budgets ''."""
+    if parsed["margin"] is not None:
+        refuse_ignored(cls, parsed, ("adherence", "margin_prompts", "margin_plans", "debias"), "calibrates the "
+                       "margin, and --margin gives it by hand", "drop it, or drop --margin to calibrate the margin")
+    if parsed["guide"] != "induction":
+        refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps the blocks of induction heads under --guide "
+                       f"induction, and --guide is {parsed['guide']}", "drop --protect-top-k, or pass --guide induction")
+    if not parsed["prune_budgets"]:
+        refuse_ignored(cls, parsed, ("prune_targets", "prune_reconstruct"), "sets the static pruning compared, and "
+                       "--prune-budgets '' runs none", "drop it, or give --prune-budgets (e.g. 0.7)")
+
+
+def compose_shots(cls: Any, parsed: dict, parts: set[str]) -> None:
+    """A --shots grid without the study part (the others read its largest K alone), and --shots beside
+    --effect-shots where no part reads it."""
+    if "study" in parts:
+        return
+    if len(parsed["shots"]) > 1 and ("steps" in parts or parsed["effect_shots"] is None):
+        refuse_ignored(cls, parsed, ("shots",), "is a grid of the study part, and --parts without study reads its "
+                       "largest K alone", f"pass that K alone (--shots {max(parsed['shots'])}), or add study to "
+                       "--parts")
+    if "steps" not in parts and parsed["effect_shots"] is not None:
+        refuse_ignored(cls, parsed, ("shots",), "sets the study's and steps' K, and --effect-shots gives the only K "
+                       "these parts read", "drop --shots")
+
+
+def select_tasks(cls: Any, parsed: dict) -> None:
+    """The validation fine-tunes' options without --validate."""
+    if not parsed["validate"]:
+        refuse_ignored(cls, parsed, VALIDATE_ONLY, "sets the validation fine-tunes, which run only with --validate",
+                       "drop it, or pass --validate")
