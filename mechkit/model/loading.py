@@ -29,6 +29,7 @@ from mechkit.model.checks.integrity import (
     refuse_non_float_weights,
     refuse_pickle_only,
     refuse_shard_gaps,
+    refuse_special_files,
 )
 from mechkit.model.handle import ModelHandle
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
@@ -224,6 +225,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     from mechkit.io.outlock import settle_interrupted
 
     settle_interrupted(path)  # a killed --force write's half set: rolled back, not read as "no config"
+    refuse_special_files(path)  # a FIFO as model.safetensors hung the first read for ever
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"no model in {path}: config.json is missing",
                              "point --model at a directory written by save_pretrained (config.json + weights)")
