@@ -144,3 +144,12 @@ def test_a_link_to_a_regular_weights_file_still_loads(tmp_path, llama):
     os.replace(model_dir / "model.safetensors", store / "weights")
     (model_dir / "model.safetensors").symlink_to(store / "weights")  # as the hub cache lays a model out
     assert mk.load_model(str(model_dir)).n_layers == llama.n_layers
+
+
+def test_a_gguf_path_that_is_a_fifo_is_named_as_such(tmp_path):
+    from mechkit.model.sources.gguf import cached_gguf
+
+    os.mkfifo(tmp_path / "m.gguf")
+    for load in (lambda: mk.load_model(str(tmp_path / "m.gguf")), lambda: cached_gguf(tmp_path / "m.gguf")):
+        with pytest.raises(MechkitError, match="not a regular file"):
+            load()

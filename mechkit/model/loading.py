@@ -180,6 +180,9 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = N
         return model, tok, text, None, text
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
+        if path.exists() and not path.is_file():  # a FIFO or a device: named as such, not "not found"
+            raise ModelLoadError(f"{path} is not a regular file (a directory, a FIFO or a device), so not a GGUF file",
+                                 "pass the .gguf file itself")
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
         cached, model, tok = load_gguf_cached(path, torch_dtype, placed=placed)
