@@ -86,7 +86,10 @@ def _as_activation(new: torch.Tensor, act: torch.Tensor, where: str) -> torch.Te
     with weights of the activation's dtype, and a float64 ``t.double()`` or a NumPy round trip failed there
     ("expected m1 and m2 to have the same dtype", a RuntimeError); the model can only carry it at that
     precision anyway. Integers, booleans or complex numbers for a floating activation (or floats for an
-    integer one: a router's expert ids) are refused, not rounded."""
+    integer one: a router's expert ids) are refused, not rounded. A replacement without values of its own (on
+    the meta device) or not a plain dense tensor (sparse, MKL-DNN, nested) is refused too: the copy or the next
+    layer failed on it with a NotImplementedError or a RuntimeError about its layout."""
+    refuse_no_values(new, act, where)
     if new.dtype == act.dtype and new.device == act.device:
         return new
     if act.is_floating_point() != new.is_floating_point() or new.is_complex() != act.is_complex():
@@ -94,3 +97,14 @@ def _as_activation(new: torch.Tensor, act: torch.Tensor, where: str) -> torch.Te
                            f"activation there is {str(act.dtype).removeprefix('torch.')}",
                            "return values of the activation's kind (new.to(act.dtype)), or None to only read")
     return new.to(device=act.device, dtype=act.dtype)
+
+
+def refuse_no_values(new: torch.Tensor, act: torch.Tensor, where: str) -> None:
+    """One line where a hook's replacement has no values to compute with (the meta device, while the activation
+    has values) or is not a plain dense tensor (sparse, MKL-DNN, nested): the model cannot run on it."""
+    fix = "return a plain tensor with values (new.to_dense(), a tensor on the activation's device), or None to only read"
+    if new.device.type == "meta" and act.device.type != "meta":
+        raise MechkitError(f"the function on {where} returned a tensor on the meta device (no values)", fix)
+    if new.layout != torch.strided or new.is_nested:
+        kind = "nested" if new.is_nested else str(new.layout).removeprefix("torch.").removeprefix("_")
+        raise MechkitError(f"the function on {where} returned a {kind} tensor, not a plain dense one", fix)

@@ -494,5 +494,8 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
             raise MechkitError(f"the metric returned {got}" + ("" if not isinstance(value, torch.Tensor) or
                                                               value.numel() != 1 else " that does not depend on the logits"),
                                "return one number computed from the logits, e.g. logits[0, -1, token_id] or .sum()")
+        if not value.is_floating_point():  # a complex number has no gradient to follow: a RuntimeError in autograd
+            raise MechkitError(f"the metric returned a {str(value.dtype).removeprefix('torch.')} number, and a "
+                               "gradient needs a real one", "return a real number, e.g. .abs() or .real of it")
         grads = torch.autograd.grad(value, [acts[p.name] for p in points])
     return value.detach(), {p.name: (acts[p.name].detach(), g) for p, g in zip(points, grads, strict=True)}

@@ -129,12 +129,27 @@ def refuse_foreign_entry(group: str, path: Path) -> None:
 def _holds_only_steps(path: Path) -> bool:
     """Whether a run-key-named folder holds only what a run keeps there: its step files (``KEY.json``), its
     scratch folders (checkpoints) and hidden leftovers. A user's ``runs/`` with an experiment named by a hash
-    (an MLflow run id) was cleared by `cache clear runs`, its ``metrics.csv`` with it."""
+    (an MLflow run id) was cleared by `cache clear runs`, its ``metrics.csv`` with it; and one holding only
+    folders (``data/notes.csv``) was taken for scratch folders and cleared too. A scratch folder holds only
+    checkpoints (``.safetensors``), their ``.json`` and folders of the same, at most a few levels deep."""
     try:
         names = [p for p in path.iterdir() if not p.name.startswith(".")]
     except OSError:
         return False
-    return all(not p.is_symlink() and (p.is_dir() or (p.name.endswith(".json") and p.is_file())) for p in names)
+    return all(not p.is_symlink() and ((p.is_dir() and _holds_only_checkpoints(p)) or (p.name.endswith(".json")
+                                                                                     and p.is_file())) for p in names)
+
+
+def _holds_only_checkpoints(path: Path, depth: int = 4) -> bool:
+    """Whether a step folder's scratch folder holds only what runs keep there (see :func:`_holds_only_steps`)."""
+    if depth == 0:
+        return False
+    try:
+        names = [p for p in path.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return False
+    return all(not p.is_symlink() and ((p.is_dir() and _holds_only_checkpoints(p, depth - 1)) or (
+        p.is_file() and p.name.endswith((".json", ".safetensors")))) for p in names)
 
 
 def _children(group: Path) -> list[Path]:

@@ -99,6 +99,9 @@ class ModelHandle:
         """Logits of a plain forward pass, through the backend (on nnsight: one trace running the active
         hook functions). Without grad unless the caller asks inside :func:`mechkit.enable_grad`
         (:mod:`mechkit.model.backends.grad`): the logits plot and convert to numpy as they are."""
+        from mechkit.model.checks.forward_args import refuse_outputs_beyond_logits
+
+        refuse_outputs_beyond_logits(kwargs)  # this call returns the logits alone
         return self.forward(input_ids, **{"use_cache": False, **kwargs}).logits  # the caller's use_cache wins
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:
@@ -118,12 +121,13 @@ class ModelHandle:
         """The token ids as a ``[batch, pos]`` tensor, and ``kwargs`` checked for this model (a 1-D
         ``position_ids`` made one row, in place), or one line naming what is wrong
         (:mod:`mechkit.model.checks.token_ids`, :mod:`mechkit.model.checks.forward_inputs`)."""
-        from mechkit.model.checks.forward_args import check_forward_kwargs
+        from mechkit.model.checks.forward_args import check_forward_kwargs, refuse_ignored_kwargs
         from mechkit.model.checks.forward_inputs import normalise_positions
         from mechkit.model.checks.token_ids import check_forward_inputs, checked_ids, position_rows
 
         input_ids = checked_ids(input_ids, self.n_vocab_rows(), self.tokenizer)
         check_forward_kwargs(self.model, kwargs)
+        refuse_ignored_kwargs(self.model, kwargs)  # known, but ignored by this model as loaded
         if self._n_positions is None:
             self._n_positions = position_rows(self.model) or -1
         normalise_positions(input_ids, kwargs)

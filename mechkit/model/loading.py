@@ -29,6 +29,7 @@ from mechkit.model.checks.integrity import (
     refuse_non_float_weights,
     refuse_pickle_only,
     refuse_shard_gaps,
+    refuse_special_files,
 )
 from mechkit.model.handle import ModelHandle
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
@@ -179,6 +180,9 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = N
         return model, tok, text, None, text
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
+        if path.exists() and not path.is_file():  # a FIFO or a device: named as such, not "not found"
+            raise ModelLoadError(f"{path} is not a regular file (a directory, a FIFO or a device), so not a GGUF file",
+                                 "pass the .gguf file itself")
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
         cached, model, tok = load_gguf_cached(path, torch_dtype, placed=placed)
@@ -224,6 +228,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     from mechkit.io.outlock import settle_interrupted
 
     settle_interrupted(path)  # a killed --force write's half set: rolled back, not read as "no config"
+    refuse_special_files(path)  # a FIFO as model.safetensors hung the first read for ever
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"no model in {path}: config.json is missing",
                              "point --model at a directory written by save_pretrained (config.json + weights)")

@@ -49,6 +49,9 @@ def is_embedding(name: str) -> bool:
 
 def weight_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a model directory (single file or sharded with an index)."""
+    from mechkit.model.checks.integrity import refuse_special_files
+
+    refuse_special_files(model_dir)  # a FIFO under a weights' name: named, not "no safetensors weights"
     if (model_dir / "model.safetensors").is_file():
         return [model_dir / "model.safetensors"]
     index = model_dir / "model.safetensors.index.json"

@@ -68,3 +68,53 @@ def check_forward_kwargs(model: object, names: Iterable[str]) -> None:
         shown = ", ".join(n for n in own(type(model)) if n != "input_ids")
         raise MechkitError(f"{type(model).__name__}'s forward takes no argument {', '.join(unknown)}",
                            f"check the spelling; it takes {shown} and transformers' shared keyword arguments")
+
+
+_PACKED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+"""transformers' shared arguments for packed sequences: only flash attention (and Mamba kernels) read them."""
+
+
+def refuse_ignored_kwargs(model: object, kwargs: dict) -> None:
+    """Refuse (one line) a known keyword argument that this model, as loaded, would ignore or answer empty.
+
+    ``check_forward_kwargs`` lets through transformers' shared arguments, but a model reads some of them only
+    in one setting: ``output_attentions=True`` under SDPA returned no attentions (and transformers printed a
+    warning), ``cu_seq_lens_q`` and the other packed-sequence arguments did nothing without flash attention,
+    ``output_router_logits`` on a model without experts and ``num_items_in_batch`` without ``labels`` changed
+    nothing, and ``encoder_hidden_states`` on GPT-2 without cross-attention raised a ValueError deep inside."""
+    config = getattr(model, "config", None)
+    attn = str(getattr(config, "_attn_implementation", "") or "")
+    given = {k for k, v in kwargs.items() if v is not None and v is not False}
+    if "output_attentions" in given and attn not in ("eager", ""):
+        raise MechkitError(f"output_attentions=True returns no attention weights under {attn} attention, "
+                           "which this model uses", "read the patterns with mk.run_with_cache(m, ids, "
+                           "\"blocks.*.attn.hook_pattern\") instead")
+    packed = [k for k in _PACKED if k in given]
+    if packed and "flash" not in attn and not _has_module(model, "mamba"):
+        raise MechkitError(f"{', '.join(packed)} are for packed sequences, which only flash attention reads, "
+                           f"and this model uses {attn or 'another'} attention: they would be ignored",
+                           "pass one row per sequence with an attention_mask instead, or leave them out")
+    if "output_router_logits" in given and not hasattr(config, "output_router_logits"):
+        raise MechkitError("output_router_logits asks for the routers' logits, and this model has no experts",
+                           "leave it out")
+    if "num_items_in_batch" in given and "labels" not in given:
+        raise MechkitError("num_items_in_batch scales the loss of labels, and no labels are given: it would be "
+                           "ignored", "pass labels too, or leave it out")
+    cross = [k for k in ("encoder_hidden_states", "encoder_attention_mask") if k in given]
+    if cross and not getattr(config, "add_cross_attention", False) and not getattr(config, "is_encoder_decoder", False):
+        raise MechkitError(f"{', '.join(cross)} feed cross-attention, which this model does not have",
+                           "leave them out (a decoder-only model reads only its own tokens)")
+
+
+def _has_module(model: object, word: str) -> bool:
+    modules = getattr(model, "modules", None)
+    return callable(modules) and any(word in type(m).__name__.lower() for m in modules())
+
+
+def refuse_outputs_beyond_logits(kwargs: dict) -> None:
+    """Refuse (one line) asking ``m(ids, ...)``, which returns the logits alone, for other outputs: the
+    hidden states or attentions were computed and dropped, silently."""
+    asked = [k for k in ("output_hidden_states", "output_attentions", "output_router_logits") if kwargs.get(k)]
+    if asked:
+        raise MechkitError(f"m(ids, ...) returns the logits only, and {', '.join(asked)} would be dropped",
+                           f"call m.forward(ids, {asked[0]}=True) for the whole output, or use mk.run_with_cache")

@@ -117,7 +117,7 @@ def check_per_token(ids: torch.Tensor, kwargs: dict, n_vocab: int | None, model:
                                + (f" (or {IGNORE_INDEX}, which the loss skips)" if name == "labels" else ""), fix)
 
 
-def check_logits_to_keep(value: Any) -> None:
+def check_logits_to_keep(value: Any, n_tokens: int | None = None) -> None:
     """``logits_to_keep``: how many last positions get logits (0: all), or a 1-D tensor of positions. A
     negative count kept all but the first positions, silently."""
     fix = "pass logits_to_keep=N (the last N positions; 0 for all), or leave it out"
@@ -128,6 +128,12 @@ def check_logits_to_keep(value: Any) -> None:
     if isinstance(value, torch.Tensor) and (value.dim() != 1 or value.is_floating_point() or value.dtype == torch.bool):
         raise MechkitError(f"logits_to_keep as a tensor must be 1-D integer positions, not {value.dtype} of shape "
                            f"{tuple(value.shape)}", fix)
+    if isinstance(value, torch.Tensor) and n_tokens is not None and value.numel():
+        refuse_no_values("logits_to_keep", value, fix)
+        low, high = (int(v) for v in torch.aminmax(value))  # positions past the ids: an IndexError deep inside
+        if low < -n_tokens or high >= n_tokens:
+            raise MechkitError(f"logits_to_keep holds position {low if low < -n_tokens else high}, outside the "
+                               f"{n_tokens} tokens (0 to {n_tokens - 1}, or -{n_tokens} to -1 from the end)", fix)
 
 
 def check_inputs_embeds(kwargs: dict) -> None:

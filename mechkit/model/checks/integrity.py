@@ -337,3 +337,30 @@ def _same_tensor(path: Path, key: str, a: str, b: str) -> bool:
         x, y = fa.get_tensor(key), fb.get_tensor(key)
     return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y))
 
+
+
+_OPENED = (".json", ".safetensors", ".model", ".txt", ".jinja", ".bin", ".gguf")
+"""The files of a model directory a load opens (config, weights, tokenizer, chat template)."""
+
+
+def refuse_special_files(path: Path) -> None:
+    """Refuse (one line) a model directory where a file the load opens is a FIFO, a device or a socket (itself
+    or what its link points to): ``--model DIR`` with a FIFO as ``model.safetensors`` hung for ever in the
+    first read of the headers, and one as ``config.json`` was reported "missing"."""
+    import stat
+
+    try:
+        children = list(path.iterdir())
+    except OSError:
+        return  # the load says what is wrong with the directory itself
+    for child in sorted(children):
+        if not child.name.endswith(_OPENED):
+            continue
+        try:
+            mode = child.stat().st_mode
+        except OSError:
+            continue  # a broken link: the load reports the file missing
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ModelLoadError(f"{child} is not a regular file (a FIFO, a device or a socket), and a model "
+                                 "directory's files are read as files", f"replace {child.name} with the real file, "
+                                 "or point --model at the directory that holds it")

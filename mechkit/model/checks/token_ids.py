@@ -117,7 +117,7 @@ def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dic
         fi.check_positions(ids, kwargs["position_ids"], model)
     fi.check_per_token(ids, kwargs, n_vocab, model)
     if "logits_to_keep" in kwargs:
-        fi.check_logits_to_keep(kwargs["logits_to_keep"])
+        fi.check_logits_to_keep(kwargs["logits_to_keep"], ids.shape[1])
     if n_positions is not None and past + ids.shape[1] > n_positions:
         held = f" after the {past} cached" if past else ""
         raise MechkitError(f"{ids.shape[1]} tokens{held} are more than the model's {n_positions} positions "

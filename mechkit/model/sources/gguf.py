@@ -130,6 +130,9 @@ def cached_gguf(path: Path, *, label: str | None = None, rebuild: bool = False) 
     ``label`` names the model in the one stderr line the first use prints.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO or a device: named as such, not "not found"
+        raise ModelLoadError(f"{path} is not a regular file (a directory, a FIFO or a device), so not a GGUF file",
+                             "pass the .gguf file itself")
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}", "check the path")
     sha = gguf_sha256(path)
