@@ -356,8 +356,8 @@ def test_function_vectors_of_kept_heads_are_the_dense_models_with_the_others_sil
 
 def test_compose_component_effects_of_kept_heads_are_the_dense_models_with_the_others_silenced(uneven):
     pruned, zeroed = uneven
-    keep = ("shots", "n_effect", "top_k", "verify", "n_seqs", "seg_len")  # those the components part reads
-    options = {**{k: OPTIONS["compose"][k] for k in keep}, "parts": "components", "pairs": "capitalize+swap"}
+    keep = ("n_effect", "top_k", "verify", "n_seqs", "seg_len")  # those the components part reads
+    options = {**{k: OPTIONS["compose"][k] for k in keep}, "shots": "2", "parts": "components", "pairs": "capitalize+swap"}
     mine, other = (mk.run("compose", model=m, write=False, **options).results["components"]["pairs"]["capitalize+swap"]
                    for m in (pruned, zeroed()))
     for layer, kept in KEPT.items():
