@@ -129,7 +129,7 @@ class AblatePlugin(Plugin):
     @classmethod
     def tables(cls, results: dict) -> list:
         """Conditions × tasks: accuracy, then answer log-prob (random draws as mean ± std)."""
-        from mechkit.report import Table
+        from mechkit.report import Table, pm_of
 
         tasks, spec, conditions = results["tasks"], results["heads_spec"], results["conditions"]
         n = conditions[0]["metrics"][tasks[0]].get("n")
@@ -143,7 +143,7 @@ class AblatePlugin(Plugin):
                 rand = [c for c in conditions if c["name"] == "random" and c["k"] == k]
                 if rand:
                     rows.append([f"random, k={k}", f"{len(rand)} draws",
-                                 *(_pm([c["metrics"][t][metric] for c in rand]) for t in tasks)])
+                                 *(pm_of([c["metrics"][t][metric] for c in rand]) for t in tasks)])
             note = (f"{results['mode']} ablation, {n} prompts per task"
                     + (f"; random: mean ± std over {len(draws)} draws of k heads, never the selected ones"
                        if draws else ""))
@@ -152,24 +152,12 @@ class AblatePlugin(Plugin):
         return out
 
 
-def _pm(values: list[float]):
-    import statistics
-
-    from mechkit.report import pm
-
-    return pm(statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
-
-
 def _heads_phrase(selection: HeadSelection, heads: list[dict]) -> str:
     """How the finding names the ablated heads: "the top-5 induction heads", "5 random heads", "heads 0.1, 1.2"."""
     from mechkit.report.values import heads_text
 
     n = len(heads)
     return selection.phrase(n) or f"head{'s' if n != 1 else ''} {heads_text(heads, limit=6)}"
-
-
-def _join(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def finding(results: dict, selection: HeadSelection | None = None) -> str:
@@ -184,6 +172,7 @@ def finding(results: dict, selection: HeadSelection | None = None) -> str:
     'Ablating the top-5 induction heads (zero) cuts capitalize from 0.40 to 0.15; 5 random heads instead: 0.37 ± 0.06.'
     """
     from mechkit.model.headspec import parse_spec
+    from mechkit.report.values import and_list
 
     selection = selection or parse_spec(results["heads_spec"])
     tasks, k = results["tasks"], results["ks"][-1]
@@ -192,14 +181,13 @@ def finding(results: dict, selection: HeadSelection | None = None) -> str:
     deltas = [row[t]["target"] - row[t]["clean"] for t in tasks]
     verb = "cuts" if all(d < 0 for d in deltas) else "raises" if all(d > 0 for d in deltas) else "changes"
     if all(d == 0 for d in deltas):
-        changes = "leaves " + _join([f"{t} at {row[t]['clean']:.2f}" for t in tasks])
+        changes = "leaves " + and_list([f"{t} at {row[t]['clean']:.2f}" for t in tasks])
     else:
-        changes = f"{verb} " + _join([f"{t} from {row[t]['clean']:.2f} to {row[t]['target']:.2f}" for t in tasks])
+        changes = f"{verb} " + and_list([f"{t} from {row[t]['clean']:.2f} to {row[t]['target']:.2f}" for t in tasks])
     text = f"Ablating {_heads_phrase(selection, target['heads'])} ({results['mode']}) {changes}"
     if row[tasks[0]]["random_mean"] is not None:
-        text += f"; {len(target['heads'])} random heads instead: " + _join(
+        text += f"; {len(target['heads'])} random heads instead: " + and_list(
             [f"{row[t]['random_mean']:.2f} ± {row[t]['random_std']:.2f}" for t in tasks])
     if len(results["ks"]) > 1:
         text += f" (k={k}, the largest of k = {', '.join(map(str, results['ks']))})"
     return text + "."
-

@@ -142,9 +142,7 @@ class ShufflePlugin(Plugin):
 
 def _stat(conditions: list[dict], name: str, key: str, task: str | None = None):
     """One condition's metric over its seeds: a number for the single clean run, else mean ± std."""
-    import statistics
-
-    from mechkit.report import pm
+    from mechkit.report import pm_of
 
     values = [c["metrics"][key][task]["accuracy"] if task else c["metrics"][key]
               for c in conditions if c["name"] == name]
@@ -152,7 +150,7 @@ def _stat(conditions: list[dict], name: str, key: str, task: str | None = None):
         return None
     if name == "clean":
         return values[0]
-    return pm(statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
+    return pm_of(values)
 
 
 def finding(results: dict) -> str:

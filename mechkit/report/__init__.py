@@ -25,7 +25,7 @@ from mechkit.report.compare import Comparison, compare_runs, print_compare, rend
 from mechkit.report.html import render_html
 from mechkit.report.schema import SCHEMA, build_report, to_jsonable, validate_report
 from mechkit.report.show import load_report, print_summary, rich_table, summary_table
-from mechkit.report.table import Table, compare_tables, generic_tables, kv_table, plugin_tables, pm
+from mechkit.report.table import Table, compare_tables, generic_tables, kv_table, plugin_tables, pm, pm_of
 from mechkit.report.writer import default_out_dir, write_report
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ __all__ = [
     "xy_plot",
     "load_report",
     "pm",
+    "pm_of",
     "print_compare",
     "print_summary",
     "record_patterns",

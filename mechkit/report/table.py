@@ -60,6 +60,17 @@ def pm(mean: float | None, std: float | None) -> dict[str, float | None]:
     return {"mean": mean, "std": std}
 
 
+def pm_of(values: list[float]) -> dict[str, float]:
+    """The mean ± population std cell of ``values`` (0 for one value).
+
+    >>> pm_of([0.2, 0.4])
+    {'mean': 0.30000000000000004, 'std': 0.1}
+    """
+    import statistics
+
+    return pm(statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
 def is_pm(v: Any) -> bool:
     return isinstance(v, dict) and set(v) == {"mean", "std"} and all(values.is_number(x) for x in v.values())
 

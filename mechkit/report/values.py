@@ -42,6 +42,15 @@ def is_head_list(v: Any) -> bool:
     return isinstance(v, list) and bool(v) and all(is_head(h) for h in v)
 
 
+def and_list(parts: list[str]) -> str:
+    """Parts joined as a sentence lists them.
+
+    >>> and_list(["a"]), and_list(["a", "b", "c"])
+    ('a', 'a, b and c')
+    """
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def heads_text(heads: list[dict], limit: int | None = None) -> str:
     """``[{"layer": 17, "head": 3}, …]`` as ``17.3, 18.6`` — the layer.head grammar used everywhere."""
     names = [f"{h['layer']}.{h['head']}" for h in heads]
