@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import MechkitError, PluginError, first_line
 from mechkit.executors import check_execution
+from mechkit.io.fs_errors import refuse_over_file_size_limit
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
@@ -361,6 +362,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         handle = _load(cls, setup)
     load_s = time.perf_counter() - t0
     check_pruned(cls, handle)
+    if out_dir is not None and handle is not None and cls.writes(params):  # a saved model: ulimit -f before the work
+        refuse_over_file_size_limit(_weight_bytes(handle.model), f"the model {cls.name} saves in {out_dir}")
     _seed_everything(setup.seed)
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
@@ -439,6 +442,12 @@ def pruned_kinds(handle) -> set[str]:
     kinds = {"neurons": structure.mlp_keep, "heads": structure.head_keep, "layers": structure.layers_removed,
              "uneven-heads": handle.anatomy.ragged_heads}
     return {kind for kind, units in kinds.items() if units}
+
+
+def _weight_bytes(model) -> int:
+    """The bytes of a model's weights (tied tensors once): what its saved ``model.safetensors`` holds."""
+    unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def check_pruned(cls: type[Plugin], handle) -> None:

@@ -71,3 +71,21 @@ def test_replacing_a_run_that_saved_vectors_names_vectors_not_a_model(tmp_path):
             (built / name).write_text("{}")
     with pytest.raises(MechkitError, match=r"holds saved tensors \(vectors or weights\) that a `icl-vectors` run"):
         refuse_foreign_model(out, "select-tasks", ["report.json"])
+
+
+@pytest.mark.parametrize("plugin, options", [
+    ("finetune", dict(task="capitalize", steps=2, batch_size=2, eval_n=2)),
+    ("prune", dict(guide="magnitude", target="heads", sparsity="0.25", tasks="swap", n=2, calib=2, shots=1, repeats=1,
+                   timing_batch=1, save_model=True)),
+])
+def test_a_saved_model_larger_than_the_file_size_limit_is_refused_before_the_work(tmp_path, monkeypatch, plugin,
+                                                                                   options):
+    """finetune under ``ulimit -f`` trained to the end, then failed to write the weights (pass 11a's note)."""
+    import mechkit as mk
+    from mechkit.taskarith import finetune as ft
+    from tests.conftest import file_size_limit
+
+    monkeypatch.setattr(ft, "finetune", lambda *a, **k: pytest.fail("trained before the refusal"))
+    with file_size_limit(200_000), pytest.raises(MechkitError, match="more than this process's file-size limit") as e:
+        mk.run(plugin, model="tiny:llama", out=tmp_path / "run", device="cpu", **options)
+    assert "ulimit -f unlimited" in e.value.fix and not (tmp_path / "run").exists()

@@ -72,6 +72,22 @@ def _file_size_limit_fix() -> str | None:
     return f"raise your file-size limit (ulimit -f unlimited; it is {soft} bytes now)"
 
 
+def refuse_over_file_size_limit(n_bytes: int, what: str) -> None:
+    """Before the work whose result is a file of about ``n_bytes`` (a fine-tuned or pruned model's weights):
+    one line where the process's file-size limit (``ulimit -f``) is smaller, not the same line after
+    minutes of training, when the weights are written."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - Windows
+        return
+    if soft == resource.RLIM_INFINITY or n_bytes <= soft:
+        return
+    raise MechkitError(f"{what} would be {n_bytes} bytes, more than this process's file-size limit ({soft} bytes)",
+                       "raise your file-size limit (ulimit -f unlimited) before the run")
+
+
 def check_name_lengths(path: str | os.PathLike[str]) -> None:
     """Refuse (one line) a path with a component too long for the file system once mechkit adds its
     temporary suffix, before any work rather than at the last rename."""
