@@ -89,3 +89,16 @@ def test_a_saved_model_larger_than_the_file_size_limit_is_refused_before_the_wor
     with file_size_limit(200_000), pytest.raises(MechkitError, match="more than this process's file-size limit") as e:
         mk.run(plugin, model="tiny:llama", out=tmp_path / "run", device="cpu", **options)
     assert "ulimit -f unlimited" in e.value.fix and not (tmp_path / "run").exists()
+
+
+def test_a_vector_path_that_is_a_fifo_is_named_as_one_not_missing(tmp_path):
+    import os
+
+    from mechkit.actvec import ActivationVector
+
+    fifo = tmp_path / "v.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(MechkitError, match="is not a regular file"):
+        ActivationVector.load(fifo)
+    with pytest.raises(MechkitError, match="does not exist"):
+        ActivationVector.load(tmp_path / "missing.safetensors")

@@ -140,7 +140,8 @@ class ActivationVector:
         from safetensors import safe_open
 
         if not Path(path).is_file():
-            raise MechkitError(f"no vector file at {path}", "pass a .safetensors file written by icl-vectors")
+            what = "is not a regular file (a FIFO, device or folder)" if Path(path).exists() else "does not exist"
+            raise MechkitError(f"the vector file {path} {what}", "pass a .safetensors file written by icl-vectors")
         fix = "pass a file saved by icl-vectors"
         not_ours = MechkitError(f"{path} is not a mechkit activation vector", fix)
         try:
