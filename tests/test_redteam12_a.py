@@ -182,3 +182,22 @@ def test_output_attentions_on_an_eager_model_inside_pattern_hooks():
     with mk.hooks(sdpa, {"blocks.0.attn.hook_pattern": lambda pattern, hook: None}), \
             pytest.raises(mk.MechkitError, match="under sdpa attention"):  # named as the user knows it
         sdpa.forward(sdpa.to_tokens("hello"), output_attentions=True)
+
+
+# --- hooking: a hook function that cannot take (act, hook) ----------------------------------------------------
+
+@pytest.mark.parametrize("fn", [lambda act: None, lambda: None, lambda act, hook, extra: None])
+def test_a_hook_function_of_the_wrong_arity_is_one_line(fn):
+    m = mk.load_model("tiny:llama")
+    with pytest.raises(mk.MechkitError, match=r"cannot be called as fn\(act, hook\)"), \
+            mk.hooks(m, {"blocks.0.hook_resid_post": fn}):
+        m(m.to_tokens("hi"))
+
+
+@pytest.mark.parametrize("fn", [lambda act, hook: None, lambda act, hook=None, extra=1: None, lambda *args: None,
+                                lambda act, *rest: None])
+def test_hook_functions_that_take_act_and_hook_still_run(fn):
+    m = mk.load_model("tiny:llama")
+    ids = m.to_tokens("hi")
+    with mk.hooks(m, {"blocks.0.hook_resid_post": fn}):
+        assert torch.equal(m(ids), mk.load_model("tiny:llama")(ids))
