@@ -14,17 +14,38 @@ import torch
 from mechkit.errors import MechkitError
 
 
-def _callables(value: Any, where: str, example: str) -> list[Callable]:
+def _callables(value: Any, where: str, example: str, args: tuple[str, ...] = ()) -> list[Callable]:
     fns = value if isinstance(value, (list, tuple)) else [value]
     bad = next((f for f in fns if not callable(f)), None)
     if bad is not None or not fns:
         got = "an empty list" if not fns else f"a {type(bad).__name__}"
         raise MechkitError(f"{where} maps to {got}, not a function", f"give a function or a list of them, {example}")
+    odd = next((f for f in fns if args and not _takes(f, len(args))), None)
+    if odd is not None:  # else a TypeError from inside the forward, at the first hook point
+        shown = ", ".join(args)
+        raise MechkitError(f"{where} maps to {getattr(odd, '__name__', type(odd).__name__)}, which cannot be called "
+                           f"as fn({shown})", f"define it as def fn({shown}): ... (return None to only read)")
     return list(fns)
 
 
-def check_hook_fns(fns: Any, who: str) -> dict[str, list[Callable]]:
-    """``{hook name: [fn, ...]}`` from ``{name: fn or [fn, ...]}``, refused in one line when it is not that."""
+def _takes(fn: Callable, n: int) -> bool:
+    """Whether ``fn`` accepts ``n`` positional arguments (``True`` where its signature cannot be read)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing can be said before the call
+        return True
+    try:
+        signature.bind(*([None] * n))
+    except TypeError:
+        return False
+    return True
+
+
+def check_hook_fns(fns: Any, who: str, args: tuple[str, ...] = ()) -> dict[str, list[Callable]]:
+    """``{hook name: [fn, ...]}`` from ``{name: fn or [fn, ...]}``, refused in one line when it is not that;
+    with ``args`` (``("act", "hook")``) also a function that cannot be called with that many arguments."""
     example = "e.g. {\"blocks.0.hook_resid_post\": fn}"
     if not isinstance(fns, Mapping):
         raise MechkitError(f"{who} takes a dict of hook names to functions, not {type(fns).__name__}",
@@ -33,7 +54,7 @@ def check_hook_fns(fns: Any, who: str) -> dict[str, list[Callable]]:
     for name, value in fns.items():
         if not isinstance(name, str):
             raise MechkitError(f"{who}: hook name {name!r} is not text", f"name hook points as text, {example}")
-        out[name] = _callables(value, f"{who}: {name!r}", example)
+        out[name] = _callables(value, f"{who}: {name!r}", example, args)
     return out
 
 

@@ -251,7 +251,7 @@ def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iter
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.hooks")
-    fns = check_hook_fns(fns, "mk.hooks")
+    fns = check_hook_fns(fns, "mk.hooks", ("act", "hook"))
     if handle.backend.traced:  # nnsight: the functions run inside each forward's trace (shipped as they are)
         entries = [(point, fn) for name, fn_or_fns in fns.items()
                    for fn in (fn_or_fns if isinstance(fn_or_fns, list) else [fn_or_fns])

@@ -104,7 +104,8 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
     if foreign:
         raise MechkitError(f"--out {out} holds {', '.join(foreign[:3])}, which mechkit did not write, and "
                            f"{writer} would replace it", "choose another --out, or move those files away first")
-    folders = [n for n in names if n not in owned and _real_dir(out / n)]
+    folders = [n for n in dict.fromkeys([*names, *owned]) if n != MANIFEST and _real_dir(out / n)
+               and not _our_folder(out, n, owned)]  # an owned name is replaced or removed: each is checked
     if folders:
         raise MechkitError(f"--out {out} holds a folder {folders[0]}, which mechkit did not write, where {writer} would "
                            "write; --force would delete the folder with all it holds",
@@ -299,7 +300,29 @@ def _inherit_group(out: Path, names: Sequence[str]) -> None:
 
 def _write_manifest(tmp: Path, names: Sequence[str], writer: str | None) -> None:
     files = sorted({*names, MANIFEST})
-    (tmp / MANIFEST).write_text(json.dumps({"writer": writer, "files": files}), encoding="utf-8")
+    dirs = sorted(n for n in names if _real_dir(tmp / n))  # so a folder a user later puts under a file's name is theirs
+    (tmp / MANIFEST).write_text(json.dumps({"writer": writer, "files": files, "dirs": dirs}), encoding="utf-8")
+
+
+def owned_folders(out: Path) -> set[str] | None:
+    """The names the last mechkit write in ``out`` made as folders (its manifest's ``dirs``); ``None`` where the
+    manifest is older than that list (or absent), so it cannot say."""
+    manifest = _read_json(out / MANIFEST)
+    dirs = manifest.get("dirs") if isinstance(manifest, dict) else None
+    return {n for n in dirs if isinstance(n, str)} if isinstance(dirs, list) else None
+
+
+def _our_folder(out: Path, name: str, owned: Sequence[str]) -> bool:
+    """Whether the folder ``out/name`` is one mechkit wrote: its name is in the set and the manifest lists it as a
+    folder. ``inspect --out d`` wrote the file ``report.html``; a user who then made ``d/report.html/`` a folder of
+    their own lost it, with all it held, to the next ``--force``. Where the manifest is older than its folder list,
+    a folder counts as mechkit's only where it is a saved model (a ``config.json`` or a manifest inside)."""
+    if name not in owned:
+        return False
+    dirs = owned_folders(out)
+    if dirs is not None:
+        return name in dirs
+    return (out / name / "config.json").is_file() or (out / name / MANIFEST).is_file()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -102,6 +102,7 @@ class ModelHandle:
         from mechkit.model.checks.forward_args import refuse_outputs_beyond_logits
 
         refuse_outputs_beyond_logits(kwargs)  # this call returns the logits alone
+        kwargs = {k: v for k, v in kwargs.items() if k != "return_dict"}  # the logits, in either form
         return self.forward(input_ids, **{"use_cache": False, **kwargs}).logits  # the caller's use_cache wins
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> Any:

@@ -18,6 +18,7 @@ from mechkit.model.backends import ndif
 from mechkit.model.backends.base import check_backend
 from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
+from mechkit.model.checks.forward_args import named_outputs
 from mechkit.model.checks.integrity import (
     load_report_muted,
     refuse_adapter_beside,
@@ -135,6 +136,7 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
     else:
         model.to(device=device, dtype=torch_dtype)
     model.eval()
+    named_outputs(model)  # a config's "return_dict": false broke transformers' own head on every forward
     refuse_non_finite_weights(model, spec_str)  # before any work, not as "the plugin" failing at the end
     anatomy = discover_anatomy(model)
     handle = ModelHandle(model=model, tokenizer=tok, anatomy=anatomy, spec=spec_str, name=name, source=source)

@@ -45,6 +45,8 @@ def accepted(model_class: type) -> frozenset[str] | None:
     except (TypeError, ValueError):
         return None
     names = set(own(model_class))
+    if _returns_tuple_on_request(model_class.forward):
+        names.add("return_dict")  # transformers' can_return_tuple reads it (a tuple for False)
     if any(p.kind is p.VAR_KEYWORD for p in params):
         try:
             from transformers.utils.generic import TransformersKwargs
@@ -64,10 +66,50 @@ def check_forward_kwargs(model: object, names: Iterable[str]) -> None:
     if known is None:
         return
     unknown = [n for n in names if n not in known]
+    unread = [n for n in unknown if n in NOT_READ]
+    if unread:  # a real argument of transformers, of another version or family: not a misspelling
+        raise MechkitError(f"{type(model).__name__}'s forward does not read {unread[0]} (in this transformers "
+                           "version or for this model), so it would be ignored", NOT_READ[unread[0]])
     if unknown:
         shown = ", ".join(n for n in own(type(model)) if n != "input_ids")
         raise MechkitError(f"{type(model).__name__}'s forward takes no argument {', '.join(unknown)}",
                            f"check the spelling; it takes {shown} and transformers' shared keyword arguments")
+
+
+NOT_READ = {
+    "cache_position": "leave it out: the positions come from the cache (pass position_ids to set them)",
+    "head_mask": "leave it out: to silence heads, ablate them (mk.ablate) or replace their output with mk.hooks",
+    "token_type_ids": "leave it out: this model has no token type embeddings",
+    "return_dict": "leave it out: this model's forward returns its output object",
+}
+"""transformers arguments that some versions or families read and this model's forward does not: the fix names
+what to do instead (``cache_position`` from a transformers 4 decode loop was refused as a misspelling)."""
+
+
+def _returns_tuple_on_request(forward: object) -> bool:
+    """Whether ``forward`` is wrapped by transformers' ``can_return_tuple``, which reads ``return_dict``."""
+    try:
+        from transformers.utils.generic import can_return_tuple
+
+        code = can_return_tuple(lambda self: None).__code__
+    except (ImportError, AttributeError):  # pragma: no cover - an older transformers
+        return False
+    seen = 0
+    while forward is not None and seen < 16:
+        if getattr(forward, "__code__", None) is code:
+            return True
+        forward, seen = getattr(forward, "__wrapped__", None), seen + 1
+    return False
+
+
+def named_outputs(model: object) -> None:
+    """Make ``model`` return its output object, as mechkit reads it (``.logits``, ``.past_key_values``): a
+    config saved with ``"return_dict": false`` made transformers' own causal-LM head fail on its base model's
+    tuple (``'tuple' object has no attribute 'last_hidden_state'``) in every analysis. It only sets the output's
+    form, never a value; a caller's ``m.forward(ids, return_dict=False)`` still gets a tuple."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "return_dict", True) is False:
+        config.return_dict = True
 
 
 _PACKED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -83,7 +125,8 @@ def refuse_ignored_kwargs(model: object, kwargs: dict) -> None:
     ``output_router_logits`` on a model without experts and ``num_items_in_batch`` without ``labels`` changed
     nothing, and ``encoder_hidden_states`` on GPT-2 without cross-attention raised a ValueError deep inside."""
     config = getattr(model, "config", None)
-    attn = str(getattr(config, "_attn_implementation", "") or "")
+    # inside mechkit's pattern hooks the config names mechkit's wrapper of its kernel (mechkit.hooking.attention)
+    attn = str(getattr(config, "_attn_implementation", "") or "").removeprefix("mechkit_")
     given = {k for k, v in kwargs.items() if v is not None and v is not False}
     if "output_attentions" in given and attn not in ("eager", ""):
         raise MechkitError(f"output_attentions=True returns no attention weights under {attn} attention, "

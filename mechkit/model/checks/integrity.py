@@ -339,8 +339,9 @@ def _same_tensor(path: Path, key: str, a: str, b: str) -> bool:
 
 
 
-_OPENED = (".json", ".safetensors", ".model", ".txt", ".jinja", ".bin", ".gguf")
-"""The files of a model directory a load opens (config, weights, tokenizer, chat template)."""
+_OPENED = (".json", ".safetensors", ".model", "merges.txt", "vocab.txt", ".jinja", ".bin", ".gguf")
+"""The files of a model directory a load opens (config, weights, tokenizer, chat template): of the ``.txt`` files
+only the tokenizer's (a FIFO a user keeps as ``notes.txt`` beside the weights was refused though never read)."""
 
 
 def refuse_special_files(path: Path) -> None:
