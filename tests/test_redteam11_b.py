@@ -54,7 +54,7 @@ def llama():
     # adapt --margin 0.05 --margin-prompts 3 timed nothing and reported a 0.99 adherence target it never aimed at
     ("adapt", {"margin": 0.05, "margin_prompts": 3}, "--margin-prompts calibrates the margin"),
     ("adapt", {"margin": 0.05, "adherence": 0.9}, "--adherence calibrates the margin"),
-    ("adapt", {"margin": 0.05, "debias": False}, "--debias calibrates the margin"),
+    ("adapt", {"margin": 0.05, "debias": False}, "--no-debias calibrates the margin"),
     ("adapt", {"protect_top_k": 3}, "--protect-top-k keeps the blocks of induction heads"),
     ("adapt", {"prune_budgets": "", "prune_reconstruct": "none"}, "--prune-reconstruct sets the static pruning"),
     # compose --parts steps --shots 0,2 measured K = 2 alone, and its report listed the grid [0, 2]
