@@ -91,3 +91,24 @@ def test_taskvec_merge_takes_each_option_under_its_method(tmp_path, vectors, met
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert out.is_file()
+
+
+# ---- class 11: the fix a line suggests, followed, runs ------------------------------------------------------
+
+@pytest.mark.parametrize("options, then", [
+    # prune --budget 0.8 --guide wanda --protect-top-k 3 said "add --guide induction"; adding it named two guides,
+    # and --budget refused that next
+    ({"budget": 0.8, "guide": "wanda", "protect_top_k": 3}, {"guide": "induction"}),
+    ({"budget": 0.8, "guide": "wanda", "guide_text_weight": 0.1}, {"guide": "attribution"}),
+    ({"guide": "wanda,magnitude", "guide_text_weight": 0.1}, {"guide": "wanda,magnitude,attribution"}),
+    ({"guide": "random@uniform", "protect_top_k": 2}, {"guide": "random@uniform,induction"}),
+])
+def test_prunes_guide_fix_followed_passes_the_checks(options, then):
+    from mechkit.errors import MechkitError
+
+    with pytest.raises(OptionError) as err:
+        mk.run("prune", model="tiny:nonexistent-family", write=False, **options)
+    assert f"--guide {then['guide']}" in str(err.value)
+    with pytest.raises(MechkitError) as err:  # the fix taken: past the option checks, stopped by the unknown model
+        mk.run("prune", model="tiny:nonexistent-family", write=False, **{**options, **then})
+    assert not isinstance(err.value, OptionError), err.value

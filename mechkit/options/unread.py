@@ -58,10 +58,19 @@ def prune(cls: Any, parsed: dict) -> None:
     if not {"induction", "combined"} & set(guides):
         refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
                        f"and the run's guides ({','.join(guides)}) hold neither",
-                       "drop --protect-top-k, or add --guide induction")
+                       f"drop --protect-top-k, or {guide_fix(parsed, 'induction')}")
     if all(g in STATIC_GUIDES for g in guides):
         refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's guides "
-                       f"({','.join(guides)}) compute none", "drop --guide-text-weight, or add --guide attribution")
+                       f"({','.join(guides)}) compute none",
+                       f"drop --guide-text-weight, or {guide_fix(parsed, 'attribution')}")
+
+
+def guide_fix(parsed: dict, guide: str) -> str:
+    """How to bring in a guide that reads an option: add it to --guide, or, under --budget (one guide searched),
+    pass it instead (adding it was then refused for naming two guides)."""
+    if parsed["budget"] is not None:
+        return f"pass --guide {guide} instead (--budget searches one guide)"
+    return f"add it: --guide {','.join(parsed['guide'])},{guide}"
 
 
 def adapt(cls: Any, parsed: dict) -> None:
