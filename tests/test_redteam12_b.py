@@ -28,6 +28,9 @@ from mechkit.taskarith import TaskVector
     # select-tasks --executor ray without --validate: nothing to run on Ray
     ("select-tasks", {"target": "capitalize", "executor": "ray"}, "--executor sets the validation fine-tunes"),
     ("select-tasks", {"target": "capitalize", "workers": 2}, "--workers sets the validation fine-tunes"),
+    # finetune --method full --rank 4 was refused only after the model had loaded
+    ("finetune", {"method": "full", "rank": 4}, "--rank applies to --method lora"),
+    ("finetune", {"method": "full", "lora_alpha": 8.0}, "--lora-alpha applies to --method lora"),
 ])
 def test_an_option_still_unread_is_refused_before_the_model_loads(plugin, options, said):
     with pytest.raises(OptionError, match=said):
@@ -42,6 +45,7 @@ def test_an_option_still_unread_is_refused_before_the_model_loads(plugin, option
     ("adapt", {"token_layers": "", "token_keep": ""}),
     ("adapt", {"token_keep": ""}),  # auto blocks, no share: no token selection, as asked
     ("select-tasks", {"target": "capitalize", "validate": True, "workers": 2, "executor": "ray"}),
+    ("finetune", {"method": "lora", "rank": 4, "lora_alpha": 8.0}),
 ])
 def test_the_same_options_where_they_are_read_still_pass_the_checks(plugin, options):
     from mechkit.errors import MechkitError
