@@ -71,7 +71,7 @@ def test_an_option_the_run_would_not_read_is_refused_before_the_model_loads(plug
     ("ablate", {"heads": "induction", "sweep": "2,3"}),
     ("ablate", {"heads": "random", "top_k": 2, "n_seqs": 50}),  # at its default: cannot be told from left out
     ("shuffle", {"heads": "0.1,1.1", "n_seqs": 7}),  # shuffle's loss reads --n-seqs whatever the heads
-    ("prune", {"guide": "induction", "protect_top_k": 3}),
+    ("prune", {"guide": "induction", "protect_top_k": 3, "target": "neurons,heads"}),  # heads: it protects some
     ("prune", {"budget": 0.8, "guide_text_weight": 0.1}),  # the default guides' first (attribution) reads it
     ("adapt", {"margin": 0.05, "margin_plans": 10}),
     ("select-tasks", {"target": "capitalize", "validate": True, "steps": 5}),

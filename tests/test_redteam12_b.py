@@ -28,6 +28,14 @@ from mechkit.taskarith import TaskVector
     # select-tasks --executor ray without --validate: nothing to run on Ray
     ("select-tasks", {"target": "capitalize", "executor": "ray"}, "--executor sets the validation fine-tunes"),
     ("select-tasks", {"target": "capitalize", "workers": 2}, "--workers sets the validation fine-tunes"),
+    # prune --target neurons --gqa group and --guide induction --protect-top-k 3: no head pruned, nothing read
+    ("prune", {"target": "neurons", "gqa": "group"}, "--gqa sets how heads are pruned, and --target neurons"),
+    ("prune", {"target": "neurons,layers", "guide": "induction", "protect_top_k": 3}, "--protect-top-k sets how heads"),
+    # prune --target heads --allocation sensitivity went global, silently (MLP sensitivity spreads neurons alone)
+    ("prune", {"target": "heads", "allocation": "sensitivity"}, "--allocation sensitivity spreads MLP channels"),
+    ("prune", {"target": "heads,layers", "guide": "wanda@sensitivity"}, "--guide wanda@sensitivity spreads MLP"),
+    ("prune", {"target": "layers", "allocation": "uniform"}, "--allocation spreads neurons and heads"),
+    ("prune", {"target": "layers", "guide": "attribution@uniform"}, "--guide attribution@uniform sets how"),
     # finetune --method full --rank 4 was refused only after the model had loaded
     ("finetune", {"method": "full", "rank": 4}, "--rank applies to --method lora"),
     ("finetune", {"method": "full", "lora_alpha": 8.0}, "--lora-alpha applies to --method lora"),
@@ -46,6 +54,11 @@ def test_an_option_still_unread_is_refused_before_the_model_loads(plugin, option
     ("adapt", {"token_keep": ""}),  # auto blocks, no share: no token selection, as asked
     ("select-tasks", {"target": "capitalize", "validate": True, "workers": 2, "executor": "ray"}),
     ("finetune", {"method": "lora", "rank": 4, "lora_alpha": 8.0}),
+    ("prune", {"target": "neurons,heads", "gqa": "group", "guide": "combined", "protect_top_k": 3}),
+    ("prune", {"target": "heads", "allocation": "uniform", "guide": "wanda@global-z,random"}),
+    ("prune", {"target": "neurons", "allocation": "sensitivity", "guide": "wanda@sensitivity,random"}),
+    ("prune", {"target": "layers", "guide": "attribution,random"}),
+    ("prune", {"target": "layers", "budget": 0.5, "guide": "attribution"}),
 ])
 def test_the_same_options_where_they_are_read_still_pass_the_checks(plugin, options):
     from mechkit.errors import MechkitError
@@ -101,18 +114,21 @@ def test_taskvec_merge_takes_each_option_under_its_method(tmp_path, vectors, met
 
 @pytest.mark.parametrize("options, then", [
     # prune --budget 0.8 --guide wanda --protect-top-k 3 said "add --guide induction"; adding it named two guides,
-    # and --budget refused that next
-    ({"budget": 0.8, "guide": "wanda", "protect_top_k": 3}, {"guide": "induction"}),
+    # and --budget refused that next (and --target neurons, the default, prunes no head to protect)
+    ({"budget": 0.8, "guide": "wanda", "protect_top_k": 3}, {"guide": "induction", "target": "neurons,heads"}),
     ({"budget": 0.8, "guide": "wanda", "guide_text_weight": 0.1}, {"guide": "attribution"}),
     ({"guide": "wanda,magnitude", "guide_text_weight": 0.1}, {"guide": "wanda,magnitude,attribution"}),
-    ({"guide": "random@uniform", "protect_top_k": 2}, {"guide": "random@uniform,induction"}),
+    ({"guide": "random@uniform", "protect_top_k": 2, "target": "heads"}, {"guide": "random@uniform,induction"}),
+    ({"target": "neurons", "gqa": "group"}, {"target": "neurons,heads"}),
+    ({"target": "heads", "allocation": "sensitivity"}, {"target": "neurons,heads"}),
 ])
-def test_prunes_guide_fix_followed_passes_the_checks(options, then):
+def test_prunes_fix_followed_passes_the_checks(options, then):
     from mechkit.errors import MechkitError
 
     with pytest.raises(OptionError) as err:
         mk.run("prune", model="tiny:nonexistent-family", write=False, **options)
-    assert f"--guide {then['guide']}" in str(err.value)
+    for name, value in then.items():
+        assert f"--{name} {value}" in str(err.value), err.value
     with pytest.raises(MechkitError) as err:  # the fix taken: past the option checks, stopped by the unknown model
         mk.run("prune", model="tiny:nonexistent-family", write=False, **{**options, **then})
     assert not isinstance(err.value, OptionError), err.value

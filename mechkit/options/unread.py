@@ -58,11 +58,42 @@ def prune(cls: Any, parsed: dict) -> None:
     if not {"induction", "combined"} & set(guides):
         refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
                        f"and the run's guides ({','.join(guides)}) hold neither",
-                       f"drop --protect-top-k, or {guide_fix(parsed, 'induction')}")
+                       f"drop --protect-top-k, or {guide_fix(parsed, 'induction')}{heads_fix(parsed)}")
     if all(g in STATIC_GUIDES for g in guides):
         refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's guides "
                        f"({','.join(guides)}) compute none",
                        f"drop --guide-text-weight, or {guide_fix(parsed, 'attribution')}")
+    prune_targets(cls, parsed)
+
+
+def prune_targets(cls: Any, parsed: dict) -> None:
+    """The options of a unit type --target leaves out: --gqa and --protect-top-k (heads), --allocation where
+    neither neurons nor heads are spread over layers, and a sensitivity allocation (MLP channels) without neurons
+    (heads then went globally, as under global)."""
+    targets = parsed["target"]
+    spec = f"--target {','.join(targets)}"
+    if "heads" not in targets:
+        refuse_ignored(cls, parsed, ("gqa", "protect_top_k"), f"sets how heads are pruned, and {spec} prunes none",
+                       f"drop it, or add heads: --target {','.join([*targets, 'heads'])}")
+    overrides = [g for g in parsed["guide"] if g.partition("@")[2]]  # GUIDE@ALLOCATION
+    if not {"neurons", "heads"} & set(targets):
+        refuse_ignored(cls, parsed, ("allocation",), f"spreads neurons and heads over the layers, and {spec} "
+                       "removes whole layers alone", "drop --allocation, or add neurons or heads to --target")
+        if overrides:
+            raise OptionError(f"--guide {overrides[0]} sets how neurons and heads spread over the layers, and {spec} "
+                              "removes whole layers alone, so it would be ignored",
+                              f"drop @{overrides[0].partition('@')[2]} from --guide, or add neurons or heads to --target")
+    if "neurons" not in targets:
+        if parsed["allocation"] == "sensitivity":
+            raise OptionError(f"--allocation sensitivity spreads MLP channels by measured sensitivity, and {spec} "
+                              "prunes no neurons (its heads would go globally), so it would be ignored",
+                              f"pass --allocation global, or add neurons: --target {','.join(['neurons', *targets])}")
+        sensitive = [g for g in overrides if g.partition("@")[2] == "sensitivity"]
+        if sensitive:
+            raise OptionError(f"--guide {sensitive[0]} spreads MLP channels by measured sensitivity, and {spec} "
+                              "prunes no neurons (its heads would go globally), so it would be ignored",
+                              f"drop @sensitivity from --guide, or add neurons: --target "
+                              f"{','.join(['neurons', *targets])}")
 
 
 def guide_fix(parsed: dict, guide: str) -> str:
@@ -71,6 +102,12 @@ def guide_fix(parsed: dict, guide: str) -> str:
     if parsed["budget"] is not None:
         return f"pass --guide {guide} instead (--budget searches one guide)"
     return f"add it: --guide {','.join(parsed['guide'])},{guide}"
+
+
+def heads_fix(parsed: dict) -> str:
+    """The rest of --protect-top-k's fix where --target prunes no heads (a guide alone would protect nothing)."""
+    targets = parsed["target"]
+    return "" if "heads" in targets else f", with --target {','.join([*targets, 'heads'])}"
 
 
 def adapt(cls: Any, parsed: dict) -> None:
