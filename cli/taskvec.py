@@ -167,7 +167,6 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
     from mechkit.taskarith import evaluate_expression, merge
     from mechkit.taskarith.merge import example_weights
 
-    named = _load_named(vectors)
     if (expr is None) == (method is None):
         raise MechkitError("pass exactly one of --expr and --method", "e.g. --expr 'cap + past' or --method ties")
     ignored = [flag for flag, value, default in (("--weights", weights, None), ("--density", density, 1.0),
@@ -177,6 +176,9 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
                            "not to --expr",
                            "write the weights into the expression (e.g. --expr '0.7*cap + 0.3*past'), "
                            "or merge with --method")
+    if method is not None:
+        _refuse_unread_merge_options(method, density, p, seed)
+    named = _load_named(vectors)
     if expr is not None:
         tv = evaluate_expression(expr, named) * scale if scale != 1.0 else evaluate_expression(expr, named)
     else:
@@ -191,6 +193,17 @@ def _combine(vectors, expr, method, weights, density, p, seed, scale, rank, ener
     if sparsity_density is not None:
         tv = tv.sparsify(sparsity_density)
     return tv
+
+
+def _refuse_unread_merge_options(method: str, density: float, p: float, seed: int) -> None:
+    """--density is read by ties alone, --p and --seed by dare and dare_ties alone: under another method
+    they were silently ignored (``--method task_arithmetic --density 0.2`` merged every entry)."""
+    readers = {"--density": ("ties",), "--p": ("dare", "dare_ties"), "--seed": ("dare", "dare_ties")}
+    for flag, value, default in (("--density", density, 1.0), ("--p", p, 0.0), ("--seed", seed, 0)):
+        if value != default and method not in readers[flag]:
+            raise MechkitError(f"{flag} applies to --method {' and '.join(readers[flag])}, and --method {method} "
+                               "does not read it, so it would be ignored",
+                               f"drop {flag}, or pass --method {readers[flag][0]}")
 
 
 @taskvec.command("apply")

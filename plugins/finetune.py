@@ -11,7 +11,8 @@ an interrupted run started again with the same options continues from the last c
 
 from __future__ import annotations
 
-from mechkit.options import NumberList, TaskList
+from mechkit.options import NumberList, OptionError, TaskList
+from mechkit.options.unused import given
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 SHOTS = NumberList(int, min=0, example="0,3")  # what mechkit.taskarith.finetune.parse_shots accepts, declared
@@ -39,19 +40,21 @@ class FinetunePlugin(Plugin):
                min=0),
     )
 
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        """LoRA's options under --method full, refused before the model loads (it was refused after the load)."""
+        lora_only = [o.flag for o in cls.options if o.name in ("rank", "lora_alpha") and given(cls, parsed, o.name)]
+        if parsed["method"] == "full" and lora_only:
+            verb = "applies" if len(lora_only) == 1 else "apply"
+            raise OptionError(f"{' and '.join(lora_only)} {verb} to --method lora, not to full fine-tuning",
+                              f"drop {' and '.join(lora_only)}, or pass --method lora")
+
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.scoring import score_prompts
         from mechkit.model import load_model
         from mechkit.taskarith.finetune import Recipe, eval_prompts, finetune, model_files
 
         opts, model = ctx.options, ctx.model
-        lora_only = [o.flag for o in self.options if o.name in ("rank", "lora_alpha") and opts[o.name] != o.default]
-        if opts["method"] == "full" and lora_only:
-            from mechkit.errors import PluginError
-
-            verb = "applies" if len(lora_only) == 1 else "apply"
-            raise PluginError(f"{' and '.join(lora_only)} {verb} to --method lora, not to full fine-tuning",
-                              f"drop {' and '.join(lora_only)}, or pass --method lora")
         task = opts["task"][0]
         recipe = Recipe(task=task, steps=opts["steps"], lr=opts["lr"], method=opts["method"], rank=opts["rank"],
                         lora_alpha=opts["lora_alpha"], batch_size=opts["batch_size"], shots=opts["shots"],

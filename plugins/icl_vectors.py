@@ -22,6 +22,7 @@ from mechkit.options import (
     NumberList,
     OptionError,
     TaskList,
+    unread,
 )
 from mechkit.options.unused import refuse_ignored
 from mechkit.plugin import Option, Plugin, Result, RunContext
@@ -73,6 +74,7 @@ class IclVectorsPlugin(Plugin):
         evaluated it there and saved it as that task's vector, and a --method or an extraction option
         (--top-k, --fv-scales, --spans, --n-contexts, --n-cie, --n-dev) was silently ignored."""
         if parsed["load_vector"] is None:
+            unread.icl_vectors(cls, parsed)  # the function vector's options under --method task-vector
             return
         from mechkit.actvec import ActivationVector
         from mechkit.errors import MechkitError

@@ -26,7 +26,7 @@ def task_vector(tmp_path_factory, llama):
     """A capitalize task vector saved by icl-vectors on tiny:llama."""
     out = tmp_path_factory.mktemp("iv")
     mk.run("icl-vectors", model=llama, out=out / "run", tasks="capitalize", method="task-vector", n=2, n_dev=2,
-           n_contexts=2, n_cie=2, shots=2, layers="0")
+           n_contexts=2, shots=2, layers="0")
     return out / "run" / "capitalize.task-vector.safetensors"
 
 

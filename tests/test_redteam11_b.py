@@ -54,7 +54,7 @@ def llama():
     # adapt --margin 0.05 --margin-prompts 3 timed nothing and reported a 0.99 adherence target it never aimed at
     ("adapt", {"margin": 0.05, "margin_prompts": 3}, "--margin-prompts calibrates the margin"),
     ("adapt", {"margin": 0.05, "adherence": 0.9}, "--adherence calibrates the margin"),
-    ("adapt", {"margin": 0.05, "debias": False}, "--debias calibrates the margin"),
+    ("adapt", {"margin": 0.05, "debias": False}, "--no-debias calibrates the margin"),
     ("adapt", {"protect_top_k": 3}, "--protect-top-k keeps the blocks of induction heads"),
     ("adapt", {"prune_budgets": "", "prune_reconstruct": "none"}, "--prune-reconstruct sets the static pruning"),
     # compose --parts steps --shots 0,2 measured K = 2 alone, and its report listed the grid [0, 2]
@@ -71,7 +71,7 @@ def test_an_option_the_run_would_not_read_is_refused_before_the_model_loads(plug
     ("ablate", {"heads": "induction", "sweep": "2,3"}),
     ("ablate", {"heads": "random", "top_k": 2, "n_seqs": 50}),  # at its default: cannot be told from left out
     ("shuffle", {"heads": "0.1,1.1", "n_seqs": 7}),  # shuffle's loss reads --n-seqs whatever the heads
-    ("prune", {"guide": "induction", "protect_top_k": 3}),
+    ("prune", {"guide": "induction", "protect_top_k": 3, "target": "neurons,heads"}),  # heads: it protects some
     ("prune", {"budget": 0.8, "guide_text_weight": 0.1}),  # the default guides' first (attribution) reads it
     ("adapt", {"margin": 0.05, "margin_plans": 10}),
     ("select-tasks", {"target": "capitalize", "validate": True, "steps": 5}),

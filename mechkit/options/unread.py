@@ -3,7 +3,7 @@
 One rule per plugin, called from its ``check_options`` (:func:`mechkit.options.unused.refuse_ignored` says the
 line). Each was a silent ignore: ``ablate --heads 0.1 --sweep 2,3`` ablated the one head and reported k=1 alone,
 ``prune --reconstruct none --ridge 0.5`` refitted nothing, ``select-tasks --steps 5`` without ``--validate``
-trained nothing, ``adapt --margin 0.05 --margin-prompts 3`` timed no margin prompt and reported an adherence
+trained nothing, ``icl-vectors --method task-vector --top-k 5`` picked no heads, ``adapt --margin 0.05 --margin-prompts 3`` timed no margin prompt and reported an adherence
 target it never aimed at, ``compose --parts steps --shots 0,2`` measured K = 2 alone and listed the grid.
 """
 
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mechkit.options.option import OptionError
 from mechkit.options.unused import refuse_head_options, refuse_ignored
 
 STATIC_GUIDES = ("random", "magnitude", "wanda", "flap")  # prune's guides scored without a gradient
 VALIDATE_ONLY = ("seeds", "steps", "budget", "batch_size", "lr", "eval_n", "eval_shots", "draws", "no_div_size",
-                 "transfer_seeds")  # select-tasks: read by the --validate fine-tunes alone
+                 "transfer_seeds", "executor", "ray_address", "workers")  # select-tasks: the --validate fine-tunes'
+FV_ONLY = ("top_k", "n_cie", "fv_scales")  # icl-vectors: read by the function vector alone
 
 
 def ablate(cls: Any, parsed: dict) -> None:
@@ -56,10 +58,56 @@ def prune(cls: Any, parsed: dict) -> None:
     if not {"induction", "combined"} & set(guides):
         refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
                        f"and the run's guides ({','.join(guides)}) hold neither",
-                       "drop --protect-top-k, or add --guide induction")
+                       f"drop --protect-top-k, or {guide_fix(parsed, 'induction')}{heads_fix(parsed)}")
     if all(g in STATIC_GUIDES for g in guides):
         refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's guides "
-                       f"({','.join(guides)}) compute none", "drop --guide-text-weight, or add --guide attribution")
+                       f"({','.join(guides)}) compute none",
+                       f"drop --guide-text-weight, or {guide_fix(parsed, 'attribution')}")
+    prune_targets(cls, parsed)
+
+
+def prune_targets(cls: Any, parsed: dict) -> None:
+    """The options of a unit type --target leaves out: --gqa and --protect-top-k (heads), --allocation where
+    neither neurons nor heads are spread over layers, and a sensitivity allocation (MLP channels) without neurons
+    (heads then went globally, as under global)."""
+    targets = parsed["target"]
+    spec = f"--target {','.join(targets)}"
+    if "heads" not in targets:
+        refuse_ignored(cls, parsed, ("gqa", "protect_top_k"), f"sets how heads are pruned, and {spec} prunes none",
+                       f"drop it, or add heads: --target {','.join([*targets, 'heads'])}")
+    overrides = [g for g in parsed["guide"] if g.partition("@")[2]]  # GUIDE@ALLOCATION
+    if not {"neurons", "heads"} & set(targets):
+        refuse_ignored(cls, parsed, ("allocation",), f"spreads neurons and heads over the layers, and {spec} "
+                       "removes whole layers alone", "drop --allocation, or add neurons or heads to --target")
+        if overrides:
+            raise OptionError(f"--guide {overrides[0]} sets how neurons and heads spread over the layers, and {spec} "
+                              "removes whole layers alone, so it would be ignored",
+                              f"drop @{overrides[0].partition('@')[2]} from --guide, or add neurons or heads to --target")
+    if "neurons" not in targets:
+        if parsed["allocation"] == "sensitivity":
+            raise OptionError(f"--allocation sensitivity spreads MLP channels by measured sensitivity, and {spec} "
+                              "prunes no neurons (its heads would go globally), so it would be ignored",
+                              f"pass --allocation global, or add neurons: --target {','.join(['neurons', *targets])}")
+        sensitive = [g for g in overrides if g.partition("@")[2] == "sensitivity"]
+        if sensitive:
+            raise OptionError(f"--guide {sensitive[0]} spreads MLP channels by measured sensitivity, and {spec} "
+                              "prunes no neurons (its heads would go globally), so it would be ignored",
+                              f"drop @sensitivity from --guide, or add neurons: --target "
+                              f"{','.join(['neurons', *targets])}")
+
+
+def guide_fix(parsed: dict, guide: str) -> str:
+    """How to bring in a guide that reads an option: add it to --guide, or, under --budget (one guide searched),
+    pass it instead (adding it was then refused for naming two guides)."""
+    if parsed["budget"] is not None:
+        return f"pass --guide {guide} instead (--budget searches one guide)"
+    return f"add it: --guide {','.join(parsed['guide'])},{guide}"
+
+
+def heads_fix(parsed: dict) -> str:
+    """The rest of --protect-top-k's fix where --target prunes no heads (a guide alone would protect nothing)."""
+    targets = parsed["target"]
+    return "" if "heads" in targets else f", with --target {','.join([*targets, 'heads'])}"
 
 
 def adapt(cls: Any, parsed: dict) -> None:
@@ -71,9 +119,23 @@ def adapt(cls: Any, parsed: dict) -> None:
     if parsed["guide"] != "induction":
         refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps the blocks of induction heads under --guide "
                        f"induction, and --guide is {parsed['guide']}", "drop --protect-top-k, or pass --guide induction")
+    if parsed["token_layers"] is not None and not parsed["token_layers"] and parsed["token_keep"]:  # blank: none
+        refuse_ignored(cls, parsed, ("token_keep",), "sets the shares kept after a --token-layers block, and "
+                       "--token-layers '' selects no tokens", "drop --token-keep, or give --token-layers (e.g. auto)")
+    elif not parsed["token_keep"] and parsed["token_layers"]:  # blocks named, no share kept after them
+        raise OptionError(f"--token-layers {','.join(map(str, parsed['token_layers']))} selects tokens after these "
+                          "blocks, and --token-keep '' keeps no share there, so it would be ignored",
+                          "give --token-keep (e.g. 0.5,0.3), or pass --token-layers ''")
     if not parsed["prune_budgets"]:
         refuse_ignored(cls, parsed, ("prune_targets", "prune_reconstruct"), "sets the static pruning compared, and "
                        "--prune-budgets '' runs none", "drop it, or give --prune-budgets (e.g. 0.7)")
+
+
+def icl_vectors(cls: Any, parsed: dict) -> None:
+    """The function vector's options (its heads, their indirect effects, its scales) under --method task-vector."""
+    if parsed["method"] == "task-vector" and parsed["load_vector"] is None:
+        refuse_ignored(cls, parsed, FV_ONLY, "sets the function vector, and --method task-vector extracts none",
+                       "drop it, or pass --method function-vector (or both)")
 
 
 def compose_shots(cls: Any, parsed: dict, parts: set[str]) -> None:

@@ -35,10 +35,18 @@ def given(cls: Any, parsed: dict[str, Any], name: str) -> bool:
     return parsed.get(name) != default_value(option)
 
 
+def given_flag(option: Option, value: Any) -> str:
+    """The flag as the user typed it: ``--no-debias`` for an on-by-default flag turned off (the line said
+    ``--debias`` and "drop --debias", a flag the user never passed)."""
+    if option.is_flag and value is False and option.default:
+        return f"--no-{option.flag[2:]}"
+    return option.flag
+
+
 def refuse_ignored(cls: Any, parsed: dict[str, Any], names: Iterable[str], why: str, fix: str | None = None) -> None:
     """Refuse the first of ``names`` given a value other than its default: ``why`` says in words why the run
     would not read it; ``fix`` defaults to dropping the option."""
-    flags = {o.name: o.flag for o in cls.options}
+    flags = {o.name: given_flag(o, parsed.get(o.name)) for o in cls.options}
     for name in names:
         if given(cls, parsed, name):
             raise OptionError(f"{flags[name]} {why}, so it would be ignored", fix or f"drop {flags[name]}")
