@@ -48,7 +48,7 @@ OPTIONS = {
 # On the 1B model: fewer and shorter prompts (the ratio is to a forward of the same shape).
 SMALL = dict(n=4, shots=4)
 # The 2-layer tiny model (a smoke test) has too few heads and layers for the defaults.
-TINY = {"ablate": dict(top_k=1, sweep="1"), "shuffle": dict(heads="0.0,0.1"), "compose": dict(top_k=1),
+TINY = {"ablate": dict(sweep="1"), "shuffle": dict(heads="0.0,0.1"),
         "adapt": dict(signal_layer=0, token_layers="0")}
 WHY = {
     "sweep": "attribution: the backward pass keeps every layer's activations of a batch (and the full-vocabulary "

@@ -40,7 +40,7 @@ def vectors(tmp_path_factory) -> str:
 
 PLUGINS = {
     "sweep": SWEEP,
-    "ablate": {"tasks": "capitalize", "n": 4, "shots": 1, "heads": "random", "top_k": 2, "baseline_seeds": 3,
+    "ablate": {"tasks": "capitalize", "n": 4, "shots": 1, "heads": "random", "baseline_seeds": 3,
                "sweep": "1,2", "mode": "mean"},
     "taskvec-sweep": {"lambdas": "-1:1:0.5", "n": 3},
     "icl-vectors": {"tasks": "capitalize", "n": 3, "n_dev": 3, "n_contexts": 2, "n_cie": 2, "shots": 2,

@@ -169,7 +169,7 @@ def test_saved_vector_round_trip(tiny_llama, tmp_path):
     other.save(tmp_path / "o.safetensors")
     with pytest.raises(MechkitError, match="other model weights"):
         ActivationVector.load(tmp_path / "o.safetensors", tiny_llama)
-    with pytest.raises(MechkitError, match="no vector file"):
+    with pytest.raises(MechkitError, match="does not exist"):
         ActivationVector.load(tmp_path / "missing.safetensors")
 
 
