@@ -21,7 +21,7 @@ LATEST ?= .venv-latest
 # and an eager upgrade takes it unless torch is named with its pin in the same command.
 LATEST_TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test lint lock test-latest bench clean docs notebooks
+.PHONY: setup demo test lint lock test-latest test-gpu bench clean docs notebooks
 
 setup: $(VENV)/.mechkit-installed
 
@@ -41,6 +41,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# On a GPU machine, with a CUDA build of the locked torch installed in .venv (docs/guides/devices.md).
+test-gpu: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m gpu
 
 # The documentation site, built strictly (any warning fails) into site/; open site/index.html.
 docs: setup

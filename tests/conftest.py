@@ -30,6 +30,27 @@ pytest_plugins = ["tests.ray_cluster"]  # the local Ray cluster of the executor 
 
 FAMILIES = tiny_families()
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# Without CUDA the GPU tests are deselected, not skipped, and the run says so: ~75 skips would hide
+# real ones. `-m gpu` (make test-gpu) keeps them; MECHKIT_TEST_OTHER_DEVICE=cpu runs them CPU-to-CPU.
+GPU_OFF = not torch.cuda.is_available() and os.environ.get("MECHKIT_TEST_OTHER_DEVICE", "cuda") == "cuda"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not GPU_OFF or config.getoption("markexpr"):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        config.stash[_GPU_DESELECTED] = len(gpu)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if n := config.stash.get(_GPU_DESELECTED, 0):
+        terminalreporter.write_line(f"{n} GPU tests deselected: no CUDA here (`make test-gpu` on a GPU machine runs them)")
+
+
+_GPU_DESELECTED = pytest.StashKey[int]()
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

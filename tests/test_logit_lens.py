@@ -122,3 +122,12 @@ def test_dla_per_head_equals_transformer_lens(model):
         @ (unembed[5] - unembed[7])
     ours = direct_logit_attribution(model, tl, 5, 7)  # an ActivationCache reads by the same names
     torch.testing.assert_close(ours.heads[0].flatten(), theirs[:, 0].float(), atol=1e-4, rtol=1e-3)
+
+
+def test_a_pattern_and_a_name_it_covers_record_the_point_once(model):
+    """lens_names and dla_names overlap (blocks.*.hook_resid_pre covers blocks.0.hook_resid_pre): asked
+    together, each point is recorded once, not concatenated with itself along the batch."""
+    ids = _ids(model)
+    _, cache = mk.run_with_cache(model, ids, [*lens_names(model), *dla_names(model)])
+    assert all(act.shape[0] == ids.shape[0] for act in cache.values())
+    torch.testing.assert_close(logit_lens(model, cache)[-1], model(ids)[:, -1].detach(), atol=1e-4, rtol=1e-4)

@@ -398,8 +398,9 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
         value = act.detach()
         cache.setdefault(point.name, []).append(value.to(device) if device else value)
 
-    names = check_names(names, "mk.record")
-    with hooks(handle, {name: keep for name in names}), _inputs_of(handle, cache):
+    # each point once: a pattern and a name it covers ("blocks.*.x", "blocks.0.x") would record it twice
+    points = {p.name for name in check_names(names, "mk.record") for p in resolve(handle.anatomy, name)}
+    with hooks(handle, dict.fromkeys(sorted(points), keep)), _inputs_of(handle, cache):
         yield cache
 
 

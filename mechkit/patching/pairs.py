@@ -71,7 +71,7 @@ def _first_differing(handle: ModelHandle, clean, corrupted, pair: PromptPair):
     if k >= min(len(a), len(b)):
         raise MechkitError(f"the answer {pair.wrong!r} is a prefix of {pair.correct!r} (or the reverse): no token "
                            "tells them apart", "give two answers that differ within their tokens")
-    shared = torch.tensor([a[:k]], dtype=clean.dtype)
+    shared = torch.tensor([a[:k]], dtype=clean.dtype, device=clean.device)
     return torch.cat([clean, shared], 1), torch.cat([corrupted, shared], 1), a[k], b[k]
 
 

@@ -13,7 +13,9 @@ def reset_memory_peaks() -> None:
 
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    if torch.cuda.is_available():
+    # Before CUDA's first use in this process there is nothing to reset, and torch refuses the call
+    # ("Invalid device argument"); asking must not start CUDA in a run that may stay on the CPU.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(i)
 
@@ -38,7 +40,7 @@ def memory_peaks() -> dict:
     import torch
 
     out = {"peak_rss_mb": _rss_high_water_mb()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # a run that never used CUDA: no peaks
         for i in range(torch.cuda.device_count()):
             peak = torch.cuda.max_memory_allocated(i)
             if peak > 0:
