@@ -102,3 +102,31 @@ def test_a_vector_path_that_is_a_fifo_is_named_as_one_not_missing(tmp_path):
         ActivationVector.load(fifo)
     with pytest.raises(MechkitError, match="does not exist"):
         ActivationVector.load(tmp_path / "missing.safetensors")
+
+
+def test_a_mechkit_cache_that_is_a_file_is_refused_in_one_line_before_the_model_loads(tmp_path, monkeypatch):
+    """`cache list` printed "(empty)" for it; a run failed only at its first write."""
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+    from mechkit.io.disk_cache import cache_root
+
+    (tmp_path / "f").write_text("mine")
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "f"))
+    for args in (["cache", "list"], ["cache", "clear", "--all"], ["inspect", "--model", "tiny:llama", "--out",
+                                                                  str(tmp_path / "o")]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code != 0 and "is not a directory" in result.output, result.output
+    assert (tmp_path / "f").read_text() == "mine" and not (tmp_path / "o").exists()
+    monkeypatch.setenv("MECHKIT_CACHE", "rel-cache")
+    monkeypatch.chdir(tmp_path)
+    assert cache_root() == tmp_path / "rel-cache"  # relative: from the working directory, made absolute
+
+
+def test_gradients_at_a_read_only_point_name_the_activation_it_is_computed_from():
+    import mechkit as mk
+    from mechkit.errors import MechkitError
+
+    m = mk.load_model("tiny:llama", device="cpu")
+    with pytest.raises(MechkitError, match=r"cannot take a gradient at ln_final.hook_scale.*blocks\.1\.hook_resid_post"):
+        mk.gradients(m, "ln_final.hook_scale", m.to_tokens("hello"), lambda logits: logits[0, -1, 3])

@@ -21,7 +21,7 @@ from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
-from mechkit.hooking.points import HookPoint, all_names, resolve
+from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, resolve
 from mechkit.model.backends.grad import enable_grad
 from mechkit.model.modules import norm
 
@@ -453,6 +453,18 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
     return logits, cache
 
 
+def _refuse_read_only(handle: ModelHandle, points: list[HookPoint]) -> None:
+    """A read-only point is computed beside the forward (not on its path): no gradient reaches it, so
+    mk.gradients names the activation it is computed from instead of failing in the hook."""
+    for p in points:
+        if p.suffix in READ_ONLY:
+            source = (f"blocks.{handle.anatomy.n_layers - 1}.hook_resid_post" if p.layer < 0 or
+                      p.layer >= handle.anatomy.n_layers else f"blocks.{p.layer}.hook_resid_mid")
+            raise MechkitError(f"mk.gradients cannot take a gradient at {p.name}: mechkit computes it beside the "
+                               "forward, so no gradient flows through it",
+                               f"take it at the activation it is computed from, {source}")
+
+
 def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tensor,
               metric: Callable[[torch.Tensor], torch.Tensor], **kwargs
               ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
@@ -479,6 +491,7 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
         raise MechkitError(f"mk.gradients needs a metric function of the logits, not {type(metric).__name__}",
                            "pass e.g. lambda logits: logits[0, -1, token_id]")
     points = [p for name in check_names(names, "mk.gradients") for p in resolve(handle.anatomy, name)]
+    _refuse_read_only(handle, points)
     if handle.backend.traced:  # its forward goes round ModelHandle.forward's check of the arguments
         input_ids = handle.checked_inputs(input_ids, kwargs)
         return traced.gradients(handle, points, input_ids.to(handle.device), metric, use_cache=False, **kwargs)

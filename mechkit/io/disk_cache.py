@@ -34,12 +34,18 @@ def cache_root() -> Path:
 
     A leading ``~`` is expanded: a value quoted in a shell or set in a ``.env`` file reaches mechkit
     unexpanded, and the cache then grew in a folder literally named ``~`` under the working directory
-    (which ``rm -rf ~`` would then "clean").
+    (which ``rm -rf ~`` would then "clean"). A relative ``$MECHKIT_CACHE`` is taken from the working
+    directory (made absolute here, so every message names the folder actually used). A file where the
+    folder should be is refused in one line: ``cache list`` read it as an empty cache.
     """
     if os.environ.get("MECHKIT_CACHE"):
-        return Path(os.environ["MECHKIT_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "mechkit"
+        root, why = Path(os.environ["MECHKIT_CACHE"]).expanduser().absolute(), "point $MECHKIT_CACHE at a directory"
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        root, why = Path(base).expanduser().absolute() / "mechkit", "move that file away, or set $MECHKIT_CACHE"
+    if root.exists() and not root.is_dir():
+        raise MechkitError(f"the mechkit cache {root} is not a directory", why)
+    return root
 
 
 @dataclass(frozen=True)
