@@ -235,7 +235,9 @@ class Plugin:
         """Names a run with ``params`` writes into ``--out`` besides its report and figures (a saved model's
         ``config.json``, a ``model/`` folder). The runner checks them before the model loads, so a model
         that another writer saved there, or one mechkit never wrote, is refused at once and not after the
-        work (:func:`mechkit.io.replace.refuse_foreign_model`). The default writes none."""
+        work (:func:`mechkit.io.replace.refuse_foreign_model`). Where a name is a ``model`` folder or a
+        ``.safetensors`` file, the run saves a model, and the model's size is also checked against the
+        process's file-size limit (``ulimit -f``) before the work. The default writes none."""
         return ()
 
     @classmethod

@@ -352,6 +352,12 @@ def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -
     return plugin_tables(cls, results, console)
 
 
+def _saves_weights(names: tuple[str, ...]) -> bool:
+    """A run that saves a model (a ``model/`` folder or a ``.safetensors`` file among what it declares it
+    writes): only then is the model's size held to ``ulimit -f``; a plugin declaring a table it writes is not."""
+    return any(name.rstrip("/").split("/")[-1] == "model" or name.endswith(".safetensors") for name in names)
+
+
 def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, setup: RunSetup, console) -> Run:
     """Load the model, run the plugin, check the logits and write the report (when ``out_dir``)."""
     from mechkit.report.memory import reset_memory_peaks
@@ -362,7 +368,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         handle = _load(cls, setup)
     load_s = time.perf_counter() - t0
     check_pruned(cls, handle)
-    if out_dir is not None and handle is not None and cls.writes(params):  # a saved model: ulimit -f before the work
+    if out_dir is not None and handle is not None and _saves_weights(cls.writes(params)):  # ulimit -f before the work
         refuse_over_file_size_limit(_weight_bytes(handle.model), f"the model {cls.name} saves in {out_dir}")
     _seed_everything(setup.seed)
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.

@@ -130,3 +130,24 @@ def test_gradients_at_a_read_only_point_name_the_activation_it_is_computed_from(
     m = mk.load_model("tiny:llama", device="cpu")
     with pytest.raises(MechkitError, match=r"cannot take a gradient at ln_final.hook_scale.*blocks\.1\.hook_resid_post"):
         mk.gradients(m, "ln_final.hook_scale", m.to_tokens("hello"), lambda logits: logits[0, -1, 3])
+
+
+def test_a_plugin_that_declares_a_table_it_writes_is_not_held_to_the_model_file_size_limit(tmp_path):
+    """The ``ulimit -f`` check is for runs that save a model; a third-party plugin declaring ``scores.csv``
+    (so the runner checks --out for it) was refused for its model's weight size."""
+    import mechkit as mk
+    from tests.conftest import file_size_limit
+
+    class Table(mk.Plugin):
+        name, version, summary = "table-writer", "0.0.1", "writes a small table beside its report"
+
+        @classmethod
+        def writes(cls, params):
+            return ("scores.csv",)
+
+        def run(self, ctx):
+            return mk.Result(results={"rows": 1}, files={"scores.csv": "head,score\n0.1,0.5\n"})
+
+    with file_size_limit(200_000):  # the weights (~400 kB) would not fit; the table and report do
+        run = mk.run(Table, model="tiny:llama", out=tmp_path / "run", device="cpu")
+    assert run.results == {"rows": 1} and (tmp_path / "run" / "scores.csv").is_file()
