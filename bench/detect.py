@@ -64,7 +64,7 @@ def _stripes(total: int, seg_len: int):
 def _stripe_sums(pattern, stripes) -> dict:
     """Per kind, ``[n_heads]`` sums over the batch of the mean stripe attention per sequence."""
     p = pattern.float()
-    return {k: p[:, :, q, kk].mean(dim=2).sum(dim=0).double() for k, (q, kk) in stripes.items()}
+    return {k: p[:, :, q, kk].mean(dim=2).sum(dim=0).double().cpu() for k, (q, kk) in stripes.items()}
 
 
 def _method(name: str, handle, tokens, seg_len: int, bs: int):
@@ -73,7 +73,7 @@ def _method(name: str, handle, tokens, seg_len: int, bs: int):
     import torch
 
     n_layers, n_heads = handle.anatomy.n_layers, handle.anatomy.n_heads
-    batches = [tokens[s:s + bs] for s in range(0, len(tokens), bs)]
+    batches = [tokens[s:s + bs].to(handle.device) for s in range(0, len(tokens), bs)]  # bench/gpu.py: on CUDA
     stripes = _stripes(tokens.shape[1], seg_len)
 
     def finish(sums: dict) -> dict:
@@ -166,7 +166,7 @@ def _method(name: str, handle, tokens, seg_len: int, bs: int):
                                 [p[:, :, q, kk].mean(dim=2).sum(dim=0) for q, kk in stripes.values()]).save())
                     for layer, s in enumerate(saved):
                         for j, k in enumerate(stripes):
-                            sums[k][layer] += s[j].double()
+                            sums[k][layer] += s[j].double().cpu()
             return finish(sums), {}
 
         return run

@@ -12,11 +12,16 @@ vocabulary 128256). Weights are random, so accuracies mean nothing here; what is
 - ``sweep``: :func:`mechkit.heads.exact_effects` over ``--sweep-layers`` layers (every head of each,
   replaying only the blocks from that layer up), in plain-forward equivalents per head.
 
+- ``nnsight`` (a peer, when installed; ``--no-peers`` skips it): the same detect stripe scores read
+  from each layer's attention weights inside a trace, and one forward with the same top-k heads
+  zero-ablated (zeros written into ``o_proj``'s input), beside mechkit's ablated forward; the
+  agreement of scores and logits is printed with the times.
+
 Peak CUDA memory (``torch.cuda.max_memory_allocated``) is recorded for each, with the weights'
 own size for reference. On CPU the script runs (``--shape tiny`` or ``1b``) as a smoke test; the
 figures worth quoting come from a GPU.
 
-    python bench/gpu.py [--shape llama3-8b|1b|tiny] [--quick] [--n 16] [--shots 4] [--sweep-layers 2]
+    python bench/gpu.py [--shape llama3-8b|1b|tiny] [--quick] [--n 16] [--shots 4] [--sweep-layers 2] [--no-peers]
 """
 
 from __future__ import annotations
@@ -75,6 +80,72 @@ def measure(fn, device: str, repeats: int) -> dict:
     return stats
 
 
+def _nnsight_rows(handle, tokens, seg_len, heads, batch, base, clean, device, repeats, out, prompt_tokens,
+                  detect_tokens) -> list[tuple]:
+    """The same work through nnsight (a peer): detect's stripe scores read from each layer's attention
+    weights inside a trace (bench/detect.py's method), and one forward with the same heads zero-ablated
+    by writing zeros into ``o_proj``'s input, against mechkit's ablated forward. Agreement is printed
+    beside the times (same inputs, same heads). Run last: nnsight's detect needs eager attention."""
+    import detect as detect_bench
+    import torch
+
+    import mechkit as mk
+
+    try:
+        from nnsight import NNsight
+    except ImportError:
+        print("nnsight is not installed here: no peer rows")
+        return []
+    a = handle.anatomy
+    ids, mask = batch.ids.to(handle.device), batch.mask.to(handle.device)
+
+    def ours_ablated():
+        with torch.no_grad(), mk.ablate(handle, heads, mode="zero"):
+            return handle.model(input_ids=ids, attention_mask=mask).logits
+
+    by_layer: dict[int, list[int]] = {}
+    for h in heads:
+        by_layer.setdefault(h.layer, []).append(h.head)
+    wrapped = NNsight(handle.model)
+
+    def theirs_ablated():
+        with torch.no_grad(), wrapped.trace(input_ids=ids, attention_mask=mask):
+            for layer, hs in sorted(by_layer.items()):  # nnsight asks for modules in the order they run
+                x = wrapped.model.layers[layer].self_attn.o_proj.input
+                for h in hs:
+                    x[..., h * a.d_head:(h + 1) * a.d_head] = 0
+            logits = wrapped.output.logits.save()
+        return logits
+
+    ours = measure(ours_ablated, device, repeats)
+    theirs = measure(theirs_ablated, device, repeats)
+    diff = (ours_ablated().float() - theirs_ablated().float()).abs().max().item()
+    mech_scores = head_scores_for(handle, tokens, seg_len)
+    nn_run = detect_bench._method("nnsight", handle, tokens, seg_len, len(tokens))  # switches to eager attention
+    det = measure(nn_run, device, repeats)
+    nn_scores = nn_run()[0]
+    det_diff = max(float(abs(mech_scores[k] - torch.as_tensor(nn_scores[k])).max()) for k in nn_scores)
+    out["nnsight"] = {"ablated_forward": theirs, "mechkit_ablated_forward": ours, "detect": det,
+                      "ablated_logits_max_abs_diff": diff, "detect_scores_max_abs_diff": det_diff}
+    print(f"nnsight agreement: ablated logits max |diff| {diff:.3g}; detect scores max |diff| {det_diff:.3g}")
+    return [("nnsight: detect stripe scores in a trace", f"{detect_tokens / det['median_s']:.0f}",
+             f"{det['median_s'] / base['median_s']:.2f}", f"{det.get('peak_cuda_gib', 0):.2f}"),
+            (f"mechkit: forward, top-{len(heads)} heads zero-ablated", f"{prompt_tokens / ours['median_s']:.0f}",
+             f"{ours['median_s'] / clean['median_s']:.2f}", f"{ours.get('peak_cuda_gib', 0):.2f}"),
+            (f"nnsight: forward, top-{len(heads)} heads zero-ablated", f"{prompt_tokens / theirs['median_s']:.0f}",
+             f"{theirs['median_s'] / clean['median_s']:.2f}", f"{theirs.get('peak_cuda_gib', 0):.2f}")]
+
+
+def head_scores_for(handle, tokens, seg_len) -> dict:
+    """mechkit's stripe scores on the detect batch, as CPU tensors (compared with nnsight's)."""
+    import torch
+
+    from mechkit.heads import head_scores
+
+    scores = head_scores(handle, tokens, seg_len, batch_size=len(tokens)).scores
+    return {k: torch.as_tensor(v).float().cpu() for k, v in scores.items()}
+
+
 def main() -> None:
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default llama3-8b on CUDA, tiny on CPU")
@@ -87,6 +158,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=10, help="heads ablated")
     p.add_argument("--sweep-layers", type=int, default=2, help="layers of the exact sweep (each: every head)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs (default 5; quick 2)")
+    p.add_argument("--no-peers", action="store_true", help="skip the nnsight rows (run last: they switch to eager attention)")
     args = p.parse_args()
 
     common.go_offline()
@@ -171,6 +243,10 @@ def main() -> None:
     rows.append((f"exact sweep, layers 0–{layers - 1} ({layers * a.n_heads} heads)",
                  f"{prompt_tokens * layers * a.n_heads / sw['median_s']:.0f}",
                  f"{per_head / clean['median_s']:.2f} per head", f"{sw.get('peak_cuda_gib', 0):.2f}"))
+
+    if not args.no_peers:
+        rows += _nnsight_rows(handle, tokens, seg_len, heads, batch, base, clean, device, repeats, out,
+                              prompt_tokens, detect_tokens)
 
     print(f"{shape} on {device} ({out['dtype']}, weights {weights_gib:.2f} GiB, {threads} CPU threads)")
     print(common.table(rows, ("what", "tokens/s", "time ÷ plain forward", "peak CUDA GiB")))
