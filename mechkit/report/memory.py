@@ -17,7 +17,8 @@ def reset_memory_peaks() -> None:
     # ("Invalid device argument"); asking must not start CUDA in a run that may stay on the CPU.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i in range(torch.cuda.device_count()):
-            torch.cuda.reset_peak_memory_stats(i)
+            with contextlib.suppress(RuntimeError):  # a device this process never used: nothing to reset
+                torch.cuda.reset_peak_memory_stats(i)
 
 
 def _rss_high_water_mb() -> float:
@@ -42,7 +43,10 @@ def memory_peaks() -> dict:
     out = {"peak_rss_mb": _rss_high_water_mb()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # a run that never used CUDA: no peaks
         for i in range(torch.cuda.device_count()):
-            peak = torch.cuda.max_memory_allocated(i)
+            try:
+                peak = torch.cuda.max_memory_allocated(i)
+            except RuntimeError:  # as above: a device never used holds no peak
+                continue
             if peak > 0:
                 out[f"peak_cuda{i}_mb"] = round(peak / 2**20, 1)
     return out
