@@ -337,7 +337,14 @@ class Cache(dict):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         parts = super().__getitem__(name)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if len(parts) == 1:
+            return parts[0]
+        shapes = {tuple(p.shape[1:]) for p in parts}
+        if len(shapes) > 1:  # forwards of different lengths: torch.cat's raw RuntimeError otherwise
+            raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
+                               f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
+                               "record forwards of one length together (pad them), or each in its own mk.record")
+        return torch.cat(parts, dim=0)
 
     def items(self):
         return [(name, self[name]) for name in self]
