@@ -114,3 +114,33 @@ def test_patch_refuses_empty_answers_and_identical_prompts_before_the_model(args
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_report_show_of_the_html_names_the_right_path(tmp_path):
+    from tests.conftest import cli_in_process
+
+    (tmp_path / "report.html").write_text("<html></html>")
+    result = cli_in_process("report", "show", str(tmp_path / "report.html"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "or its run directory" in result.stderr and "rerun the analysis" not in result.stderr
+    (tmp_path / "report.json").write_text('{"schema": ')  # a truncated report: rerun is the fix
+    assert "rerun the analysis" in cli_in_process("report", "show", str(tmp_path)).stderr
+
+
+def test_lens_refuses_a_cache_of_another_in_memory_model_of_one_class():
+    import transformers as T
+
+    from mechkit.model.sources.tiny import SPECIAL_TOKENS, byte_tokenizer
+
+    def fresh(seed: int) -> mk.ModelHandle:
+        torch.manual_seed(seed)
+        config = T.LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               **SPECIAL_TOKENS)
+        return mk.load_model(T.AutoModelForCausalLM.from_config(config).eval(), tokenizer=byte_tokenizer())
+
+    a, b = fresh(0), fresh(1)
+    assert a.spec == b.spec  # both name only the class
+    _, cache = mk.run_with_cache(a, a.to_tokens("hi"), lens_names(a))
+    assert logit_lens(a, cache).shape[0] == 3
+    with pytest.raises(MechkitError, match="this cache was recorded on"):
+        logit_lens(b, cache)

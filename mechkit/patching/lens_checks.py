@@ -37,8 +37,9 @@ def checked_cache(handle: ModelHandle, cache: Any, needed: list[str], who: str, 
     if not (hasattr(cache, "__getitem__") and hasattr(cache, "keys")):
         raise MechkitError(f"{who} takes a recording (mk.run_with_cache's cache), not {type(cache).__name__}", fix)
     recorded = getattr(cache, "handle", None)
-    if recorded is not None and recorded is not handle and getattr(recorded, "spec", None) != handle.spec:
-        raise MechkitError(f"this cache was recorded on {recorded.spec}, not on {handle.spec}",
+    if recorded is not None and not _same_model(recorded, handle):
+        other = "another model of that class" if recorded.spec == handle.spec else handle.spec
+        raise MechkitError(f"this cache was recorded on {recorded.spec}, not on {other}",
                            f"pass the model it was recorded on, or record on {handle.spec}")
     keys = set(cache.keys())
     missing = [n for n in needed if n not in keys]
@@ -55,6 +56,15 @@ def checked_cache(handle: ModelHandle, cache: Any, needed: list[str], who: str, 
         raise MechkitError(f"the cache's residual stream is {width} wide; {handle.spec}'s is "
                            f"{handle.anatomy.d_model}: it was recorded on another model", "pass the model it was recorded on")
     return acts
+
+
+def _same_model(recorded: Any, handle: ModelHandle) -> bool:
+    """The recording's model is ``handle``'s: the same handle or module, or loaded from the same spec (an
+    in-memory model's spec, ``<object LlamaForCausalLM>``, names only its class: it takes the same module)."""
+    if recorded is handle or getattr(recorded, "model", None) is handle.model:
+        return True
+    spec = getattr(recorded, "spec", None)
+    return spec == handle.spec and not str(spec).startswith("<")
 
 
 def checked_pos(pos: Any, length: int, who: str) -> int:
