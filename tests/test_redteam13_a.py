@@ -144,3 +144,16 @@ def test_lens_refuses_a_cache_of_another_in_memory_model_of_one_class():
     assert logit_lens(a, cache).shape[0] == 3
     with pytest.raises(MechkitError, match="this cache was recorded on"):
         logit_lens(b, cache)
+
+
+def test_run_with_cache_of_everything_on_nnsight_records_what_it_serves(llama):
+    nn = mk.load_model("tiny:llama", backend="nnsight")
+    ids = llama.to_tokens("hello")
+    logits, cache = mk.run_with_cache(nn, ids)  # was refused: the default named points nnsight lacks
+    native_logits, native = mk.run_with_cache(llama, ids)
+    assert len(cache) > 2 * llama.anatomy.n_layers and set(cache) < set(native)
+    assert torch.allclose(logits, native_logits, atol=1e-5)
+    for name in cache:
+        assert torch.allclose(cache[name], native[name], atol=1e-5), name
+    with pytest.raises(MechkitError, match="not served by the nnsight"):  # named: still refused
+        mk.run_with_cache(nn, ids, "blocks.0.attn.hook_q")

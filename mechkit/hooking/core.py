@@ -435,7 +435,8 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
 def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | list[str] | None = None
                    ) -> tuple[torch.Tensor, Cache]:
     """Logits and the named activations of one forward pass; with no ``names``, every hook point
-    (:func:`~mechkit.hooking.points.all_names`), as TransformerLens' ``run_with_cache`` does.
+    (:func:`~mechkit.hooking.points.all_names`), as TransformerLens' ``run_with_cache`` does (on the nnsight
+    backend, every point it serves).
 
     Caching everything costs memory and time: per layer and token about ``6 * d_model + 3 * n_heads *
     d_head + d_mlp`` floats plus ``n_heads * pos`` for the pattern (on SmolLM2-135M, ~9 MB per layer for a
@@ -454,10 +455,21 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
 
     require_handle(handle, "mk.run_with_cache")
     if names is None:
-        names = all_names(handle.anatomy)
+        names = _every_point(handle)
     with torch.no_grad(), record(handle, names) as cache:
         logits = handle(input_ids)
     return logits, cache
+
+
+def _every_point(handle: ModelHandle) -> list[str]:
+    """Every hook point the handle's backend records: a traced backend (nnsight) serves fewer, and names
+    left out by the user must not refuse the whole call (named ones still do, in :mod:`.traced`)."""
+    names = all_names(handle.anatomy)
+    if not handle.backend.traced:
+        return names
+    from mechkit.hooking.traced import ORDER
+
+    return [p.name for name in names for p in resolve(handle.anatomy, name) if p.suffix in ORDER]
 
 
 def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tensor,
