@@ -46,6 +46,12 @@ class PatchPlugin(Plugin):
             raise OptionError("--clean, --corrupted and --answers go together; give all three")
         if parsed.get("answers") is not None and len(parsed["answers"].split(",")) != 2:
             raise OptionError("--answers takes two answers, comma-separated: the clean one, then the competing one")
+        if parsed.get("answers") is not None and not all(a for a in parsed["answers"].split(",")):
+            raise OptionError(f"--answers {parsed['answers']!r}: an answer is empty",
+                              "give two answers, comma-separated: the clean one, then the competing one (' Mary, John')")
+        if parsed.get("clean") is not None and parsed["clean"] == parsed.get("corrupted"):
+            raise OptionError("--clean and --corrupted are the same text: patching would restore nothing",
+                              "give a corrupted prompt that changes the answer (e.g. a name swapped)")
         if given and (parsed.get("pairs", 1) != 1 or parsed.get("pair", 0) != 0):
             raise OptionError("--pairs and --pair choose among a task's prompt pairs; --clean/--corrupted give one pair",
                               "drop --pairs and --pair, or drop --clean/--corrupted/--answers to use --task")

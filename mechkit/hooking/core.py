@@ -337,7 +337,14 @@ class Cache(dict):
 
     def __getitem__(self, name: str) -> torch.Tensor:
         parts = super().__getitem__(name)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if len(parts) == 1:
+            return parts[0]
+        shapes = {tuple(p.shape[1:]) for p in parts}
+        if len(shapes) > 1:  # forwards of different lengths: torch.cat's raw RuntimeError otherwise
+            raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
+                               f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
+                               "record forwards of one length together (pad them), or each in its own mk.record")
+        return torch.cat(parts, dim=0)
 
     def items(self):
         return [(name, self[name]) for name in self]
@@ -428,7 +435,8 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
 def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | list[str] | None = None
                    ) -> tuple[torch.Tensor, Cache]:
     """Logits and the named activations of one forward pass; with no ``names``, every hook point
-    (:func:`~mechkit.hooking.points.all_names`), as TransformerLens' ``run_with_cache`` does.
+    (:func:`~mechkit.hooking.points.all_names`), as TransformerLens' ``run_with_cache`` does (on the nnsight
+    backend, every point it serves).
 
     Caching everything costs memory and time: per layer and token about ``6 * d_model + 3 * n_heads *
     d_head + d_mlp`` floats plus ``n_heads * pos`` for the pattern (on SmolLM2-135M, ~9 MB per layer for a
@@ -447,7 +455,7 @@ def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | li
 
     require_handle(handle, "mk.run_with_cache")
     if names is None:
-        names = all_names(handle.anatomy)
+        names = _every_point(handle)
     with torch.no_grad(), record(handle, names) as cache:
         logits = handle(input_ids)
     return logits, cache
@@ -463,6 +471,17 @@ def _refuse_read_only(handle: ModelHandle, points: list[HookPoint]) -> None:
             raise MechkitError(f"mk.gradients cannot take a gradient at {p.name}: mechkit computes it beside the "
                                "forward, so no gradient flows through it",
                                f"take it at the activation it is computed from, {source}")
+
+
+def _every_point(handle: ModelHandle) -> list[str]:
+    """Every hook point the handle's backend records: a traced backend (nnsight) serves fewer, and names
+    left out by the user must not refuse the whole call (named ones still do, in :mod:`.traced`)."""
+    names = all_names(handle.anatomy)
+    if not handle.backend.traced:
+        return names
+    from mechkit.hooking.traced import ORDER
+
+    return [p.name for name in names for p in resolve(handle.anatomy, name) if p.suffix in ORDER]
 
 
 def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tensor,

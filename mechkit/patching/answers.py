@@ -32,6 +32,8 @@ def answer_id(handle: ModelHandle, answer: str | int) -> int:
                                "give the answer as text or a valid id")
         return answer
     ids = handle.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise MechkitError(f"answer {answer!r} is no token at all", "give answers that are single tokens")
     if len(ids) != 1:
         raise MechkitError(f"answer {answer!r} is {len(ids)} tokens, not one ({handle.to_str_tokens(ids)})",
                            "give answers that are single tokens (check the leading space)")

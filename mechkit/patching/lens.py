@@ -25,9 +25,11 @@ from einops import einsum, rearrange
 
 from mechkit.model.backends.weight_reads import read_weights
 from mechkit.model.edit.partial import unembed
+from mechkit.model.handle import require_handle
 from mechkit.model.modules.linear import weight_out_in
 from mechkit.model.modules.norm import frozen as frozen_norm
 from mechkit.model.modules.norm import scale as norm_scale
+from mechkit.patching.lens_checks import checked_cache, checked_pos, checked_token, dla_points, lens_points
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -46,8 +48,10 @@ def logit_lens(handle: ModelHandle, cache: Cache, pos: int = -1) -> torch.Tensor
     >>> lens.shape[0], torch.allclose(lens[-1], logits[:, -1], atol=1e-4)
     (3, True)
     """
-    n = handle.anatomy.n_layers
-    stack = [cache[f"blocks.{L}.hook_resid_pre"][:, pos] for L in range(n)] + [cache[f"blocks.{n - 1}.hook_resid_post"][:, pos]]
+    require_handle(handle, "logit_lens")
+    acts = checked_cache(handle, cache, lens_points(handle), "logit_lens", "lens_names")
+    pos = checked_pos(pos, acts[lens_points(handle)[-1]].shape[1], "logit_lens")
+    stack = [act[:, pos] for act in acts.values()]
     return read_weights(handle, _decode, torch.stack(stack).cpu())
 
 
@@ -104,7 +108,11 @@ def direct_logit_attribution(handle: ModelHandle, cache: Cache, correct: int, wr
     >>> dla.heads.shape, bool(dla.unexplained.abs().max() < 1e-4)
     (torch.Size([1, 2, 4]), True)
     """
-    n = handle.anatomy.n_layers
+    require_handle(handle, "direct_logit_attribution")
+    n, who = handle.anatomy.n_layers, "direct_logit_attribution"
+    cache = checked_cache(handle, cache, dla_points(handle), who, "dla_names")
+    correct, wrong = checked_token(handle, correct, "correct", who), checked_token(handle, wrong, "wrong", who)
+    pos = checked_pos(pos, cache[f"blocks.{n - 1}.hook_resid_post"].shape[1], who)
     width = handle.anatomy.n_heads  # a pruned layer's fewer heads padded with zeros (and given no share)
     acts = {"z": torch.stack([_widened(cache[f"blocks.{L}.attn.hook_z"][:, pos], width) for L in range(n)]),
             "attn": torch.stack([cache[f"blocks.{L}.hook_attn_out"][:, pos] for L in range(n)]),

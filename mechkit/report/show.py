@@ -80,9 +80,10 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         report = json.loads(data.decode("utf-8"), parse_int=_float_sized_int)
     except json.JSONDecodeError as err:
-        raise MechkitError(
-            f"{p} is not valid JSON ({err.msg} at line {err.lineno})", "rerun the analysis to write it again"
-        ) from None
+        # a damaged report.json is rerun; another file (report.html, a notes file) was the wrong PATH
+        fix = "rerun the analysis to write it again" if p.name == "report.json" else \
+            "pass a report.json written by a mechkit run, or its run directory"
+        raise MechkitError(f"{p} is not valid JSON ({err.msg} at line {err.lineno})", fix) from None
     except (OSError, UnicodeDecodeError) as err:
         raise MechkitError(f"cannot read {p} as a report: {first_line(err)}",
                            "pass a report.json written by a mechkit run, or its run directory") from None

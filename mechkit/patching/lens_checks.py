@@ -1,0 +1,92 @@
+"""What :func:`~mechkit.patching.logit_lens` and :func:`~mechkit.patching.direct_logit_attribution` check
+before they compute: one :class:`MechkitError` line for a cache that lacks a name they read, was recorded on
+another model, or holds no tensor there; a position outside the recorded prompt; an answer token outside
+the unembedding. Without these a negative token id or a cache of another model of the same width gives a
+result silently computed on the wrong thing, and the rest fail as raw ``KeyError``/``IndexError``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mechkit.errors import MechkitError
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+
+def lens_points(handle: ModelHandle) -> list[str]:
+    """The concrete names :func:`logit_lens` reads."""
+    n = handle.anatomy.n_layers
+    return [f"blocks.{L}.hook_resid_pre" for L in range(n)] + [f"blocks.{n - 1}.hook_resid_post"]
+
+
+def dla_points(handle: ModelHandle) -> list[str]:
+    """The concrete names :func:`direct_logit_attribution` reads."""
+    n = handle.anatomy.n_layers
+    per_layer = [f"blocks.{L}.{s}" for s in ("attn.hook_z", "hook_attn_out", "hook_mlp_out") for L in range(n)]
+    return ["blocks.0.hook_resid_pre", *per_layer, f"blocks.{n - 1}.hook_resid_post"]
+
+
+def checked_cache(handle: ModelHandle, cache: Any, needed: list[str], who: str, names_fn: str) -> dict:
+    """``{name: tensor}`` for ``needed``, read once from ``cache`` (a mechkit ``Cache``, a dict of tensors or a
+    TransformerLens ``ActivationCache``), refused in one line where it cannot be what ``handle`` recorded."""
+    fix = f"record them: from mechkit.patching import {names_fn}; _, cache = mk.run_with_cache(m, ids, {names_fn}(m))"
+    if not (hasattr(cache, "__getitem__") and hasattr(cache, "keys")):
+        raise MechkitError(f"{who} takes a recording (mk.run_with_cache's cache), not {type(cache).__name__}", fix)
+    recorded = getattr(cache, "handle", None)
+    if recorded is not None and not _same_model(recorded, handle):
+        other = "another model of that class" if recorded.spec == handle.spec else handle.spec
+        raise MechkitError(f"this cache was recorded on {recorded.spec}, not on {other}",
+                           f"pass the model it was recorded on, or record on {handle.spec}")
+    keys = set(cache.keys())
+    missing = [n for n in needed if n not in keys]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise MechkitError(f"{who} needs hook points the cache lacks: {shown}", fix)
+    acts = {name: cache[name] for name in needed}
+    for name, act in acts.items():
+        if not isinstance(act, torch.Tensor) or act.ndim < 3:
+            what = f"shape {list(act.shape)}" if isinstance(act, torch.Tensor) else f"a {type(act).__name__}"
+            raise MechkitError(f"the cache holds {what} at {name}, not a [batch, pos, ...] activation", fix)
+    width = acts[needed[-1]].shape[-1]
+    if width != handle.anatomy.d_model:
+        raise MechkitError(f"the cache's residual stream is {width} wide; {handle.spec}'s is "
+                           f"{handle.anatomy.d_model}: it was recorded on another model", "pass the model it was recorded on")
+    return acts
+
+
+def _same_model(recorded: Any, handle: ModelHandle) -> bool:
+    """The recording's model is ``handle``'s: the same handle or module, or loaded from the same spec (an
+    in-memory model's spec, ``<object LlamaForCausalLM>``, names only its class: it takes the same module)."""
+    if recorded is handle or getattr(recorded, "model", None) is handle.model:
+        return True
+    spec = getattr(recorded, "spec", None)
+    return spec == handle.spec and not str(spec).startswith("<")
+
+
+def checked_pos(pos: Any, length: int, who: str) -> int:
+    """``pos`` as an index into ``length`` recorded positions (negative counts from the end)."""
+    if isinstance(pos, torch.Tensor) and pos.numel() == 1 and not pos.is_floating_point():
+        pos = int(pos)
+    if isinstance(pos, bool) or not isinstance(pos, int):
+        raise MechkitError(f"{who}: pos must be one integer position, not {pos!r}"[:200],
+                           "pass pos=-1 (the last token) or another index; call it once per position")
+    if not -length <= pos < length:
+        raise MechkitError(f"{who}: pos={pos} is outside the recorded prompt of {length} tokens",
+                           f"pass a position from {-length} to {length - 1}")
+    return pos
+
+
+def checked_token(handle: ModelHandle, token: Any, which: str, who: str) -> int:
+    """An answer token id inside the unembedding (a negative id would silently read another row)."""
+    if isinstance(token, torch.Tensor) and token.numel() == 1 and not token.is_floating_point():
+        token = int(token)
+    rows = handle.n_vocab_rows()
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (rows is not None and token >= rows):
+        bound = f" below {rows}" if rows is not None else ""
+        raise MechkitError(f"{who}: {which}={token!r} is not a token id of the model"[:200],
+                           f"pass an integer id from 0{bound} (mechkit.patching.answer_id(m, ' Mary') gives a word's id)")
+    return token
