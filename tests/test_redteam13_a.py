@@ -157,3 +157,12 @@ def test_run_with_cache_of_everything_on_nnsight_records_what_it_serves(llama):
         assert torch.allclose(cache[name], native[name], atol=1e-5), name
     with pytest.raises(MechkitError, match="not served by the nnsight"):  # named: still refused
         mk.run_with_cache(nn, ids, "blocks.0.attn.hook_q")
+
+
+def test_a_set_of_hook_names_is_recorded_like_a_list():
+    """Pass 13's note: mk.record(m, {name}) was refused though a tuple was accepted."""
+    m = mk.load_model("tiny:llama", device="cpu")
+    ids = m.to_tokens("abc")
+    _, by_set = mk.run_with_cache(m, ids, {"blocks.0.hook_resid_pre", "blocks.1.hook_resid_post"})
+    _, by_list = mk.run_with_cache(m, ids, ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post"])
+    assert set(by_set) == set(by_list) and all(torch.equal(by_set[k], by_list[k]) for k in by_list)

@@ -73,8 +73,10 @@ def check_layer_fns(fns: Any, n_layers: int, who: str) -> dict[int, list[Callabl
 
 
 def check_names(names: Any, who: str) -> list[str]:
-    """Hook names as a list: one name, or a list or tuple of names (text)."""
+    """Hook names as a list: one name, or a list, tuple or set of names (text)."""
     listed = [names] if isinstance(names, str) else names
+    if isinstance(listed, set | frozenset):  # a set of names is as clear as a list (pass 13: it was refused)
+        listed = sorted(listed, key=str)
     if not isinstance(listed, (list, tuple)) or not listed or not all(isinstance(n, str) for n in listed):
         raise MechkitError(f"{who} takes a hook name or a list of them, not {names!r}"[:200],
                            "pass e.g. \"blocks.*.attn.hook_z\" or [\"blocks.0.hook_resid_post\"]")
