@@ -18,6 +18,7 @@ STATIC_GUIDES = ("random", "magnitude", "wanda", "flap")  # prune's guides score
 VALIDATE_ONLY = ("seeds", "steps", "budget", "batch_size", "lr", "eval_n", "eval_shots", "draws", "no_div_size",
                  "transfer_seeds", "executor", "ray_address", "workers")  # select-tasks: the --validate fine-tunes'
 FV_ONLY = ("top_k", "n_cie", "fv_scales")  # icl-vectors: read by the function vector alone
+RAY_ONLY = ("executor", "ray_address", "workers")  # where units run: ignored where a run maps none
 
 
 def ablate(cls: Any, parsed: dict) -> None:
@@ -51,6 +52,8 @@ def prune(cls: Any, parsed: dict) -> None:
                        f"{parsed['reconstruct']} refits nothing", "drop it, or pass --reconstruct lsq")
     guides = [g.partition("@")[0] for g in parsed["guide"]]
     if parsed["budget"] is not None:
+        refuse_ignored(cls, parsed, RAY_ONLY, "fans the guide × sparsity grid's rows out, and --budget searches "
+                       "one row at a time in this process", "drop it, or drop --budget to measure a --sparsity grid")
         if len(guides) > 1:
             refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
                            "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
@@ -153,7 +156,37 @@ def compose_shots(cls: Any, parsed: dict, parts: set[str]) -> None:
 
 
 def select_tasks(cls: Any, parsed: dict) -> None:
-    """The validation fine-tunes' options without --validate."""
+    """The validation fine-tunes' options without --validate; the embedding options a representation does not
+    read (--position under actvec, which reads the last token, and lora-grad, which embeds no residual;
+    --layer under lora-grad), unless --validate's ρ table embeds every
+    representation (--transfer-seeds above 0), which reads them all."""
     if not parsed["validate"]:
         refuse_ignored(cls, parsed, VALIDATE_ONLY, "sets the validation fine-tunes, which run only with --validate",
                        "drop it, or pass --validate")
+    if parsed["validate"] and parsed["transfer_seeds"]:  # every representation is embedded for the ρ table
+        return
+    rep = parsed["representation"]
+    fix = "drop it, or pass --validate (its ρ table embeds every representation)"
+    if rep in ("actvec", "lora-grad"):
+        reads = "reads the last token of each context" if rep == "actvec" else "embeds LoRA gradients, not a token"
+        refuse_ignored(cls, parsed, ("position",), f"picks the token embedded, and --representation {rep} {reads}",
+                       fix)
+    if rep == "lora-grad":
+        refuse_ignored(cls, parsed, ("layer",), "picks the block whose residual stream is embedded, and "
+                       "--representation lora-grad embeds LoRA gradients (--grad-blocks picks their blocks)", fix)
+
+
+def sweep(cls: Any, parsed: dict) -> None:
+    """The execution options under --method attribution: only the exact sweep's units go to --executor."""
+    if parsed["method"] == "attribution":
+        refuse_ignored(cls, parsed, RAY_ONLY, "fans the exact sweep's layers out, and --method attribution runs "
+                       "one forward and backward per batch in this process", "drop it, or pass --method both")
+
+
+def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:
+    """``option`` (a ``--gqa group``) moves or removes whole KV groups, and a model with one KV head per query
+    head in every layer has none: it ran as the default with only a table note. Called as the run starts,
+    before any work (the model's anatomy says it)."""
+    if not any(anatomy.kv_heads_in(layer) and anatomy.groups_in(layer) > 1 for layer in range(anatomy.n_layers)):
+        raise OptionError(f"{option} acts on grouped-query attention's KV groups, and this model has one KV head per "
+                          "query head, so it would have no effect", fix)
