@@ -32,6 +32,8 @@ SELECT = {"target": "capitalize"}
     ("select-tasks", {**SELECT, "representation": "lora-grad", "layer": 0}, "--layer picks the block"),
     ("select-tasks", {**SELECT, "representation": "lora-grad", "position": "mean", "validate": True,
                       "transfer_seeds": 0}, "--position picks the token"),
+    # adapt --tasks capitalize --min-cv 0.5: one task fits no task signal, so nothing was ever trusted by it
+    ("adapt", {"tasks": "capitalize", "min_cv": 0.5}, "--min-cv sets when the task signal is trusted"),
 ])
 def test_options_a_run_would_not_read_are_refused(plugin, options, said):
     with pytest.raises(OptionError, match=said):
@@ -57,6 +59,7 @@ def test_execution_options_where_no_unit_is_mapped_are_refused(plugin, options, 
     ("select-tasks", {**SELECT, "representation": "lora-grad", "validate": True, "layer": 0, "position": "mean"}),
     ("select-tasks", {**SELECT, "representation": "pc1", "position": "mean"}),
     ("select-tasks", {**SELECT, "representation": "actvec", "layer": 0}),
+    ("adapt", {"tasks": "capitalize,past-tense", "min_cv": 0.5}),
     ("patch", {"method": "both", "batch_size": 4}),
     ("sweep", {"method": "attribution", "batch_size": 4}),
 ])

@@ -114,11 +114,15 @@ def heads_fix(parsed: dict) -> str:
 
 
 def adapt(cls: Any, parsed: dict) -> None:
-    """The margin calibration's options under --margin, --protect-top-k outside the induction guide, the static
-    pruning's options under --prune-budgets ''."""
+    """The margin calibration's options under --margin, --min-cv with one task (no task signal is fitted),
+    --protect-top-k outside the induction guide, the static pruning's options under --prune-budgets ''."""
     if parsed["margin"] is not None:
         refuse_ignored(cls, parsed, ("adherence", "margin_prompts", "margin_plans", "debias"), "calibrates the "
                        "margin, and --margin gives it by hand", "drop it, or drop --margin to calibrate the margin")
+    if len(parsed["tasks"]) < 2:  # the signal tells tasks apart: one task fits none (SignalStage.signal)
+        refuse_ignored(cls, parsed, ("min_cv",), f"sets when the task signal is trusted, and one task "
+                       f"(--tasks {','.join(parsed['tasks'])}) fits no signal", "drop --min-cv, or pass two or more "
+                       "tasks (--tasks capitalize,past-tense)")
     if parsed["guide"] != "induction":
         refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps the blocks of induction heads under --guide "
                        f"induction, and --guide is {parsed['guide']}", "drop --protect-top-k, or pass --guide induction")
