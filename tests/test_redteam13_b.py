@@ -32,6 +32,9 @@ SELECT = {"target": "capitalize"}
     ("select-tasks", {**SELECT, "representation": "lora-grad", "layer": 0}, "--layer picks the block"),
     ("select-tasks", {**SELECT, "representation": "lora-grad", "position": "mean", "validate": True,
                       "transfer_seeds": 0}, "--position picks the token"),
+    # finetune --steps 10 --checkpoint-every 20 wrote no checkpoint: a kill restarted from step 0
+    ("finetune", {"steps": 10, "checkpoint_every": 20}, "--steps 10 ends first"),
+    ("finetune", {"steps": 10, "checkpoint_every": 10}, "pass --checkpoint-every below 10, or 0 for none"),
     # adapt --tasks capitalize --min-cv 0.5: one task fits no task signal, so nothing was ever trusted by it
     ("adapt", {"tasks": "capitalize", "min_cv": 0.5}, "--min-cv sets when the task signal is trusted"),
 ])
@@ -60,6 +63,9 @@ def test_execution_options_where_no_unit_is_mapped_are_refused(plugin, options, 
     ("select-tasks", {**SELECT, "representation": "pc1", "position": "mean"}),
     ("select-tasks", {**SELECT, "representation": "actvec", "layer": 0}),
     ("adapt", {"tasks": "capitalize,past-tense", "min_cv": 0.5}),
+    ("finetune", {"steps": 10, "checkpoint_every": 5}),
+    ("finetune", {"steps": 10, "checkpoint_every": 0}),
+    ("finetune", {"steps": 30}),  # the default 50 cannot be told from one given: not refused (refuse_ignored)
     ("patch", {"method": "both", "batch_size": 4}),
     ("sweep", {"method": "attribution", "batch_size": 4}),
 ])
