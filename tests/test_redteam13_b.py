@@ -35,6 +35,10 @@ SELECT = {"target": "capitalize"}
     # finetune --steps 10 --checkpoint-every 20 wrote no checkpoint: a kill restarted from step 0
     ("finetune", {"steps": 10, "checkpoint_every": 20}, "--steps 10 ends first"),
     ("finetune", {"steps": 10, "checkpoint_every": 10}, "pass --checkpoint-every below 10, or 0 for none"),
+    # sweep/ablate/shuffle --tasks capitalize --setting simple were refused only after the model had loaded
+    ("sweep", {"tasks": "capitalize", "setting": "simple"}, "--setting simple applies to composite tasks"),
+    ("ablate", {"tasks": "capitalize,past-tense", "setting": "composite"}, "none of capitalize, past-tense is one"),
+    ("shuffle", {"tasks": "capitalize", "setting": "composite-in-context"}, "add a composite such as"),
     # adapt --tasks capitalize --min-cv 0.5: one task fits no task signal, so nothing was ever trusted by it
     ("adapt", {"tasks": "capitalize", "min_cv": 0.5}, "--min-cv sets when the task signal is trusted"),
 ])
@@ -66,6 +70,7 @@ def test_execution_options_where_no_unit_is_mapped_are_refused(plugin, options, 
     ("finetune", {"steps": 10, "checkpoint_every": 5}),
     ("finetune", {"steps": 10, "checkpoint_every": 0}),
     ("finetune", {"steps": 30}),  # the default 50 cannot be told from one given: not refused (refuse_ignored)
+    ("sweep", {"tasks": "capitalize,capitalize+swap", "setting": "simple"}),
     ("patch", {"method": "both", "batch_size": 4}),
     ("sweep", {"method": "attribution", "batch_size": 4}),
 ])

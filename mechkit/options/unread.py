@@ -26,6 +26,7 @@ def ablate(cls: Any, parsed: dict) -> None:
     where no head is ranked by a score, --n-seqs and --seg-len beside --from, --baseline-seeds under --baseline
     none."""
     refuse_head_options(cls, parsed, ("top_k", "sweep"), ("n_seqs", "seg_len"))
+    setting(parsed)
     if parsed["sweep"] is not None:
         refuse_ignored(cls, parsed, ("top_k",), "sets the one k of a run, and --sweep gives the ks",
                        "drop --top-k, or drop --sweep")
@@ -34,10 +35,20 @@ def ablate(cls: Any, parsed: dict) -> None:
                        "none", "drop --baseline-seeds, or drop --baseline none")
 
 
+def setting(parsed: dict) -> None:
+    """--setting where no task is a composite (a+b): it changes nothing. The prompts refused it too, after the
+    model had loaded (:func:`mechkit.eval.evaluation.task_prompts`); the task ids say it before."""
+    tasks = parsed["tasks"]
+    if parsed["setting"] is not None and tasks and not any("+" in task for task in tasks):
+        raise OptionError(f"--setting {parsed['setting']} applies to composite tasks (a+b), and none of "
+                          f"{', '.join(tasks)} is one", "drop --setting, or add a composite such as capitalize+swap")
+
+
 def shuffle(cls: Any, parsed: dict) -> None:
     """--top-k where every head is named, --from where no head is ranked by a score, the prompt options under
     --tasks '' (--n-seqs and --seg-len also set the held-out loss: they always count)."""
     refuse_head_options(cls, parsed, ("top_k",), ())
+    setting(parsed)
     if not parsed["tasks"]:
         refuse_ignored(cls, parsed, ("n", "shots", "setting"), "sets the task prompts, and --tasks '' scores no "
                        "task", "drop it, or name tasks to score (--tasks capitalize)")
@@ -181,7 +192,9 @@ def select_tasks(cls: Any, parsed: dict) -> None:
 
 
 def sweep(cls: Any, parsed: dict) -> None:
-    """The execution options under --method attribution: only the exact sweep's units go to --executor."""
+    """--setting without a composite task; the execution options under --method attribution (only the exact
+    sweep's units go to --executor)."""
+    setting(parsed)
     if parsed["method"] == "attribution":
         refuse_ignored(cls, parsed, RAY_ONLY, "fans the exact sweep's layers out, and --method attribution runs "
                        "one forward and backward per batch in this process", "drop it, or pass --method both")
