@@ -42,12 +42,18 @@ class FinetunePlugin(Plugin):
 
     @classmethod
     def check_options(cls, parsed: dict) -> None:
-        """LoRA's options under --method full, refused before the model loads (it was refused after the load)."""
+        """LoRA's options under --method full, refused before the model loads (it was refused after the load);
+        a --checkpoint-every the run never reaches (no checkpoint at all: a kill restarted from step 0)."""
         lora_only = [o.flag for o in cls.options if o.name in ("rank", "lora_alpha") and given(cls, parsed, o.name)]
         if parsed["method"] == "full" and lora_only:
             verb = "applies" if len(lora_only) == 1 else "apply"
             raise OptionError(f"{' and '.join(lora_only)} {verb} to --method lora, not to full fine-tuning",
                               f"drop {' and '.join(lora_only)}, or pass --method lora")
+        every, steps = parsed["checkpoint_every"], parsed["steps"]
+        if given(cls, parsed, "checkpoint_every") and every >= steps:  # the last step writes the weights, not one
+            raise OptionError(f"--checkpoint-every {every} saves a resumable checkpoint every {every} steps, and "
+                              f"--steps {steps} ends first, so it would be ignored",
+                              f"pass --checkpoint-every below {steps}, or 0 for none")
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.scoring import score_prompts

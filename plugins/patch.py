@@ -55,6 +55,9 @@ class PatchPlugin(Plugin):
         if given and (parsed.get("pairs", 1) != 1 or parsed.get("pair", 0) != 0):
             raise OptionError("--pairs and --pair choose among a task's prompt pairs; --clean/--corrupted give one pair",
                               "drop --pairs and --pair, or drop --clean/--corrupted/--answers to use --task")
+        if parsed.get("method") == "attribution":  # one forward and one backward per pair: no patch is batched
+            refuse_ignored(cls, parsed, ("batch_size",), "sets the patches per forward pass of the exact scans, and "
+                           "--method attribution runs none", "drop --batch-size, or pass --method both")
         if given:  # one pair given as text: no task builds pairs, so neither --task nor --shots is read
             refuse_ignored(cls, parsed, ("task", "shots"), "builds a task's prompt pairs, and --clean/--corrupted "
                            "give the pair", "drop it, or drop --clean/--corrupted/--answers to use --task")

@@ -105,6 +105,10 @@ class PrunePlugin(Plugin):
             ctx.model.anatomy.refuse_moe("dense MLP neurons to prune", "pass --target heads,layers")
         if "heads" in targets:  # before any work: heads normalised together cannot be sliced apart
             ctx.model.anatomy.refuse_joint_head_norm("pruning heads", "pass --target layers")
+            if opts["gqa"] == "group":  # without KV groups every head is its own slot: the default's plan
+                unread.refuse_no_kv_groups(ctx.model.anatomy, "--gqa group", "drop --gqa group: with one KV head "
+                                           "per query head the default --gqa slot removes each head with its keys "
+                                           "and values already")
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
         levels = [] if opts["budget"] is not None else (opts["sparsity"] or SparsityLevels()("0.2")).resolve(targets)
         config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],

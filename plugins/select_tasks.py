@@ -73,11 +73,12 @@ class SelectTasksPlugin(Plugin):
             pools = [resolve_pool(t, parsed["pool"]) for t in parsed["target"]]
         except MechkitError as err:
             raise OptionError(err.problem, err.fix) from None
-        if parsed["representation"] != "lora-grad" and (parsed["grad_blocks"] or (
+        every = parsed["validate"] and parsed["transfer_seeds"]  # the ρ table embeds every representation
+        if parsed["representation"] != "lora-grad" and ((parsed["grad_blocks"] and not every) or (
                 parsed["rank"] != 8 and not parsed["validate"])):  # an option that would be ignored
             name = "--grad-blocks" if parsed["grad_blocks"] else "--rank"
-            raise OptionError(f"{name} counts only under --representation lora-grad"
-                              f"{'' if name == '--grad-blocks' else ' or --validate'}",
+            also = " or --validate's ρ table (--transfer-seeds above 0)" if name == "--grad-blocks" else " or --validate"
+            raise OptionError(f"{name} counts only under --representation lora-grad{also}",
                               f"pass --representation lora-grad, or leave {name} out")
         unread.select_tasks(cls, parsed)  # the fine-tunes' options, silently ignored without --validate
         if parsed["validate"] and parsed["budget"] < max(len(p) for p in pools):

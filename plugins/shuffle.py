@@ -60,6 +60,9 @@ class ShufflePlugin(Plugin):
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
+        if opts["gqa"] == "group":  # before any work: without KV groups it is the default's transplant
+            unread.refuse_no_kv_groups(model.anatomy, "--gqa group", "drop --gqa group: with one KV head per "
+                                       "query head the default --gqa query is the same full transplant")
         n_layers, n_heads = model.anatomy.n_layers, model.anatomy.head_counts  # per layer: pruned layers differ
         selection, tasks = opts["heads"], opts["tasks"]
         top_k = opts["top_k"] or default_top_k(n_layers, n_heads)

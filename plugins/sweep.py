@@ -12,7 +12,7 @@ load the model once), with the same report.
 
 from __future__ import annotations
 
-from mechkit.options import EXECUTION, TaskList
+from mechkit.options import EXECUTION, TaskList, unread
 from mechkit.plugin import Option, Plugin, Result, RunContext
 
 
@@ -45,6 +45,10 @@ class SweepPlugin(Plugin):
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
         *EXECUTION,  # the exact sweep's (batch, layer) units can run on Ray workers
     )
+
+    @classmethod
+    def check_options(cls, parsed: dict) -> None:
+        unread.sweep(cls, parsed)  # --executor under --method attribution: no unit is mapped
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.evaluation import task_prompts

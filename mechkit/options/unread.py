@@ -18,6 +18,7 @@ STATIC_GUIDES = ("random", "magnitude", "wanda", "flap")  # prune's guides score
 VALIDATE_ONLY = ("seeds", "steps", "budget", "batch_size", "lr", "eval_n", "eval_shots", "draws", "no_div_size",
                  "transfer_seeds", "executor", "ray_address", "workers")  # select-tasks: the --validate fine-tunes'
 FV_ONLY = ("top_k", "n_cie", "fv_scales")  # icl-vectors: read by the function vector alone
+RAY_ONLY = ("executor", "ray_address", "workers")  # where units run: ignored where a run maps none
 
 
 def ablate(cls: Any, parsed: dict) -> None:
@@ -25,6 +26,7 @@ def ablate(cls: Any, parsed: dict) -> None:
     where no head is ranked by a score, --n-seqs and --seg-len beside --from, --baseline-seeds under --baseline
     none."""
     refuse_head_options(cls, parsed, ("top_k", "sweep"), ("n_seqs", "seg_len"))
+    setting(parsed)
     if parsed["sweep"] is not None:
         refuse_ignored(cls, parsed, ("top_k",), "sets the one k of a run, and --sweep gives the ks",
                        "drop --top-k, or drop --sweep")
@@ -33,10 +35,20 @@ def ablate(cls: Any, parsed: dict) -> None:
                        "none", "drop --baseline-seeds, or drop --baseline none")
 
 
+def setting(parsed: dict) -> None:
+    """--setting where no task is a composite (a+b): it changes nothing. The prompts refused it too, after the
+    model had loaded (:func:`mechkit.eval.evaluation.task_prompts`); the task ids say it before."""
+    tasks = parsed["tasks"]
+    if parsed["setting"] is not None and tasks and not any("+" in task for task in tasks):
+        raise OptionError(f"--setting {parsed['setting']} applies to composite tasks (a+b), and none of "
+                          f"{', '.join(tasks)} is one", "drop --setting, or add a composite such as capitalize+swap")
+
+
 def shuffle(cls: Any, parsed: dict) -> None:
     """--top-k where every head is named, --from where no head is ranked by a score, the prompt options under
     --tasks '' (--n-seqs and --seg-len also set the held-out loss: they always count)."""
     refuse_head_options(cls, parsed, ("top_k",), ())
+    setting(parsed)
     if not parsed["tasks"]:
         refuse_ignored(cls, parsed, ("n", "shots", "setting"), "sets the task prompts, and --tasks '' scores no "
                        "task", "drop it, or name tasks to score (--tasks capitalize)")
@@ -51,6 +63,8 @@ def prune(cls: Any, parsed: dict) -> None:
                        f"{parsed['reconstruct']} refits nothing", "drop it, or pass --reconstruct lsq")
     guides = [g.partition("@")[0] for g in parsed["guide"]]
     if parsed["budget"] is not None:
+        refuse_ignored(cls, parsed, RAY_ONLY, "fans the guide × sparsity grid's rows out, and --budget searches "
+                       "one row at a time in this process", "drop it, or drop --budget to measure a --sparsity grid")
         if len(guides) > 1:
             refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
                            "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
@@ -111,11 +125,15 @@ def heads_fix(parsed: dict) -> str:
 
 
 def adapt(cls: Any, parsed: dict) -> None:
-    """The margin calibration's options under --margin, --protect-top-k outside the induction guide, the static
-    pruning's options under --prune-budgets ''."""
+    """The margin calibration's options under --margin, --min-cv with one task (no task signal is fitted),
+    --protect-top-k outside the induction guide, the static pruning's options under --prune-budgets ''."""
     if parsed["margin"] is not None:
         refuse_ignored(cls, parsed, ("adherence", "margin_prompts", "margin_plans", "debias"), "calibrates the "
                        "margin, and --margin gives it by hand", "drop it, or drop --margin to calibrate the margin")
+    if len(parsed["tasks"]) < 2:  # the signal tells tasks apart: one task fits none (SignalStage.signal)
+        refuse_ignored(cls, parsed, ("min_cv",), f"sets when the task signal is trusted, and one task "
+                       f"(--tasks {','.join(parsed['tasks'])}) fits no signal", "drop --min-cv, or pass two or more "
+                       "tasks (--tasks capitalize,past-tense)")
     if parsed["guide"] != "induction":
         refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps the blocks of induction heads under --guide "
                        f"induction, and --guide is {parsed['guide']}", "drop --protect-top-k, or pass --guide induction")
@@ -153,7 +171,39 @@ def compose_shots(cls: Any, parsed: dict, parts: set[str]) -> None:
 
 
 def select_tasks(cls: Any, parsed: dict) -> None:
-    """The validation fine-tunes' options without --validate."""
+    """The validation fine-tunes' options without --validate; the embedding options a representation does not
+    read (--position under actvec, which reads the last token, and lora-grad, which embeds no residual;
+    --layer under lora-grad), unless --validate's ρ table embeds every
+    representation (--transfer-seeds above 0), which reads them all."""
     if not parsed["validate"]:
         refuse_ignored(cls, parsed, VALIDATE_ONLY, "sets the validation fine-tunes, which run only with --validate",
                        "drop it, or pass --validate")
+    if parsed["validate"] and parsed["transfer_seeds"]:  # every representation is embedded for the ρ table
+        return
+    rep = parsed["representation"]
+    fix = "drop it, or pass --validate (its ρ table embeds every representation)"
+    if rep in ("actvec", "lora-grad"):
+        reads = "reads the last token of each context" if rep == "actvec" else "embeds LoRA gradients, not a token"
+        refuse_ignored(cls, parsed, ("position",), f"picks the token embedded, and --representation {rep} {reads}",
+                       fix)
+    if rep == "lora-grad":
+        refuse_ignored(cls, parsed, ("layer",), "picks the block whose residual stream is embedded, and "
+                       "--representation lora-grad embeds LoRA gradients (--grad-blocks picks their blocks)", fix)
+
+
+def sweep(cls: Any, parsed: dict) -> None:
+    """--setting without a composite task; the execution options under --method attribution (only the exact
+    sweep's units go to --executor)."""
+    setting(parsed)
+    if parsed["method"] == "attribution":
+        refuse_ignored(cls, parsed, RAY_ONLY, "fans the exact sweep's layers out, and --method attribution runs "
+                       "one forward and backward per batch in this process", "drop it, or pass --method both")
+
+
+def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:
+    """``option`` (a ``--gqa group``) moves or removes whole KV groups, and a model with one KV head per query
+    head in every layer has none: it ran as the default with only a table note. Called as the run starts,
+    before any work (the model's anatomy says it)."""
+    if not any(anatomy.kv_heads_in(layer) and anatomy.groups_in(layer) > 1 for layer in range(anatomy.n_layers)):
+        raise OptionError(f"{option} acts on grouped-query attention's KV groups, and this model has one KV head per "
+                          "query head, so it would have no effect", fix)
