@@ -35,16 +35,22 @@ def cache_root() -> Path:
     A leading ``~`` is expanded: a value quoted in a shell or set in a ``.env`` file reaches mechkit
     unexpanded, and the cache then grew in a folder literally named ``~`` under the working directory
     (which ``rm -rf ~`` would then "clean"). A relative ``$MECHKIT_CACHE`` is taken from the working
-    directory (made absolute here, so every message names the folder actually used). A file where the
-    folder should be is refused in one line: ``cache list`` read it as an empty cache.
+    directory (made absolute here, so every message names the folder actually used).
     """
     if os.environ.get("MECHKIT_CACHE"):
-        root, why = Path(os.environ["MECHKIT_CACHE"]).expanduser().absolute(), "point $MECHKIT_CACHE at a directory"
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        root, why = Path(base).expanduser().absolute() / "mechkit", "move that file away, or set $MECHKIT_CACHE"
+        return Path(os.environ["MECHKIT_CACHE"]).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser().absolute() / "mechkit"
+
+
+def cache_dir_to_read(root: Path | None = None) -> Path:
+    """The cache root for ``cache list`` and ``cache clear``, refused in one line where it is a file: a
+    listing read it as an empty cache. (A run goes on without keeping its steps there, with a warning.)"""
+    root = cache_root() if root is None else root
     if root.exists() and not root.is_dir():
-        raise MechkitError(f"the mechkit cache {root} is not a directory", why)
+        fix = "point $MECHKIT_CACHE at a directory" if os.environ.get("MECHKIT_CACHE") else \
+            "move that file away, or set $MECHKIT_CACHE"
+        raise MechkitError(f"the mechkit cache {root} is not a directory", fix)
     return root
 
 
@@ -182,7 +188,7 @@ def _model_entry(group: str, path: Path, meta_name: str, fallback_kind: str) -> 
 
 def list_cache(root: Path | None = None) -> list[CacheEntry]:
     """Every cached model (one row each), the run-step cache (one row), then any old-layout entries."""
-    root = cache_root() if root is None else root
+    root = cache_dir_to_read(root)
     entries = [_model_entry("gguf", p, "mechkit-cache.json", "gguf") for p in _children(root / "gguf")]
     entries += [_model_entry("toy", p, "mechkit-toy.json", "toy") for p in _children(root / "toy")]
     runs = _children(root / "runs")
@@ -254,7 +260,7 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
     Every name is checked before anything is removed, so a typo removes nothing. Only mechkit's own
     groups are touched: a ``$MECHKIT_CACHE`` pointing at a directory with other files keeps them.
     """
-    root = cache_root() if root is None else root
+    root = cache_dir_to_read(root)
     if all_entries and names:
         raise MechkitError("pass either NAME… or --all, not both", "see `mechkit cache list`")
     if not all_entries and not names:
