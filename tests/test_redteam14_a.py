@@ -120,3 +120,15 @@ def test_a_gradient_wildcard_leaves_out_the_read_only_points_it_covers(llama):
     for named in ("ln_final.hook_scale", "ln_final.*", ["*", "ln_final.hook_scale"]):
         with pytest.raises(MechkitError, match="cannot take a gradient at ln_final.hook_scale"):
             mk.gradients(llama, named, ids, metric)
+
+
+@pytest.mark.parametrize("answers", ["M,M", " Mary, Mary"])
+def test_patch_refuses_one_answer_given_twice_before_the_model(answers, tmp_path):
+    from tests.conftest import cli_in_process
+
+    # a model that does not exist: the refusal must come before it would be looked up (it came after the load)
+    result = cli_in_process("patch", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o"),
+                            "--clean", "ab", "--corrupted", "ac", "--answers", answers)
+    assert result.returncode == 2, result.stderr
+    assert "the clean and the competing answer are the same text" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
