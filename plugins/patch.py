@@ -49,6 +49,9 @@ class PatchPlugin(Plugin):
         if parsed.get("answers") is not None and not all(a for a in parsed["answers"].split(",")):
             raise OptionError(f"--answers {parsed['answers']!r}: an answer is empty",
                               "give two answers, comma-separated: the clean one, then the competing one (' Mary, John')")
+        if parsed.get("answers") is not None and len(set(parsed["answers"].split(","))) == 1:  # known before the load
+            raise OptionError(f"--answers {parsed['answers']!r}: the clean and the competing answer are the same text",
+                              "give two different answers, comma-separated: the clean one, then the competing one")
         if parsed.get("clean") is not None and parsed["clean"] == parsed.get("corrupted"):
             raise OptionError("--clean and --corrupted are the same text: patching would restore nothing",
                               "give a corrupted prompt that changes the answer (e.g. a name swapped)")

@@ -38,7 +38,9 @@ def test_lens_refuses_what_is_not_a_recording(llama, cache):
 
 def test_lens_refuses_a_dict_of_recorded_parts(llama, recorded):
     with pytest.raises(MechkitError, match="not a \\[batch, pos"):
-        logit_lens(llama, dict(recorded[1]))  # dict() keeps the per-forward lists
+        logit_lens(llama, {name: [act] for name, act in recorded[1].items()})  # lists of parts, not tensors
+    # dict(cache) reads through Cache.__getitem__ (pass 14): tensors, so the lens runs on it
+    assert torch.equal(logit_lens(llama, dict(recorded[1])), logit_lens(llama, recorded[1]))
 
 
 def test_lens_refuses_no_model(recorded):

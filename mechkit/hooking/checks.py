@@ -6,7 +6,7 @@ the layer that reads it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, KeysView, Mapping
 from typing import Any
 
 import torch
@@ -73,12 +73,17 @@ def check_layer_fns(fns: Any, n_layers: int, who: str) -> dict[int, list[Callabl
 
 
 def check_names(names: Any, who: str) -> list[str]:
-    """Hook names as a list: one name, or a list, tuple or set of names (text)."""
+    """Hook names as a list: one name, or a list, tuple, set, dict keys view or generator of names (text).
+    A mapping (a cache, a dict of hook functions) is refused: its values would be ignored."""
     listed = [names] if isinstance(names, str) else names
     if isinstance(listed, set | frozenset):  # a set of names is as clear as a list (pass 13: it was refused)
         listed = sorted(listed, key=str)
+    elif isinstance(listed, KeysView | Iterator):  # another cache's names (cache.keys()), a generator of them
+        listed = list(listed)
     if not isinstance(listed, (list, tuple)) or not listed or not all(isinstance(n, str) for n in listed):
-        raise MechkitError(f"{who} takes a hook name or a list of them, not {names!r}"[:200],
+        shown = repr(names) if isinstance(names, (list, tuple, set, frozenset, str)) else type(names).__name__
+        hint = " (for its names, pass list(it))" if isinstance(names, Mapping) else ""
+        raise MechkitError(f"{who} takes a hook name or a list of them, not {shown}"[:200].replace("\n", " ") + hint,
                            "pass e.g. \"blocks.*.attn.hook_z\" or [\"blocks.0.hook_resid_post\"]")
     return list(listed)
 

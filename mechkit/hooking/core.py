@@ -21,7 +21,7 @@ from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
-from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, resolve
+from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, canonical, resolve
 from mechkit.model.backends.grad import enable_grad
 from mechkit.model.modules import norm
 
@@ -306,6 +306,12 @@ def _points(handle: ModelHandle, pattern: str) -> list:
         return []
 
 
+class NotRecorded(MechkitError, KeyError):
+    """A hook name a :class:`Cache` does not hold."""
+
+    __str__ = MechkitError.__str__  # KeyError's would quote the line
+
+
 class Cache(dict):
     """Recorded activations by hook name; several forwards inside one context are concatenated on batch."""
 
@@ -345,6 +351,56 @@ class Cache(dict):
                                f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
                                "record forwards of one length together (pad them), or each in its own mk.record")
         return torch.cat(parts, dim=0)
+
+    def __missing__(self, name: Any) -> Any:
+        """A name not recorded: one line naming what was (a ``KeyError`` too, so ``except KeyError`` holds)."""
+        shown = ", ".join(list(self)[:4]) + (f" and {len(self) - 4} more" if len(self) > 4 else "")
+        raise NotRecorded(f"{name!r} was not recorded; this cache holds {shown or 'nothing'}"[:300],
+                          "record it: mk.record(m, [\"blocks.0.hook_resid_post\", ...]) names what is kept "
+                          "(full names, as list(cache) shows them)")
+
+    # Each name holds the list of its forwards' parts (joined on read, above). What a user stores, or what
+    # copy/pickle/deepcopy put back through __setitem__, is one part: stored bare it would be read as a list
+    # of rows (its batch dimension silently dropped). What dict would hand out raw (the lists) goes through
+    # __getitem__ instead.
+    def __setitem__(self, name: str, value: Any) -> None:
+        dict.__setitem__(self, name, [value])
+
+    def __iter__(self) -> Iterator[str]:  # not dict's own: dict(cache) and {**cache} then read through __getitem__
+        return iter(self.keys())
+
+    def setdefault(self, name: str, default: Any = None) -> Any:
+        if name not in self:
+            self[name] = default
+        return self[name]
+
+    def update(self, other: Any = (), /, **more: Any) -> None:
+        for name, value in dict(other, **more).items():
+            self[name] = value
+
+    def pop(self, name: str, *default: Any) -> Any:
+        if name not in self and default:
+            return default[0]
+        value = self[name]
+        dict.pop(self, name)
+        return value
+
+    def copy(self) -> Cache:
+        """A Cache of the same recording (the same tensors, model and inputs)."""
+        new = Cache()
+        for name in self.keys():
+            dict.__setitem__(new, name, list(dict.__getitem__(self, name)))
+        new.handle, new.inputs = self.handle, self.inputs
+        return new
+
+    def __or__(self, other: Any) -> Cache:
+        new = self.copy()
+        new.update(other)
+        return new
+
+    def __ior__(self, other: Any) -> Cache:
+        self.update(other)
+        return self
 
     def items(self):
         return [(name, self[name]) for name in self]
@@ -403,7 +459,7 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
     @traced.reads_only
     def keep(act: torch.Tensor, point: HookPoint) -> None:
         value = act.detach()
-        cache.setdefault(point.name, []).append(value.to(device) if device else value)
+        dict.setdefault(cache, point.name, []).append(value.to(device) if device else value)
 
     # each point once: a pattern and a name it covers ("blocks.*.x", "blocks.0.x") would record it twice
     points = {p.name for name in check_names(names, "mk.record") for p in resolve(handle.anatomy, name)}
@@ -473,6 +529,19 @@ def _refuse_read_only(handle: ModelHandle, points: list[HookPoint]) -> None:
                                f"take it at the activation it is computed from, {source}")
 
 
+def _gradient_points(handle: ModelHandle, names: list[str]) -> list[HookPoint]:
+    """The points ``names`` match, each once. A read-only point named itself is refused; one a wildcard
+    covers ("ln_final.*", "blocks.0.mlp.*") is left out, as a pattern asks for what can be had, and
+    refusing it would refuse every pattern of a model that has one."""
+    found: dict[str, HookPoint] = {}
+    for name in names:
+        matched = resolve(handle.anatomy, name)
+        named = [p for p in matched if p.suffix not in READ_ONLY or p.name == canonical(name)]
+        _refuse_read_only(handle, named or matched)
+        found.update((p.name, p) for p in named)
+    return list(found.values())
+
+
 def _every_point(handle: ModelHandle) -> list[str]:
     """Every hook point the handle's backend records: a traced backend (nnsight) serves fewer, and names
     left out by the user must not refuse the whole call (named ones still do, in :mod:`.traced`)."""
@@ -509,8 +578,7 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
     if not callable(metric):
         raise MechkitError(f"mk.gradients needs a metric function of the logits, not {type(metric).__name__}",
                            "pass e.g. lambda logits: logits[0, -1, token_id]")
-    points = [p for name in check_names(names, "mk.gradients") for p in resolve(handle.anatomy, name)]
-    _refuse_read_only(handle, points)
+    points = _gradient_points(handle, check_names(names, "mk.gradients"))
     if handle.backend.traced:  # its forward goes round ModelHandle.forward's check of the arguments
         input_ids = handle.checked_inputs(input_ids, kwargs)
         return traced.gradients(handle, points, input_ids.to(handle.device), metric, use_cache=False, **kwargs)

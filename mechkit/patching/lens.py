@@ -59,8 +59,9 @@ def _decode(view, stack: torch.Tensor) -> torch.Tensor:
     """Each row of ``stack`` through the final norm and unembedding, where the weights are (``view``: the
     handle, or the server's model on a remote backend)."""
     device = _device(view)
+    dtype = view.model.get_submodule(view.anatomy.family.unembed).weight.dtype  # a recording of another precision
     with torch.no_grad():
-        return torch.stack([unembed(view, x[:, None].to(device))[:, 0] for x in stack]).cpu()
+        return torch.stack([unembed(view, x[:, None].to(device, dtype))[:, 0] for x in stack]).cpu()
 
 
 def lens_names(handle: ModelHandle) -> list[str]:

@@ -7,6 +7,8 @@ result silently computed on the wrong thing, and the rest fail as raw ``KeyError
 
 from __future__ import annotations
 
+import operator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,14 +65,32 @@ def _same_model(recorded: Any, handle: ModelHandle) -> bool:
     in-memory model's spec, ``<object LlamaForCausalLM>``, names only its class: it takes the same module)."""
     if recorded is handle or getattr(recorded, "model", None) is handle.model:
         return True
+    where, here = getattr(recorded, "source", None), handle.source
+    if where is not None and here is not None and _real(where) == _real(here):
+        return True  # one directory named two ways ("dense", "./dense/", a symlink to it)
     spec = getattr(recorded, "spec", None)
     return spec == handle.spec and not str(spec).startswith("<")
 
 
+def _real(path: Any) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def _integer(value: Any) -> Any:
+    """``value`` as a Python int where it is one integer (a one-element integer tensor, a NumPy integer);
+    anything else as it was, to be refused by the caller (a bool is not a position or a token)."""
+    if isinstance(value, torch.Tensor):
+        return int(value) if value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool else value
+    if isinstance(value, int):  # bool included: refused by the caller
+        return value
+    if type(value).__name__.startswith(("int", "uint")) and hasattr(value, "__index__"):  # numpy.int64 and kin
+        return operator.index(value)
+    return value
+
+
 def checked_pos(pos: Any, length: int, who: str) -> int:
     """``pos`` as an index into ``length`` recorded positions (negative counts from the end)."""
-    if isinstance(pos, torch.Tensor) and pos.numel() == 1 and not pos.is_floating_point():
-        pos = int(pos)
+    pos = _integer(pos)
     if isinstance(pos, bool) or not isinstance(pos, int):
         raise MechkitError(f"{who}: pos must be one integer position, not {pos!r}"[:200],
                            "pass pos=-1 (the last token) or another index; call it once per position")
@@ -82,8 +102,7 @@ def checked_pos(pos: Any, length: int, who: str) -> int:
 
 def checked_token(handle: ModelHandle, token: Any, which: str, who: str) -> int:
     """An answer token id inside the unembedding (a negative id would silently read another row)."""
-    if isinstance(token, torch.Tensor) and token.numel() == 1 and not token.is_floating_point():
-        token = int(token)
+    token = _integer(token)
     rows = handle.n_vocab_rows()
     if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (rows is not None and token >= rows):
         bound = f" below {rows}" if rows is not None else ""
