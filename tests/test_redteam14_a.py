@@ -132,3 +132,12 @@ def test_patch_refuses_one_answer_given_twice_before_the_model(answers, tmp_path
     assert result.returncode == 2, result.stderr
     assert "the clean and the competing answer are the same text" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_deep_copy_of_a_cache_copies_the_tensors_not_the_model():
+    m = mk.load_model("tiny:llama", device="cpu")
+    _, cache = mk.run_with_cache(m, m.to_tokens("abc"), "blocks.0.hook_resid_pre")
+    twin = copy.deepcopy(cache)
+    assert twin.handle is m and torch.equal(twin["blocks.0.hook_resid_pre"], cache["blocks.0.hook_resid_pre"])
+    twin["blocks.0.hook_resid_pre"].zero_()
+    assert cache["blocks.0.hook_resid_pre"].abs().sum() > 0  # the tensors are copies

@@ -393,6 +393,16 @@ class Cache(dict):
         new.handle, new.inputs = self.handle, self.inputs
         return new
 
+    def __deepcopy__(self, memo: dict) -> Cache:
+        """Copies of the tensors; the recorded model is referred to, not copied (a copy of its weights)."""
+        import copy
+
+        new = self.copy()
+        for name in new:
+            dict.__setitem__(new, name, copy.deepcopy(dict.__getitem__(self, name), memo))
+        new.inputs = copy.deepcopy(self.inputs, memo)
+        return new
+
     def __or__(self, other: Any) -> Cache:
         new = self.copy()
         new.update(other)
