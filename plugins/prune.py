@@ -167,6 +167,22 @@ class PrunePlugin(Plugin):
         return ("model",) if params.get("save_model") else ()
 
     @classmethod
+    def saved_model_bytes(cls, parsed: dict, handle) -> int:
+        """A lower bound on the pruned model's bytes, for ``ulimit -f``: every weight but those --target may
+        remove (whole blocks under layers, MLPs under neurons, attention under heads). The dense model's size
+        refused a pruned model that would have fit (255 kB under a 300 kB limit, refused for 429 kB)."""
+        from mechkit.plugin import weight_bytes
+
+        anatomy, targets = handle.anatomy, parsed["target"]
+        removable: set[int] = set()
+        for layer in range(anatomy.n_layers):
+            parts = [anatomy.block(layer)] if "layers" in targets else \
+                [*([anatomy.mlp(layer)] if "neurons" in targets else []),
+                 *([anatomy.attn(layer)] if "heads" in targets else [])]
+            removable |= {id(t) for part in parts for t in part.state_dict(keep_vars=True).values()}
+        return weight_bytes(t for t in handle.model.state_dict(keep_vars=True).values() if id(t) not in removable)
+
+    @classmethod
     def tables(cls, results: dict) -> list:
         """Guides × sparsity (mean accuracy, speedup), then every measured model, the dense one first."""
         from mechkit.report import Table

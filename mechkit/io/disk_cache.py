@@ -39,13 +39,23 @@ def cache_root() -> Path:
     folder should be is refused in one line: ``cache list`` read it as an empty cache.
     """
     if os.environ.get("MECHKIT_CACHE"):
-        root, why = Path(os.environ["MECHKIT_CACHE"]).expanduser().absolute(), "point $MECHKIT_CACHE at a directory"
+        root, why = _expanded("$MECHKIT_CACHE", os.environ["MECHKIT_CACHE"]), "point $MECHKIT_CACHE at a directory"
     else:
         base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        root, why = Path(base).expanduser().absolute() / "mechkit", "move that file away, or set $MECHKIT_CACHE"
+        root, why = _expanded("$XDG_CACHE_HOME", base) / "mechkit", "move that file away, or set $MECHKIT_CACHE"
     if root.exists() and not root.is_dir():
         raise MechkitError(f"the mechkit cache {root} is not a directory", why)
     return root
+
+
+def _expanded(variable: str, value: str | Path) -> Path:
+    """``value`` absolute, its leading ``~`` or ``~user`` expanded; one line where it names a user with no home
+    (``~nosuchuser/cache``): :meth:`Path.expanduser` raised RuntimeError, a traceback from every command."""
+    try:
+        return Path(value).expanduser().absolute()
+    except RuntimeError:
+        raise MechkitError(f"{variable} is {str(value)!r}, and {str(value).split('/')[0]!r} names no user with a "
+                           "home directory", f"set {variable} to an absolute path such as /tmp/mechkit-cache") from None
 
 
 @dataclass(frozen=True)
