@@ -93,3 +93,13 @@ def test_a_pruned_model_that_fits_the_file_size_limit_is_not_refused_for_the_den
     with file_size_limit(floor - 1), pytest.raises(MechkitError, match=f"at least {floor} bytes"):
         mk.run("prune", model=handle, out=tmp_path / "refused", **PRUNE)
     assert not (tmp_path / "refused").exists()
+
+
+def test_checkpoint_every_beyond_a_single_step_names_a_value_that_exists():
+    """finetune --steps 1 --checkpoint-every 5 said "pass --checkpoint-every below 1, or 0 for none": below 1 is
+    0, which is none."""
+    cls = registry.get("finetune")
+    with pytest.raises(OptionError) as err:
+        resolve_options(cls, {"steps": 1, "checkpoint_every": 5})
+    assert "below 1" not in err.value.fix and "--checkpoint-every 0" in err.value.fix
+    resolve_options(cls, {"steps": 1, "checkpoint_every": 0})
