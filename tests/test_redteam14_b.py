@@ -103,3 +103,15 @@ def test_checkpoint_every_beyond_a_single_step_names_a_value_that_exists():
         resolve_options(cls, {"steps": 1, "checkpoint_every": 5})
     assert "below 1" not in err.value.fix and "--checkpoint-every 0" in err.value.fix
     resolve_options(cls, {"steps": 1, "checkpoint_every": 0})
+
+
+def test_the_size_floor_on_a_mixture_of_experts_leaves_its_refusal_to_prune(tmp_path):
+    """The floor is computed before the plugin runs: on a mixture of experts (no dense MLP) --target neurons
+    must still get prune's one line, not an error from the floor."""
+    from mechkit.errors import UnsupportedArchitectureError
+    from tests.test_moe import _model
+
+    m = _model("mixtral")
+    with pytest.raises(UnsupportedArchitectureError, match="no dense MLP neurons"):
+        mk.run("prune", model=m, out=tmp_path / "run", **{**PRUNE, "sparsity": "0.25"})
+    assert registry.get("prune").saved_model_bytes({"target": ["heads"]}, m) > 0
