@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -237,8 +237,17 @@ class Plugin:
         that another writer saved there, or one mechkit never wrote, is refused at once and not after the
         work (:func:`mechkit.io.replace.refuse_foreign_model`). Where a name is a ``model`` folder or a
         ``.safetensors`` file, the run saves a model, and the model's size is also checked against the
-        process's file-size limit (``ulimit -f``) before the work. The default writes none."""
+        process's file-size limit (``ulimit -f``) before the work (:meth:`saved_model_bytes`). The default writes
+        none."""
         return ()
+
+    @classmethod
+    def saved_model_bytes(cls, parsed: dict[str, Any], handle: Any) -> int:
+        """The fewest bytes the model a run saves can hold, held to ``ulimit -f`` before the work where
+        :meth:`writes` names a model: refused only where even that cannot fit. The default is every weight of
+        the loaded model (tied tensors once), the size of a saved copy; a plugin that saves a smaller model
+        (prune) returns a lower bound, so a model that would fit is not refused for the dense model's size."""
+        return weight_bytes(handle.model.state_dict(keep_vars=True).values())
 
     @classmethod
     def tables(cls, results: dict) -> list[Table]:
@@ -254,3 +263,9 @@ class Plugin:
 
 
 __all__ = ["Option", "Plugin", "Result", "RunContext"]
+
+
+def weight_bytes(tensors: Iterable[Any]) -> int:
+    """The bytes of ``tensors``, each counted once (tied weights share one tensor): what safetensors saves."""
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())

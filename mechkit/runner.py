@@ -369,7 +369,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     load_s = time.perf_counter() - t0
     check_pruned(cls, handle)
     if out_dir is not None and handle is not None and _saves_weights(cls.writes(params)):  # ulimit -f before the work
-        refuse_over_file_size_limit(_weight_bytes(handle.model), f"the model {cls.name} saves in {out_dir}")
+        refuse_over_file_size_limit(cls.saved_model_bytes(parsed, handle), f"the model {cls.name} saves in {out_dir}")
     _seed_everything(setup.seed)
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
@@ -448,12 +448,6 @@ def pruned_kinds(handle) -> set[str]:
     kinds = {"neurons": structure.mlp_keep, "heads": structure.head_keep, "layers": structure.layers_removed,
              "uneven-heads": handle.anatomy.ragged_heads}
     return {kind for kind, units in kinds.items() if units}
-
-
-def _weight_bytes(model) -> int:
-    """The bytes of a model's weights (tied tensors once): what its saved ``model.safetensors`` holds."""
-    unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
-    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def check_pruned(cls: type[Plugin], handle) -> None:

@@ -127,8 +127,11 @@ class AdaptPlugin(Plugin):
     def check_options(cls, parsed: dict) -> None:
         missing = [b for b in parsed["prune_budgets"] if b not in parsed["budgets"]]
         if missing:  # pruning is compared with the scheduler at the same budget: it must run there too
-            raise OptionError(f"--prune-budgets {','.join(f'{b:g}' for b in missing)} not among --budgets",
-                              "add them to --budgets or drop them from --prune-budgets")
+            kept = [b for b in parsed["prune_budgets"] if b in parsed["budgets"]] or parsed["budgets"][-1:]
+            raise OptionError(f"--prune-budgets {','.join(f'{b:g}' for b in missing)} not among --budgets "
+                              f"{','.join(f'{b:g}' for b in parsed['budgets'])} (--prune-budgets is 0.7 unless given)",
+                              f"pass --prune-budgets {','.join(f'{b:g}' for b in kept)} (budgets among --budgets), "
+                              "or --prune-budgets '' for none, or add them to --budgets")
         unread.adapt(cls, parsed)
 
     @classmethod

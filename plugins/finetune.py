@@ -53,7 +53,8 @@ class FinetunePlugin(Plugin):
         if given(cls, parsed, "checkpoint_every") and every >= steps:  # the last step writes the weights, not one
             raise OptionError(f"--checkpoint-every {every} saves a resumable checkpoint every {every} steps, and "
                               f"--steps {steps} ends first, so it would be ignored",
-                              f"pass --checkpoint-every below {steps}, or 0 for none")
+                              f"pass --checkpoint-every below {steps}, or 0 for none" if steps > 1 else
+                              "pass --checkpoint-every 0 (one step leaves no room for a checkpoint), or more --steps")
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.scoring import score_prompts

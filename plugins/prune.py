@@ -167,6 +167,13 @@ class PrunePlugin(Plugin):
         return ("model",) if params.get("save_model") else ()
 
     @classmethod
+    def saved_model_bytes(cls, parsed: dict, handle) -> int:
+        """A lower bound (the weights --target cannot remove): a model that fits ``ulimit -f`` is not refused."""
+        from mechkit.pruning.cost import fewest_saved_bytes
+
+        return fewest_saved_bytes(handle, parsed["target"])
+
+    @classmethod
     def tables(cls, results: dict) -> list:
         """Guides × sparsity (mean accuracy, speedup), then every measured model, the dense one first."""
         from mechkit.report import Table

@@ -38,9 +38,9 @@ def cache_root() -> Path:
     directory (made absolute here, so every message names the folder actually used).
     """
     if os.environ.get("MECHKIT_CACHE"):
-        return Path(os.environ["MECHKIT_CACHE"]).expanduser().absolute()
+        return _expanded("$MECHKIT_CACHE", os.environ["MECHKIT_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser().absolute() / "mechkit"
+    return _expanded("$XDG_CACHE_HOME", base) / "mechkit"
 
 
 def cache_dir_to_read(root: Path | None = None) -> Path:
@@ -52,6 +52,16 @@ def cache_dir_to_read(root: Path | None = None) -> Path:
             "move that file away, or set $MECHKIT_CACHE"
         raise MechkitError(f"the mechkit cache {root} is not a directory", fix)
     return root
+
+
+def _expanded(variable: str, value: str | Path) -> Path:
+    """``value`` absolute, its leading ``~`` or ``~user`` expanded; one line where it names a user with no home
+    (``~nosuchuser/cache``): :meth:`Path.expanduser` raised RuntimeError, a traceback from every command."""
+    try:
+        return Path(value).expanduser().absolute()
+    except RuntimeError:
+        raise MechkitError(f"{variable} is {str(value)!r}, and {str(value).split('/')[0]!r} names no user with a "
+                           "home directory", f"set {variable} to an absolute path such as /tmp/mechkit-cache") from None
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def refuse_over_file_size_limit(n_bytes: int, what: str) -> None:
         return
     if soft == resource.RLIM_INFINITY or n_bytes <= soft:
         return
-    raise MechkitError(f"{what} would be {n_bytes} bytes, more than this process's file-size limit ({soft} bytes)",
+    raise MechkitError(f"{what} would be at least {n_bytes} bytes, more than this process's file-size limit ({soft} bytes)",
                        "raise your file-size limit (ulimit -f unlimited) before the run")
 
 

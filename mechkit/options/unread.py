@@ -181,7 +181,8 @@ def select_tasks(cls: Any, parsed: dict) -> None:
     if parsed["validate"] and parsed["transfer_seeds"]:  # every representation is embedded for the ρ table
         return
     rep = parsed["representation"]
-    fix = "drop it, or pass --validate (its ρ table embeds every representation)"
+    fix = ("drop it, or pass --transfer-seeds 1 or more (--validate's ρ table then embeds every representation)"
+           if parsed["validate"] else "drop it, or pass --validate (its ρ table embeds every representation)")
     if rep in ("actvec", "lora-grad"):
         reads = "reads the last token of each context" if rep == "actvec" else "embeds LoRA gradients, not a token"
         refuse_ignored(cls, parsed, ("position",), f"picks the token embedded, and --representation {rep} {reads}",

@@ -26,6 +26,21 @@ def n_params(handle: ModelHandle) -> int:
     return sum(p.numel() for p in distinct_parameters(handle.model).values())
 
 
+def fewest_saved_bytes(handle: ModelHandle, targets) -> int:
+    """A lower bound on the bytes a model pruned at ``targets`` saves (for ``ulimit -f`` before the work):
+    every weight but those the targets may remove (whole blocks under layers, MLPs under neurons,
+    attention under heads), tied tensors once. The dense size refused a pruned model that would have fit."""
+    from mechkit.plugin import weight_bytes
+
+    a = handle.anatomy
+    removable: set[int] = set()
+    for layer in range(a.n_layers):
+        parts = [a.block(layer)] if "layers" in targets else \
+            [*([a.mlp(layer)] if "neurons" in targets else []), *([a.attn(layer)] if "heads" in targets else [])]
+        removable |= {id(t) for part in parts for t in part.state_dict(keep_vars=True).values()}
+    return weight_bytes(t for t in handle.model.state_dict(keep_vars=True).values() if id(t) not in removable)
+
+
 def flops_per_token(handle: ModelHandle, context: int = 128) -> float:
     """Forward FLOPs per token at ``context`` tokens: 2·in·out per projection (unembedding included)
     plus the attention products, 2·2·heads·d_head·(context/2) per layer on a causal average."""
