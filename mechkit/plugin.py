@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -247,6 +247,8 @@ class Plugin:
         :meth:`writes` names a model: refused only where even that cannot fit. The default is every weight of
         the loaded model (tied tensors once), the size of a saved copy; a plugin that saves a smaller model
         (prune) returns a lower bound, so a model that would fit is not refused for the dense model's size."""
+        from mechkit.model.placement.ties import weight_bytes
+
         return weight_bytes(handle.model.state_dict(keep_vars=True).values())
 
     @classmethod
@@ -263,9 +265,3 @@ class Plugin:
 
 
 __all__ = ["Option", "Plugin", "Result", "RunContext"]
-
-
-def weight_bytes(tensors: Iterable[Any]) -> int:
-    """The bytes of ``tensors``, each counted once (tied weights share one tensor): what safetensors saves."""
-    unique = {id(t): t for t in tensors}
-    return sum(t.numel() * t.element_size() for t in unique.values())

@@ -11,12 +11,9 @@ within 70% of the dense latency (or FLOPs). ``--save-model`` writes the pruned m
 guide at the last sparsity, or the budget plan) as ``model/`` in the run directory, in safetensors;
 ``mechkit.load_model(DIR/model)`` reloads it exactly.
 
-With ``--executor ray`` the rows of the guide × sparsity grid are units measured on Ray workers
-(:mod:`mechkit.pruning.grid`): the guides' scores are computed here once and shipped; each row's
-latency is timed on the worker that measured it, against the dense model in the same process, so
-``latency_ratio`` and ``speedup`` stay same-process ratios; workers sharing CPUs time at the same time,
-which makes the absolute latencies longer than a serial run's. The ``--budget`` search is sequential
-(each bisection step depends on the last) and always runs here.
+With ``--executor ray`` the guide × sparsity rows run on Ray workers (:mod:`mechkit.pruning.grid`), each
+timed against the dense model in its own process (ratios stay same-process; absolute latencies grow when
+workers share CPUs); the ``--budget`` search is sequential and always runs here.
 
 The measurements are :class:`mechkit.pruning.PruneStudy`'s, asked through one
 :class:`~mechkit.pruning.PruneConfig`; the results and finding they give are :mod:`mechkit.pruning.findings`'s;
@@ -101,14 +98,7 @@ class PrunePlugin(Plugin):
 
         opts = ctx.options
         guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
-        if "neurons" in targets:  # before any work: a mixture of experts has experts, not neurons
-            ctx.model.anatomy.refuse_moe("dense MLP neurons to prune", "pass --target heads,layers")
-        if "heads" in targets:  # before any work: heads normalised together cannot be sliced apart
-            ctx.model.anatomy.refuse_joint_head_norm("pruning heads", "pass --target layers")
-            if opts["gqa"] == "group":  # without KV groups every head is its own slot: the default's plan
-                unread.refuse_no_kv_groups(ctx.model.anatomy, "--gqa group", "drop --gqa group: with one KV head "
-                                           "per query head the default --gqa slot removes each head with its keys "
-                                           "and values already")
+        unread.prune_model(ctx.model.anatomy, targets, opts["gqa"])  # before any work
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
         levels = [] if opts["budget"] is not None else (opts["sparsity"] or SparsityLevels()("0.2")).resolve(targets)
         config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],

@@ -208,3 +208,16 @@ def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:
     if not any(anatomy.kv_heads_in(layer) and anatomy.groups_in(layer) > 1 for layer in range(anatomy.n_layers)):
         raise OptionError(f"{option} acts on grouped-query attention's KV groups, and this model has one KV head per "
                           "query head, so it would have no effect", fix)
+
+
+def prune_model(anatomy: Any, targets, gqa: str) -> None:
+    """prune's options this model cannot honour, in one line as the run starts (before any work): --target
+    neurons on a mixture of experts (experts, not neurons), heads normalised together (they cannot be
+    sliced apart), --gqa group without KV groups (every head is its own slot: the default's plan)."""
+    if "neurons" in targets:
+        anatomy.refuse_moe("dense MLP neurons to prune", "pass --target heads,layers")
+    if "heads" in targets:
+        anatomy.refuse_joint_head_norm("pruning heads", "pass --target layers")
+        if gqa == "group":
+            refuse_no_kv_groups(anatomy, "--gqa group", "drop --gqa group: --gqa slot already removes each head "
+                                "with its keys and values")

@@ -30,7 +30,7 @@ def fewest_saved_bytes(handle: ModelHandle, targets) -> int:
     """A lower bound on the bytes a model pruned at ``targets`` saves (for ``ulimit -f`` before the work):
     every weight but those the targets may remove (whole blocks under layers, MLPs under neurons,
     attention under heads), tied tensors once. The dense size refused a pruned model that would have fit."""
-    from mechkit.plugin import weight_bytes
+    from mechkit.model.placement.ties import weight_bytes
 
     a = handle.anatomy
     removable: set[int] = set()

@@ -72,3 +72,9 @@ def distinct_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
         if not any(other in out for other in ties.get(name, ())):
             out[name] = param
     return out
+
+
+def weight_bytes(tensors) -> int:
+    """The bytes of ``tensors``, each counted once (tied weights share one tensor): what safetensors saves."""
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
