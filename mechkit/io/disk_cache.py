@@ -30,7 +30,8 @@ GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes
 
 
 def cache_root() -> Path:
-    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``.
+    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit`` (an absolute one, as the XDG spec says), else
+    ``~/.cache/mechkit``.
 
     A leading ``~`` is expanded: a value quoted in a shell or set in a ``.env`` file reaches mechkit
     unexpanded, and the cache then grew in a folder literally named ``~`` under the working directory
@@ -39,7 +40,9 @@ def cache_root() -> Path:
     """
     if os.environ.get("MECHKIT_CACHE"):
         return _expanded("$MECHKIT_CACHE", os.environ["MECHKIT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not (base.startswith("~") or os.path.isabs(base)):  # unset, or relative: the XDG spec has it ignored (it grew
+        base = Path.home() / ".cache"               # a cache in whatever directory a command ran from)
     return _expanded("$XDG_CACHE_HOME", base) / "mechkit"
 
 
