@@ -203,3 +203,21 @@ def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
     assert cache_root() == Path.home() / ".cache" / "mechkit"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_root() == tmp_path / "xdg" / "mechkit"
+
+
+def test_a_named_clear_does_not_delete_through_a_symlinked_group(monkeypatch, tmp_path):
+    """`cache clear --all` leaves a group that is a symlink alone; `cache clear runs/KEY` went through it and
+    deleted the user's folder it points into."""
+    from mechkit.io.disk_cache import clear_cache
+
+    user = tmp_path / "user"
+    (user / "0123456789abcdef").mkdir(parents=True)
+    (user / "0123456789abcdef" / "params.json").write_text("{}")
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "runs").symlink_to(user)
+    for name in ("runs/0123456789abcdef", "0123456789abcdef"):
+        with pytest.raises(MechkitError):
+            clear_cache([name], root=root)
+    assert clear_cache(all_entries=True, root=root) == []
+    assert (user / "0123456789abcdef" / "params.json").is_file()
