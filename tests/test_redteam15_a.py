@@ -221,3 +221,12 @@ def test_a_named_clear_does_not_delete_through_a_symlinked_group(monkeypatch, tm
             clear_cache([name], root=root)
     assert clear_cache(all_entries=True, root=root) == []
     assert (user / "0123456789abcdef" / "params.json").is_file()
+
+
+def test_answer_id_takes_integer_kinds_and_refuses_the_rest(llama):
+    from mechkit.patching import answer_id
+
+    assert answer_id(llama, np.int64(5)) == 5 and answer_id(llama, torch.tensor(5)) == 5
+    for bad in (True, None, 5.0):
+        with pytest.raises(MechkitError, match="neither text nor a token id"):
+            answer_id(llama, bad)
