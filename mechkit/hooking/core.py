@@ -241,6 +241,23 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.uti
     return [*extra, module.register_forward_hook(post)]
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    return bool(a == b)
+
+
+def _described(parts: list) -> str:
+    """One recorded name's shape and dtype for the repr; what a user stored that is no tensor, by its type (a
+    ``cache.setdefault(name)`` stores None: the repr raised AttributeError on it)."""
+    if not all(isinstance(p, torch.Tensor) and p.ndim for p in parts):
+        return type(parts[0]).__name__ if len(parts) == 1 else f"{len(parts)} parts"
+    shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
+    return f"{shape} {str(parts[0].dtype).removeprefix('torch.')}"
+
+
 @single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iterator[None]:
     """Run ``fn(activation, point)`` at each named hook point while the context is open.
@@ -316,6 +333,7 @@ class Cache(dict):
     """Recorded activations by hook name; several forwards inside one context are concatenated on batch."""
 
     handle: ModelHandle | None = None  # the model recorded (set by :func:`record`)
+    continued: bool = False  # a recorded forward's ids alone do not replay it (generate, padding): :meth:`completion`
     inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
 
     def to_transformer_lens(self, model: Any = None) -> Any:
@@ -336,6 +354,12 @@ class Cache(dict):
                    if p.name in have and p.name not in self]
         if not missing:
             return {}
+        if self.continued:  # recorded again without the KV cache, they would silently be other activations
+            raise MechkitError(f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
+                               ", and its forwards continued a KV cache (model.generate), masked padding or set their "
+                               "own positions: recorded again on their token ids alone they would be other activations",
+                               "record every point needed in that run (mk.record(m, \"*\")), or record the "
+                               "token ids in one unpadded forward")
         with torch.no_grad(), record(handle, missing) as again:
             for ids in inputs:
                 handle(ids)
@@ -390,7 +414,7 @@ class Cache(dict):
         new = Cache()
         for name in self.keys():
             dict.__setitem__(new, name, list(dict.__getitem__(self, name)))
-        new.handle, new.inputs = self.handle, self.inputs
+        new.handle, new.inputs, new.continued = self.handle, self.inputs, self.continued
         return new
 
     def __deepcopy__(self, memo: dict) -> Cache:
@@ -421,6 +445,29 @@ class Cache(dict):
     def get(self, name: str, default=None):
         return self[name] if name in self else default  # noqa: SIM401 (dict.get would skip __getitem__)
 
+    def popitem(self) -> tuple[str, Any]:
+        """The last name and its value, joined as ``cache[name]`` reads it (dict's own gave the raw parts list)."""
+        if not self:
+            raise KeyError("popitem(): this cache is empty")
+        name = next(reversed(self.keys()))
+        return name, self.pop(name)
+
+    def __eq__(self, other: object) -> bool:
+        """The same names holding equal values (tensors of one shape, dtype and values), as a dict of the joined
+        tensors compares: dict's own compared the parts lists, so a cache was unequal to ``dict(cache)`` and a
+        copy's tensors raised torch's "Boolean value of Tensor ... is ambiguous"."""
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if set(self.keys()) != set(other.keys()):
+            return False
+        return all(_same_value(self[name], other[name]) for name in self.keys())
+
+    def __ne__(self, other: object) -> bool:
+        same = self.__eq__(other)
+        return same if same is NotImplemented else not same
+
+    __hash__ = None  # type: ignore[assignment]  (a dict: not hashable)
+
     def __repr__(self) -> str:
         """The names with shapes and dtypes, a few lines (never the tensors): ``Cache of 2 hook points …``.
 
@@ -433,14 +480,13 @@ class Cache(dict):
           blocks.1.attn.hook_z  [1, ..., 4, 16] float32
         """
         shown, names = 8, list(self)
-        size = sum(t.numel() * t.element_size() for parts in dict.values(self) for t in parts)
+        size = sum(t.numel() * t.element_size() for parts in dict.values(self) for t in parts
+                   if isinstance(t, torch.Tensor))
         model = f" from {self.handle.spec}" if self.handle is not None else ""
         lines = [f"Cache of {len(names)} hook point{'s' if len(names) != 1 else ''}{model}, {size / 1e6:.3g} MB"]
         width = max((len(n) for n in names[:shown]), default=0)
         for name in names[:shown]:
-            parts = dict.__getitem__(self, name)
-            shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
-            lines.append(f"  {name:<{width}}  {shape} {str(parts[0].dtype).removeprefix('torch.')}")
+            lines.append(f"  {name:<{width}}  {_described(dict.__getitem__(self, name))}")
         if len(names) > shown:
             lines.append(f"  … {len(names) - shown} more (list(cache) names them all)")
         return "\n".join(lines)
@@ -477,6 +523,31 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
         yield cache
 
 
+def _replayable(ids: Any, kwargs: dict) -> bool:
+    """Whether a forward's token ids alone give its activations, so the points a recording lacks can be
+    recorded again on them (:meth:`Cache.completion`): not where it continued a KV cache (a generation step),
+    masked padding, or was given its own positions."""
+    if not isinstance(ids, torch.Tensor):
+        return False
+    for key in ("past_key_values", "cache", "past_key_value"):
+        past = kwargs.get(key)
+        if past is None:
+            continue
+        length = getattr(past, "get_seq_length", None)
+        try:
+            if length() if callable(length) else len(past):
+                return False
+        except (TypeError, ValueError, AttributeError):
+            return False
+    mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and not bool((mask != 0).all()):
+        return False
+    if isinstance(positions, torch.Tensor) and positions.numel() and not torch.equal(
+            positions.reshape(-1, positions.shape[-1])[0].cpu(), torch.arange(positions.shape[-1])):
+        return False
+    return not (mask is not None and (not isinstance(mask, torch.Tensor) or mask.ndim != 2))
+
+
 @contextlib.contextmanager
 def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
     """Keep each forward's token ids on ``cache`` (a few integers), so a conversion to TransformerLens can
@@ -490,6 +561,8 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor):
             cache.inputs.append(ids.detach())
+        if not _replayable(ids, kwargs):
+            cache.continued = True
 
     remover = handle.model.register_forward_pre_hook(pre, with_kwargs=True)
     try:
@@ -605,8 +678,15 @@ def gradients(handle: ModelHandle, names: str | list[str], input_ids: torch.Tens
             raise MechkitError(f"the metric returned {got}" + ("" if not isinstance(value, torch.Tensor) or
                                                               value.numel() != 1 else " that does not depend on the logits"),
                                "return one number computed from the logits, e.g. logits[0, -1, token_id] or .sum()")
+        if value.grad_fn is None:  # a leaf of its own: autograd's raw "appears to not have been used in the graph"
+            raise MechkitError("the metric returned a number that does not depend on the logits",
+                               "return one number computed from the logits, e.g. logits[0, -1, token_id] or .sum()")
         if not value.is_floating_point():  # a complex number has no gradient to follow: a RuntimeError in autograd
             raise MechkitError(f"the metric returned a {str(value.dtype).removeprefix('torch.')} number, and a "
                                "gradient needs a real one", "return a real number, e.g. .abs() or .real of it")
-        grads = torch.autograd.grad(value, [acts[p.name] for p in points])
-    return value.detach(), {p.name: (acts[p.name].detach(), g) for p, g in zip(points, grads, strict=True)}
+        grads = torch.autograd.grad(value, [acts[p.name] for p in points], allow_unused=True)
+    if all(g is None for g in grads):  # autograd's raw "appears to not have been used in the graph" otherwise
+        raise MechkitError("the metric does not depend on the logits (no gradient reaches any point named)",
+                           "return one number computed from the logits, e.g. logits[0, -1, token_id] or .sum()")
+    return value.detach(), {p.name: (acts[p.name].detach(), torch.zeros_like(acts[p.name]) if g is None else g)
+                            for p, g in zip(points, grads, strict=True)}

@@ -30,7 +30,8 @@ GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes
 
 
 def cache_root() -> Path:
-    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit``, else ``~/.cache/mechkit``.
+    """``$MECHKIT_CACHE``, else ``$XDG_CACHE_HOME/mechkit`` (an absolute one, as the XDG spec says), else
+    ``~/.cache/mechkit``.
 
     A leading ``~`` is expanded: a value quoted in a shell or set in a ``.env`` file reaches mechkit
     unexpanded, and the cache then grew in a folder literally named ``~`` under the working directory
@@ -39,7 +40,9 @@ def cache_root() -> Path:
     """
     if os.environ.get("MECHKIT_CACHE"):
         return _expanded("$MECHKIT_CACHE", os.environ["MECHKIT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not (base.startswith("~") or os.path.isabs(base)):  # unset, or relative: the XDG spec has it ignored (it grew
+        base = Path.home() / ".cache"               # a cache in whatever directory a command ran from)
     return _expanded("$XDG_CACHE_HOME", base) / "mechkit"
 
 
@@ -253,14 +256,24 @@ def _resolve_name(root: Path, name: str) -> Path:
         return root / clean
     if len(parts) == 2 and parts[0] in GROUPS and parts[1] and not parts[1].startswith("."):
         candidate = root / parts[0] / parts[1]
+        _refuse_linked_group(root / parts[0], name)
         if is_entry(parts[0], candidate):
             return candidate
     elif len(parts) == 1 and clean and not clean.startswith("."):
-        found = [root / g / clean for g in GROUPS if is_entry(g, root / g / clean)]
+        found = [root / g / clean for g in GROUPS if not (root / g).is_symlink() and is_entry(g, root / g / clean)]
         if len(found) == 1:
             return found[0]
     raise MechkitError(f"no cache entry named {name!r} in {root}",
                        "see `mechkit cache list` for the names, or pass --all")
+
+
+def _refuse_linked_group(group: Path, name: str) -> None:
+    """A group that is a symlink leads into a directory mechkit did not make (``--all`` leaves it alone): a
+    named clear went through it and deleted a user's folder that looked like an entry."""
+    if group.is_symlink():
+        raise MechkitError(f"{group} is a symlink to {os.path.realpath(group)}; `cache clear` does not delete "
+                           f"{name!r} through it (mechkit clears only inside its own directories)",
+                           f"delete it there yourself if it is mechkit's, or remove the link {group}")
 
 
 def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = False,

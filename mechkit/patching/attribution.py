@@ -22,6 +22,7 @@ from mechkit.errors import MechkitError
 from mechkit.hooking.core import gradients
 from mechkit.patching.patch import source_cache
 from mechkit.patching.scan import Metric, PatchScan, column_labels, padded
+from mechkit.patching.source_checks import checked_answer_pos, checked_target, source_act
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -51,14 +52,19 @@ def attribute(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.T
     if over not in ("position", "head"):
         raise MechkitError(f"over={over!r} is not position or head", "use over='position' or over='head'")
     names = [f"blocks.{L}.{point}" for L in range(handle.anatomy.n_layers)]
-    cache = source_cache(handle, source, names)
-    pos = answer_pos % target.shape[-1]
+    target = checked_target(target, "attribute", one_prompt=True)
+    pos = checked_answer_pos(answer_pos, target.shape[-1], "attribute") % target.shape[-1]
+    cache = source_cache(handle, source, names, "attribute")
     value, found = gradients(handle, names, target, lambda logits: metric(logits[:, pos]).sum())
     rows = []
     with torch.no_grad():
         for name in names:
             act, grad = found[name]
-            delta = (cache[name].to(grad.device, grad.dtype) - act.to(grad.device)) * grad
+            src = source_act(cache, name, 1, "attribute")
+            if src.shape[1:] != act.shape[1:]:  # broadcast silently (a one-position source) or failed inside torch
+                raise MechkitError(f"attribute: the source's {name} is {list(src.shape)}; the target's is "
+                                   f"{list(act.shape)}", "give a source prompt of the target's length, recorded on this model")
+            delta = (src.to(grad.device, grad.dtype) - act.to(grad.device)) * grad
             rows.append(_unit_sums(delta, name.split(".", 2)[2], over)[0].double().cpu())
     base = float(value)
     return (padded(rows) + base).float(), base
@@ -77,6 +83,7 @@ def attribute_patching(handle: ModelHandle, clean: torch.Tensor, corrupted: torc
     """:func:`~mechkit.patching.scan.denoise` (or ``noise``) estimated by attribution patching: the same
     :class:`~mechkit.patching.scan.PatchScan`, its direction marked ``(attribution)``."""
     target, source = (corrupted, clean) if denoising else (clean, corrupted)
+    checked_answer_pos(answer_pos, checked_target(source, "attribute", one_prompt=True).shape[-1], "attribute")
     values, base = attribute(handle, target, source, point, metric, over=over, answer_pos=answer_pos)
     with torch.no_grad():
         other = float(metric(handle(source)[:, answer_pos])[0])

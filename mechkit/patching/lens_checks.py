@@ -53,11 +53,30 @@ def checked_cache(handle: ModelHandle, cache: Any, needed: list[str], who: str, 
         if not isinstance(act, torch.Tensor) or act.ndim < 3:
             what = f"shape {list(act.shape)}" if isinstance(act, torch.Tensor) else f"a {type(act).__name__}"
             raise MechkitError(f"the cache holds {what} at {name}, not a [batch, pos, ...] activation", fix)
+    _one_run(handle, acts, fix)
     width = acts[needed[-1]].shape[-1]
     if width != handle.anatomy.d_model:
         raise MechkitError(f"the cache's residual stream is {width} wide; {handle.spec}'s is "
                            f"{handle.anatomy.d_model}: it was recorded on another model", "pass the model it was recorded on")
     return acts
+
+
+def _one_run(handle: ModelHandle, acts: dict, fix: str) -> None:
+    """The activations are of one run: one batch and one prompt length everywhere, and each ``attn.hook_z``
+    holds its layer's heads. A dict assembled from two runs broadcast silently (a batch of 2 beside one of 1),
+    read another position at ``pos=-1``, or gave a head sum of the wrong heads; a flattened ``hook_z`` failed
+    inside ``torch.stack``."""
+    first_name, first = next(iter(acts.items()))
+    for name, act in acts.items():
+        if act.shape[:2] != first.shape[:2]:
+            raise MechkitError(f"the cache holds {list(act.shape[:2])} (batch, positions) at {name} but "
+                               f"{list(first.shape[:2])} at {first_name}: they are not of one run", fix)
+        if name.endswith(".attn.hook_z"):
+            layer = int(name.split(".")[1])
+            heads, size = handle.anatomy.heads_in(layer), handle.anatomy.head_size(layer)
+            if act.ndim != 4 or act.shape[2:] != (heads, size):
+                raise MechkitError(f"the cache holds shape {list(act.shape)} at {name}, not [batch, pos, {heads} "
+                                   f"heads, {size}] (this model's heads in layer {layer})", fix)
 
 
 def _same_model(recorded: Any, handle: ModelHandle) -> bool:
@@ -88,14 +107,15 @@ def _integer(value: Any) -> Any:
     return value
 
 
-def checked_pos(pos: Any, length: int, who: str) -> int:
-    """``pos`` as an index into ``length`` recorded positions (negative counts from the end)."""
+def checked_pos(pos: Any, length: int, who: str, name: str = "pos") -> int:
+    """``pos`` as an index into ``length`` recorded positions (negative counts from the end); ``name`` is the
+    argument's (``answer_pos`` in patching)."""
     pos = _integer(pos)
     if isinstance(pos, bool) or not isinstance(pos, int):
-        raise MechkitError(f"{who}: pos must be one integer position, not {pos!r}"[:200],
-                           "pass pos=-1 (the last token) or another index; call it once per position")
+        raise MechkitError(f"{who}: {name} must be one integer position, not {pos!r}"[:200],
+                           f"pass {name}=-1 (the last token) or another index; call it once per position")
     if not -length <= pos < length:
-        raise MechkitError(f"{who}: pos={pos} is outside the recorded prompt of {length} tokens",
+        raise MechkitError(f"{who}: {name}={pos} is outside the recorded prompt of {length} tokens",
                            f"pass a position from {-length} to {length - 1}")
     return pos
 

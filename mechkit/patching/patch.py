@@ -18,6 +18,13 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks, record
 from mechkit.hooking.points import READ_ONLY, resolve
+from mechkit.patching.source_checks import (
+    checked_source,
+    checked_target,
+    same_layout,
+    source_act,
+    unit_indices,
+)
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -38,6 +45,10 @@ class Patch:
     heads: tuple[int, ...] | None = None
     neurons: tuple[int, ...] | None = None
     source_positions: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:  # integers only, as plain tuples (one integer is a tuple of one)
+        for field in ("positions", "heads", "neurons", "source_positions"):
+            object.__setattr__(self, field, unit_indices(getattr(self, field), field))
 
     def where(self) -> tuple:
         """``(positions, heads, neurons, source_positions)`` as plain tuples: what a hook function carries, so
@@ -112,8 +123,10 @@ def assign(new: torch.Tensor, src: torch.Tensor, suffix: str, where: tuple) -> N
         new[torch.tensor(pos)[:, None], idx] = src[torch.tensor(spos)[:, None], idx]
 
 
-def source_cache(handle: ModelHandle, source: Cache | torch.Tensor, names: list[str]) -> Cache:
-    """``source`` itself, or the named points recorded on the source prompt ``source`` (token ids)."""
+def source_cache(handle: ModelHandle, source: Cache | torch.Tensor, names: list[str], who: str = "run_patched") -> Cache:
+    """``source`` itself (a recording of this model), or the named points recorded on the source prompt
+    ``source`` (token ids)."""
+    source = checked_source(handle, source, who)
     if not isinstance(source, torch.Tensor):
         return source
     points = list(dict.fromkeys(p.name for name in names for p in resolve(handle.anatomy, name)))  # each once
@@ -135,11 +148,12 @@ def run_patched(handle: ModelHandle, target: torch.Tensor, source: Cache | torch
     True
     """
     patches = [patches] if isinstance(patches, Patch) else list(patches)
+    target = checked_target(target, "run_patched")
     cache = source_cache(handle, source, [p.resolved(handle).name for p in patches])
     fns: dict[str, list] = {}
     for p in patches:
         point = p.resolved(handle)
-        src = cache[point.name]
+        src = source_act(cache, point.name, target.shape[0] if target.ndim > 1 else 1, "run_patched")
         check(handle, p, target.shape[-1], point_length(src, point.suffix))
         fns.setdefault(point.name, []).append(_writer(src, point.suffix, p.where()))
     with torch.no_grad(), hooks(handle, fns):
@@ -151,7 +165,8 @@ def point_length(act: torch.Tensor, suffix: str) -> int:
 
 
 def _writer(src: torch.Tensor, suffix: str, where: tuple):
-    def fn(act: torch.Tensor, _point) -> torch.Tensor:
+    def fn(act: torch.Tensor, point) -> torch.Tensor:
+        same_layout(src, act, suffix, point.name)
         new = act.clone()
         for row in range(new.shape[0]):
             assign(new[row], src[row if src.shape[0] == new.shape[0] else 0], suffix, where)

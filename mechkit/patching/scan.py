@@ -23,6 +23,14 @@ from mechkit.hooking.core import hooks
 from mechkit.model.edit.partial import BlockInputs, capture_block_inputs, run_from
 from mechkit.patching.answers import normalized_recovery
 from mechkit.patching.patch import Patch, assign, check, point_length, source_cache
+from mechkit.patching.source_checks import (
+    checked_answer_pos,
+    checked_batch_size,
+    checked_rows,
+    checked_target,
+    same_layout,
+    source_act,
+)
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -58,7 +66,10 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
     (``hook_resid_pre``, ``attn.hook_z``…)."""
     a = handle.anatomy
     layers = list(range(a.n_layers)) if layers is None else list(layers)
-    cache = source_cache(handle, source, [f"blocks.{L}.{point}" for L in layers])
+    target = checked_target(target, "scan", one_prompt=True)
+    answer_pos = checked_answer_pos(answer_pos, target.shape[-1], "scan")
+    batch_size = checked_batch_size(batch_size, "scan")
+    cache = source_cache(handle, source, [f"blocks.{L}.{point}" for L in layers], "scan")
     n_pos = target.shape[-1]
     rows = []
     with torch.no_grad():
@@ -66,7 +77,7 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
         for layer in layers:
             probe = Patch(f"blocks.{layer}.{point}")
             suffix = probe.suffix(handle)
-            src = cache[probe.resolved(handle).name]
+            src = source_act(cache, probe.resolved(handle).name, 1, "scan")
             units = _units(handle, layer, point, suffix, over, n_pos)
             for u in units:
                 check(handle, u, n_pos, point_length(src, suffix))
@@ -75,7 +86,7 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
                 chunk = units[start:start + batch_size]
                 logits = _rows(handle, layer, target, inputs, probe.point, _row_writer(src, suffix, chunk), len(chunk),
                                answer_pos)
-                values.append(metric(logits))
+                values.append(checked_rows(metric(logits), len(chunk), "scan"))
             rows.append(torch.cat(values).float().cpu())
     return padded(rows)
 
@@ -104,7 +115,8 @@ def _row_writer(src: torch.Tensor, suffix: str, units: list[Patch]):
     """A hook function giving row r of the batch the patch ``units[r]`` (carried as plain tuples)."""
     wheres = [unit.where() for unit in units]
 
-    def fn(act: torch.Tensor, _point) -> torch.Tensor:
+    def fn(act: torch.Tensor, point) -> torch.Tensor:
+        same_layout(src, act, suffix, point.name)
         new = act.clone()
         for row, where in enumerate(wheres):
             assign(new[row], src[0], suffix, where)
@@ -135,6 +147,8 @@ def _rows(handle: ModelHandle, layer: int, target: torch.Tensor, inputs: BlockIn
 def _directed(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, point: str, metric: Metric,
               over: str, denoising: bool, **kwargs) -> PatchScan:
     target, source = (corrupted, clean) if denoising else (clean, corrupted)
+    for ids in (clean, corrupted):  # before the two base runs read the answer position
+        checked_answer_pos(kwargs.get("answer_pos", -1), checked_target(ids, "scan", one_prompt=True).shape[-1], "scan")
     with torch.no_grad():
         base = {"clean": float(metric(handle(clean)[:, kwargs.get("answer_pos", -1)])[0]),
                 "corrupted": float(metric(handle(corrupted)[:, kwargs.get("answer_pos", -1)])[0])}
