@@ -88,3 +88,12 @@ def test_save_model_under_write_false_is_refused():
     with pytest.raises(MechkitError, match="write=False writes nothing, so save_model=True") as err:
         mk.run("prune", model="tiny:llama", write=False, target="layers", sparsity="0.5", save_model=True, **SMALL)
     assert "drop save_model=" in err.value.fix
+
+
+def test_a_sparsity_naming_a_unit_type_twice_is_refused():
+    """prune --sparsity neurons=0.3,neurons=0.2 ran one level at neurons=0.2: the 0.3 was dropped unsaid (a
+    grid of one unit type is fractions with --target, which still passes)."""
+    with pytest.raises(OptionError, match="names neurons twice") as err:
+        resolve_options(registry.get("prune"), {"target": "neurons", "sparsity": "neurons=0.3,neurons=0.2"})
+    assert "--sparsity 0.2,0.3" in err.value.fix
+    resolve_options(registry.get("prune"), {"target": "neurons", "sparsity": "0.2,0.3"})

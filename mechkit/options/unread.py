@@ -119,9 +119,14 @@ def prune_targets(cls: Any, parsed: dict) -> None:
 def sparsity_targets(parsed: dict, spec: str) -> None:
     """A ``--sparsity TARGET=F`` naming a unit type --target leaves out: it was pruned anyway (``--target heads
     --sparsity neurons=0.3`` removed neurons), while the rules above and the run's report (MoE refusal, the saved
-    model's size floor, --gqa) went by --target."""
+    model's size floor, --gqa) went by --target; a unit type named twice (the last fraction alone was used)."""
     text = parsed["sparsity"].text if parsed["sparsity"] is not None else ""
     named = [part.partition("=")[0].strip() for part in text.split(",") if "=" in part]
+    twice = next((t for t in named if named.count(t) > 1), None)
+    if twice is not None:  # one level: the last fraction replaced the others unsaid
+        raise OptionError(f"--sparsity {text} names {twice} twice, and TARGET=F pairs are one level (the last "
+                          f"{twice}= alone would be used)", f"give {twice}= once; for several levels of {twice} pass "
+                          f"fractions with --target {twice} (--sparsity 0.2,0.3)")
     outside = [t for t in dict.fromkeys(named) if t not in parsed["target"]]
     if outside:
         raise OptionError(f"--sparsity {text} prunes {', '.join(outside)}, and {spec} leaves "
