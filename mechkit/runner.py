@@ -301,6 +301,7 @@ def run_plugin(
         if out is not None:  # it would be silently ignored: the caller expects files there
             raise MechkitError(f"out={str(out)!r} with write=False: nothing would be written there",
                                "drop write=False to write the run to out, or drop out=")
+        refuse_unwritten_files(cls, params)
         return _run(cls, params, parsed, None, setup, console)
     with contextlib.ExitStack() as stack:
         if out is not None:
@@ -350,6 +351,17 @@ def report_tables(report: dict, cls: type[Plugin] | None = None, console=None) -
         except MechkitError:
             return generic_tables(results)
     return plugin_tables(cls, results, console)
+
+
+def refuse_unwritten_files(cls: type[Plugin], params: dict) -> None:
+    """An option that asks for files (prune's ``save_model=True``) under ``write=False``: the run built the pruned
+    model and dropped it (a :class:`Run` holds no files), so the option was silently ignored."""
+    for option in cls.options:
+        if params.get(option.name) != option.default and \
+                set(cls.writes({**params, option.name: option.default})) != set(cls.writes(params)):
+            raise MechkitError(f"write=False writes nothing, so {option.name}={params[option.name]!r} (it saves "
+                               f"{', '.join(cls.writes(params))}) would be ignored",
+                               f"pass out= (write=True) to keep what it saves, or drop {option.name}=")
 
 
 def _saves_weights(names: tuple[str, ...]) -> bool:

@@ -95,6 +95,21 @@ class FinetunePlugin(Plugin):
         return ("config.json", "model.safetensors")
 
     @classmethod
+    def saved_model_bytes(cls, parsed: dict, handle) -> int:
+        """The largest file the run writes, held to ``ulimit -f`` before training: the model, saved in float32
+        whatever the loaded dtype (a bfloat16 model's own size passed, and the save failed after training), or,
+        under full fine-tuning with checkpoints, a checkpoint (the weights and AdamW's two moments), refused here."""
+        from mechkit.io.fs_errors import refuse_over_file_size_limit
+        from mechkit.model.placement.ties import distinct_parameters
+
+        n = sum(p.numel() for p in distinct_parameters(handle.model).values())
+        every, steps = parsed.get("checkpoint_every", 0), parsed.get("steps", 0)
+        if parsed.get("method", "full") == "full" and 0 < every < steps:  # LoRA's checkpoint holds the adapters alone
+            refuse_over_file_size_limit(3 * 4 * n, f"the checkpoint finetune writes every {every} steps (the "
+                                        "float32 weights and AdamW's two moments)")
+        return 4 * n
+
+    @classmethod
     def tables(cls, results: dict) -> list:
         """Before × after on the held-out prompts, and the training run in numbers."""
         from mechkit.report import Table, kv_table

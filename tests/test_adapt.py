@@ -378,7 +378,7 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     run = mk.run(AdaptPlugin, model="tiny:llama", out=tmp_path / "run", tasks="capitalize,past-tense",
                  budgets="0.7,1.0", calib=3, n=2, shots=1, token_layers="0", token_keep="0.5", signal_layer=0, repeats=1,
                  prune_budgets="0.7", adherence=0.5, margin_prompts=1, margin_plans=2, prune_targets="layers",
-                 prune_reconstruct="mean")  # whole layers: a tiny model's pruned copy reaches 0.7 only so
+                 prune_reconstruct="none")  # whole layers: a tiny model's pruned copy reaches 0.7 only so
     res = run.results
     assert [r["budget"] for r in res["rows"]] == [0.7, 1.0]
     row = res["rows"][0]
@@ -408,10 +408,10 @@ def test_the_adapt_plugin_reports_accuracy_latency_and_plans(tmp_path):
     assert row["prune"] is not None and res["cost"]["validation"]["rows"]
     assert res["cost"]["clock"] in ("cpu", "wall")
     # timed on every held-out input, reconstructed as asked, and a copy searched to the scheduler's latency
-    assert row["prune"]["inputs"] == sum(res["heldout_prompts"].values()) and row["prune"]["reconstruct"] == "mean"
+    assert row["prune"]["inputs"] == sum(res["heldout_prompts"].values()) and row["prune"]["reconstruct"] == "none"
     matched = row["prune"]["matched"]  # a search to the scheduler's measured latency may find no plan on a busy machine
     assert row["prune"]["within"] <= row["prune"]["inputs"]
-    assert matched["reconstruct"] == "mean" if "error" not in matched else "reaches" in matched["error"]
+    assert matched["reconstruct"] == "none" if "error" not in matched else "reaches" in matched["error"]
     assert row["prune"]["matched"]["target"] == row["adaptive"]["latency_ratio"]
     (same,) = res["same_latency"]
     assert same["adaptive_latency"] == row["adaptive"]["latency_ratio"] and len(same["copies"]) == 2

@@ -86,6 +86,12 @@ def prune_targets(cls: Any, parsed: dict) -> None:
     (heads then went globally, as under global)."""
     targets = parsed["target"]
     spec = f"--target {','.join(targets)}"
+    sparsity_targets(parsed, spec)
+    if not {"neurons", "heads"} & set(targets):  # whole layers: nothing reads what they fed, nothing is refitted
+        refuse_ignored(cls, parsed, ("ridge", "sequential"), f"sets the least-squares refit of what reads removed "
+                       f"neurons and heads, and {spec} removes whole layers alone", "drop it, or add neurons or "
+                       "heads to --target")
+        layers_reconstruct(parsed["reconstruct"], spec, "--reconstruct")
     if "heads" not in targets:
         refuse_ignored(cls, parsed, ("gqa", "protect_top_k"), f"sets how heads are pruned, and {spec} prunes none",
                        f"drop it, or add heads: --target {','.join([*targets, 'heads'])}")
@@ -108,6 +114,35 @@ def prune_targets(cls: Any, parsed: dict) -> None:
                               "prunes no neurons (its heads would go globally), so it would be ignored",
                               f"drop @sensitivity from --guide, or add neurons: --target "
                               f"{','.join(['neurons', *targets])}")
+
+
+def sparsity_targets(parsed: dict, spec: str) -> None:
+    """A ``--sparsity TARGET=F`` naming a unit type --target leaves out: it was pruned anyway (``--target heads
+    --sparsity neurons=0.3`` removed neurons), while the rules above and the run's report (MoE refusal, the saved
+    model's size floor, --gqa) went by --target; a unit type named twice (the last fraction alone was used)."""
+    text = parsed["sparsity"].text if parsed["sparsity"] is not None else ""
+    named = [part.partition("=")[0].strip() for part in text.split(",") if "=" in part]
+    twice = next((t for t in named if named.count(t) > 1), None)
+    if twice is not None:  # one level: the last fraction replaced the others unsaid
+        raise OptionError(f"--sparsity {text} names {twice} twice, and TARGET=F pairs are one level (the last "
+                          f"{twice}= alone would be used)", f"give {twice}= once; for several levels of {twice} pass "
+                          f"fractions with --target {twice} (--sparsity 0.2,0.3)")
+    outside = [t for t in dict.fromkeys(named) if t not in parsed["target"]]
+    if outside:
+        raise OptionError(f"--sparsity {text} prunes {', '.join(outside)}, and {spec} leaves "
+                          f"{'it' if len(outside) == 1 else 'them'} out",
+                          f"add {'it' if len(outside) == 1 else 'them'} to --target (--target "
+                          f"{','.join([*parsed['target'], *outside])}), or drop {', '.join(t + '=' for t in outside)} from --sparsity")
+
+
+def layers_reconstruct(method: str, spec: str, flag: str) -> None:
+    """``mean`` where only whole layers go: its bias stands in for removed neurons' and heads' outputs, and
+    removing a block leaves none (:func:`mechkit.pruning.slicing.compensation`), so the report's "mean" was never
+    applied."""
+    if method == "mean":
+        raise OptionError(f"{flag} mean adds the mean output of removed neurons and heads as a bias, and {spec} "
+                          "removes whole layers alone, so it would be ignored",
+                          f"drop {flag}, or add neurons or heads to {spec.split()[0]}")
 
 
 def guide_fix(parsed: dict, guide: str) -> str:
@@ -147,6 +182,9 @@ def adapt(cls: Any, parsed: dict) -> None:
     if not parsed["prune_budgets"]:
         refuse_ignored(cls, parsed, ("prune_targets", "prune_reconstruct"), "sets the static pruning compared, and "
                        "--prune-budgets '' runs none", "drop it, or give --prune-budgets (e.g. 0.7)")
+    elif not {"neurons", "heads"} & set(parsed["prune_targets"]):
+        layers_reconstruct(parsed["prune_reconstruct"], f"--prune-targets {','.join(parsed['prune_targets'])}",
+                           "--prune-reconstruct")
 
 
 def icl_vectors(cls: Any, parsed: dict) -> None:
