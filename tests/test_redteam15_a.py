@@ -230,3 +230,22 @@ def test_answer_id_takes_integer_kinds_and_refuses_the_rest(llama):
     for bad in (True, None, 5.0):
         with pytest.raises(MechkitError, match="neither text nor a token id"):
             answer_id(llama, bad)
+
+
+def test_a_missing_untied_head_names_tie_word_embeddings_in_its_fix(tmp_path):
+    """Pass 15a's note: an untied config over weights saved tied said "fix config.json (e.g. num_hidden_layers)"."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    m = mk.load_model("tiny:llama", device="cpu")
+    m.model.save_pretrained(tmp_path)
+    m.tokenizer.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    weights = load_file(tmp_path / "model.safetensors")
+    weights.pop("lm_head.weight", None)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(MechkitError, match="lm_head.weight") as err:
+        mk.load_model(str(tmp_path), device="cpu")
+    assert "tie_word_embeddings" in err.value.fix

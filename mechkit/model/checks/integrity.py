@@ -124,10 +124,13 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
     unexpected = sorted(info.get("unexpected_keys") or ())
     layers = layer_fields(path) if isinstance(path, Path) else "num_hidden_layers"
     if missing:
+        # an untied head whose weights were saved tied: the field to fix is the tie, not the layer count
+        field = "tie_word_embeddings: true, so the head shares the embedding" if missing == ["lm_head.weight"] \
+            else layers
         raise ModelLoadError(
             f"the weights in {path} lack {len(missing)} tensor(s) its config.json needs (first: {missing[0]}); "
             "they would be random", "re-export the model with all its weights, or fix config.json "
-            f"(e.g. {layers}) to match the weights")
+            f"(e.g. {field}) to match the weights")
     if mismatched:
         raise ModelLoadError(
             f"{len(mismatched)} tensor(s) in {path} have another shape than config.json says (first: {mismatched[0]})",
