@@ -71,6 +71,15 @@ def llama():
 
 
 @pytest.fixture(scope="module")
+def recorded(llama):
+    """``(ids, cache)``: one forward of tiny:llama recorded at every point the logit lens and DLA read."""
+    from mechkit.patching import dla_names, lens_names
+
+    ids = llama.to_tokens("hello world")
+    return ids, mk.run_with_cache(llama, ids, dla_names(llama) + lens_names(llama))[1]
+
+
+@pytest.fixture(scope="module")
 def gpt2():
     """tiny:gpt2 loaded once per test module (as :func:`llama`)."""
     return mk.load_model("tiny:gpt2", device="cpu")

@@ -11,17 +11,6 @@ from mechkit.errors import MechkitError
 from mechkit.patching import direct_logit_attribution, dla_names, lens_names, logit_lens
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
-
-
-@pytest.fixture(scope="module")
-def recorded(llama):
-    ids = llama.to_tokens("hello world")
-    return ids, mk.run_with_cache(llama, ids, dla_names(llama) + lens_names(llama))[1]
-
-
 def test_lens_and_dla_name_what_the_cache_lacks(llama):
     _, cache = mk.run_with_cache(llama, llama.to_tokens("hi"), "blocks.0.hook_resid_pre")
     with pytest.raises(MechkitError, match="lacks: blocks.1.hook_resid_pre.*lens_names"):

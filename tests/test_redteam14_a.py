@@ -15,19 +15,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.patching import direct_logit_attribution, dla_names, lens_names, logit_lens
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return mk.load_model("tiny:llama")
-
-
-@pytest.fixture(scope="module")
-def recorded(llama):
-    ids = llama.to_tokens("hello world")
-    return ids, mk.run_with_cache(llama, ids, dla_names(llama) + lens_names(llama))[1]
-
+from mechkit.patching import direct_logit_attribution, lens_names, logit_lens
 
 NAME = "blocks.0.hook_resid_pre"
 
