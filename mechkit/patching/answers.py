@@ -26,9 +26,9 @@ def answer_id(handle: ModelHandle, answer: str | int) -> int:
     >>> answer_id(m, "a") == m.tokenizer("a", add_special_tokens=False)["input_ids"][0]
     True
     """
-    from mechkit.patching.lens_checks import _integer
+    from mechkit.patching.lens_checks import as_integer
 
-    answer = _integer(answer)  # a NumPy integer or a one-element tensor is an id; it reached the tokenizer raw
+    answer = as_integer(answer)  # a NumPy integer or a one-element tensor is an id; it reached the tokenizer raw
     if isinstance(answer, bool) or not isinstance(answer, int | str):  # True was read as token id 1
         raise MechkitError(f"answer {answer!r} is neither text nor a token id"[:200],
                            "give the answer as text (' Mary') or an integer token id")

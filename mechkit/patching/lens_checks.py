@@ -39,7 +39,7 @@ def checked_cache(handle: ModelHandle, cache: Any, needed: list[str], who: str, 
     if not (hasattr(cache, "__getitem__") and hasattr(cache, "keys")):
         raise MechkitError(f"{who} takes a recording (mk.run_with_cache's cache), not {type(cache).__name__}", fix)
     recorded = getattr(cache, "handle", None)
-    if recorded is not None and not _same_model(recorded, handle):
+    if recorded is not None and not same_model(recorded, handle):
         other = "another model of that class" if recorded.spec == handle.spec else handle.spec
         raise MechkitError(f"this cache was recorded on {recorded.spec}, not on {other}",
                            f"pass the model it was recorded on, or record on {handle.spec}")
@@ -79,7 +79,7 @@ def _one_run(handle: ModelHandle, acts: dict, fix: str) -> None:
                                    f"heads, {size}] (this model's heads in layer {layer})", fix)
 
 
-def _same_model(recorded: Any, handle: ModelHandle) -> bool:
+def same_model(recorded: Any, handle: ModelHandle) -> bool:
     """The recording's model is ``handle``'s: the same handle or module, or loaded from the same spec (an
     in-memory model's spec, ``<object LlamaForCausalLM>``, names only its class: it takes the same module)."""
     if recorded is handle or getattr(recorded, "model", None) is handle.model:
@@ -95,7 +95,7 @@ def _real(path: Any) -> Path:
     return Path(path).expanduser().resolve()
 
 
-def _integer(value: Any) -> Any:
+def as_integer(value: Any) -> Any:
     """``value`` as a Python int where it is one integer (a one-element integer tensor, a NumPy integer);
     anything else as it was, to be refused by the caller (a bool is not a position or a token)."""
     if isinstance(value, torch.Tensor):
@@ -110,7 +110,7 @@ def _integer(value: Any) -> Any:
 def checked_pos(pos: Any, length: int, who: str, name: str = "pos") -> int:
     """``pos`` as an index into ``length`` recorded positions (negative counts from the end); ``name`` is the
     argument's (``answer_pos`` in patching)."""
-    pos = _integer(pos)
+    pos = as_integer(pos)
     if isinstance(pos, bool) or not isinstance(pos, int):
         raise MechkitError(f"{who}: {name} must be one integer position, not {pos!r}"[:200],
                            f"pass {name}=-1 (the last token) or another index; call it once per position")
@@ -122,7 +122,7 @@ def checked_pos(pos: Any, length: int, who: str, name: str = "pos") -> int:
 
 def checked_token(handle: ModelHandle, token: Any, which: str, who: str) -> int:
     """An answer token id inside the unembedding (a negative id would silently read another row)."""
-    token = _integer(token)
+    token = as_integer(token)
     rows = handle.n_vocab_rows()
     if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (rows is not None and token >= rows):
         bound = f" below {rows}" if rows is not None else ""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.patching.lens_checks import _integer, _same_model, checked_pos
+from mechkit.patching.lens_checks import as_integer, checked_pos, same_model
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -28,7 +28,7 @@ def unit_indices(value: Any, what: str) -> tuple[int, ...] | None:
     torch silently or failed inside it, ``True`` was read as a mask)."""
     if value is None:
         return None
-    one = _integer(value)
+    one = as_integer(value)
     if isinstance(one, int) and not isinstance(one, bool):
         return (one,)
     if isinstance(value, torch.Tensor):
@@ -37,7 +37,7 @@ def unit_indices(value: Any, what: str) -> tuple[int, ...] | None:
     elif hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:  # a NumPy array
         value = value.tolist()
     items = list(value) if isinstance(value, list | tuple | range) else None
-    ints = None if items is None else [_integer(v) for v in items]
+    ints = None if items is None else [as_integer(v) for v in items]
     if ints is None or any(isinstance(v, bool) or not isinstance(v, int) for v in ints):
         raise MechkitError(f"Patch {what}={value!r} is not a list of integers"[:200],
                            f"pass {what}=(0, 3) or one integer, {what}=3")
@@ -64,7 +64,7 @@ def checked_source(handle: ModelHandle, source: Any, who: str) -> Any:
         raise MechkitError(f"{who}: the source must be token ids or a recording, not {type(source).__name__}",
                            _SOURCE_FIX)
     recorded = getattr(source, "handle", None)
-    if recorded is not None and not _same_model(recorded, handle):
+    if recorded is not None and not same_model(recorded, handle):
         other = "another model of that class" if recorded.spec == handle.spec else handle.spec
         raise MechkitError(f"{who}: the source cache was recorded on {recorded.spec}, not on {other}",
                            f"record the source on {handle.spec}, or pass its token ids")
@@ -91,7 +91,7 @@ def checked_answer_pos(answer_pos: Any, length: int, who: str) -> int:
 
 
 def checked_batch_size(batch_size: Any, who: str) -> int:
-    value = _integer(batch_size)
+    value = as_integer(batch_size)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise MechkitError(f"{who}: batch_size={batch_size!r} is not a positive integer"[:200], "pass batch_size=32")
     return value
