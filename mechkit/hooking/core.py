@@ -20,6 +20,8 @@ from einops import rearrange
 from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
+from mechkit.hooking.cache import Cache
+from mechkit.hooking.cache import NotRecorded as NotRecorded  # re-exported: it was defined here
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
 from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, canonical, resolve
 from mechkit.model.backends.grad import enable_grad
@@ -241,23 +243,6 @@ def _attach(handle: ModelHandle, point: HookPoint, fn: HookFn) -> list[torch.uti
     return [*extra, module.register_forward_hook(post)]
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu()))
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return False
-    return bool(a == b)
-
-
-def _described(parts: list) -> str:
-    """One recorded name's shape and dtype for the repr; what a user stored that is no tensor, by its type (a
-    ``cache.setdefault(name)`` stores None: the repr raised AttributeError on it)."""
-    if not all(isinstance(p, torch.Tensor) and p.ndim for p in parts):
-        return type(parts[0]).__name__ if len(parts) == 1 else f"{len(parts)} parts"
-    shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
-    return f"{shape} {str(parts[0].dtype).removeprefix('torch.')}"
-
-
 @single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def hooks(handle: ModelHandle, fns: Mapping[str, HookFn | list[HookFn]]) -> Iterator[None]:
     """Run ``fn(activation, point)`` at each named hook point while the context is open.
@@ -316,184 +301,6 @@ def _bind(fn: HookFn, point: HookPoint) -> Callable[[torch.Tensor], torch.Tensor
     return lambda pattern: fn(pattern, point)
 
 
-def _points(handle: ModelHandle, pattern: str) -> list:
-    try:
-        return resolve(handle.anatomy, pattern)
-    except MechkitError:  # a point this family lacks (resid_mid of a parallel block, a norm-less model)
-        return []
-
-
-class NotRecorded(MechkitError, KeyError):
-    """A hook name a :class:`Cache` does not hold."""
-
-    __str__ = MechkitError.__str__  # KeyError's would quote the line
-
-
-class Cache(dict):
-    """Recorded activations by hook name; several forwards inside one context are concatenated on batch."""
-
-    handle: ModelHandle | None = None  # the model recorded (set by :func:`record`)
-    continued: bool = False  # a recorded forward's ids alone do not replay it (generate, padding): :meth:`completion`
-    inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
-
-    def to_transformer_lens(self, model: Any = None) -> Any:
-        """This recording as a TransformerLens ``ActivationCache`` (the same names; ``model`` defaults to a
-        ``TransformerBridge`` over the recorded model): see :mod:`mechkit.hooking.transformer_lens`."""
-        from mechkit.hooking.transformer_lens import TL_NEEDS, activation_cache
-
-        return activation_cache(self, model, extra=self.completion(TL_NEEDS))
-
-    def completion(self, patterns: tuple[str, ...] | list[str]) -> dict:
-        """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
-        ids (one more forward per recorded one, only when something is missing)."""
-        handle, inputs = self.handle, self.inputs
-        if handle is None or not inputs:
-            return {}
-        have = set(all_names(handle.anatomy))
-        missing = [p.name for pattern in patterns for p in _points(handle, pattern)
-                   if p.name in have and p.name not in self]
-        if not missing:
-            return {}
-        if self.continued:  # recorded again without the KV cache, they would silently be other activations
-            raise MechkitError(f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
-                               ", and its forwards continued a KV cache (model.generate), masked padding or set their "
-                               "own positions: recorded again on their token ids alone they would be other activations",
-                               "record every point needed in that run (mk.record(m, \"*\")), or record the "
-                               "token ids in one unpadded forward")
-        with torch.no_grad(), record(handle, missing) as again:
-            for ids in inputs:
-                handle(ids)
-        return dict(again.items())
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        parts = super().__getitem__(name)
-        if len(parts) == 1:
-            return parts[0]
-        shapes = {tuple(p.shape[1:]) for p in parts}
-        if len(shapes) > 1:  # forwards of different lengths: torch.cat's raw RuntimeError otherwise
-            raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
-                               f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
-                               "record forwards of one length together (pad them), or each in its own mk.record")
-        return torch.cat(parts, dim=0)
-
-    def __missing__(self, name: Any) -> Any:
-        """A name not recorded: one line naming what was (a ``KeyError`` too, so ``except KeyError`` holds)."""
-        shown = ", ".join(list(self)[:4]) + (f" and {len(self) - 4} more" if len(self) > 4 else "")
-        raise NotRecorded(f"{name!r} was not recorded; this cache holds {shown or 'nothing'}"[:300],
-                          "record it: mk.record(m, [\"blocks.0.hook_resid_post\", ...]) names what is kept "
-                          "(full names, as list(cache) shows them)")
-
-    # Each name holds the list of its forwards' parts (joined on read, above). What a user stores, or what
-    # copy/pickle/deepcopy put back through __setitem__, is one part: stored bare it would be read as a list
-    # of rows (its batch dimension silently dropped). What dict would hand out raw (the lists) goes through
-    # __getitem__ instead.
-    def __setitem__(self, name: str, value: Any) -> None:
-        dict.__setitem__(self, name, [value])
-
-    def __iter__(self) -> Iterator[str]:  # not dict's own: dict(cache) and {**cache} then read through __getitem__
-        return iter(self.keys())
-
-    def setdefault(self, name: str, default: Any = None) -> Any:
-        if name not in self:
-            self[name] = default
-        return self[name]
-
-    def update(self, other: Any = (), /, **more: Any) -> None:
-        for name, value in dict(other, **more).items():
-            self[name] = value
-
-    def pop(self, name: str, *default: Any) -> Any:
-        if name not in self and default:
-            return default[0]
-        value = self[name]
-        dict.pop(self, name)
-        return value
-
-    def copy(self) -> Cache:
-        """A Cache of the same recording (the same tensors, model and inputs)."""
-        new = Cache()
-        for name in self.keys():
-            dict.__setitem__(new, name, list(dict.__getitem__(self, name)))
-        new.handle, new.inputs, new.continued = self.handle, self.inputs, self.continued
-        return new
-
-    def __deepcopy__(self, memo: dict) -> Cache:
-        """Copies of the tensors; the recorded model is referred to, not copied (a copy of its weights)."""
-        import copy
-
-        new = self.copy()
-        for name in new:
-            dict.__setitem__(new, name, copy.deepcopy(dict.__getitem__(self, name), memo))
-        new.inputs = copy.deepcopy(self.inputs, memo)
-        return new
-
-    def __or__(self, other: Any) -> Cache:
-        new = self.copy()
-        new.update(other)
-        return new
-
-    def __ior__(self, other: Any) -> Cache:
-        self.update(other)
-        return self
-
-    def items(self):
-        return [(name, self[name]) for name in self]
-
-    def values(self):
-        return [self[name] for name in self]
-
-    def get(self, name: str, default=None):
-        return self[name] if name in self else default  # noqa: SIM401 (dict.get would skip __getitem__)
-
-    def popitem(self) -> tuple[str, Any]:
-        """The last name and its value, joined as ``cache[name]`` reads it (dict's own gave the raw parts list)."""
-        if not self:
-            raise KeyError("popitem(): this cache is empty")
-        name = next(reversed(self.keys()))
-        return name, self.pop(name)
-
-    def __eq__(self, other: object) -> bool:
-        """The same names holding equal values (tensors of one shape, dtype and values), as a dict of the joined
-        tensors compares: dict's own compared the parts lists, so a cache was unequal to ``dict(cache)`` and a
-        copy's tensors raised torch's "Boolean value of Tensor ... is ambiguous"."""
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        if set(self.keys()) != set(other.keys()):
-            return False
-        return all(_same_value(self[name], other[name]) for name in self.keys())
-
-    def __ne__(self, other: object) -> bool:
-        same = self.__eq__(other)
-        return same if same is NotImplemented else not same
-
-    __hash__ = None  # type: ignore[assignment]  (a dict: not hashable)
-
-    def __repr__(self) -> str:
-        """The names with shapes and dtypes, a few lines (never the tensors): ``Cache of 2 hook points …``.
-
-        >>> import mechkit as mk
-        >>> m = mk.load_model("tiny:llama")
-        >>> _, cache = mk.run_with_cache(m, m.to_tokens("hello"), "blocks.*.attn.hook_z")
-        >>> print(repr(cache))                                 # doctest: +ELLIPSIS
-        Cache of 2 hook points from tiny:llama, ... MB
-          blocks.0.attn.hook_z  [1, ..., 4, 16] float32
-          blocks.1.attn.hook_z  [1, ..., 4, 16] float32
-        """
-        shown, names = 8, list(self)
-        size = sum(t.numel() * t.element_size() for parts in dict.values(self) for t in parts
-                   if isinstance(t, torch.Tensor))
-        model = f" from {self.handle.spec}" if self.handle is not None else ""
-        lines = [f"Cache of {len(names)} hook point{'s' if len(names) != 1 else ''}{model}, {size / 1e6:.3g} MB"]
-        width = max((len(n) for n in names[:shown]), default=0)
-        for name in names[:shown]:
-            lines.append(f"  {name:<{width}}  {_described(dict.__getitem__(self, name))}")
-        if len(names) > shown:
-            lines.append(f"  … {len(names) - shown} more (list(cache) names them all)")
-        return "\n".join(lines)
-
-    __str__ = __repr__
-
-
 @single_use  # a second `with` of one object: one line, not contextlib's AttributeError
 def record(handle: ModelHandle, names: str | list[str], device: str | None = None) -> Iterator[Cache]:
     """Record (detached) activations at the named hook points; nothing else is kept.
@@ -515,7 +322,7 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
     @traced.reads_only
     def keep(act: torch.Tensor, point: HookPoint) -> None:
         value = act.detach()
-        dict.setdefault(cache, point.name, []).append(value.to(device) if device else value)
+        cache.append(point.name, value.to(device) if device else value)
 
     # each point once: a pattern and a name it covers ("blocks.*.x", "blocks.0.x") would record it twice
     points = {p.name for name in check_names(names, "mk.record") for p in resolve(handle.anatomy, name)}

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class Recording(Protocol):
-    """What a conversion reads of a recording (a :class:`mechkit.hooking.core.Cache`): its activations by
+    """What a conversion reads of a recording (a :class:`mechkit.hooking.cache.Cache`): its activations by
     hook name and the model recorded. Named by its shape, since ``Cache`` converts itself through this module."""
 
     handle: ModelHandle | None

@@ -1,0 +1,248 @@
+"""What :func:`mechkit.record` hands back: recorded activations by hook name, a mapping of tensors.
+
+A name recorded on several forwards inside one context holds one part per forward, joined on batch when
+read (``cache[name]``). The parts live in a private dict; every mapping operation (``in``, ``len``,
+iteration, ``dict(cache)``, ``{**cache}``, ``items``, ``pop``, ``==``, copies, pickling) is derived from
+``__getitem__``/``__setitem__``/``__delitem__`` (:class:`collections.abc.MutableMapping`), so none hands
+out the raw parts. (It was a ``dict`` subclass: each dict method that read the parts directly had to be
+overridden, one failure at a time.) A Cache is a :class:`~collections.abc.Mapping`, not a ``dict``.
+
+>>> import mechkit as mk
+>>> m = mk.load_model("tiny:llama")
+>>> with mk.record(m, "blocks.0.hook_resid_post") as cache:
+...     _ = m(m.to_tokens("hello"))
+...     _ = m(m.to_tokens("world"))
+>>> cache["blocks.0.hook_resid_post"].shape[0], list(cache), "blocks.1.hook_resid_post" in cache
+(2, ['blocks.0.hook_resid_post'], False)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mechkit.errors import MechkitError
+from mechkit.hooking.points import all_names, resolve
+
+if TYPE_CHECKING:
+    from mechkit.model.handle import ModelHandle
+
+
+class NotRecorded(MechkitError, KeyError):
+    """A hook name a :class:`Cache` does not hold."""
+
+    __str__ = MechkitError.__str__  # KeyError's would quote the line
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    return bool(a == b)
+
+
+def _described(parts: list) -> str:
+    """One recorded name's shape and dtype for the repr; what a user stored that is no tensor, by its type (a
+    ``cache.setdefault(name)`` stores None)."""
+    if not all(isinstance(p, torch.Tensor) and p.ndim for p in parts):
+        return type(parts[0]).__name__ if len(parts) == 1 else f"{len(parts)} parts"
+    shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
+    return f"{shape} {str(parts[0].dtype).removeprefix('torch.')}"
+
+
+def _points(handle: ModelHandle, pattern: str) -> list:
+    try:
+        return resolve(handle.anatomy, pattern)
+    except MechkitError:  # a point this family lacks (resid_mid of a parallel block, a norm-less model)
+        return []
+
+
+class Cache(MutableMapping):
+    """Recorded activations by hook name; several forwards inside one context are concatenated on batch.
+
+    ``Cache({name: tensor})`` builds one by hand (each value is one part, read back as it was stored).
+    """
+
+    handle: ModelHandle | None = None  # the model recorded (set by :func:`mechkit.record`)
+    continued: bool = False  # a recorded forward's ids alone do not replay it (generate, padding): :meth:`completion`
+    inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
+    _parts: dict[str, list]  # each name's parts, one per forward (set in __new__)
+
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> Cache:
+        # Here, not in __init__: unpickling does not call __init__, and a cache pickled while Cache was a dict
+        # subclass stores its names (through __setitem__) before its attributes.
+        self = super().__new__(cls)
+        self._parts = {}
+        return self
+
+    def __init__(self, other: Any = (), /, **more: Any) -> None:
+        self.update(other, **more)
+
+    def append(self, name: str, value: Any) -> None:
+        """One more forward's activation at ``name``, joined on batch with the earlier ones when read."""
+        self._parts.setdefault(name, []).append(value)
+
+    # The five methods every other mapping operation is derived from.
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            parts = self._parts.get(name)
+        except TypeError:  # an unhashable key (a list): not recorded either
+            parts = None
+        if parts is None:
+            raise self._not_recorded(name)
+        if len(parts) == 1:
+            return parts[0]
+        shapes = {tuple(p.shape[1:]) for p in parts}
+        if len(shapes) > 1:  # forwards of different lengths: torch.cat's raw RuntimeError otherwise
+            raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
+                               f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
+                               "record forwards of one length together (pad them), or each in its own mk.record")
+        return torch.cat(parts, dim=0)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        """``value`` is one part: a tensor stored is read back whole (batch dimension kept)."""
+        self._parts[name] = [value]
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise self._not_recorded(name)
+        del self._parts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def _not_recorded(self, name: Any) -> NotRecorded:
+        """A name not recorded: one line naming what was (a ``KeyError`` too, so ``except KeyError`` holds)."""
+        shown = ", ".join(list(self)[:4]) + (f" and {len(self) - 4} more" if len(self) > 4 else "")
+        return NotRecorded(f"{name!r} was not recorded; this cache holds {shown or 'nothing'}"[:300],
+                           "record it: mk.record(m, [\"blocks.0.hook_resid_post\", ...]) names what is kept "
+                           "(full names, as list(cache) shows them)")
+
+    # Where the mixin's way is wrong or wasteful for tensors.
+    def __contains__(self, name: object) -> bool:  # the mixin reads (joins) the value to find out
+        try:
+            return name in self._parts
+        except TypeError:  # an unhashable key (a list) is simply not there, as in a dict
+            return False
+
+    def __reversed__(self) -> Iterator[str]:
+        return reversed(self._parts)
+
+    def popitem(self) -> tuple[str, Any]:
+        """The last name and its value (as a dict pops; the mixin would take the first)."""
+        if not self._parts:
+            raise KeyError("popitem(): this cache is empty")
+        name = next(reversed(self._parts))
+        return name, self.pop(name)
+
+    def clear(self) -> None:
+        self._parts.clear()
+
+    def __eq__(self, other: object) -> bool:
+        """The same names holding equal values (tensors of one shape, dtype and values), as a dict of the joined
+        tensors compares (the mixin's ``dict(self.items()) == dict(other.items())`` raised torch's "Boolean
+        value of Tensor ... is ambiguous")."""
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if set(self.keys()) != set(other.keys()):
+            return False
+        return all(_same_value(self[name], other[name]) for name in self)
+
+    __hash__ = None  # type: ignore[assignment]  (mutable: not hashable)
+
+    # dict's own extras, kept.
+    def copy(self) -> Cache:
+        """A Cache of the same recording (the same tensors, model and inputs)."""
+        new = type(self)()
+        new._parts = {name: list(parts) for name, parts in self._parts.items()}
+        new.handle, new.inputs, new.continued = self.handle, self.inputs, self.continued
+        return new
+
+    __copy__ = copy  # copy.copy would share the parts dict
+
+    def __deepcopy__(self, memo: dict) -> Cache:
+        """Copies of the tensors; the recorded model is referred to, not copied (a copy of its weights)."""
+        new = self.copy()
+        new._parts = copy.deepcopy(self._parts, memo)
+        new.inputs = copy.deepcopy(self.inputs, memo)
+        return new
+
+    def __or__(self, other: Any) -> Cache:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        new = self.copy()
+        new.update(other)
+        return new
+
+    def __ror__(self, other: Any) -> dict:
+        """``{...} | cache``: a dict (the left operand's type, as for dicts), of tensors."""
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**other, **self}
+
+    def __ior__(self, other: Any) -> Cache:
+        self.update(other)
+        return self
+
+    def to_transformer_lens(self, model: Any = None) -> Any:
+        """This recording as a TransformerLens ``ActivationCache`` (the same names; ``model`` defaults to a
+        ``TransformerBridge`` over the recorded model): see :mod:`mechkit.hooking.transformer_lens`."""
+        from mechkit.hooking.transformer_lens import TL_NEEDS, activation_cache
+
+        return activation_cache(self, model, extra=self.completion(TL_NEEDS))
+
+    def completion(self, patterns: tuple[str, ...] | list[str]) -> dict:
+        """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
+        ids (one more forward per recorded one, only when something is missing)."""
+        handle, inputs = self.handle, self.inputs
+        if handle is None or not inputs:
+            return {}
+        have = set(all_names(handle.anatomy))
+        missing = [p.name for pattern in patterns for p in _points(handle, pattern)
+                   if p.name in have and p.name not in self]
+        if not missing:
+            return {}
+        if self.continued:  # recorded again without the KV cache, they would silently be other activations
+            raise MechkitError(f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
+                               ", and its forwards continued a KV cache (model.generate), masked padding or set their "
+                               "own positions: recorded again on their token ids alone they would be other activations",
+                               "record every point needed in that run (mk.record(m, \"*\")), or record the "
+                               "token ids in one unpadded forward")
+        from mechkit.hooking import record  # the package's, not core's: core imports this module
+
+        with torch.no_grad(), record(handle, missing) as again:
+            for ids in inputs:
+                handle(ids)
+        return dict(again)
+
+    def __repr__(self) -> str:
+        """The names with shapes and dtypes, a few lines (never the tensors): ``Cache of 2 hook points …``.
+
+        >>> import mechkit as mk
+        >>> m = mk.load_model("tiny:llama")
+        >>> _, cache = mk.run_with_cache(m, m.to_tokens("hello"), "blocks.*.attn.hook_z")
+        >>> print(repr(cache))                                 # doctest: +ELLIPSIS
+        Cache of 2 hook points from tiny:llama, ... MB
+          blocks.0.attn.hook_z  [1, ..., 4, 16] float32
+          blocks.1.attn.hook_z  [1, ..., 4, 16] float32
+        """
+        shown, names = 8, list(self)
+        size = sum(t.numel() * t.element_size() for parts in self._parts.values() for t in parts
+                   if isinstance(t, torch.Tensor))
+        model = f" from {self.handle.spec}" if self.handle is not None else ""
+        lines = [f"Cache of {len(names)} hook point{'s' if len(names) != 1 else ''}{model}, {size / 1e6:.3g} MB"]
+        width = max((len(n) for n in names[:shown]), default=0)
+        for name in names[:shown]:
+            lines.append(f"  {name:<{width}}  {_described(self._parts[name])}")
+        if len(names) > shown:
+            lines.append(f"  … {len(names) - shown} more (list(cache) names them all)")
+        return "\n".join(lines)
+
+    __str__ = __repr__
