@@ -7,7 +7,8 @@ restores nothing, 1 where it restores the clean run's value (Wang et al. 2022's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,14 +57,47 @@ def answer_logprob(logits: torch.Tensor, answer: int) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)[..., answer]
 
 
-def normalized_recovery(patched: torch.Tensor | float, clean: float, corrupted: float) -> torch.Tensor | float:
+def _one_number(value: Any, name: str) -> float:
+    """``value`` (a Python or NumPy number, or a tensor or array of one element) as a finite float, refused in
+    one line otherwise: a tensor of several values raised torch's raw RuntimeError, a NaN gave NaN silently."""
+    fix = f"pass {name} as one number" + (", the unpatched run's metric (e.g. float(metric(logits)[0]))"
+                                          if name != "patched" else " or a tensor of them")
+    shape = getattr(value, "shape", None)  # a tensor or a NumPy array
+    if shape is not None and math.prod(shape) != 1:
+        raise MechkitError(f"normalized_recovery: {name} has shape {list(shape)}, not one number", fix)
+    if shape is not None:
+        value = value.item()
+    if isinstance(value, bool | str | bytes) or not hasattr(value, "__float__"):
+        raise MechkitError(f"normalized_recovery: {name} is {type(value).__name__}, not a number", fix)
+    number = float(value)
+    if not math.isfinite(number):
+        raise MechkitError(f"normalized_recovery: {name} is {number}", "check the run that gave it: its metric is "
+                           "not a finite number (NaN or inf logits)")
+    return number
+
+
+def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tensor,
+                        corrupted: float | torch.Tensor) -> torch.Tensor | float:
     """``(patched − corrupted) / (clean − corrupted)``; refused where clean and corrupted agree (nothing to recover).
+
+    ``clean`` and ``corrupted`` are one number each (a Python or NumPy number, or a one-element tensor);
+    ``patched`` is a number or a tensor of them (a scan's grid), and the result has its type. A NaN or
+    infinite input is refused: it made every recovery NaN without a word.
 
     >>> normalized_recovery(2.0, clean=3.0, corrupted=-1.0)
     0.75
+    >>> normalized_recovery(torch.tensor([3.0, -1.0]), clean=torch.tensor(3.0), corrupted=-1)
+    tensor([1., 0.])
     """
+    clean, corrupted = _one_number(clean, "clean"), _one_number(corrupted, "corrupted")
     gap = clean - corrupted
     if abs(gap) < 1e-6:
         raise MechkitError(f"the clean and corrupted runs give the same metric ({clean:.4g})",
                            "choose a corruption that changes the answer")
-    return (patched - corrupted) / gap
+    if isinstance(patched, torch.Tensor):
+        if not bool(torch.isfinite(patched).all()):
+            raise MechkitError(f"normalized_recovery: patched holds {int((~torch.isfinite(patched)).sum())} NaN or "
+                               "infinite value(s)", "check the patched runs: their metric is not finite there "
+                               "(NaN or inf logits)")
+        return (patched.float() - corrupted) / gap if not patched.is_floating_point() else (patched - corrupted) / gap
+    return (_one_number(patched, "patched") - corrupted) / gap
