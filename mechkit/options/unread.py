@@ -21,6 +21,16 @@ FV_ONLY = ("top_k", "n_cie", "fv_scales")  # icl-vectors: read by the function v
 RAY_ONLY = ("executor", "ray_address", "workers")  # where units run: ignored where a run maps none
 
 
+def ray_fix(parsed: dict) -> str:
+    """The rest of a fix that brings in a reader of --workers or --ray-address: ``--executor ray`` where it is
+    not given, as the execution check then demands it (``prune --budget 0.5 --workers 2``'s second fix,
+    "drop --budget", was then refused for --workers without --executor ray)."""
+    if parsed.get("executor") == "ray":
+        return ""
+    flags = [f for n, f in (("workers", "--workers"), ("ray_address", "--ray-address")) if parsed.get(n) is not None]
+    return f" and add --executor ray (which {flags[0]} needs)" if flags else ""
+
+
 def ablate(cls: Any, parsed: dict) -> None:
     """--top-k and --sweep where every head is named, --top-k beside --sweep, --from and the scoring options
     where no head is ranked by a score, --n-seqs and --seg-len beside --from, --baseline-seeds under --baseline
@@ -64,7 +74,8 @@ def prune(cls: Any, parsed: dict) -> None:
     guides = [g.partition("@")[0] for g in parsed["guide"]]
     if parsed["budget"] is not None:
         refuse_ignored(cls, parsed, RAY_ONLY, "fans the guide × sparsity grid's rows out, and --budget searches "
-                       "one row at a time in this process", "drop it, or drop --budget to measure a --sparsity grid")
+                       "one row at a time in this process",
+                       f"drop it, or drop --budget to measure a --sparsity grid{ray_fix(parsed)}")
         if len(guides) > 1:
             refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
                            "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
@@ -215,7 +226,7 @@ def select_tasks(cls: Any, parsed: dict) -> None:
     representation (--transfer-seeds above 0), which reads them all."""
     if not parsed["validate"]:
         refuse_ignored(cls, parsed, VALIDATE_ONLY, "sets the validation fine-tunes, which run only with --validate",
-                       "drop it, or pass --validate")
+                       f"drop it, or pass --validate{ray_fix(parsed)}")
     if parsed["validate"] and parsed["transfer_seeds"]:  # every representation is embedded for the ρ table
         return
     rep = parsed["representation"]
@@ -236,7 +247,8 @@ def sweep(cls: Any, parsed: dict) -> None:
     setting(parsed)
     if parsed["method"] == "attribution":
         refuse_ignored(cls, parsed, RAY_ONLY, "fans the exact sweep's layers out, and --method attribution runs "
-                       "one forward and backward per batch in this process", "drop it, or pass --method both")
+                       "one forward and backward per batch in this process",
+                       f"drop it, or pass --method both{ray_fix(parsed)}")
 
 
 def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:

@@ -1,0 +1,73 @@
+"""Fixes of issue 32 (helper 16 b): `cache clear` deletes only run-steps folders mechkit marked when it made
+them; every fix a refusal offers passes the option checks; prune refuses a target part it was given no
+sparsity for, and calibration options it would not read; adapt on a model pruned in layers."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mechkit.io.disk_cache import RUN_MARKER, clear_cache, is_entry, list_cache
+from mechkit.plugin import RunContext
+
+
+def _user_folder(runs: Path, name: str, files: dict[str, str]) -> Path:
+    folder = runs / name
+    folder.mkdir(parents=True)
+    for file, text in files.items():
+        (folder / file).write_text(text)
+    return folder
+
+
+USER_FOLDERS = [  # a user's folders named like a run key, holding only .json files
+    ("0123456789abcdef", {"results.json": '{"acc": 0.9}'}),
+    ("deadbeefdeadbeef", {"a.json": "{}", "b.json": "[]"}),
+    ("00000000", {"metrics.json": "1"}),
+]
+
+
+@pytest.mark.parametrize(("name", "files"), USER_FOLDERS)
+def test_a_users_hex_named_folder_of_json_survives_clear(monkeypatch, tmp_path, name, files):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    folder = _user_folder(tmp_path / "runs", name, files)
+    assert not is_entry("runs", folder)
+    rows = {e.name: e for e in list_cache(tmp_path)}
+    assert "runs" not in rows
+    unmarked = [e for e in rows.values() if e.kind == "not mechkit's"]
+    assert len(unmarked) == 1 and name in unmarked[0].source
+    clear_cache(all_entries=True, root=tmp_path)
+    with pytest.raises(Exception, match="no cache entry"):
+        clear_cache([f"runs/{name}"], root=tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files)
+    assert all((folder / f).read_text() == t for f, t in files.items())
+
+
+@pytest.mark.parametrize("how", ["all", "runs", "named"])
+def test_a_real_runs_steps_folder_is_marked_and_cleared(monkeypatch, tmp_path, how):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    user = _user_folder(tmp_path / "runs", "0123456789abcdef", {"results.json": "{}"})
+    resume = tmp_path / "runs" / "fedcba9876543210"
+    ctx = RunContext(model=None, params={}, seed=0, resume_dir=resume, console=Console(file=io.StringIO()))
+    assert ctx.step("one", lambda: 1) == 1 and ctx.step("two", lambda: [2]) == [2]
+    assert json.loads((resume / RUN_MARKER).read_text())["mechkit"] == "run steps"
+    assert is_entry("runs", resume)
+    assert any(e.name == "runs" and "1 run(s)" in e.source for e in list_cache(tmp_path))
+    names = {"all": (), "runs": ["runs"], "named": ["runs/fedcba9876543210"]}[how]
+    removed = clear_cache(names, all_entries=how == "all", root=tmp_path)
+    assert removed and not resume.exists()
+    assert (user / "results.json").read_text() == "{}"
+
+
+def test_a_scratch_folder_marks_the_run_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    resume = tmp_path / "runs" / "aaaaaaaaaaaaaaaa"
+    scratch = RunContext(model=None, params={}, seed=0, resume_dir=resume, console=Console(file=io.StringIO())).scratch("finetune")
+    (scratch / "step-1").mkdir(parents=True)
+    (scratch / "step-1" / "state.json").write_text("{}")
+    assert is_entry("runs", resume)
+    clear_cache(["runs"], root=tmp_path)
+    assert not resume.exists()
