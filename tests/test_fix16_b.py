@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,71 @@ def test_a_scratch_folder_marks_the_run_folder(monkeypatch, tmp_path):
     assert is_entry("runs", resume)
     clear_cache(["runs"], root=tmp_path)
     assert not resume.exists()
+
+
+# --- Every fix a refusal offers passes the option checks (issue 32, class 11) ---
+
+def _checks(plugin: str, options: dict) -> None:
+    """The option checks a run makes before the model loads: the plugin's own, then the execution check."""
+    from mechkit import registry
+    from mechkit.executors import check_execution
+    from mechkit.options.resolve import resolve_options
+
+    params, _ = resolve_options(registry.get(plugin), options)
+    check_execution(params)
+
+
+_STEP = re.compile(r"\b(drop|pass|add) (--[a-z-]+)(?: ([^\s,()-][^\s,()]*))?")
+
+
+def _apply(plugin: str, options: dict, refused: str, alternative: str) -> dict:
+    """``options`` with one offered alternative applied, read from its words: ``drop it`` (the refused option),
+    ``drop --X``, ``pass --X [V]``, ``add --X V``. A word after a flag option (``pass --validate and``) is no value."""
+    from mechkit import registry
+
+    flags = {"--" + o.name.replace("_", "-"): o for o in registry.get(plugin).options}
+    fixed = dict(options)
+    if alternative.strip().startswith("drop it"):
+        fixed.pop(refused)
+    for verb, flag, value in _STEP.findall(alternative):
+        name = flags[flag].name
+        if verb == "drop":
+            fixed.pop(name, None)
+        else:
+            fixed[name] = True if flags[flag].type is bool else value
+    return fixed
+
+
+REFUSED_WITH_TWO_FIXES = [  # (plugin, options, the option refused)
+    ("prune", {"budget": 0.5, "workers": 2}, "workers"),
+    ("sweep", {"method": "attribution", "workers": 2}, "workers"),
+    ("select-tasks", {"target": "capitalize", "workers": 2}, "workers"),
+    ("select-tasks", {"target": "capitalize", "ray_address": "auto"}, "ray_address"),
+    ("sweep", {"method": "attribution", "ray_address": "auto"}, "ray_address"),
+    ("prune", {"budget": 0.5, "ray_address": "auto"}, "ray_address"),
+]
+
+
+@pytest.mark.parametrize(("plugin", "options", "refused"), REFUSED_WITH_TWO_FIXES)
+def test_each_offered_fix_passes_the_option_checks(plugin, options, refused):
+    from mechkit.options.option import OptionError
+
+    with pytest.raises(OptionError) as err:
+        _checks(plugin, options)
+    fix = err.value.fix
+    alternatives = fix.split(", or ")
+    assert len(alternatives) == 2 and "--executor ray" in alternatives[1], fix
+    for alternative in alternatives:
+        fixed = _apply(plugin, options, refused, alternative)
+        assert fixed != options
+        if fixed.get("ray_address") == "auto":  # a reachable cluster is not this test's to have
+            fixed.pop("ray_address")
+        _checks(plugin, fixed)  # refuses nothing now
+
+
+def test_the_fix_adds_no_executor_where_ray_is_given():
+    from mechkit.options.option import OptionError
+
+    with pytest.raises(OptionError) as err:
+        _checks("sweep", {"method": "attribution", "workers": 2, "executor": "ray"})
+    assert "--executor ray" not in err.value.fix.split(", or ")[1]
