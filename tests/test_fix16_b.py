@@ -140,3 +140,53 @@ def test_the_fix_adds_no_executor_where_ray_is_given():
     with pytest.raises(OptionError) as err:
         _checks("sweep", {"method": "attribution", "workers": 2, "executor": "ray"})
     assert "--executor ray" not in err.value.fix.split(", or ")[1]
+
+
+# --- A --target part that --sparsity TARGET=F pairs give no fraction is refused ---
+
+@pytest.mark.parametrize(("target", "sparsity", "missing", "extra"), [
+    ("neurons,heads", "neurons=0.3", "heads", {"gqa": "group"}),
+    ("neurons,heads", "neurons=0.3", "heads", {"protect_top_k": 2, "guide": "induction"}),
+    ("neurons,heads,layers", "heads=0.3,neurons=0.2", "layers", {}),
+    ("heads,layers", "layers=0.25", "heads", {}),
+    ("neurons,layers", "layers=0.25", "neurons", {}),
+])
+def test_a_target_part_without_a_fraction_is_refused_and_each_fix_runs(target, sparsity, missing, extra):
+    from mechkit.options.option import OptionError
+
+    options = {"target": target, "sparsity": sparsity, **extra}
+    with pytest.raises(OptionError, match=f"names {missing}, and --sparsity {sparsity} gives it no fraction") as err:
+        _checks("prune", options)
+    fixes = re.findall(r"\(([^()]*)\)", err.value.fix)
+    assert len(fixes) == 2, err.value.fix
+    for fixed in fixes:  # (--sparsity S), then (--target T) with "and drop --gqa" after it where given
+        applied = options | dict(re.findall(r"--(target|sparsity) (\S+)", fixed))
+        tail = err.value.fix.split(fixed + ")")[1]
+        for flag in re.findall(r"and drop --([a-z-]+)", tail):
+            applied.pop(flag.replace("-", "_"))
+        _checks("prune", applied)
+
+
+@pytest.mark.parametrize("target", ["neurons,heads", "neurons,heads,layers", "heads,layers"])
+def test_a_bare_fraction_is_every_targets(target):
+    """``--sparsity 0.3`` gives each --target part 0.3: nothing left out, nothing refused."""
+    from mechkit.options.pruning import SparsityLevels
+
+    assert SparsityLevels()("0.3").resolve(target.split(",")) == [dict.fromkeys(target.split(","), 0.3)]
+    _checks("prune", {"target": target, "sparsity": "0.3", "gqa": "group"})
+
+
+@pytest.mark.parametrize(("options", "flag"), [
+    ({"target": "layers", "sparsity": "layers=0.2", "gqa": "group"}, "--gqa"),
+    ({"target": "neurons", "sparsity": "neurons=0.3", "gqa": "group"}, "--gqa"),
+    ({"target": "heads", "sparsity": "heads=0.3", "allocation": "sensitivity"}, "--allocation"),
+])
+def test_an_add_a_target_fix_gives_it_a_fraction_too(options, flag):
+    from mechkit.options.option import OptionError
+
+    with pytest.raises(OptionError, match=f"^{flag}") as err:
+        _checks("prune", options)
+    added = err.value.fix.split(", or add ")[1].split(": ", 1)[1]
+    fixed = options | dict(re.findall(r"--(target|sparsity) (\S+)", added))
+    assert fixed["sparsity"] != options["sparsity"]
+    _checks("prune", fixed)
