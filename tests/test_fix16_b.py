@@ -190,3 +190,37 @@ def test_an_add_a_target_fix_gives_it_a_fraction_too(options, flag):
     fixed = options | dict(re.findall(r"--(target|sparsity) (\S+)", added))
     assert fixed["sparsity"] != options["sparsity"]
     _checks("prune", fixed)
+
+
+# --- --calib-text-weight where nothing reads the calibration statistics ---
+
+@pytest.mark.parametrize("options", [
+    {"guide": "magnitude,random", "reconstruct": "none", "calib_text_weight": 0.9},
+    {"guide": "random", "reconstruct": "none", "calib_text_weight": 0.0, "target": "neurons,heads"},
+    {"guide": "magnitude", "reconstruct": "none", "calib_text_weight": 0.2, "target": "heads"},
+    {"guide": "random", "reconstruct": "none", "calib_text_weight": 0.2, "target": "layers"},
+])
+def test_an_unread_calib_text_weight_is_refused_and_each_fix_runs(options):
+    from mechkit.options.option import OptionError
+
+    with pytest.raises(OptionError, match="^--calib-text-weight mixes text") as err:
+        _checks("prune", options)
+    drop, other = err.value.fix.split(", or ")
+    _checks("prune", {k: v for k, v in options.items() if k != "calib_text_weight"})
+    fixed = dict(options)
+    if "--reconstruct" in other:
+        fixed["reconstruct"] = "mean"
+    else:
+        fixed["guide"] = other.split("--guide ")[1]
+    _checks("prune", fixed)
+
+
+@pytest.mark.parametrize("options", [  # each reads the calibration statistics: accepted
+    {"guide": "magnitude", "reconstruct": "none", "target": "layers"},  # magnitude's layer scores
+    {"guide": "wanda,random", "reconstruct": "none"},
+    {"guide": "magnitude", "reconstruct": "mean"},
+    {"guide": "magnitude", "reconstruct": "none", "allocation": "sensitivity"},
+    {"guide": "magnitude", "reconstruct": "none", "budget": 0.5},
+])
+def test_a_read_calib_text_weight_is_accepted(options):
+    _checks("prune", {**options, "calib_text_weight": 0.9, "calib": 4})

@@ -88,7 +88,22 @@ def prune(cls: Any, parsed: dict) -> None:
         refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's guides "
                        f"({','.join(guides)}) compute none",
                        f"drop --guide-text-weight, or {guide_fix(parsed, 'attribution')}")
+    calib_text(cls, parsed, guides)
     prune_targets(cls, parsed)
+
+
+def calib_text(cls: Any, parsed: dict, guides: list[str]) -> None:
+    """--calib-text-weight where nothing reads the calibration statistics it mixes text into: random and
+    magnitude guides (magnitude's layer scores aside), no refit or mean, no sensitivity allocation, no budget
+    search. (--calib still decides which held-out prompts are scored: those that calibrate are dropped.)"""
+    static = all(g in ("random", "magnitude") for g in guides) and not (
+        "magnitude" in guides and "layers" in parsed["target"])
+    sensitivity = parsed["allocation"] == "sensitivity" or any(g.endswith("@sensitivity") for g in parsed["guide"])
+    if static and parsed["reconstruct"] == "none" and not sensitivity and parsed["budget"] is None:
+        refuse_ignored(cls, parsed, ("calib_text_weight",), "mixes text into the calibration statistics, and with "
+                       f"--guide {','.join(guides)} and --reconstruct none nothing reads them",
+                       "drop --calib-text-weight, or " + ("pass --reconstruct mean (or lsq)" if {"neurons", "heads"}
+                                                           & set(parsed["target"]) else guide_fix(parsed, "wanda")))
 
 
 def prune_targets(cls: Any, parsed: dict) -> None:
