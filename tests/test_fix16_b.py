@@ -224,3 +224,37 @@ def test_an_unread_calib_text_weight_is_refused_and_each_fix_runs(options):
 ])
 def test_a_read_calib_text_weight_is_accepted(options):
     _checks("prune", {**options, "calib_text_weight": 0.9, "calib": 4})
+
+
+# --- adapt on a model pruned in layers alone ---
+
+@pytest.fixture(scope="module")
+def deep_llama(tmp_path_factory):
+    """A 4-block tiny llama saved as a directory (tiny:llama has 2 blocks: pruning one leaves too few for adapt)."""
+    from mechkit.model.sources.tiny import tiny_model
+
+    model, tokenizer = tiny_model("llama", num_hidden_layers=4)
+    folder = tmp_path_factory.mktemp("deep") / "model"
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+ADAPT_FAST = dict(tasks="capitalize,past-tense", n=2, calib=2, budgets="0.7", margin=0.05, repeats=1,
+                  prune_budgets="")
+
+
+@pytest.mark.parametrize("sparsity", ["0.25", "0.5"])
+def test_adapt_runs_on_a_model_pruned_in_layers(monkeypatch, tmp_path, deep_llama, sparsity):
+    import mechkit as mk
+    from mechkit.runner import pruned_kinds
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    mk.run("prune", model=str(deep_llama), out=tmp_path / "p", target="layers", sparsity=sparsity, guide="random",
+           reconstruct="none", n=2, calib=2, repeats=1, save_model=True)
+    pruned = mk.load_model(str(tmp_path / "p" / "model"))
+    assert pruned_kinds(pruned) == {"layers"} and pruned.anatomy.n_layers == 4 - round(4 * float(sparsity))
+    run = mk.run("adapt", model=pruned, out=tmp_path / "a", **ADAPT_FAST)
+    row = run.results["rows"][0]
+    assert row["budget"] == 0.7 and 0 < row["adaptive"]["latency_ratio"] < 2
+    assert 0 <= row["adaptive"]["mean_accuracy"] <= 1 and row["adaptive"]["inputs"] > 0
