@@ -258,3 +258,68 @@ def test_adapt_runs_on_a_model_pruned_in_layers(monkeypatch, tmp_path, deep_llam
     row = run.results["rows"][0]
     assert row["budget"] == 0.7 and 0 < row["adaptive"]["latency_ratio"] < 2
     assert 0 <= row["adaptive"]["mean_accuracy"] <= 1 and row["adaptive"]["inputs"] > 0
+
+
+# --- --gqa group without KV groups, refused from the config before the model loads ---
+
+def _config_only_dir(tmp_path: Path, **config) -> Path:
+    """A directory holding a config.json and no weights: any load of it fails, so a refusal naming --gqa
+    came before the load."""
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+MHA_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], num_attention_heads=4,
+                 num_key_value_heads=4, hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=300)
+
+
+@pytest.mark.parametrize("plugin, options", [
+    ("prune", {"target": "heads", "gqa": "group"}),
+    ("prune", {"target": "neurons,heads", "gqa": "group"}),
+    ("shuffle", {"gqa": "group"}),
+])
+@pytest.mark.parametrize("spec", ["tiny:gpt2", "tiny:gpt_neox", "mha-dir"])
+def test_gqa_group_without_kv_groups_is_refused_before_the_load(monkeypatch, tmp_path, plugin, options, spec):
+    import mechkit as mk
+    from mechkit.options.option import OptionError
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    model = str(_config_only_dir(tmp_path, **MHA_LLAMA)) if spec == "mha-dir" else spec
+    with pytest.raises(OptionError, match="config has one KV head per query head") as err:
+        mk.run(plugin, model=model, write=False, **options)
+    fixed = {k: v for k, v in options.items() if k != "gqa"}
+    assert err.value.fix.startswith("drop --gqa group")
+    from mechkit import registry
+    from mechkit.options.resolve import resolve_options
+    from mechkit.runner import check_config
+
+    check_config(resolve_options(registry.get(plugin), fixed)[1], model)  # the fix passes this check
+
+
+@pytest.mark.parametrize("spec, config, expected", [
+    ("tiny:llama", None, True),
+    ("tiny:gpt2", None, False),
+    ("dir", {**MHA_LLAMA, "num_key_value_heads": 2}, True),
+    ("dir", MHA_LLAMA, False),
+    ("dir", {**MHA_LLAMA, "mechkit_pruning": {"head_keep": {}}}, None),  # a pruned model: the load tells
+    ("dir", {"model_type": "falcon", "num_attention_heads": 4, "multi_query": True}, None),
+])
+def test_a_config_says_kv_groups_only_where_it_is_plain(tmp_path, spec, config, expected):
+    from mechkit.model.sources.peek import has_kv_groups, spec_config
+
+    model = str(_config_only_dir(tmp_path, **config)) if spec == "dir" else spec
+    assert has_kv_groups(spec_config(model)) is expected
+
+
+@pytest.mark.parametrize("spec", ["llama", "smollm2", "toy:induction", "org/name", "missing-dir", "tiny:nope"])
+def test_no_config_is_read_where_it_is_not_cheap(monkeypatch, tmp_path, spec):
+    """Nor from a folder bearing the embedded model's name: the loader loads the embedded model for it."""
+    from mechkit.model.sources.peek import spec_config
+
+    monkeypatch.chdir(tmp_path)
+    if ":" not in spec:
+        Path(spec).mkdir(parents=True)
+        (Path(spec) / "config.json").write_text(json.dumps(MHA_LLAMA))
+    assert (spec_config(spec) is None) == (spec not in ("org/name", "missing-dir"))

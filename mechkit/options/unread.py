@@ -312,6 +312,17 @@ def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:
                           "query head, so it would have no effect", fix)
 
 
+def gqa_before_load(parsed: dict, spec: Any, kv_groups: bool | None) -> None:
+    """``--gqa group`` where the model's config (read from ``spec`` before the load,
+    :func:`mechkit.model.sources.peek.has_kv_groups`) has no KV groups: refused before the model loads, not
+    after (:func:`refuse_no_kv_groups` stays for what only the loaded model tells)."""
+    if parsed.get("gqa") == "group" and "heads" in parsed.get("target", ["heads"]) and kv_groups is False:
+        raise OptionError(f"--gqa group acts on grouped-query attention's KV groups, and {spec}'s config has one KV "
+                          "head per query head, so it would have no effect",
+                          f"drop --gqa group (its default, --gqa {'slot' if 'target' in parsed else 'query'}, does the "
+                          "same on this model)")
+
+
 def prune_model(anatomy: Any, targets, gqa: str) -> None:
     """prune's options this model cannot honour, in one line as the run starts (before any work): --target
     neurons on a mixture of experts (experts, not neurons), heads normalised together (they cannot be
