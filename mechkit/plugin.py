@@ -131,9 +131,10 @@ class RunContext:
 
     def _write_step(self, path: Path, key: str, value: Any) -> None:
         from mechkit.io import write_atomic
+        from mechkit.io.disk_cache import mark_run_dir
 
         try:
-            self.resume_dir.mkdir(parents=True, exist_ok=True)
+            mark_run_dir(self.resume_dir)  # marked as mechkit's: `cache clear` deletes only marked folders
             write_atomic(path, json.dumps({"key": key, "value": value}))
         except OSError as err:
             if not self._unsaved:
@@ -195,7 +196,15 @@ class RunContext:
         It lives beside the finished steps and goes with them when the run completes; ``None`` when
         the run is not resumable (a plugin then simply runs without checkpoints).
         """
-        return None if self.resume_dir is None else self.resume_dir / name
+        if self.resume_dir is None:
+            return None
+        import contextlib
+
+        from mechkit.io.disk_cache import mark_run_dir
+
+        with contextlib.suppress(OSError):  # the caller's own write then fails and says so
+            mark_run_dir(self.resume_dir)  # before a checkpoint's own mkdir makes the folder unmarked
+        return self.resume_dir / name
 
 
 class Plugin:

@@ -174,6 +174,19 @@ def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, input
     return cache_root() / "runs" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def check_config(parsed: dict, spec: Any) -> None:
+    """The option checks that need the model's config alone, made before the load where the spec gives the
+    config cheaply (a tiny model, a local directory): ``--gqa group`` without KV groups waited for the load."""
+    if parsed.get("gqa") != "group":
+        return
+    from mechkit.model.sources.peek import has_kv_groups, spec_config
+    from mechkit.options.unread import gqa_before_load
+
+    config = spec_config(spec)
+    if config is not None:
+        gqa_before_load(parsed, spec, has_kv_groups(config))
+
+
 def run_model_key(handle: Any) -> dict:
     """The model's part of a run's resume key (:func:`mechkit.model.checks.identity.model_key`): its identity and
     how it runs, so a run killed on the CPU never resumes on steps a GPU computed, or the other way round."""
@@ -293,6 +306,7 @@ def run_plugin(
                            "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
     cls = registry.get(plugin) if isinstance(plugin, str) else plugin
     params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
+    check_config(parsed, model)
     runs_on = check_backend_for(cls, backend, remote, model)
     check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster
     setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,

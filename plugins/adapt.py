@@ -31,7 +31,7 @@ class AdaptPlugin(Plugin):
     name = "adapt"
     version = "0.2.0"  # 0.2: same_latency compares at the scheduler's latency (pruned copies bracketing it)
     needs = frozenset({"module_calls", "patterns", "generation", "gradients", "weight_writes"})
-    pruned = frozenset()  # docs/analyses/prune.md
+    pruned = frozenset({"layers"})  # docs/analyses/prune.md: removed blocks leave a shallower dense model
     pruned_why = {kind: ("its execution plans skip heads and MLP channel groups counted on the dense model's widths, "
                          "and its static-pruning baseline (--prune-budgets) prunes the model again, which a model "
                          "with pruned neurons or heads cannot be", "run it on the dense model")

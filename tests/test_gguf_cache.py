@@ -24,7 +24,7 @@ from safetensors import safe_open
 
 import mechkit as mk
 from mechkit.errors import ModelLoadError
-from mechkit.io.disk_cache import cache_root, clear_cache, list_cache
+from mechkit.io.disk_cache import cache_root, clear_cache, list_cache, mark_run_dir
 from mechkit.model.sources import gguf as gguf_mod
 from mechkit.model.sources.embedded import gguf_path
 from mechkit.model.sources.tiny import tiny_model
@@ -139,7 +139,7 @@ def test_cache_list_and_clear(cold, tmp_path):
     entry = cold["handle"].source
     name = f"gguf/{entry.name}"
     shutil.copytree(entry, cache / name, copy_function=os.link)  # hard links: the module's entry stays
-    (cache / "runs" / "0123abcd").mkdir(parents=True)
+    mark_run_dir(cache / "runs" / "0123abcd")  # as a run makes it
     (cache / "runs" / "0123abcd" / "step.json").write_text("{}")
     (cache / "toy" / "induction-abc").mkdir(parents=True)
     (cache / "toy" / "induction-abc" / "mechkit-toy.json").write_text(json.dumps({"seed": 3, "steps": 50}))

@@ -20,6 +20,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from mechkit.io.disk_cache import mark_run_dir
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +258,7 @@ def test_cache_clear_keeps_a_users_hash_named_experiment_in_a_runs_folder(tmp_pa
     (mine / "metrics.csv").write_text("precious")
     steps = tmp_path / "runs" / "fedcba9876543210"
     (steps / "finetune").mkdir(parents=True)
+    mark_run_dir(steps)  # as a run makes it
     (steps / "0123456789abcdef.json").write_text('{"key": "k", "value": 1}')
     listed = CliRunner().invoke(cli, ["cache", "list"])
     assert "1 run(s), for resuming" in listed.output, listed.output

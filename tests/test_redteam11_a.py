@@ -15,6 +15,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from mechkit.io.disk_cache import mark_run_dir
 
 
 def _ids(handle):
@@ -113,6 +114,7 @@ def test_cache_clear_keeps_a_users_folder_of_folders_in_runs(tmp_path, monkeypat
     (mine / "data" / "raw" / "notes.csv").write_text("precious")
     steps = tmp_path / "runs" / "fedcba9876543210"  # a run's steps, with select-tasks' nested checkpoints
     (steps / "finetunes" / "ft-0123456789abcdef").mkdir(parents=True)
+    mark_run_dir(steps)  # as a run makes it
     (steps / "finetunes" / "ft-0123456789abcdef" / "checkpoint.safetensors").write_bytes(b"x")
     (steps / "0123456789abcdef.json").write_text('{"key": "k", "value": 1}')
     CliRunner().invoke(cli, ["cache", "clear", *names])

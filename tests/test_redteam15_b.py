@@ -7,6 +7,8 @@ Each test names the case that failed before its fix.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import mechkit as mk
@@ -30,7 +32,9 @@ def test_a_sparsity_naming_a_unit_type_outside_target_is_refused(target, sparsit
     with pytest.raises(OptionError, match=f"prunes {outside}, and --target {target} leaves it out") as err:
         resolve_options(registry.get("prune"), {"target": target, "sparsity": sparsity})
     assert f"--target {target},{outside}" in err.value.fix and f"drop {outside}=" in err.value.fix
-    resolve_options(registry.get("prune"), {"target": f"{target},{outside}", "sparsity": sparsity})  # the fix runs
+    for fixed in re.findall(r"\(([^()]*)\)", err.value.fix):  # each fix runs: (--target T [--sparsity S])
+        options = {"target": target, "sparsity": sparsity} | dict(re.findall(r"--(target|sparsity) (\S+)", fixed))
+        resolve_options(registry.get("prune"), options)
 
 
 @pytest.mark.parametrize("plugin, options, flag", [

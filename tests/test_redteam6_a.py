@@ -25,6 +25,7 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from mechkit.io.disk_cache import mark_run_dir
 from tests.conftest import file_size_limit
 from tests.test_reliability import _cli, _model_dir
 
@@ -117,7 +118,7 @@ def _project_as_cache(root: Path) -> dict[str, Path]:
     for path in user.values():
         path.parent.mkdir(parents=True)
         path.write_text("the user's")
-    (root / "runs" / "0123456789abcdef").mkdir()
+    mark_run_dir(root / "runs" / "0123456789abcdef")  # as a run makes it
     (root / "runs" / "0123456789abcdef" / "step.json").write_text("{}")
     (root / "toy" / "induction-0123456789ab").mkdir()
     (root / "gguf" / "model-0123456789abcdef").mkdir()
@@ -408,7 +409,7 @@ def test_an_out_above_the_cache_is_not_said_to_be_inside_it(tmp_path, monkeypatc
 
 def test_a_killed_step_writes_temporary_in_the_cache_is_listed_and_cleared(tmp_path, monkeypatch, capsys):
     steps = tmp_path / "runs" / "0123456789abcdef"
-    steps.mkdir(parents=True)
+    mark_run_dir(steps)  # as a run makes it
     (steps / "aaaa.json").write_text("{}")
     half = steps / f".aaaa.json.tmp-{_dead_pid()}-0123abcd"
     half.write_text("half")

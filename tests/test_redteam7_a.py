@@ -25,6 +25,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from mechkit.io.disk_cache import mark_run_dir
 from tests.test_reliability import _cli, _model_dir
 
 
@@ -144,6 +145,7 @@ def test_cache_clear_keeps_an_entry_a_running_run_holds(tmp_path, monkeypatch, c
     live, done = tmp_path / "runs" / ("a" * 16), tmp_path / "runs" / ("b" * 16)
     for entry in (live, done):
         (entry / "finetune").mkdir(parents=True)
+        mark_run_dir(entry)  # as a run makes it
         (entry / "finetune" / "checkpoint.safetensors").write_bytes(b"state")
     with out_lock(live):
         assert [name for name, _ in clear_cache(["runs"])] == ["runs"]

@@ -119,8 +119,8 @@ def is_entry(group: str, path: Path) -> bool:
     a user's own ``runs/`` or ``toy/``; `cache clear` and a rebuild must never delete those."""
     if path.name.startswith(".") or path.is_symlink() or not path.is_dir():
         return False
-    if group == "runs" and not _holds_only_steps(path):
-        return False
+    if group == "runs":  # only a folder mechkit marked when it made it (:func:`mark_run_dir`)
+        return bool(_ENTRY["runs"].match(path.name)) and (path / RUN_MARKER).is_file() and _holds_only_steps(path)
     if group in _META and (path / _META[group]).is_file():
         return True
     pattern = _ENTRY.get(group)
@@ -149,6 +149,30 @@ def refuse_foreign_entry(group: str, path: Path) -> None:
     if (path.exists() or path.is_symlink()) and not is_entry(group, path):
         raise MechkitError(f"{path} is in the way of mechkit's cache entry and holds what mechkit did not write",
                            "move it out of $MECHKIT_CACHE, or point $MECHKIT_CACHE at another directory")
+
+
+RUN_MARKER = "mechkit-run.json"  # written into every run-steps folder as mechkit makes it
+
+
+def mark_run_dir(path: Path) -> None:
+    """Make a run's steps folder (if missing) and mark it as mechkit's. Without the marker, a user's folder in
+    ``runs/`` named like a run key and holding only ``.json`` files was taken for a run's steps and deleted by
+    `cache clear`; now only marked folders are entries. Raises ``OSError`` where it cannot be written."""
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / RUN_MARKER
+    if not marker.is_file():
+        marker.write_text('{"mechkit": "run steps"}\n', encoding="utf-8")
+
+
+def unmarked_runs(root: Path | None = None) -> list[Path]:
+    """Folders in ``runs/`` named like a run key but without mechkit's marker: a user's, or made by a mechkit
+    older than the marker. `cache list` names them; `cache clear` leaves them alone."""
+    group = cache_dir_to_read(root) / "runs"
+    try:
+        return sorted(p for p in group.iterdir() if _ENTRY["runs"].match(p.name) and p.is_dir()
+                      and not p.is_symlink() and not is_entry("runs", p))
+    except OSError:
+        return []
 
 
 def _holds_only_steps(path: Path) -> bool:
@@ -211,6 +235,11 @@ def list_cache(root: Path | None = None) -> list[CacheEntry]:
                                   sum(dir_size(p) for p in runs), newest, root / "runs"))
     entries += [_model_entry("embedded", p, "mechkit-cache.json", "old layout, unused")
                 for p in _children(root / "embedded")]
+    foreign = unmarked_runs(root)
+    if foreign:
+        entries.append(CacheEntry(FOREIGN, "not mechkit's", f"{len(foreign)} folder(s) left alone: "
+                                  + ", ".join(p.name for p in foreign[:3]) + (" …" if len(foreign) > 3 else ""),
+                                  sum(dir_size(p) for p in foreign), None, root / "runs"))
     stale = _leftovers(root)
     if stale:
         entries.append(CacheEntry(LEFTOVERS, "leftovers", f"{len(stale)} temporary dir(s) and lock file(s) of killed runs",
@@ -218,6 +247,7 @@ def list_cache(root: Path | None = None) -> list[CacheEntry]:
     return entries
 
 
+FOREIGN = "runs (unmarked)"  # the row `cache list` shows for look-alike folders it leaves alone
 LEFTOVERS = "leftovers"  # the name `cache list` shows and `cache clear` takes for killed runs' leftovers
 
 

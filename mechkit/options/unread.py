@@ -12,13 +12,23 @@ from __future__ import annotations
 from typing import Any
 
 from mechkit.options.option import OptionError
-from mechkit.options.unused import refuse_head_options, refuse_ignored
+from mechkit.options.unused import given, given_flag, refuse_head_options, refuse_ignored
 
 STATIC_GUIDES = ("random", "magnitude", "wanda", "flap")  # prune's guides scored without a gradient
 VALIDATE_ONLY = ("seeds", "steps", "budget", "batch_size", "lr", "eval_n", "eval_shots", "draws", "no_div_size",
                  "transfer_seeds", "executor", "ray_address", "workers")  # select-tasks: the --validate fine-tunes'
 FV_ONLY = ("top_k", "n_cie", "fv_scales")  # icl-vectors: read by the function vector alone
 RAY_ONLY = ("executor", "ray_address", "workers")  # where units run: ignored where a run maps none
+
+
+def ray_fix(parsed: dict) -> str:
+    """The rest of a fix that brings in a reader of --workers or --ray-address: ``--executor ray`` where it is
+    not given, as the execution check then demands it (``prune --budget 0.5 --workers 2``'s second fix,
+    "drop --budget", was then refused for --workers without --executor ray)."""
+    if parsed.get("executor") == "ray":
+        return ""
+    flags = [f for n, f in (("workers", "--workers"), ("ray_address", "--ray-address")) if parsed.get(n) is not None]
+    return f" and add --executor ray (which {flags[0]} needs)" if flags else ""
 
 
 def ablate(cls: Any, parsed: dict) -> None:
@@ -64,7 +74,8 @@ def prune(cls: Any, parsed: dict) -> None:
     guides = [g.partition("@")[0] for g in parsed["guide"]]
     if parsed["budget"] is not None:
         refuse_ignored(cls, parsed, RAY_ONLY, "fans the guide × sparsity grid's rows out, and --budget searches "
-                       "one row at a time in this process", "drop it, or drop --budget to measure a --sparsity grid")
+                       "one row at a time in this process",
+                       f"drop it, or drop --budget to measure a --sparsity grid{ray_fix(parsed)}")
         if len(guides) > 1:
             refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
                            "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
@@ -77,7 +88,22 @@ def prune(cls: Any, parsed: dict) -> None:
         refuse_ignored(cls, parsed, ("guide_text_weight",), f"weighs the gradient scores, and the run's guides "
                        f"({','.join(guides)}) compute none",
                        f"drop --guide-text-weight, or {guide_fix(parsed, 'attribution')}")
+    calib_text(cls, parsed, guides)
     prune_targets(cls, parsed)
+
+
+def calib_text(cls: Any, parsed: dict, guides: list[str]) -> None:
+    """--calib-text-weight where nothing reads the calibration statistics it mixes text into: random and
+    magnitude guides (magnitude's layer scores aside), no refit or mean, no sensitivity allocation, no budget
+    search. (--calib still decides which held-out prompts are scored: those that calibrate are dropped.)"""
+    static = all(g in ("random", "magnitude") for g in guides) and not (
+        "magnitude" in guides and "layers" in parsed["target"])
+    sensitivity = parsed["allocation"] == "sensitivity" or any(g.endswith("@sensitivity") for g in parsed["guide"])
+    if static and parsed["reconstruct"] == "none" and not sensitivity and parsed["budget"] is None:
+        refuse_ignored(cls, parsed, ("calib_text_weight",), "mixes text into the calibration statistics, and with "
+                       f"--guide {','.join(guides)} and --reconstruct none nothing reads them",
+                       "drop --calib-text-weight, or " + ("pass --reconstruct mean (or lsq)" if {"neurons", "heads"}
+                                                           & set(parsed["target"]) else guide_fix(parsed, "wanda")))
 
 
 def prune_targets(cls: Any, parsed: dict) -> None:
@@ -86,7 +112,7 @@ def prune_targets(cls: Any, parsed: dict) -> None:
     (heads then went globally, as under global)."""
     targets = parsed["target"]
     spec = f"--target {','.join(targets)}"
-    sparsity_targets(parsed, spec)
+    sparsity_targets(cls, parsed, spec)
     if not {"neurons", "heads"} & set(targets):  # whole layers: nothing reads what they fed, nothing is refitted
         refuse_ignored(cls, parsed, ("ridge", "sequential"), f"sets the least-squares refit of what reads removed "
                        f"neurons and heads, and {spec} removes whole layers alone", "drop it, or add neurons or "
@@ -94,7 +120,7 @@ def prune_targets(cls: Any, parsed: dict) -> None:
         layers_reconstruct(parsed["reconstruct"], spec, "--reconstruct")
     if "heads" not in targets:
         refuse_ignored(cls, parsed, ("gqa", "protect_top_k"), f"sets how heads are pruned, and {spec} prunes none",
-                       f"drop it, or add heads: --target {','.join([*targets, 'heads'])}")
+                       f"drop it, or add heads: {target_fix(parsed, 'heads')}")
     overrides = [g for g in parsed["guide"] if g.partition("@")[2]]  # GUIDE@ALLOCATION
     if not {"neurons", "heads"} & set(targets):
         refuse_ignored(cls, parsed, ("allocation",), f"spreads neurons and heads over the layers, and {spec} "
@@ -107,16 +133,15 @@ def prune_targets(cls: Any, parsed: dict) -> None:
         if parsed["allocation"] == "sensitivity":
             raise OptionError(f"--allocation sensitivity spreads MLP channels by measured sensitivity, and {spec} "
                               "prunes no neurons (its heads would go globally), so it would be ignored",
-                              f"pass --allocation global, or add neurons: --target {','.join(['neurons', *targets])}")
+                              f"pass --allocation global, or add neurons: {target_fix(parsed, 'neurons')}")
         sensitive = [g for g in overrides if g.partition("@")[2] == "sensitivity"]
         if sensitive:
             raise OptionError(f"--guide {sensitive[0]} spreads MLP channels by measured sensitivity, and {spec} "
                               "prunes no neurons (its heads would go globally), so it would be ignored",
-                              f"drop @sensitivity from --guide, or add neurons: --target "
-                              f"{','.join(['neurons', *targets])}")
+                              f"drop @sensitivity from --guide, or add neurons: {target_fix(parsed, 'neurons')}")
 
 
-def sparsity_targets(parsed: dict, spec: str) -> None:
+def sparsity_targets(cls: Any, parsed: dict, spec: str) -> None:
     """A ``--sparsity TARGET=F`` naming a unit type --target leaves out: it was pruned anyway (``--target heads
     --sparsity neurons=0.3`` removed neurons), while the rules above and the run's report (MoE refusal, the saved
     model's size floor, --gqa) went by --target; a unit type named twice (the last fraction alone was used)."""
@@ -129,10 +154,36 @@ def sparsity_targets(parsed: dict, spec: str) -> None:
                           f"fractions with --target {twice} (--sparsity 0.2,0.3)")
     outside = [t for t in dict.fromkeys(named) if t not in parsed["target"]]
     if outside:
-        raise OptionError(f"--sparsity {text} prunes {', '.join(outside)}, and {spec} leaves "
-                          f"{'it' if len(outside) == 1 else 'them'} out",
-                          f"add {'it' if len(outside) == 1 else 'them'} to --target (--target "
-                          f"{','.join([*parsed['target'], *outside])}), or drop {', '.join(t + '=' for t in outside)} from --sparsity")
+        pairs = dict(part.replace(" ", "").split("=", 1) for part in text.split(","))
+        fraction = pairs[named[0]]
+        missing = [t for t in parsed["target"] if t not in named]  # each fix must give these a fraction too
+        more = ",".join(f"{t}={fraction}" for t in missing)
+        kept = ",".join([*(f"{t}={pairs[t]}" for t in named if t not in outside), *([more] if more else [])])
+        them = "it" if len(outside) == 1 else "them"
+        raise OptionError(f"--sparsity {text} prunes {', '.join(outside)}, and {spec} leaves {them} out",
+                          f"add {them} to --target (--target {','.join([*parsed['target'], *outside])}"
+                          + (f" --sparsity {text},{more}" if more else "") + f"), or drop "
+                          f"{', '.join(t + '=' for t in outside)} from --sparsity (--sparsity {kept})")
+    unnamed_targets(cls, parsed, named, text)
+
+
+def unnamed_targets(cls: Any, parsed: dict, named: list[str], text: str) -> None:
+    """A --target part that ``--sparsity TARGET=F`` pairs give no fraction: nothing of it was pruned, and its
+    options (--gqa, --protect-top-k for heads) went unread (``--target neurons,heads --sparsity neurons=0.3``
+    pruned no heads). A bare fraction (``--sparsity 0.3``) is every target's, so it never leaves one out."""
+    missing = [t for t in parsed["target"] if named and t not in named]
+    if not missing:
+        return
+    kept = [t for t in parsed["target"] if t not in missing]
+    head_options = [given_flag(o, parsed[o.name]) for o in cls.options
+                    if "heads" in missing and o.name in ("gqa", "protect_top_k") and given(cls, parsed, o.name)]
+    fraction = dict(part.split("=", 1) for part in text.replace(" ", "").split(","))[named[0]]
+    them = "it" if len(missing) == 1 else "them"
+    raise OptionError(f"--target {','.join(parsed['target'])} names {', '.join(missing)}, and --sparsity {text} "
+                      f"gives {them} no fraction, so no {' or '.join(missing)} would be pruned",
+                      f"add {them} to --sparsity (--sparsity {text},{','.join(f'{t}={fraction}' for t in missing)}), "
+                      f"or drop {them} from --target (--target {','.join(kept)})"
+                      + "".join(f" and drop {flag}" for flag in head_options))
 
 
 def layers_reconstruct(method: str, spec: str, flag: str) -> None:
@@ -156,7 +207,19 @@ def guide_fix(parsed: dict, guide: str) -> str:
 def heads_fix(parsed: dict) -> str:
     """The rest of --protect-top-k's fix where --target prunes no heads (a guide alone would protect nothing)."""
     targets = parsed["target"]
-    return "" if "heads" in targets else f", with --target {','.join([*targets, 'heads'])}"
+    return "" if "heads" in targets else f", with {target_fix(parsed, 'heads')}"
+
+
+def target_fix(parsed: dict, target: str) -> str:
+    """``--target`` with ``target`` added (neurons first, as the others' order goes), and, where --sparsity gives
+    TARGET=F pairs, its fraction too: a part added without one is refused (:func:`unnamed_targets`)."""
+    targets = parsed["target"]
+    spec = f"--target {','.join(['neurons', *targets] if target == 'neurons' else [*targets, target])}"
+    text = parsed["sparsity"].text if parsed["sparsity"] is not None else ""
+    if "=" not in text:
+        return spec
+    fraction = text.replace(" ", "").split(",")[0].partition("=")[2]
+    return f"{spec} --sparsity {text},{target}={fraction}"
 
 
 def adapt(cls: Any, parsed: dict) -> None:
@@ -215,7 +278,7 @@ def select_tasks(cls: Any, parsed: dict) -> None:
     representation (--transfer-seeds above 0), which reads them all."""
     if not parsed["validate"]:
         refuse_ignored(cls, parsed, VALIDATE_ONLY, "sets the validation fine-tunes, which run only with --validate",
-                       "drop it, or pass --validate")
+                       f"drop it, or pass --validate{ray_fix(parsed)}")
     if parsed["validate"] and parsed["transfer_seeds"]:  # every representation is embedded for the ρ table
         return
     rep = parsed["representation"]
@@ -236,7 +299,8 @@ def sweep(cls: Any, parsed: dict) -> None:
     setting(parsed)
     if parsed["method"] == "attribution":
         refuse_ignored(cls, parsed, RAY_ONLY, "fans the exact sweep's layers out, and --method attribution runs "
-                       "one forward and backward per batch in this process", "drop it, or pass --method both")
+                       "one forward and backward per batch in this process",
+                       f"drop it, or pass --method both{ray_fix(parsed)}")
 
 
 def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:
@@ -246,6 +310,17 @@ def refuse_no_kv_groups(anatomy: Any, option: str, fix: str) -> None:
     if not any(anatomy.kv_heads_in(layer) and anatomy.groups_in(layer) > 1 for layer in range(anatomy.n_layers)):
         raise OptionError(f"{option} acts on grouped-query attention's KV groups, and this model has one KV head per "
                           "query head, so it would have no effect", fix)
+
+
+def gqa_before_load(parsed: dict, spec: Any, kv_groups: bool | None) -> None:
+    """``--gqa group`` where the model's config (read from ``spec`` before the load,
+    :func:`mechkit.model.sources.peek.has_kv_groups`) has no KV groups: refused before the model loads, not
+    after (:func:`refuse_no_kv_groups` stays for what only the loaded model tells)."""
+    if parsed.get("gqa") == "group" and "heads" in parsed.get("target", ["heads"]) and kv_groups is False:
+        raise OptionError(f"--gqa group acts on grouped-query attention's KV groups, and {spec}'s config has one KV "
+                          "head per query head, so it would have no effect",
+                          f"drop --gqa group (its default, --gqa {'slot' if 'target' in parsed else 'query'}, does the "
+                          "same on this model)")
 
 
 def prune_model(anatomy: Any, targets, gqa: str) -> None:

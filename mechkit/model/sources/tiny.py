@@ -56,6 +56,12 @@ def byte_tokenizer():
                                    pad_token="<pad>")
 
 
+def tiny_config(family: str):
+    """The config of ``tiny:family`` (no model built), or ``None`` for an unknown family."""
+    configs = _configs()
+    return configs[family]() if family in configs else None
+
+
 def tiny_model(family: str, seed: int = 0, **overrides):
     """A random-initialised model of ``family`` (seeded) and the byte tokenizer."""
     import torch
