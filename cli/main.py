@@ -225,7 +225,7 @@ def _human_size(n: int) -> str:
 @cache.command("list")
 def cache_list() -> None:
     """Every cached model (converted GGUF files, the toy model) and the run-step cache."""
-    from mechkit.io.disk_cache import cache_root, list_cache
+    from mechkit.io.disk_cache import FOREIGN, cache_root, list_cache
 
     root = cache_root()
     entries = list_cache(root)
@@ -239,7 +239,9 @@ def cache_list() -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for row in [header, *rows]:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
-    click.echo(f"total: {_human_size(sum(e.size for e in entries))}")
+    ours = sum(e.size for e in entries if e.name != FOREIGN)  # what `cache clear --all` would free
+    left = any(e.name == FOREIGN for e in entries)
+    click.echo(f"total: {_human_size(ours)}" + (" (not counting the unmarked folders)" if left else ""))
 
 
 @cache.command("clear")

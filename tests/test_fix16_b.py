@@ -74,6 +74,21 @@ def test_a_scratch_folder_marks_the_run_folder(monkeypatch, tmp_path):
     assert not resume.exists()
 
 
+def test_cache_lists_total_counts_only_what_clear_would_free(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    _user_folder(tmp_path / "runs", "0123456789abcdef", {"big.json": "x" * 5000})
+    resume = tmp_path / "runs" / "fedcba9876543210"
+    RunContext(model=None, params={}, seed=0, resume_dir=resume, console=Console(file=io.StringIO())).step("one", lambda: 1)
+    out = CliRunner().invoke(cli, ["cache", "list"]).output
+    ours = sum(f.stat().st_size for f in resume.rglob("*") if f.is_file())
+    assert ours < 1000 and "runs (unmarked)" in out
+    assert f"total: {ours} B (not counting the unmarked folders)" in out
+
+
 # --- Every fix a refusal offers passes the option checks (issue 32, class 11) ---
 
 def _checks(plugin: str, options: dict) -> None:
