@@ -19,7 +19,7 @@ overridden, one failure at a time.) A Cache is a :class:`~collections.abc.Mappin
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, ValuesView
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,7 +42,17 @@ def _same_value(a: Any, b: Any) -> bool:
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu()))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return False
-    return bool(a == b)
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):  # values a user stored whose == is no single answer (arrays)
+        return False
+
+
+class _Values(ValuesView):
+    """A Cache's values, whose ``in`` finds a tensor by identity or by shape, dtype and values."""
+
+    def __contains__(self, value: object) -> bool:
+        return any(v is value or _same_value(v, value) for v in self)
 
 
 def _described(parts: list) -> str:
@@ -84,7 +94,15 @@ class Cache(MutableMapping):
 
     def append(self, name: str, value: Any) -> None:
         """One more forward's activation at ``name``, joined on batch with the earlier ones when read."""
-        self._parts.setdefault(name, []).append(value)
+        if name not in self:  # (an unhashable name is simply not there, and refused by __setitem__)
+            self[name] = value
+            return
+        self._parts[name].append(value)
+
+    @classmethod
+    def fromkeys(cls, names: Any, value: Any = None) -> Cache:
+        """A Cache of ``names``, each holding ``value`` (as ``dict.fromkeys``: Cache was a dict once)."""
+        return cls((name, value) for name in names)
 
     # The five methods every other mapping operation is derived from.
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -96,6 +114,13 @@ class Cache(MutableMapping):
             raise self._not_recorded(name)
         if len(parts) == 1:
             return parts[0]
+        if not all(isinstance(p, torch.Tensor) and p.ndim for p in parts):  # cache.append(name, 5): no batch
+            kinds = ", ".join(f"{type(p).__name__}{'' if not isinstance(p, torch.Tensor) else ' of 0 dimensions'}"
+                              for p in parts if not (isinstance(p, torch.Tensor) and p.ndim))
+            raise MechkitError(f"{name} holds {len(parts)} parts to be joined on batch, and not all are tensors with "
+                               f"a batch dimension ({kinds})"[:300],
+                               "append only [batch, ...] tensors to a name (cache.append(name, t)), or store one "
+                               "value with cache[name] = value")
         shapes = {tuple(p.shape[1:]) for p in parts}
         if len(shapes) > 1:  # forwards of different lengths: torch.cat's raw RuntimeError otherwise
             raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
@@ -105,7 +130,11 @@ class Cache(MutableMapping):
 
     def __setitem__(self, name: str, value: Any) -> None:
         """``value`` is one part: a tensor stored is read back whole (batch dimension kept)."""
-        self._parts[name] = [value]
+        try:
+            self._parts[name] = [value]
+        except TypeError:  # an unhashable name (a list): one line, as reading or deleting it says
+            raise MechkitError(f"a cache is keyed by hook names; {name!r} cannot be one"[:200],
+                               "store under a hook name (a string), e.g. cache[\"blocks.0.hook_resid_post\"] = t") from None
 
     def __delitem__(self, name: str) -> None:
         if name not in self:
@@ -132,13 +161,19 @@ class Cache(MutableMapping):
         except TypeError:  # an unhashable key (a list) is simply not there, as in a dict
             return False
 
+    def values(self) -> ValuesView:
+        """The joined tensors; ``t in cache.values()`` compares as :meth:`__eq__` does (the mixin's ``==`` on a
+        tensor raised torch's "Boolean value of Tensor ... is ambiguous")."""
+        return _Values(self)
+
     def __reversed__(self) -> Iterator[str]:
         return reversed(self._parts)
 
     def popitem(self) -> tuple[str, Any]:
         """The last name and its value (as a dict pops; the mixin would take the first)."""
         if not self._parts:
-            raise KeyError("popitem(): this cache is empty")
+            raise NotRecorded("popitem(): this cache is empty, nothing to pop",
+                              "check len(cache) first, or record something: mk.record(m, names)")
         name = next(reversed(self._parts))
         return name, self.pop(name)
 
@@ -173,6 +208,16 @@ class Cache(MutableMapping):
         new._parts = copy.deepcopy(self._parts, memo)
         new.inputs = copy.deepcopy(self.inputs, memo)
         return new
+
+    def __getstate__(self) -> dict:
+        """What pickling keeps: the parts, the inputs and the recorded model (see the module doc). A model
+        served through another backend (nnsight, NDIF) cannot be pickled: one line, not the raw
+        "Can't pickle local object" from inside it."""
+        backend = getattr(getattr(self.handle, "backend", None), "name", "native")
+        if self.handle is not None and backend != "native":
+            raise MechkitError(f"this recording's model runs through the {backend} backend, which cannot be pickled "
+                               "with the cache", "pickle dict(cache) (its tensors, by hook name) instead")
+        return self.__dict__.copy()
 
     def __or__(self, other: Any) -> Cache:
         if not isinstance(other, Mapping):

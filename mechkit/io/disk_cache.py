@@ -293,8 +293,26 @@ def _resolve_name(root: Path, name: str) -> Path:
         found = [root / g / clean for g in GROUPS if not (root / g).is_symlink() and is_entry(g, root / g / clean)]
         if len(found) == 1:
             return found[0]
+    _refuse_unmarked(root, clean, name)
     raise MechkitError(f"no cache entry named {name!r} in {root}",
                        "see `mechkit cache list` for the names, or pass --all")
+
+
+def _refuse_unmarked(root: Path, clean: str, name: str) -> None:
+    """One line for a name `cache list` shows but `cache clear` leaves alone: the ``runs (unmarked)`` row, or
+    one of its folders. "No cache entry named …; see `mechkit cache list` for the names" sent the user back
+    to the list that had shown it, with no way to remove it."""
+    folders = unmarked_runs(root)
+    parts = clean.split("/")
+    named = [p for p in folders if clean == FOREIGN or (p.name == parts[-1] and parts[:-1] in ([], ["runs"]))]
+    if not named:
+        return
+    import shlex
+
+    shown = " ".join(shlex.quote(str(p)) for p in named[:3]) + (" …" if len(named) > 3 else "")
+    raise MechkitError(f"no cache entry named {name!r}: it names {len(named)} folder(s) in {root / 'runs'} that "
+                       "mechkit did not mark as its own (a user's, or run steps kept by a mechkit older than the "
+                       "marker), which `cache clear` never deletes", f"delete them yourself if they are only old run steps: rm -r {shown}"[:400])
 
 
 def _refuse_linked_group(group: Path, name: str) -> None:

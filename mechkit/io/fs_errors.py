@@ -29,6 +29,11 @@ _WHY = {
                   "choose an --out on a file system that allows larger files"),
     errno.ELOOP: ("a symlink loop (a link that leads back to itself)", "remove the link or choose another --out"),
     errno.ENOTDIR: ("a part of the path is a file, not a directory", "choose another --out"),
+    # A rename across a mount point (a bind mount the checks before the work did not see): a last resort.
+    errno.EXDEV: ("a rename would cross a mount point (a bind mount or another file system)",
+                  "choose a directory inside the mount, e.g. --out MOUNT/run, or another --out"),
+    errno.EBUSY: ("the path is in use as a mount point", "choose a directory inside the mount, e.g. --out MOUNT/run, "
+                  "or another --out"),
 }
 PATH_MAX = 4096  # bytes in a whole path on Linux
 INNER_ROOM = 64  # what a run writes inside --out: model/model.safetensors, .previous/…

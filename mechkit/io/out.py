@@ -116,10 +116,31 @@ def refuse_mount_point(path: Path) -> None:
     or across file systems (EXDEV), so it failed only after all the work; and a bind mount is another
     path to a directory, whose lock (kept beside it) would not be the same lock."""
     real = _real(path)
-    if real.is_dir() and os.path.ismount(real) and real != Path(real.anchor):
+    if real.is_dir() and (os.path.ismount(real) or str(real) in mount_points()) and real != Path(real.anchor):
         raise MechkitError(f"--out {path} is a mount point ({real}); a run is put in place by renaming a "
                            "directory, which a mount point cannot be", f"choose a directory inside it, e.g. "
                            f"--out {path / 'run'}")
+
+
+MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts (Linux)
+
+
+def mount_points() -> frozenset[str]:
+    """Every mount point the kernel lists for this process (``/proc/self/mountinfo``, its 5th field, octal
+    escapes undone). ``os.path.ismount`` compares a directory with its parent, so it misses a bind mount of
+    a directory of the same file system (``mount --bind a b``, a container's volume): such an ``--out``
+    passed every check, took a lock of its own beside ``b`` while another run wrote ``a``, and failed at
+    its last rename with a raw ``OSError`` (EXDEV). Empty where the file is absent (not Linux)."""
+    import re
+
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return frozenset()
+    octal = re.compile(r"\\([0-7]{3})")  # a space in a path is written \040
+    return frozenset(octal.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+                     for fields in (line.split(" ") for line in lines) if len(fields) > 4)
 
 
 def _real(path: str | os.PathLike[str]) -> Path:

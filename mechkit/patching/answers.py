@@ -65,6 +65,8 @@ def _one_number(value: Any, name: str) -> float:
     shape = getattr(value, "shape", None)  # a tensor or a NumPy array
     if shape is not None and math.prod(shape) != 1:
         raise MechkitError(f"normalized_recovery: {name} has shape {list(shape)}, not one number", fix)
+    if isinstance(value, torch.Tensor) and value.is_meta:  # .item() raised torch's raw RuntimeError
+        raise MechkitError(f"normalized_recovery: {name} is a meta tensor (no values), not a number", fix)
     if shape is not None:
         value = value.item()
     if isinstance(value, bool | str | bytes) or not hasattr(value, "__float__"):
@@ -91,13 +93,25 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
     """
     clean, corrupted = _one_number(clean, "clean"), _one_number(corrupted, "corrupted")
     gap = clean - corrupted
+    if not math.isfinite(gap):  # 1e308 and -1e308: every recovery came out 0 (or NaN) without a word
+        raise MechkitError(f"normalized_recovery: clean − corrupted ({clean:.4g} − {corrupted:.4g}) overflows a float",
+                           "check the runs that gave them: a metric this large is not a logit difference")
     if abs(gap) < 1e-6:
         raise MechkitError(f"the clean and corrupted runs give the same metric ({clean:.4g})",
                            "choose a corruption that changes the answer")
     if isinstance(patched, torch.Tensor):
+        if patched.is_meta or patched.is_complex() or patched.dtype == torch.bool:  # True was read as 1, an
+            # imaginary part dropped with a mere warning, a meta tensor has no values to check
+            raise MechkitError(f"normalized_recovery: patched is a {'meta' if patched.is_meta else ''}"
+                               f"{str(patched.dtype).removeprefix('torch.')} tensor, not real numbers",
+                               "pass patched as the metric's real values (a float tensor)")
         if not bool(torch.isfinite(patched).all()):
             raise MechkitError(f"normalized_recovery: patched holds {int((~torch.isfinite(patched)).sum())} NaN or "
                                "infinite value(s)", "check the patched runs: their metric is not finite there "
                                "(NaN or inf logits)")
-        return (patched.float() - corrupted) / gap if not patched.is_floating_point() else (patched - corrupted) / gap
+        if not patched.is_floating_point():
+            return (patched.float() - corrupted) / gap
+        # In float32 at least, back in patched's dtype: a float16 patched minus a corrupted of 1e5 was inf.
+        wide = patched.dtype if torch.finfo(patched.dtype).bits >= 32 else torch.float32
+        return ((patched.to(wide) - corrupted) / gap).to(patched.dtype)
     return (_one_number(patched, "patched") - corrupted) / gap
