@@ -70,3 +70,31 @@ def test_clean_equal_to_corrupted_is_still_refused(clean, corrupted):
 def test_a_gap_just_over_the_threshold_is_measured():
     got = normalized_recovery(1.0 + 1e-5, 1.0 + 2e-5, 1.0)
     assert math.isclose(got, 0.5, rel_tol=1e-3)
+
+
+# --- a patch grid's holes (a pruned layer's missing heads) against a metric that is not finite ---
+
+def test_a_grids_holes_stay_holes_and_its_cells_are_recovered():
+    from mechkit.patching import PatchScan
+
+    values = torch.tensor([[3.0, 1.0, float("nan")], [2.0, float("nan"), float("nan")]])
+    rec = PatchScan("attn.hook_z", "head", values, clean=3.0, corrupted=-1.0, direction="denoising").recovery
+    assert torch.equal(rec.isnan(), values.isnan())
+    assert rec[~values.isnan()].tolist() == [1.0, 0.5, 0.75]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_metric_that_is_not_finite_on_a_patched_row_is_refused(bad):
+    import mechkit as mk
+    from mechkit.patching import scan
+
+    m = mk.load_model("tiny:llama")
+    ids = m.to_tokens("the cat sat")
+
+    def metric(logits):
+        out = logits[:, 5] - logits[:, 7]
+        out[0] = bad
+        return out
+
+    with pytest.raises(MechkitError, match=r"scan: the metric gave NaN or inf on 1 of \d+ patched row"):
+        scan(m, ids, ids, "hook_resid_pre", metric)

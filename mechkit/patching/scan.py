@@ -54,8 +54,11 @@ class PatchScan:
 
     @property
     def recovery(self) -> torch.Tensor:
-        """``(patched − corrupted) / (clean − corrupted)`` per cell."""
-        return normalized_recovery(self.values, self.clean, self.corrupted)
+        """``(patched − corrupted) / (clean − corrupted)`` per cell; NaN where the grid has no cell (a pruned
+        layer's missing heads, :func:`padded`). A patched run's own metric is finite (:func:`checked_rows`)."""
+        hole = self.values.isnan()
+        filled = self.values.masked_fill(hole, self.corrupted)
+        return normalized_recovery(filled, self.clean, self.corrupted).masked_fill(hole, float("nan"))
 
 
 def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor, point: str, metric: Metric,

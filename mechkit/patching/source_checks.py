@@ -103,6 +103,10 @@ def checked_rows(values: Any, k: int, who: str) -> torch.Tensor:
         got = f"shape {list(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
         raise MechkitError(f"{who}: the metric returned {got} for {k} row(s) of logits; it gives one number per row",
                            "return one value per row of the [batch, vocab] logits, e.g. logit_diff(logits, a, b)")
+    bad = int((~torch.isfinite(values)).sum()) if values.is_floating_point() else 0
+    if bad:  # a NaN here would read as a hole of the grid (a pruned layer's missing head) further on
+        raise MechkitError(f"{who}: the metric gave NaN or inf on {bad} of {k} patched row(s)",
+                           "check the model's logits there (NaN weights, a float16 overflow) or the metric")
     return values
 
 
