@@ -83,3 +83,94 @@ def test_a_default_fix_drops_every_option_named():
         refuse_ignored(Demo, {"top_k": 3, "sweep": "1,2", "n": 5}, ("top_k", "sweep", "n"), "ranks heads")
     assert str(err.value).startswith("--top-k ranks heads, so it would be ignored (and so would --sweep)")
     assert err.value.fix == "drop --top-k and --sweep"
+
+
+# --- Option values no check refused (issue 32, option-value fuzz) ---
+
+NONE_FOR_A_VALUE = [("ablate", "heads"), ("adapt", "tasks"), ("adapt", "budgets"), ("compose", "parts"),
+                    ("finetune", "checkpoint_every"), ("prune", "target"), ("prune", "guide"), ("sweep", "n"),
+                    ("shuffle", "seeds"), ("select-tasks", "validate")]
+
+
+@pytest.mark.parametrize(("plugin", "name"), NONE_FOR_A_VALUE)
+def test_none_for_an_option_with_a_value_by_default_is_one_line(plugin, name):
+    """None where the option has no "none" value raised TypeError or AttributeError in the option checks (or
+    passed them and failed mid-run); now one line, whose fix (leave it out) runs."""
+    from mechkit import registry
+    from mechkit.options.resolve import resolve_options
+
+    cls = registry.get(plugin)
+    required = {o.name: "capitalize" for o in cls.options if o.required}
+    with pytest.raises(OptionError, match=r"None: it takes .*, not None") as err:
+        resolve_options(cls, {**required, name: None})
+    assert "leave it out (default: " in err.value.fix
+    resolve_options(cls, required)
+
+
+def test_none_stays_the_value_of_an_option_whose_default_is_none():
+    from mechkit import registry
+    from mechkit.options.resolve import resolve_options
+
+    params, _ = resolve_options(registry.get("ablate"), {"top_k": None, "from_report": None})
+    assert params["top_k"] is None and params["from_report"] is None
+
+
+@pytest.mark.parametrize(("plugin", "name", "value"), [
+    ("ablate", "from_report", "x" * 300), ("attention", "from_report", "y/" * 3000),
+    ("icl-vectors", "load_vector", "z" * 5000), ("taskvec-sweep", "vectors", "a.safetensors," + "b" * 400)])
+def test_a_path_the_system_cannot_look_up_is_refused_as_that_option(plugin, name, value):
+    """A name too long for the file system raised OSError from the option check, which the command line
+    reported as "cannot write …: choose a shorter --out" (no --out was given)."""
+    from mechkit import registry
+    from mechkit.options.resolve import resolve_options
+
+    with pytest.raises(OptionError) as err:
+        resolve_options(registry.get(plugin), {name: value})
+    assert "--out" not in str(err.value) and "--out" not in err.value.fix
+    assert "cannot be looked up" in str(err.value) or "does not exist" in str(err.value)
+
+
+def test_a_long_from_on_the_command_line_names_from_not_out(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["ablate", "--model", "tiny:llama", "--from", "x" * 300])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "cannot be looked up" in result.output and "shorter --out" not in result.output
+
+
+# --- Model specs and paths the system cannot look up (issue 32, class 2: refused in one line before work) ---
+
+@pytest.mark.parametrize("spec", ["x" * 300, "x" * 300 + ".gguf", "a/" + "x" * 300, "a/b--c", "org/name-"])
+def test_a_model_spec_no_path_or_hub_id_can_be_is_one_line_about_the_model(spec):
+    """A name too long for the file system was "cannot write …: choose a shorter --out" (no --out given); an
+    org/name the hub's rules refuse raised huggingface_hub's HFValidationError."""
+    import mechkit as mk
+    from mechkit.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError) as err:
+        mk.load_model(spec)
+    assert "--out" not in str(err.value) and "org/name" in err.value.fix
+
+
+def test_a_home_no_user_has_is_one_line(monkeypatch):
+    import mechkit as mk
+    from mechkit.errors import ModelLoadError
+    from mechkit.model.sources.peek import spec_config
+
+    assert spec_config("~no-such-user-rt16b/model") is None  # the loader says why
+    with pytest.raises(ModelLoadError, match="no home directory"):
+        mk.load_model("~no-such-user-rt16b/model")
+
+
+def test_from_expands_the_home_as_model_does(monkeypatch, tmp_path):
+    """``--model ~/d`` loads; ``--from ~/d`` was "does not exist"."""
+    from mechkit import registry
+    from mechkit.options.resolve import resolve_options
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "detect").mkdir()
+    _, parsed = resolve_options(registry.get("ablate"), {"from_report": "~/detect", "top_k": 1})
+    assert parsed["from_report"] == str(tmp_path / "detect")
