@@ -180,7 +180,17 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = N
 
         model, tok = tiny_model(text.removeprefix("tiny:"))
         return model, tok, text, None, text
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~user of a user without a home (Python cannot expand it)
+        raise ModelLoadError(f"cannot expand {text!r}: no home directory for its user",
+                             "spell the path out (an absolute path, or ~/ for your own home)") from None
+    try:
+        path.exists()
+    except OSError as err:  # a name too long: the command line called it an --out it could not write
+        raise ModelLoadError(f"cannot look up the model path {text[:120]}{'…' if len(text) > 120 else ''}: "
+                             f"{err.strerror or err}",
+                             "pass a model directory, a .gguf file or a hub id like org/name") from None
     if path.suffix == ".gguf":
         if path.exists() and not path.is_file():  # a FIFO or a device: named as such, not "not found"
             raise ModelLoadError(f"{path} is not a regular file (a directory, a FIFO or a device), so not a GGUF file",
@@ -196,6 +206,7 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = N
         raise ModelLoadError(f"{path} is a file but not a .gguf model",
                              "pass a model directory (config.json + weights) or a .gguf file")
     if _HUB_ID.match(text):
+        refuse_invalid_hub_id(text)
         model, tok = _load_hub(text, torch_dtype, placed)
         return model, tok, text, None, text
     raise ModelLoadError(
@@ -203,6 +214,20 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = N
         f"use an alias ({', '.join(EMBEDDED_ALIASES)}), tiny:FAMILY, toy:induction, a local model directory, "
         "a .gguf file or a hub id like org/name",
     )
+
+
+def refuse_invalid_hub_id(text: str) -> None:
+    """A spec shaped like ``org/name`` that the hub's own rules refuse (over 96 characters, ``--`` or ``..``):
+    huggingface_hub raised its HFValidationError as a traceback."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError as err:
+        raise ModelLoadError(f"{text[:120]}{'…' if len(text) > 120 else ''} is neither a local path nor a valid "
+                             f"hub id ({first_line(err, 120)})",
+                             "check the spelling: a model directory, a .gguf file or a hub id like org/name") from None
 
 
 def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, placed: Dispatch | None = None):

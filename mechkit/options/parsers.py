@@ -371,10 +371,29 @@ class Paths:
         paths = _items(text)
         if not paths or (self.count is not None and len(paths) != self.count):
             raise OptionError(f"needs {self.count or 'one or more'} paths, got {len(paths)}", self.fix)
-        for p in paths:
-            if not Path(p).exists():
-                raise OptionError(f"{p} does not exist", self.fix)
-        return paths
+        return [check_exists(p, self.fix) for p in paths]
+
+
+def check_exists(path: str, fix: str) -> str:
+    """``path`` with ``~`` expanded (as ``--model`` expands it: ``--from ~/runs/d`` was "does not exist"),
+    refused where it does not exist or the system cannot look it up (a name too long, a component that is
+    a file: ``Path.exists`` raised OSError, which the command line reported as an --out it could not write)."""
+    try:
+        expanded = str(Path(path).expanduser())
+    except RuntimeError:  # ~user of a user without a home: the name as given
+        expanded = path
+    try:
+        found = Path(expanded).exists()
+    except OSError as err:
+        raise OptionError(f"{show_path(path)} cannot be looked up: {err.strerror or err}", fix) from None
+    if not found:
+        raise OptionError(f"{path} does not exist", fix)
+    return expanded
+
+
+def show_path(path: str, limit: int = 120) -> str:
+    """A path as an error line quotes it: a name of thousands of characters is cut, not printed whole."""
+    return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
 
 
 @dataclass(frozen=True)
@@ -400,6 +419,4 @@ class ExistingPath:
         text = str(text)
         if not text.strip():
             raise OptionError("no path given", self.fix)
-        if not Path(text).exists():
-            raise OptionError(f"{text} does not exist", self.fix)
-        return text
+        return check_exists(text, self.fix)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import PluginError
+from mechkit.options.option import Option, OptionError, show
 
 if TYPE_CHECKING:
     from mechkit.plugin import Plugin
@@ -30,9 +31,19 @@ def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[st
                           f"its options are: {', '.join(known) or 'none'}")
     params, parsed = {}, {}
     for name, opt in known.items():
+        refuse_none(opt, options)
         params[name], parsed[name] = opt.check(options.get(name, opt.default))
     cls.check_options(parsed)
     return params, parsed
+
+
+def refuse_none(opt: Option, options: dict[str, Any]) -> None:
+    """``None`` given for an option that has a value by default and no "none" value: it raised TypeError or
+    AttributeError in the option checks (``heads=None``, ``target=None``), or passed them and failed mid-run.
+    (``Option.check(None)`` itself stays the "not given" of an option, as before.)"""
+    if opt.name in options and options[opt.name] is None and opt.default is not None and not opt.required:
+        raise OptionError(f"{opt.flag} None: it takes {opt.display_metavar()}, not None",
+                          f"pass {opt.flag} {opt.value_hint()}, or leave it out (default: {show(opt.default)})")
 
 
 def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]:

@@ -18,10 +18,13 @@ it is refused.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from mechkit.options.option import Option, OptionError
+
+DROP_IT = re.compile(r"\bdrop it\b(?![\w-])")  # a fix's "drop it": the refused option, with the others given beside it
 
 
 def default_value(option: Option) -> Any:
@@ -43,13 +46,27 @@ def given_flag(option: Option, value: Any) -> str:
     return option.flag
 
 
+def listed(flags: list[str]) -> str:
+    """``--a``, ``--a and --b``, ``--a, --b and --c``."""
+    return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + f" and {flags[-1]}"
+
+
 def refuse_ignored(cls: Any, parsed: dict[str, Any], names: Iterable[str], why: str, fix: str | None = None) -> None:
     """Refuse the first of ``names`` given a value other than its default: ``why`` says in words why the run
-    would not read it; ``fix`` defaults to dropping the option."""
+    would not read it; ``fix`` defaults to dropping the option. The others of ``names`` given too are named
+    beside it, and a fix that drops it drops them all (``--executor ray --workers 2`` under ``--method
+    attribution`` was told "drop it" for --executor, and the rerun was then refused for --workers)."""
     flags = {o.name: given_flag(o, parsed.get(o.name)) for o in cls.options}
-    for name in names:
-        if given(cls, parsed, name):
-            raise OptionError(f"{flags[name]} {why}, so it would be ignored", fix or f"drop {flags[name]}")
+    named = [flags[name] for name in names if given(cls, parsed, name)]
+    if not named:
+        return
+    first, others = named[0], named[1:]
+    fix = fix or f"drop {first}"
+    if others:
+        every = f"drop {listed(named)}"
+        fix = DROP_IT.sub(every, fix, count=1) if DROP_IT.search(fix) else fix.replace(f"drop {first}", every, 1)
+    also = f" (and so would {listed(others)})" if others else ""
+    raise OptionError(f"{first} {why}, so it would be ignored{also}", fix)
 
 
 def refuse_head_options(cls: Any, parsed: dict[str, Any], ranked_only: Iterable[str], scoring: Iterable[str]) -> None:

@@ -28,12 +28,12 @@ def spec_config(spec: Any) -> dict | None:
 
     if text in EMBEDDED_ALIASES or text.startswith("toy:"):  # loaded as such, even beside a folder of that name
         return None
-    path = Path(text).expanduser() / "config.json"
     try:
+        path = Path(text).expanduser() / "config.json"  # ~user of a user without a home: RuntimeError
         if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
             return None
         config = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, RuntimeError):
         return None  # the loader says what is wrong with it
     return config if isinstance(config, dict) else None
 
