@@ -335,7 +335,10 @@ def model_inputs(model: Any) -> tuple[Path | str, ...]:
     directory a loaded handle came from (``out=`` that directory with ``force=True`` replaced the weights
     the handle was loaded from, a saved model mechkit wrote being a set it owns)."""
     if isinstance(model, (str, Path)):
-        return (model,) if Path(model).expanduser().exists() else ()
+        try:
+            return (model,) if Path(model).expanduser().exists() else ()
+        except (OSError, RuntimeError):  # too long a name, ~user without a home: the loader says so in one line
+            return ()
     source = getattr(model, "source", None)
     return (source,) if isinstance(source, Path) and source.exists() else ()
 

@@ -174,3 +174,20 @@ def test_from_expands_the_home_as_model_does(monkeypatch, tmp_path):
     (tmp_path / "detect").mkdir()
     _, parsed = resolve_options(registry.get("ablate"), {"from_report": "~/detect", "top_k": 1})
     assert parsed["from_report"] == str(tmp_path / "detect")
+
+
+@pytest.mark.parametrize("spec", ["~nosuchuser/x", "x" * 300, "x" * 300 + "/config"])
+def test_a_model_spec_with_an_out_is_one_line_about_the_model_not_the_out(tmp_path, monkeypatch, spec):
+    """With --out given, the runner's check of the run's inputs looked the spec up first: ``~nosuchuser`` raised
+    RuntimeError as a traceback and a too-long name gave "choose a shorter --out"."""
+    from click.testing import CliRunner
+
+    from mechkit.cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["inspect", "--model", spec, "--out", "o"])
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output and "shorter --out" not in result.output
+    assert "model" in result.output or "~nosuchuser" in result.output
+    assert not (tmp_path / "o").exists()
