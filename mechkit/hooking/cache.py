@@ -60,6 +60,8 @@ def _described(parts: list) -> str:
     ``cache.setdefault(name)`` stores None)."""
     if not all(isinstance(p, torch.Tensor) and p.ndim for p in parts):
         return type(parts[0]).__name__ if len(parts) == 1 else f"{len(parts)} parts"
+    if len({(tuple(p.shape[1:]), p.dtype, p.device) for p in parts}) > 1:  # the first part's shape named a join
+        return f"{len(parts)} parts that cannot be joined"                      # that reading refuses
     shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
     return f"{shape} {str(parts[0].dtype).removeprefix('torch.')}"
 
@@ -126,6 +128,11 @@ class Cache(MutableMapping):
             raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
                                f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
                                "record forwards of one length together (pad them), or each in its own mk.record")
+        devices = {p.device for p in parts}
+        if len(devices) > 1:  # torch.cat's raw "Tensor on device meta is not on the expected device" otherwise
+            raise MechkitError(f"{name} holds {len(parts)} parts on different devices ({', '.join(sorted(map(str, devices)))}): "
+                               "they cannot be joined on batch", "append tensors on one device to a name "
+                               "(cache.append(name, t.to(device)))")
         return torch.cat(parts, dim=0)
 
     def __setitem__(self, name: str, value: Any) -> None:
@@ -278,14 +285,14 @@ class Cache(MutableMapping):
           blocks.0.attn.hook_z  [1, ..., 4, 16] float32
           blocks.1.attn.hook_z  [1, ..., 4, 16] float32
         """
-        shown, names = 8, list(self)
+        shown, names = 8, [str(name) for name in self]  # a key stored by hand may be no string (an int)
         size = sum(t.numel() * t.element_size() for parts in self._parts.values() for t in parts
                    if isinstance(t, torch.Tensor))
         model = f" from {self.handle.spec}" if self.handle is not None else ""
         lines = [f"Cache of {len(names)} hook point{'s' if len(names) != 1 else ''}{model}, {size / 1e6:.3g} MB"]
         width = max((len(n) for n in names[:shown]), default=0)
-        for name in names[:shown]:
-            lines.append(f"  {name:<{width}}  {_described(self._parts[name])}")
+        for name, parts in list(self._parts.items())[:shown]:
+            lines.append(f"  {str(name):<{width}}  {_described(parts)}")
         if len(names) > shown:
             lines.append(f"  … {len(names) - shown} more (list(cache) names them all)")
         return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Literal
 
@@ -119,7 +120,7 @@ def refuse_mount_point(path: Path) -> None:
     if real.is_dir() and (os.path.ismount(real) or str(real) in mount_points()) and real != Path(real.anchor):
         raise MechkitError(f"--out {path} is a mount point ({real}); a run is put in place by renaming a "
                            "directory, which a mount point cannot be", f"choose a directory inside it, e.g. "
-                           f"--out {path / 'run'}")
+                           f"--out {shlex.quote(str(path / 'run'))}")
 
 
 MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts (Linux)

@@ -110,8 +110,20 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
                                "infinite value(s)", "check the patched runs: their metric is not finite there "
                                "(NaN or inf logits)")
         if not patched.is_floating_point():
-            return (patched.float() - corrupted) / gap
+            return _finite((patched.float() - corrupted) / gap)
         # In float32 at least, back in patched's dtype: a float16 patched minus a corrupted of 1e5 was inf.
         wide = patched.dtype if torch.finfo(patched.dtype).bits >= 32 else torch.float32
-        return ((patched.to(wide) - corrupted) / gap).to(patched.dtype)
-    return (_one_number(patched, "patched") - corrupted) / gap
+        return _finite(((patched.to(wide) - corrupted) / gap).to(patched.dtype))
+    return _finite((_one_number(patched, "patched") - corrupted) / gap)
+
+
+def _finite(recovery: Any) -> Any:
+    """``recovery`` where every value is finite, else one line: a recovery past the largest number its type
+    holds (a float16 patched of 6e4 over a gap of 1e-3, a float of 1e308) came out inf without a word."""
+    bad = (~torch.isfinite(recovery)).any() if isinstance(recovery, torch.Tensor) else not math.isfinite(recovery)
+    if bad:
+        dtype = str(recovery.dtype).removeprefix("torch.") if isinstance(recovery, torch.Tensor) else "float"
+        raise MechkitError(f"normalized_recovery: (patched − corrupted) / (clean − corrupted) overflows {dtype}",
+                           "check the runs that gave them (a gap this small against values this large is no "
+                           "logit difference), or pass patched as float32 or float64")
+    return recovery

@@ -21,8 +21,14 @@ import torch
 from mechkit.errors import MechkitError
 from mechkit.hooking.core import gradients
 from mechkit.patching.patch import source_cache
-from mechkit.patching.scan import Metric, PatchScan, column_labels, padded
-from mechkit.patching.source_checks import checked_answer_pos, checked_target, source_act
+from mechkit.patching.scan import Metric, PatchScan, base_metric, column_labels, padded
+from mechkit.patching.source_checks import (
+    checked_answer_pos,
+    checked_real,
+    checked_rows,
+    checked_target,
+    source_act,
+)
 
 if TYPE_CHECKING:
     from mechkit.hooking.core import Cache
@@ -55,7 +61,7 @@ def attribute(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.T
     target = checked_target(target, "attribute", one_prompt=True)
     pos = checked_answer_pos(answer_pos, target.shape[-1], "attribute") % target.shape[-1]
     cache = source_cache(handle, source, names, "attribute")
-    value, found = gradients(handle, names, target, lambda logits: metric(logits[:, pos]).sum())
+    value, found = gradients(handle, names, target, lambda logits: _summed(metric(logits[:, pos])))
     rows = []
     with torch.no_grad():
         for name in names:
@@ -68,6 +74,14 @@ def attribute(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.T
             rows.append(_unit_sums(delta, name.split(".", 2)[2], over)[0].double().cpu())
     base = float(value)
     return (padded(rows) + base).float(), base
+
+
+def _summed(values: object) -> torch.Tensor:
+    """The metric's value on the target's one row, summed for its gradient; one line where it is no tensor (a
+    float raised a raw ``AttributeError`` on ``.sum()``) or no real number (a bool, a complex)."""
+    if not isinstance(values, torch.Tensor):
+        checked_rows(values, 1, "attribute")  # refuses it, naming what it is
+    return checked_real(values, "attribute").sum()
 
 
 def _unit_sums(delta: torch.Tensor, suffix: str, over: str) -> torch.Tensor:
@@ -86,7 +100,7 @@ def attribute_patching(handle: ModelHandle, clean: torch.Tensor, corrupted: torc
     checked_answer_pos(answer_pos, checked_target(source, "attribute", one_prompt=True).shape[-1], "attribute")
     values, base = attribute(handle, target, source, point, metric, over=over, answer_pos=answer_pos)
     with torch.no_grad():
-        other = float(metric(handle(source)[:, answer_pos])[0])
+        other = base_metric(metric, handle(source)[:, answer_pos], "attribute")
     clean_v, corrupted_v = (other, base) if denoising else (base, other)
     direction = ("denoising" if denoising else "noising") + " (attribution)"
     return PatchScan(point, over, values, clean_v, corrupted_v, direction, column_labels(handle, clean, corrupted, over,

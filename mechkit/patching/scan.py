@@ -26,6 +26,7 @@ from mechkit.patching.patch import Patch, assign, check, point_length, source_ca
 from mechkit.patching.source_checks import (
     checked_answer_pos,
     checked_batch_size,
+    checked_layers,
     checked_rows,
     checked_target,
     same_layout,
@@ -68,7 +69,7 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
     ``target`` (one prompt, ``[1, pos]``); ``n`` positions or heads. ``point`` is a block suffix
     (``hook_resid_pre``, ``attn.hook_z``…)."""
     a = handle.anatomy
-    layers = list(range(a.n_layers)) if layers is None else list(layers)
+    layers = checked_layers(layers, a.n_layers, "scan")
     target = checked_target(target, "scan", one_prompt=True)
     answer_pos = checked_answer_pos(answer_pos, target.shape[-1], "scan")
     batch_size = checked_batch_size(batch_size, "scan")
@@ -152,12 +153,20 @@ def _directed(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor,
     target, source = (corrupted, clean) if denoising else (clean, corrupted)
     for ids in (clean, corrupted):  # before the two base runs read the answer position
         checked_answer_pos(kwargs.get("answer_pos", -1), checked_target(ids, "scan", one_prompt=True).shape[-1], "scan")
+    checked_layers(kwargs.get("layers"), handle.anatomy.n_layers, "scan")  # before the two base runs too
     with torch.no_grad():
-        base = {"clean": float(metric(handle(clean)[:, kwargs.get("answer_pos", -1)])[0]),
-                "corrupted": float(metric(handle(corrupted)[:, kwargs.get("answer_pos", -1)])[0])}
+        base = {name: base_metric(metric, handle(ids)[:, kwargs.get("answer_pos", -1)], "scan")
+                for name, ids in (("clean", clean), ("corrupted", corrupted))}
     values = scan(handle, target, source, point, metric, over=over, **kwargs)
     return PatchScan(point, over, values, base["clean"], base["corrupted"], "denoising" if denoising else "noising",
                      column_labels(handle, clean, corrupted, over, values.shape[1]))
+
+
+def base_metric(metric: Metric, logits: torch.Tensor, who: str) -> float:
+    """The metric of an unpatched run (``[1, vocab]`` logits) as a number, checked as a patched row's is: a
+    metric giving a 0-dim tensor, a float or ``[batch, 2]`` raised a raw ``IndexError``/``TypeError``/
+    ``ValueError`` here, before the scan that refuses it could."""
+    return float(checked_rows(metric(logits), 1, who, "unpatched run(s)")[0])
 
 
 def column_labels(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, over: str, n: int) -> list[str]:

@@ -97,15 +97,17 @@ def checked_batch_size(batch_size: Any, who: str) -> int:
     return value
 
 
-def checked_rows(values: Any, k: int, who: str) -> torch.Tensor:
-    """A metric's result on ``k`` patched rows: ``k`` numbers."""
+def checked_rows(values: Any, k: int, who: str, rows: str = "patched row(s)") -> torch.Tensor:
+    """A metric's result on ``k`` patched rows: ``k`` real numbers (a bool was read as 1.0 and a complex one
+    lost its imaginary part with a mere warning; :func:`~mechkit.patching.normalized_recovery` refuses both)."""
     if not isinstance(values, torch.Tensor) or values.shape != (k,):
         got = f"shape {list(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
         raise MechkitError(f"{who}: the metric returned {got} for {k} row(s) of logits; it gives one number per row",
                            "return one value per row of the [batch, vocab] logits, e.g. logit_diff(logits, a, b)")
+    checked_real(values, who)
     bad = int((~torch.isfinite(values)).sum()) if values.is_floating_point() else 0
     if bad:  # a NaN here would read as a hole of the grid (a pruned layer's missing head) further on
-        raise MechkitError(f"{who}: the metric gave NaN or inf on {bad} of {k} patched row(s)",
+        raise MechkitError(f"{who}: the metric gave NaN or inf on {bad} of {k} {rows}",
                            "check the model's logits there (NaN weights, a float16 overflow) or the metric")
     return values
 
@@ -117,3 +119,34 @@ def same_layout(src: torch.Tensor, act: torch.Tensor, suffix: str, name: str) ->
     if src.ndim != act.ndim or any(src.shape[d] != act.shape[d] for d in fixed):
         raise MechkitError(f"the source's {name} is {list(src.shape)}; the target's is {list(act.shape)}: it was "
                            "recorded on another model", f"record the source on this model ({_SOURCE_FIX})")
+
+
+def checked_real(values: torch.Tensor, who: str) -> torch.Tensor:
+    """A metric's tensor refused in one line where it holds no real numbers (bool, complex, meta)."""
+    if values.dtype == torch.bool or values.is_complex() or values.is_meta:
+        raise MechkitError(f"{who}: the metric returned {'meta ' if values.is_meta else ''}"
+                           f"{str(values.dtype).removeprefix('torch.')} values, not real numbers",
+                           "return the metric's real values per row, e.g. logit_diff(logits, a, b) (a float tensor)")
+    return values
+
+
+def checked_layers(layers: Any, n_layers: int, who: str) -> list[int]:
+    """``layers`` (None for all, one integer, or a sequence, tensor or array of them) as layer indices of the
+    model, refused in one line otherwise: a string raised a raw ``KeyError`` further on, an integer a
+    ``TypeError``, a tensor's elements a ``KeyError``, and ``[True]`` or ``[0.0]`` were looked up as hook
+    names ``blocks.True`` and ``blocks.0.0``."""
+    if layers is None:
+        return list(range(n_layers))
+    fix = f"pass layers as layer indices from 0 to {n_layers - 1}, e.g. layers=[0, 1], or leave it out for all"
+    if isinstance(layers, str | bytes):
+        raise MechkitError(f"{who}: layers={layers!r} is text, not layer indices"[:200], fix)
+    try:
+        indices = unit_indices(layers, "layers")
+    except MechkitError:
+        raise MechkitError(f"{who}: layers={layers!r} is not a list of integers"[:200], fix) from None
+    if not indices:
+        raise MechkitError(f"{who}: layers is empty", fix)
+    bad = [i for i in indices if not 0 <= i < n_layers]
+    if bad:
+        raise MechkitError(f"{who}: layer {bad[0]} is not a layer of this model ({n_layers} layers)", fix)
+    return list(indices)
