@@ -65,7 +65,8 @@ class AblatePlugin(Plugin):
         # an explicit spec (17.3,layer:2) ablates what it names
         ks = selection.ks(n_layers, n_heads, opts["sweep"], top_k, ctx.seed)
         if opts["baseline"] == "random":
-            selection.check_baseline(n_layers, n_heads, ks, ctx.seed, other=", or --baseline none")
+            selection.check_baseline(n_layers, n_heads, ks, ctx.seed, other=", or --baseline none",
+                                     flag="--sweep" if opts["sweep"] else "--top-k")
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"])
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None

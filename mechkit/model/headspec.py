@@ -160,17 +160,21 @@ class HeadSelection:
         return len(self.resolve(n_layers, n_heads, scores=placeholder, top_k=top_k, seed=seed))
 
     def check_baseline(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0,
-                       other: str = "") -> None:
+                       other: str = "", flag: str = "--top-k") -> None:
         """Refuse now, before scores are computed, a k whose random baseline (as many heads, none of the
         selected) cannot be drawn: on a small model the default k can name half its heads or more, and the
-        draw failed only after the scores, with a fix that did not say how far to lower k."""
+        draw failed only after the scores, with a fix that did not say how far to lower k. ``flag`` is the
+        option the ks came from: a k of ``--sweep`` is lowered there (``--top-k`` beside ``--sweep`` is
+        refused, so a fix naming it did not run)."""
         total = sum(per_layer(n_layers, n_heads))
         for k in ks:
             named = self.count(n_layers, n_heads, k, seed)
             if named > total - named:
+                lower = (f"--top-k {total // 2}" if flag == "--top-k" else
+                         f"{flag} values of at most {total // 2}, e.g. {flag} {_sweep_example(ks, total // 2)}")
                 raise HeadSpecError(f"--heads {self.spec} names {named} of the model's {total} heads, leaving "
                                     f"{total - named} for a random baseline of {named} heads none of them",
-                                    f"name at most {total // 2} heads (--top-k {total // 2}){other}")
+                                    f"name at most {total // 2} heads ({lower}){other}")
 
     def check(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0) -> None:
         """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""
@@ -198,6 +202,12 @@ class HeadSelection:
 
     def __str__(self) -> str:
         return self.spec
+
+
+def _sweep_example(ks: Sequence[int], most: int) -> str:
+    """``ks`` with every k past ``most`` dropped (``most`` itself where none is left), as ``--sweep`` text."""
+    kept = [k for k in dict.fromkeys(ks) if k <= most] or [most]
+    return ",".join(str(k) for k in kept)
 
 
 def parse_spec(spec: str | HeadSelection) -> HeadSelection:

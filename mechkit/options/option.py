@@ -14,6 +14,7 @@ the bad value and the fix:
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
@@ -96,8 +97,8 @@ def to_number(value: Any, kind: type) -> int | float:
     >>> to_number(" 12 ", int), to_number(5.0, int), to_number("1e-4", float)
     (12, 5, 0.0001)
     """
-    if isinstance(value, bool):
-        raise ValueError(value)
+    if not isinstance(value, str):
+        value = plain_number(value)
     if kind is int:
         if isinstance(value, int):
             return value
@@ -109,6 +110,33 @@ def to_number(value: Any, kind: type) -> int | float:
     if isinstance(value, int | float | str):
         return float(value)
     raise ValueError(value)
+
+
+def plain_number(value: Any) -> Any:
+    """A NumPy (or other ``numbers``) integer or real as Python's ``int`` or ``float``, else ``value`` as given;
+    ``ValueError`` for a boolean of any kind. ``mk.run("detect", top_k=np.int64(3))`` was refused as "not a
+    whole number" while ``mk.parse_heads`` and the lens took NumPy integers.
+
+    >>> import numpy as np
+    >>> plain_number(np.int64(3)), plain_number(np.float32(0.5)), plain_number("7")
+    (3, 0.5, '7')
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise ValueError(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, float):
+        return float(value)
+    return value
+
+
+def number_text(value: Any) -> str:
+    """A number as the command line would give it: NumPy's own shortest text for its floats (``np.float32(0.2)``
+    is ``'0.2'``, not the ``'0.20000000298023224'`` of its ``float``), integers of any kind as ``int``."""
+    value_ = plain_number(value)
+    if isinstance(value, float | numbers.Integral) or hasattr(value, "dtype"):
+        return str(value_) if isinstance(value_, int) else str(value)
+    return str(value_)
 
 
 MAX_COUNT = 1_000_000
@@ -256,17 +284,21 @@ class Option:
                 return value
             if isinstance(value, os.PathLike):
                 return os.fspath(value)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return str(value)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_":
+                return number_text(value)  # np.float32(0.2) -> '0.2', as 0.2 is
             from mechkit.model.headspec import (
                 Head,  # mk.run(..., heads=[mk.Head(0, 1)]), as mk.ablate takes them
             )
 
             if isinstance(value, Head):
                 return str(value)
-            if isinstance(value, list | tuple) and all(isinstance(x, str | int | float | os.PathLike | Head) and
-                                                       not isinstance(x, bool) for x in value):
-                return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else str(x) for x in value)
+            if type(value).__name__ == "ndarray" and getattr(value, "ndim", None) == 1:
+                value = value.tolist()  # np.array([5, 10]) as [5, 10]
+            if isinstance(value, list | tuple) and all(isinstance(x, str | numbers.Real | os.PathLike | Head) and
+                                                       not isinstance(x, bool) and type(x).__name__ != "bool_"
+                                                       for x in value):
+                return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else
+                                str(x) if isinstance(x, str | Head) else number_text(x) for x in value)
             raise OptionError(f"{self.flag} {show(value)} is not text", f"pass {self.flag} {self.value_hint()}")
         try:
             return value if isinstance(value, kind) else kind(value)
