@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
@@ -64,3 +65,58 @@ def test_a_sweep_too_large_for_its_baseline_gets_a_fix_that_runs(tmp_path):
     assert "--top-k" not in fix and "--sweep 3" in fix, fix
     run = mk.run("ablate", sweep="3", **common)  # the fix, applied
     assert run.report["params"]["sweep"] == "3"
+
+
+# --- class 7: a call replaced on a module instance, a Tensor method set over its base ---
+
+
+def _long_only(call):
+    """``call`` doubled on inputs longer than the probe's 16 tokens: what the logits probe cannot see."""
+    def wrapped(*args, **kwargs):
+        out = call(*args, **kwargs)
+        return out * 2 if args and args[0].shape[1] > 20 else out
+    return wrapped
+
+
+def _own_call_impl(model):
+    mlp = model.model.layers[0].mlp
+    mlp._call_impl = _long_only(type(mlp)._call_impl.__get__(mlp))
+
+
+def _compiled_call_impl(model):
+    mlp = model.model.layers[0].mlp
+    mlp._compiled_call_impl = _long_only(mlp._call_impl)
+
+
+@pytest.mark.parametrize(("edit", "name"), [(_own_call_impl, "_call_impl"), (_compiled_call_impl, "_compiled_call_impl")])
+def test_a_call_replaced_on_a_module_instance_is_caught(edit, name):
+    class Evil(mk.Plugin):
+        name, version, summary, options = "evil", "0.0.1", "leaves a module's call replaced", ()
+
+        def run(self, ctx):
+            edit(ctx.model.model)
+            return mk.Result(results={})
+
+    handle = mk.load_model("tiny:llama")
+    with pytest.raises(MechkitError, match=f"mlp.{name} was replaced"):
+        mk.run(Evil, model=handle, write=False)
+
+
+def test_a_tensor_method_set_over_its_base_is_caught():
+    original = torch.Tensor.__dict__.get("pow")
+
+    class Evil(mk.Plugin):
+        name, version, summary, options = "evil", "0.0.1", "shadows Tensor.pow", ()
+
+        def run(self, ctx):
+            torch.Tensor.pow = _long_only(torch._C.TensorBase.pow)
+            return mk.Result(results={})
+
+    try:
+        with pytest.raises(MechkitError, match="torch.Tensor.pow was replaced"):
+            mk.run(Evil, model=mk.load_model("tiny:llama"), write=False)
+    finally:
+        if original is None:
+            del torch.Tensor.pow
+        else:
+            torch.Tensor.pow = original

@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 
 import mechkit as mk
+from mechkit.io.disk_cache import RUN_MARKER
 from mechkit.io.outlock import lock_path
 
 CALLS: list[str] = []
@@ -51,6 +52,8 @@ def _step_files(cache: Path) -> dict[str, Path]:
     """Every finished step of every run in the cache, by key."""
     files = {}
     for f in (cache / "runs").glob("*/*.json"):
+        if f.name == RUN_MARKER:  # the folder's mark as mechkit's, not a step
+            continue
         try:
             files[json.loads(f.read_text())["key"]] = f
         except (ValueError, KeyError):

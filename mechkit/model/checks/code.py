@@ -41,13 +41,28 @@ def _callables(namespace: Mapping, where: str, out: dict, dunders: bool = True) 
             out[(where, str(name))] = value
 
 
+def _resolved(cls: type) -> dict[str, Any]:
+    """Every name of ``cls`` and its bases, as looked up on it (``inspect.getattr_static``: no descriptor
+    runs). A method set on a subclass over its base's (``torch.Tensor.pow = f`` over ``TensorBase.pow``) is
+    a new name in the subclass's own ``vars``, which a comparison of ``vars`` took for a name that appeared."""
+    import inspect
+
+    out = {}
+    for name in dir(cls):
+        try:
+            out[name] = inspect.getattr_static(cls, name)
+        except AttributeError:
+            continue
+    return out
+
+
 def code_state(model: Any) -> dict[tuple[str, str], Any]:
     """``{(where, name): object}`` for the code the model's forward can reach (see the module docstring);
     the objects are held, so that their ids stay theirs while compared."""
     refs: dict[tuple[str, str], Any] = {}
     classes = _classes(model)
-    for cls in classes:
-        _callables(vars(cls), f"{cls.__module__}.{cls.__qualname__}", refs)
+    for cls in classes:  # what each name resolves to: torch.Tensor.pow set on Tensor shadows TensorBase's
+        _callables(_resolved(cls), f"{cls.__module__}.{cls.__qualname__}", refs)
     for name in sorted({c.__module__ for c in classes} | set(LIBRARY_MODULES)):
         module = sys.modules.get(name)
         if module is None:

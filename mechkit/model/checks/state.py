@@ -36,6 +36,17 @@ class ModuleState:
     training: bool
     params: tuple
     refs: tuple  # the hook functions and parameters, held so that their ids stay theirs while compared
+    calls: tuple = ()  # (name, object) of its own attributes that replace a method torch calls on it
+
+
+def _own_calls(m: Any) -> tuple:
+    """The module's own attributes that stand in for a method of its class (``_call_impl``, a helper such as
+    ``_attn``) and torch's ``_compiled_call_impl``: ``nn.Module.__call__`` runs either in place of
+    ``forward``, so one acting only on long inputs passed every check."""
+    cls = type(m)
+    return tuple((name, value) for name, value in sorted(vars(m).items())
+                 if name != "forward" and (name == "_compiled_call_impl" or
+                                           (callable(value) and callable(getattr(cls, name, None)))))
 
 
 def _module_state(m: Any) -> ModuleState:
@@ -45,7 +56,7 @@ def _module_state(m: Any) -> ModuleState:
     managed = hasattr(m, "_hf_hook")  # accelerate swaps a dispatched module's parameters in and out per forward
     params = tuple((name, None if managed else id(p), bool(p.requires_grad)) for name, p in named)
     refs = (tuple(fn for d in hook_dicts for fn in d.values()), tuple(p for _, p in named))
-    return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs)
+    return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs, _own_calls(m))
 
 
 def _config(model: Any) -> dict:
@@ -154,6 +165,9 @@ def changed_state(before: dict, after: dict) -> str | None:
             return f"a hook was left on {label} (or one it had was removed)"
         if was.forward is not now.forward:
             return f"{label}.forward was replaced and not put back"
+        if [(n, id(v)) for n, v in was.calls] != [(n, id(v)) for n, v in now.calls]:
+            name = next(n for n, _ in (*now.calls, *was.calls) if dict(was.calls).get(n) is not dict(now.calls).get(n))
+            return f"{label}.{name} was replaced and not put back"
         if was.training != now.training:
             return f"{label} was left in {'train' if now.training else 'eval'} mode"
         if was.params != now.params:
