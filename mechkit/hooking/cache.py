@@ -250,12 +250,14 @@ class Cache(MutableMapping):
 
         return activation_cache(self, model, extra=self.completion(TL_NEEDS))
 
-    def completion(self, patterns: tuple[str, ...] | list[str]) -> dict:
+    def completion(self, patterns: str | tuple[str, ...] | list[str]) -> dict:
         """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
         ids (one more forward per recorded one, only when something is missing)."""
         handle, inputs = self.handle, self.inputs
         if handle is None or not inputs:
             return {}
+        if isinstance(patterns, str):  # one pattern, not its letters
+            patterns = (patterns,)
         have = set(all_names(handle.anatomy))
         missing = [p.name for pattern in patterns for p in _points(handle, pattern)
                    if p.name in have and p.name not in self]

@@ -16,9 +16,9 @@ from mechkit.errors import MechkitError
 
 def _callables(value: Any, where: str, example: str, args: tuple[str, ...] = ()) -> list[Callable]:
     fns = value if isinstance(value, (list, tuple)) else [value]
-    bad = next((f for f in fns if not callable(f)), None)
-    if bad is not None or not fns:
-        got = "an empty list" if not fns else f"a {type(bad).__name__}"
+    bad = [f for f in fns if not callable(f)]  # a list, not next(..., None): [None] was taken for "none bad"
+    if bad or not fns:
+        got = "an empty list" if not fns else f"a {type(bad[0]).__name__}"
         raise MechkitError(f"{where} maps to {got}, not a function", f"give a function or a list of them, {example}")
     odd = next((f for f in fns if args and not _takes(f, len(args))), None)
     if odd is not None:  # else a TypeError from inside the forward, at the first hook point

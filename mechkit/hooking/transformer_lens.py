@@ -68,6 +68,9 @@ def activation_cache(cache: Recording, model: Any = None, extra: dict | None = N
         if cache.handle is None:
             raise MechkitError("this recording does not know its model", "pass model= (a TransformerBridge)")
         model = bridge_for(cache.handle)
+    elif not hasattr(model, "cfg"):  # a str or a number was taken, then AttributeError at the first TL method
+        raise MechkitError(f"model= is a {type(model).__name__}, not a TransformerLens model",
+                           "pass a TransformerBridge or HookedTransformer (mk.to_transformer_lens(m)), or leave it out")
     found = {name: tensor for name, tensor in cache.items()}
     found.update({name: t for name, t in (extra or {}).items() if name not in found})
     return ActivationCache(found, model, has_batch_dim=True)

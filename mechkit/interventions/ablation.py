@@ -33,7 +33,14 @@ from mechkit.errors import MechkitError, single_use
 from mechkit.hooking.core import hooks, record
 from mechkit.hooking.traced import pure
 from mechkit.model.expertspec import Expert, experts_by_layer, parse_experts
-from mechkit.model.headspec import Head, HeadSelection, heads_by_layer, parse_heads, refuse_unused_ranking
+from mechkit.model.headspec import (
+    Head,
+    HeadSelection,
+    checked_seed,
+    heads_by_layer,
+    parse_heads,
+    refuse_unused_ranking,
+)
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -164,6 +171,7 @@ def ablate(
     from mechkit.model.handle import require_handle
 
     require_handle(handle, "mk.ablate")
+    seed = checked_seed(seed, "mk.ablate")  # else torch's Overflow / TypeError at the first resampled forward
     if mode not in MODES:
         raise MechkitError(f"unknown ablation mode {mode!r}", f"use one of: {', '.join(MODES)}")
     if heads is None and experts is None:

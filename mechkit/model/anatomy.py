@@ -467,6 +467,11 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
         if first_missing is None:
             first_missing = missing
     cls = type(model).__name__
+    if callable(getattr(model, "get_base_model", None)):  # a peft wrapper: the model is inside it
+        raise UnsupportedArchitectureError(
+            f"{cls} is a peft wrapper around the model, not the model",
+            "pass model.merge_and_unload() (the adapters merged in) or model.get_base_model() (the LoRA layers "
+            "kept in place)")
     raise UnsupportedArchitectureError(
         f"unsupported architecture {cls} (model_type={model_type!r}): missing module(s) "
         f"{', '.join(first_missing or [])}",

@@ -146,6 +146,7 @@ class HeadSelection:
         top_k = check_top_k(top_k, n_layers, n_heads)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # random.Random("x") takes any text
             raise HeadSpecError(f"seed must be a whole number, not {seed!r}", "pass seed=0, say")
+        seed = int(seed)  # random.Random refuses a NumPy integer
         heads: list[Head] = []
         for item in self.items:
             heads.extend(_resolve_item(item, n_layers, n_heads, scores, top_k, seed, exclude))
@@ -447,3 +448,23 @@ def refuse_unused_ranking(heads: object, top_k: object, scores: object, verb: st
         raise MechkitError(f"{given} picks among ranked or random heads, and heads= names each head to {verb}, so "
                            "it would be ignored", f"drop {given}, or ask for ranked heads "
                            "(heads=\"induction\", heads=\"random\") to pick the top_k of")
+
+
+# A seed as the random generators take it: torch.Generator().manual_seed takes a signed 64-bit integer (and
+# raised "Overflow" past it), random.Random refuses NumPy integers; each API entry that draws checks it here.
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
+
+
+def checked_seed(seed: Any, who: str) -> int:
+    """``seed`` as a plain int in ``0..MAX_SEED``, else one :class:`MechkitError` line naming ``who``.
+
+    >>> import numpy as np
+    >>> checked_seed(np.int64(3), "mk.ablate")
+    3
+    """
+    fix = f"pass seed= a whole number from 0 to {MAX_SEED}"
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise MechkitError(f"{who}: seed must be a whole number, not {seed!r}", fix)
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise MechkitError(f"{who}: seed {int(seed)} is out of range", fix)
+    return int(seed)

@@ -126,7 +126,7 @@ def plain_number(value: Any) -> Any:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real) and not isinstance(value, float):
-        return float(value)
+        return float(str(value)) if hasattr(value, "dtype") else float(value)  # np.float32(1e-3): 0.001, as typed
     return value
 
 
@@ -137,6 +137,12 @@ def number_text(value: Any) -> str:
     if isinstance(value, float | numbers.Integral) or hasattr(value, "dtype"):
         return str(value_) if isinstance(value_, int) else str(value)
     return str(value_)
+
+
+def _holds_number(value: Any) -> bool:
+    """A number, or a list, tuple or 1-D array holding one (booleans aside)."""
+    items = list(value) if isinstance(value, list | tuple) or type(value).__name__ == "ndarray" else [value]
+    return any(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in items)
 
 
 MAX_COUNT = 1_000_000
@@ -282,6 +288,9 @@ class Option:
         if kind is str:
             if isinstance(value, str):
                 return value
+            if type(self.parse).__name__ == "HeadSpec" and _holds_number(value):
+                raise OptionError(f"{self.flag} {show(value)}: a number cannot name a head (2.10 and 2.1 are the "
+                                  "same float)", f"pass {self.flag} as text ('2.10') or as mk.Head(2, 10)")
             if isinstance(value, os.PathLike):
                 return os.fspath(value)
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_":
@@ -293,7 +302,7 @@ class Option:
             if isinstance(value, Head):
                 return str(value)
             if type(value).__name__ == "ndarray" and getattr(value, "ndim", None) == 1:
-                value = value.tolist()  # np.array([5, 10]) as [5, 10]
+                value = list(value)  # np.array([5, 10]) as [5, 10], each item with NumPy's own shortest text
             if isinstance(value, list | tuple) and all(isinstance(x, str | numbers.Real | os.PathLike | Head) and
                                                        not isinstance(x, bool) and type(x).__name__ != "bool_"
                                                        for x in value):

@@ -5,9 +5,11 @@ The runner calls these first, so a bad value is one line and nothing has been lo
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import PluginError
+from mechkit.model.headspec import MAX_SEED
 from mechkit.options.option import Option, OptionError, show
 
 if TYPE_CHECKING:
@@ -51,9 +53,6 @@ def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]
     return resolve_options(cls, options)[0]
 
 
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
-
-
 def check_switches(**switches: Any) -> None:
     """``mk.run``'s on/off arguments (``force``, ``write``) must be True or False: ``write="no"`` is a
     true string, and wrote the report it meant to skip.
@@ -82,6 +81,8 @@ def check_seed(seed: Any) -> int:
     seed 1000000000000000000000000000000 is out of range — pass a whole number from 0 to 9223372036854775807
     """
     fix = f"pass a whole number from 0 to {MAX_SEED}"
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        seed = int(seed)  # a NumPy integer, as the plugins' own options take
     if isinstance(seed, bool) or not isinstance(seed, int):
         if isinstance(seed, str) and seed.strip().isdigit():
             return check_seed(int(seed))

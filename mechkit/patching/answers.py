@@ -97,8 +97,9 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
         raise MechkitError(f"normalized_recovery: clean − corrupted ({clean:.4g} − {corrupted:.4g}) overflows a float",
                            "check the runs that gave them: a metric this large is not a logit difference")
     if abs(gap) < 1e-6:
-        raise MechkitError(f"the clean and corrupted runs give the same metric ({clean:.4g})",
-                           "choose a corruption that changes the answer")
+        raise MechkitError(f"the clean and corrupted runs give the same metric (clean {clean:.4g}, corrupted "
+                           f"{corrupted:.4g}: a gap under 1e-6)", "choose a corruption that changes the answer, or "
+                           "scale a metric of probabilities up (log-probabilities or logit differences)")
     if isinstance(patched, torch.Tensor):
         if patched.is_meta or patched.is_complex() or patched.dtype == torch.bool:  # True was read as 1, an
             # imaginary part dropped with a mere warning, a meta tensor has no values to check

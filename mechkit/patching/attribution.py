@@ -24,6 +24,7 @@ from mechkit.patching.patch import source_cache
 from mechkit.patching.scan import Metric, PatchScan, base_metric, column_labels, padded
 from mechkit.patching.source_checks import (
     checked_answer_pos,
+    checked_metric,
     checked_real,
     checked_rows,
     checked_target,
@@ -57,6 +58,7 @@ def attribute(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.T
     """
     if over not in ("position", "head"):
         raise MechkitError(f"over={over!r} is not position or head", "use over='position' or over='head'")
+    checked_metric(metric, "attribute")
     names = [f"blocks.{L}.{point}" for L in range(handle.anatomy.n_layers)]
     target = checked_target(target, "attribute", one_prompt=True)
     pos = checked_answer_pos(answer_pos, target.shape[-1], "attribute") % target.shape[-1]
@@ -97,6 +99,7 @@ def attribute_patching(handle: ModelHandle, clean: torch.Tensor, corrupted: torc
     """:func:`~mechkit.patching.scan.denoise` (or ``noise``) estimated by attribution patching: the same
     :class:`~mechkit.patching.scan.PatchScan`, its direction marked ``(attribution)``."""
     target, source = (corrupted, clean) if denoising else (clean, corrupted)
+    checked_metric(metric, "attribute")
     checked_answer_pos(answer_pos, checked_target(source, "attribute", one_prompt=True).shape[-1], "attribute")
     values, base = attribute(handle, target, source, point, metric, over=over, answer_pos=answer_pos)
     with torch.no_grad():

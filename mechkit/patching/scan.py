@@ -27,6 +27,7 @@ from mechkit.patching.source_checks import (
     checked_answer_pos,
     checked_batch_size,
     checked_layers,
+    checked_metric,
     checked_rows,
     checked_target,
     same_layout,
@@ -69,6 +70,7 @@ def scan(handle: ModelHandle, target: torch.Tensor, source: Cache | torch.Tensor
     ``target`` (one prompt, ``[1, pos]``); ``n`` positions or heads. ``point`` is a block suffix
     (``hook_resid_pre``, ``attn.hook_z``…)."""
     a = handle.anatomy
+    checked_metric(metric, "scan")
     layers = checked_layers(layers, a.n_layers, "scan")
     target = checked_target(target, "scan", one_prompt=True)
     answer_pos = checked_answer_pos(answer_pos, target.shape[-1], "scan")
@@ -151,6 +153,7 @@ def _rows(handle: ModelHandle, layer: int, target: torch.Tensor, inputs: BlockIn
 def _directed(handle: ModelHandle, clean: torch.Tensor, corrupted: torch.Tensor, point: str, metric: Metric,
               over: str, denoising: bool, **kwargs) -> PatchScan:
     target, source = (corrupted, clean) if denoising else (clean, corrupted)
+    checked_metric(metric, "scan")
     for ids in (clean, corrupted):  # before the two base runs read the answer position
         checked_answer_pos(kwargs.get("answer_pos", -1), checked_target(ids, "scan", one_prompt=True).shape[-1], "scan")
     checked_layers(kwargs.get("layers"), handle.anatomy.n_layers, "scan")  # before the two base runs too

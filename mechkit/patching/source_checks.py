@@ -97,6 +97,13 @@ def checked_batch_size(batch_size: Any, who: str) -> int:
     return value
 
 
+def checked_metric(metric: Any, who: str) -> None:
+    """A metric is a function of the logits: ``None`` or a number raised a raw ``TypeError`` at the first run."""
+    if not callable(metric):
+        raise MechkitError(f"{who}: the metric is {type(metric).__name__}, not a function of the logits",
+                           "pass a function such as lambda logits: logit_diff(logits, a, b)")
+
+
 def checked_rows(values: Any, k: int, who: str, rows: str = "patched row(s)") -> torch.Tensor:
     """A metric's result on ``k`` patched rows: ``k`` real numbers (a bool was read as 1.0 and a complex one
     lost its imaginary part with a mere warning; :func:`~mechkit.patching.normalized_recovery` refuses both)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 # Modules whose functions every family's forward calls (masks, attention kernels, activations) besides the
@@ -22,6 +23,35 @@ from typing import Any
 LIBRARY_MODULES = ("torch", "torch.nn.functional", "transformers.masking_utils", "transformers.modeling_utils",
                    "transformers.integrations.sdpa_attention", "transformers.activations",
                    "transformers.pytorch_utils")
+
+
+# Libraries that wrap a torch method once per process when first imported, keeping the original as
+# ``__wrapped__`` (nnsight wraps ``Tensor.backward``): a plugin importing one is not a plugin editing torch.
+WRAPPING_LIBRARIES = ("nnsight",)
+
+
+def _settle() -> None:
+    """Make now the edits torch makes once per process on first use: ``torch.compile`` replaces
+    ``nn.Module.__init__``/``__setstate__`` (dynamo's generation tagging). A plugin compiling something was
+    refused as having replaced them, and a fresh process (every CLI run) could not help."""
+    try:
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+    except Exception:  # a torch without dynamo: nothing to settle
+        return
+    install_generation_tagging_init()  # once per process: it marks nn.Module as done
+
+
+def _library_wrap(old: Any, new: Any) -> bool:
+    """``new`` wraps ``old`` (``__wrapped__``) and its code lives in one of :data:`WRAPPING_LIBRARIES`."""
+    code = getattr(new, "__code__", None)
+    if code is None or getattr(new, "__wrapped__", None) is not old:
+        return False
+    for name in WRAPPING_LIBRARIES:
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None)
+        if where and Path(code.co_filename).is_relative_to(Path(where).parent):
+            return True
+    return False
 
 
 def _classes(model: Any) -> set[type]:
@@ -59,6 +89,7 @@ def _resolved(cls: type) -> dict[str, Any]:
 def code_state(model: Any) -> dict[tuple[str, str], Any]:
     """``{(where, name): object}`` for the code the model's forward can reach (see the module docstring);
     the objects are held, so that their ids stay theirs while compared."""
+    _settle()
     refs: dict[tuple[str, str], Any] = {}
     classes = _classes(model)
     for cls in classes:  # what each name resolves to: torch.Tensor.pow set on Tensor shadows TensorBase's
@@ -81,7 +112,7 @@ def code_state(model: Any) -> dict[tuple[str, str], Any]:
 def changed_code(before: dict, after: dict) -> str | None:
     """The first name whose object was replaced (or removed) during the run, in words, else None."""
     for key, value in before.items():
-        if key not in after or after[key] is not value:
+        if key not in after or (after[key] is not value and not _library_wrap(value, after[key])):
             where, name = key
             if where.endswith("[...]"):
                 return f"{where[:-5]}[{name!r}] was replaced and not put back"
