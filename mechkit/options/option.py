@@ -288,7 +288,7 @@ class Option:
         if kind is str:
             if isinstance(value, str):
                 return value
-            if type(self.parse).__name__ == "HeadSpec" and _holds_number(value):
+            if not getattr(self.parse, "numbers_as_text", True) and _holds_number(value):
                 raise OptionError(f"{self.flag} {show(value)}: a number cannot name a head (2.10 and 2.1 are the "
                                   "same float)", f"pass {self.flag} as text ('2.10') or as mk.Head(2, 10)")
             if isinstance(value, os.PathLike):

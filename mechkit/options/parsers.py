@@ -302,6 +302,7 @@ class HeadSpec:
     """
 
     metavar: str = "SPEC"
+    numbers_as_text: bool = False  # 2.10 given as a number is the float 2.1: a head spec is text (Option._typed)
 
     def describe(self) -> str:
         return ""
