@@ -455,16 +455,19 @@ def refuse_unused_ranking(heads: object, top_k: object, scores: object, verb: st
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 
 
-def checked_seed(seed: Any, who: str) -> int:
-    """``seed`` as a plain int in ``0..MAX_SEED``, else one :class:`MechkitError` line naming ``who``.
+def checked_seed(seed: Any, who: str = "", error: type[MechkitError] = MechkitError) -> int:
+    """``seed`` as a plain int in ``0..MAX_SEED``, else one ``error`` line (naming ``who`` where given).
+
+    The one range check for seeds: the API's ``mk.ablate`` and the runner's ``--seed`` both call it, so
+    a NumPy integer or a seed past torch's signed 64 bits is read or refused the same way everywhere.
 
     >>> import numpy as np
     >>> checked_seed(np.int64(3), "mk.ablate")
     3
     """
-    fix = f"pass seed= a whole number from 0 to {MAX_SEED}"
+    where, fix = (f"{who}: " if who else ""), f"pass {'seed= ' if who else ''}a whole number from 0 to {MAX_SEED}"
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise MechkitError(f"{who}: seed must be a whole number, not {seed!r}", fix)
+        raise error(f"{where}seed must be a whole number, not {seed!r}", fix)
     if not 0 <= int(seed) <= MAX_SEED:
-        raise MechkitError(f"{who}: seed {int(seed)} is out of range", fix)
+        raise error(f"{where}seed {int(seed)} is out of range", fix)
     return int(seed)

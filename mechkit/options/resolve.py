@@ -5,11 +5,10 @@ The runner calls these first, so a bad value is one line and nothing has been lo
 
 from __future__ import annotations
 
-import numbers
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import PluginError
-from mechkit.model.headspec import MAX_SEED
+from mechkit.model.headspec import checked_seed
 from mechkit.options.option import Option, OptionError, show
 
 if TYPE_CHECKING:
@@ -80,16 +79,9 @@ def check_seed(seed: Any) -> int:
     ...     print(err)
     seed 1000000000000000000000000000000 is out of range — pass a whole number from 0 to 9223372036854775807
     """
-    fix = f"pass a whole number from 0 to {MAX_SEED}"
-    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-        seed = int(seed)  # a NumPy integer, as the plugins' own options take
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        if isinstance(seed, str) and seed.strip().isdigit():
-            return check_seed(int(seed))
-        raise PluginError(f"seed must be a whole number, not {seed!r}", fix)
-    if not 0 <= seed <= MAX_SEED:
-        raise PluginError(f"seed {seed} is out of range", fix)
-    return int(seed)
+    if isinstance(seed, str) and seed.strip().isdigit():
+        seed = int(seed)
+    return checked_seed(seed, error=PluginError)
 
 
 def check_backend_for(cls: type[Plugin], backend: str | None, remote: str | None, model: Any) -> tuple[str, str | None]:

@@ -37,7 +37,7 @@ def ablate(cls: Any, parsed: dict) -> None:
     none."""
     refuse_head_options(cls, parsed, ("top_k", "sweep"), ("n_seqs", "seg_len"))
     setting(parsed)
-    if parsed["sweep"] is not None:
+    if parsed["sweep"]:  # --sweep "" is no sweep: --top-k is then the one k
         refuse_ignored(cls, parsed, ("top_k",), "sets the one k of a run, and --sweep gives the ks",
                        "drop --top-k, or drop --sweep")
     if parsed["baseline"] == "none":

@@ -69,12 +69,14 @@ def parse_levels(text: str, targets: list[str]) -> list[dict[str, float]]:
 
 
 def parse_targets(text: str) -> list[str]:
-    """A comma list of unit types to prune, each one of :data:`TARGETS`.
+    """A comma list of unit types to prune, each one of :data:`TARGETS`, repeats dropped.
 
-    >>> parse_targets("neurons, heads")
+    A repeat would prune nothing more, but the report would list its rows twice.
+
+    >>> parse_targets("neurons, heads, neurons")
     ['neurons', 'heads']
     """
-    targets = [t.strip() for t in text.split(",") if t.strip()]
+    targets = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     bad = [t for t in targets if t not in TARGETS]
     if bad or not targets:
         raise MechkitError(f"unknown --target {text!r}", f"use a comma list of {', '.join(TARGETS)}")
