@@ -18,6 +18,7 @@ overridden, one failure at a time.) A Cache is a :class:`~collections.abc.Mappin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator, Mapping, MutableMapping, ValuesView
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,32 @@ def _points(handle: ModelHandle, pattern: str) -> list:
         return []
 
 
+MARK_SIZE = 256  # logits kept per recorded row: evenly spaced over the vocabulary, at the last position
+
+
+def logit_mark(output: Any) -> torch.Tensor | None:
+    """A forward's logits in brief: each row's last-position logits at :data:`MARK_SIZE` evenly spaced token
+    ids (float64), then its precision's tolerance (:func:`_same_mark`). Enough to tell that a forward recorded
+    again is the recorded one, a few KB per forward kept (``None``: no logits)."""
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.is_meta or not logits.is_floating_point():
+        return None
+    last = logits[:, -1].detach()
+    picked = last[:, torch.linspace(0, last.shape[-1] - 1, min(MARK_SIZE, last.shape[-1])).long().to(last.device)]
+    tol = 1e-4 if torch.finfo(logits.dtype).bits >= 32 else 5e-3
+    return torch.cat([picked.double().cpu(), torch.full((last.shape[0], 1), tol, dtype=torch.float64)], dim=1)
+
+
+def _same_mark(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether two marks are one forward's: within 0.01% of the largest logit kept in float32, 0.5% in half
+    precision (the forward again runs the same kernels, so a difference is the device's rounding order). An
+    intervention that moves every logit kept by less than that is not told apart (safety.md says so)."""
+    if b is None or a.shape != b.shape:
+        return False
+    tol = torch.maximum(a[:, -1], b[:, -1]) * a[:, :-1].abs().amax(dim=1).clamp(min=1.0)
+    return bool(((a[:, :-1] - b[:, :-1]).abs().amax(dim=1) <= tol).all())
+
+
 class Cache(MutableMapping):
     """Recorded activations by hook name; several forwards inside one context are concatenated on batch.
 
@@ -82,6 +109,7 @@ class Cache(MutableMapping):
     handle: ModelHandle | None = None  # the model recorded (set by :func:`mechkit.record`)
     continued: bool = False  # a recorded forward's ids alone do not replay it (generate, padding): :meth:`completion`
     inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
+    marks: list | None = None  # each recorded forward's logits in brief (:func:`logit_mark`): a completion's must match
     _parts: dict[str, list]  # each name's parts, one per forward (set in __new__)
 
     def __new__(cls, *_args: Any, **_kwargs: Any) -> Cache:
@@ -204,7 +232,7 @@ class Cache(MutableMapping):
         """A Cache of the same recording (the same tensors, model and inputs)."""
         new = type(self)()
         new._parts = {name: list(parts) for name, parts in self._parts.items()}
-        new.handle, new.inputs, new.continued = self.handle, self.inputs, self.continued
+        new.handle, new.inputs, new.continued, new.marks = self.handle, self.inputs, self.continued, self.marks
         return new
 
     __copy__ = copy  # copy.copy would share the parts dict
@@ -258,19 +286,36 @@ class Cache(MutableMapping):
             return {}
         if isinstance(patterns, str):  # one pattern, not its letters
             patterns = (patterns,)
+        if not isinstance(patterns, list | tuple | set | frozenset) or not all(isinstance(p, str) for p in patterns):
+            raise MechkitError(f"Cache.completion takes a hook name pattern or a list of them, not {patterns!r}",
+                               'pass e.g. "blocks.*.attn.hook_z" or ["blocks.0.hook_resid_post"]')
         have = set(all_names(handle.anatomy))
         missing = [p.name for pattern in patterns for p in _points(handle, pattern)
                    if p.name in have and p.name not in self]
         if not missing:
             return {}
+        lacks = f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         if self.continued:  # recorded again without the KV cache, they would silently be other activations
-            raise MechkitError(f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
-                               ", and its forwards continued a KV cache (model.generate), masked padding or set their "
-                               "own positions: recorded again on their token ids alone they would be other activations",
-                               "record every point needed in that run (mk.record(m, \"*\")), or record the "
-                               "token ids in one unpadded forward")
+            raise MechkitError(f"{lacks}, and its forwards continued a KV cache (model.generate), masked padding or set "
+                               "their own positions: recorded again on their token ids alone they would be other "
+                               "activations", "record every point needed in that run (mk.record(m, \"*\")), or record "
+                               "the token ids in one unpadded forward")
         from mechkit.hooking import record  # the package's, not core's: core imports this module
 
+        # First the recorded forwards again, recording what they recorded (the same attention kernel: recording a
+        # pattern runs eager attention), to see that the model still gives the logits it gave then.
+        witness = [name for name in self if name in have]
+        with torch.no_grad(), (record(handle, witness) if witness else contextlib.nullcontext()):
+            logits = [handle(ids) for ids in inputs]
+        marks = self.marks or [None] * len(inputs)
+        if any(mark is not None and not _same_mark(mark, logit_mark(out)) for mark, out in zip(marks, logits, strict=False)):
+            # hooks, an ablation or a weight edit were open while it recorded (or are now): the model's forward
+            # then is not its forward now, and the points recorded again would mix two models
+            raise MechkitError(f"{lacks}, and the model now gives other logits on its forwards than while it "
+                               "recorded (hooks, mk.ablate or a weight edit were open then, or are now): recorded "
+                               "again they would be another forward's activations",
+                               "record every point needed in that run (mk.record(m, \"*\")), or complete it "
+                               "inside the same hooks and edits")
         with torch.no_grad(), record(handle, missing) as again:
             for ids in inputs:
                 handle(ids)

@@ -6,6 +6,7 @@ the layer that reads it.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Iterator, KeysView, Mapping
 from typing import Any
 
@@ -22,20 +23,31 @@ def _callables(value: Any, where: str, example: str, args: tuple[str, ...] = ())
         raise MechkitError(f"{where} maps to {got}, not a function", f"give a function or a list of them, {example}")
     odd = next((f for f in fns if args and not _takes(f, len(args))), None)
     if odd is not None:  # else a TypeError from inside the forward, at the first hook point
-        shown = ", ".join(args)
-        raise MechkitError(f"{where} maps to {getattr(odd, '__name__', type(odd).__name__)}, which cannot be called "
-                           f"as fn({shown})", f"define it as def fn({shown}): ... (return None to only read)")
+        shown, name = ", ".join(args), getattr(odd, "__name__", type(odd).__name__)
+        if _signature(odd) is None:
+            raise MechkitError(f"{where} maps to {name}, a built-in whose arguments cannot be read, so it cannot be "
+                               f"checked to take ({shown})", f"wrap it: def fn({shown}): return {name}({args[0]})")
+        raise MechkitError(f"{where} maps to {name}, which cannot be called as fn({shown})",
+                           f"define it as def fn({shown}): ... (return None to only read)")
     return list(fns)
 
 
-def _takes(fn: Callable, n: int) -> bool:
-    """Whether ``fn`` accepts ``n`` positional arguments (``True`` where its signature cannot be read)."""
+def _signature(fn: Callable) -> Any:
     import inspect
 
     try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C function: nothing can be said before the call
-        return True
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function
+        return None
+
+
+def _takes(fn: Callable, n: int) -> bool:
+    """Whether ``fn`` accepts ``n`` positional arguments; ``False`` where its signature cannot be read: a C
+    function such as ``torch.relu`` then failed at the first forward with a raw TypeError, and none of them
+    takes an activation and a hook point (the fix wraps it in a function that does)."""
+    signature = _signature(fn)
+    if signature is None:
+        return False
     try:
         signature.bind(*([None] * n))
     except TypeError:
@@ -65,10 +77,10 @@ def check_layer_fns(fns: Any, n_layers: int, who: str) -> dict[int, list[Callabl
         raise MechkitError(f"{who} takes a dict of layers to functions, not {type(fns).__name__}", f"pass {example}")
     out = {}
     for layer, value in fns.items():
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+        if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not 0 <= layer < n_layers:
             raise MechkitError(f"{who}: layer {layer!r} is not one of the model's layers (0–{n_layers - 1})",
                                f"key the functions by layer index, {example}")
-        out[layer] = _callables(value, f"{who}: layer {layer}", example)
+        out[int(layer)] = _callables(value, f"{who}: layer {layer}", example)  # a NumPy integer as the layer it names
     return out
 
 

@@ -20,7 +20,7 @@ from einops import rearrange
 from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
-from mechkit.hooking.cache import Cache
+from mechkit.hooking.cache import Cache, logit_mark
 from mechkit.hooking.cache import NotRecorded as NotRecorded  # re-exported: it was defined here
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
 from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, canonical, resolve
@@ -362,20 +362,28 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
     if handle.backend.traced:
         yield
         return
-    cache.inputs = []
+    cache.inputs, cache.marks = [], []
 
     def pre(_module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor):
             cache.inputs.append(ids.detach())
+            cache.marks.append(None)  # until the forward returns (one that raised keeps None: not checked)
         if not _replayable(ids, kwargs):
             cache.continued = True
 
-    remover = handle.model.register_forward_pre_hook(pre, with_kwargs=True)
+    def post(_module, args, kwargs, output):  # its logits in brief: a completion re-runs only the same forward
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor) and cache.marks:
+            cache.marks[-1] = logit_mark(output)
+
+    removers = [handle.model.register_forward_pre_hook(pre, with_kwargs=True),
+                handle.model.register_forward_hook(post, with_kwargs=True)]
     try:
         yield
     finally:
-        remover.remove()
+        for remover in removers:
+            remover.remove()
 
 
 def run_with_cache(handle: ModelHandle, input_ids: torch.Tensor, names: str | list[str] | None = None

@@ -144,8 +144,9 @@ class HeadSelection:
         """The sorted, de-duplicated heads it names on a model of this shape, taking ``top_k`` per ranked item
         (``None``: :func:`default_top_k`, 10 but at most half the model's heads)."""
         top_k = check_top_k(top_k, n_layers, n_heads)
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):  # random.Random("x") takes any text
-            raise HeadSpecError(f"seed must be a whole number, not {seed!r}", "pass seed=0, say")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            # random.Random("x") takes any text, and Random(-1) draws what Random(1) draws
+            raise HeadSpecError(f"seed must be a whole number of at least 0, not {seed!r}", "pass seed=0, say")
         seed = int(seed)  # random.Random refuses a NumPy integer
         heads: list[Head] = []
         for item in self.items:

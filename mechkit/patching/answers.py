@@ -57,6 +57,22 @@ def answer_logprob(logits: torch.Tensor, answer: int) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)[..., answer]
 
 
+_REAL = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16,
+         torch.int32, torch.int64}
+
+
+def _unreal(tensor: torch.Tensor) -> str:
+    """What makes ``tensor`` no plain grid of real numbers ("" if nothing): a meta tensor has no values, True
+    was read as 1, a complex part was dropped with a mere warning, and float8, sparse and nested tensors lack
+    the operations (torch's raw NotImplementedError)."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.is_meta:
+        return f"meta {dtype}"
+    if getattr(tensor, "is_nested", False) or tensor.layout != torch.strided:
+        return f"{'nested' if getattr(tensor, 'is_nested', False) else str(tensor.layout).removeprefix('torch.')} {dtype}"
+    return "" if tensor.dtype in _REAL else dtype
+
+
 def _one_number(value: Any, name: str) -> float:
     """``value`` (a Python or NumPy number, or a tensor or array of one element) as a finite float, refused in
     one line otherwise: a tensor of several values raised torch's raw RuntimeError, a NaN gave NaN silently."""
@@ -65,13 +81,17 @@ def _one_number(value: Any, name: str) -> float:
     shape = getattr(value, "shape", None)  # a tensor or a NumPy array
     if shape is not None and math.prod(shape) != 1:
         raise MechkitError(f"normalized_recovery: {name} has shape {list(shape)}, not one number", fix)
-    if isinstance(value, torch.Tensor) and value.is_meta:  # .item() raised torch's raw RuntimeError
-        raise MechkitError(f"normalized_recovery: {name} is a meta tensor (no values), not a number", fix)
+    if isinstance(value, torch.Tensor) and _unreal(value) and not (value.dtype == torch.bool or value.is_complex()):
+        # .item() raised torch's raw RuntimeError (meta); a bool or complex item is named below
+        raise MechkitError(f"normalized_recovery: {name} is a {_unreal(value)} tensor, not a real number", fix)
     if shape is not None:
         value = value.item()
     if isinstance(value, bool | str | bytes) or not hasattr(value, "__float__"):
         raise MechkitError(f"normalized_recovery: {name} is {type(value).__name__}, not a number", fix)
-    number = float(value)
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):  # 10**400: "int too large to convert to float"
+        raise MechkitError(f"normalized_recovery: {name} ({str(value)[:40]}) is not a number a float holds", fix) from None
     if not math.isfinite(number):
         raise MechkitError(f"normalized_recovery: {name} is {number}", "check the run that gave it: its metric is "
                            "not a finite number (NaN or inf logits)")
@@ -101,11 +121,10 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
                            f"{corrupted:.4g}: a gap under 1e-6)", "choose a corruption that changes the answer, or "
                            "scale a metric of probabilities up (log-probabilities or logit differences)")
     if isinstance(patched, torch.Tensor):
-        if patched.is_meta or patched.is_complex() or patched.dtype == torch.bool:  # True was read as 1, an
-            # imaginary part dropped with a mere warning, a meta tensor has no values to check
-            raise MechkitError(f"normalized_recovery: patched is a {'meta' if patched.is_meta else ''}"
-                               f"{str(patched.dtype).removeprefix('torch.')} tensor, not real numbers",
-                               "pass patched as the metric's real values (a float tensor)")
+        kind = _unreal(patched)
+        if kind:
+            raise MechkitError(f"normalized_recovery: patched is a {kind} tensor, not real numbers",
+                               "pass patched as the metric's real values (a dense float tensor: .to_dense().float())")
         if not bool(torch.isfinite(patched).all()):
             raise MechkitError(f"normalized_recovery: patched holds {int((~torch.isfinite(patched)).sum())} NaN or "
                                "infinite value(s)", "check the patched runs: their metric is not finite there "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mechkit.errors import MechkitError
-from mechkit.model.headspec import Head, HeadSelection, needs_scores, parse_heads
+from mechkit.model.headspec import Head, HeadSelection, checked_seed, needs_scores, parse_heads
 from mechkit.report import views
 from mechkit.report.patterns import Patterns, record_patterns
 
@@ -132,6 +132,7 @@ def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence 
 
     if not isinstance(text, str) or not text.strip():
         raise MechkitError("show_attention needs a non-empty prompt text", 'pass the prompt, e.g. "The cat sat"')
+    seed = checked_seed(seed, "mk.show_attention")  # before the load: -1 drew the heads 1 draws
     if not isinstance(model, ModelHandle):
         from mechkit.model.loading import load_model
 
