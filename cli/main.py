@@ -69,10 +69,9 @@ def run_one_line(call) -> Any:
         _echo_err(_one_line(str(err)))
         sys.exit(err.exit_code)
     except Exception as err:  # a full disk, a quota, a read-only place: the environment, one line
-        from mechkit.io.fs_errors import describe, os_error_of
+        from mechkit.io.fs_errors import one_line
 
-        found = os_error_of(err)  # an OSError, or safetensors' wrapper of one
-        line = describe(found) if found is not None else None
+        line = one_line(err)  # an OSError, or safetensors' wrapper of one: the line mk.run raises
         if line is None:
             raise
         _echo_err(_one_line(str(line)))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import MechkitError, PluginError, first_line
 from mechkit.executors import check_execution
-from mechkit.io.fs_errors import refuse_over_file_size_limit
+from mechkit.io.fs_errors import one_line_errors, refuse_over_file_size_limit
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
@@ -287,47 +287,48 @@ def run_plugin(
     >>> run.results["anatomy"]["n_layers"]
     2
     """
-    from rich.console import Console
+    with one_line_errors():  # a full disk: the line the CLI prints, not an OSError traceback
+        from rich.console import Console
 
-    from mechkit import registry
-    from mechkit.model.placement.request import Dispatch
+        from mechkit import registry
+        from mechkit.model.placement.request import Dispatch
 
-    if console is not None and not isinstance(console, Console):
-        raise MechkitError(f"console must be a rich Console, not {type(console).__name__}",
-                           "pass console=rich.console.Console(stderr=True), or leave it out")
-    console = console or Console(stderr=True)
-    seed = check_seed(seed)
-    check_switches(force=force, write=write)
-    if not write and force and out is None:  # it would be ignored: nothing is written (out=: refused below)
-        raise MechkitError("write=False writes nothing, so force= would be ignored",
-                           "drop force=, or pass write=True to write the report")
-    if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
-        raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
-                           "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
-    cls = registry.get(plugin) if isinstance(plugin, str) else plugin
-    params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
-    check_config(parsed, model)
-    runs_on = check_backend_for(cls, backend, remote, model)
-    check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster
-    setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,
-                     dispatch=Dispatch(device_map, max_memory, offload_folder), runs_on=runs_on)
-    if not write:
-        if out is not None:  # it would be silently ignored: the caller expects files there
-            raise MechkitError(f"out={str(out)!r} with write=False: nothing would be written there",
-                               "drop write=False to write the run to out, or drop out=")
-        refuse_unwritten_files(cls, params)
-        return _run(cls, params, parsed, None, setup, console)
-    with contextlib.ExitStack() as stack:
-        if out is not None:
-            if not isinstance(out, (str, os.PathLike)):
-                raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
-            out_dir = Path(out)
-            check_run_out(out_dir, force, (*model_inputs(model), *input_paths(cls, parsed)), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
-            stack.enter_context(out_lock(out_dir))
-            check_run_out(out_dir, force, plugin=cls.name, writes=cls.writes(params))  # again under the lock: a run that finished there meanwhile wrote a report
-        else:
-            out_dir = stack.enter_context(locked_default_out(cls.name))
-        return _run(cls, params, parsed, out_dir, setup, console)
+        if console is not None and not isinstance(console, Console):
+            raise MechkitError(f"console must be a rich Console, not {type(console).__name__}",
+                               "pass console=rich.console.Console(stderr=True), or leave it out")
+        console = console or Console(stderr=True)
+        seed = check_seed(seed)
+        check_switches(force=force, write=write)
+        if not write and force and out is None:  # it would be ignored: nothing is written (out=: refused below)
+            raise MechkitError("write=False writes nothing, so force= would be ignored",
+                               "drop force=, or pass write=True to write the report")
+        if not (isinstance(plugin, str) or (isinstance(plugin, type) and issubclass(plugin, Plugin))):
+            raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
+                               "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
+        cls = registry.get(plugin) if isinstance(plugin, str) else plugin
+        params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
+        check_config(parsed, model)
+        runs_on = check_backend_for(cls, backend, remote, model)
+        check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster
+        setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,
+                         dispatch=Dispatch(device_map, max_memory, offload_folder), runs_on=runs_on)
+        if not write:
+            if out is not None:  # it would be silently ignored: the caller expects files there
+                raise MechkitError(f"out={str(out)!r} with write=False: nothing would be written there",
+                                   "drop write=False to write the run to out, or drop out=")
+            refuse_unwritten_files(cls, params)
+            return _run(cls, params, parsed, None, setup, console)
+        with contextlib.ExitStack() as stack:
+            if out is not None:
+                if not isinstance(out, (str, os.PathLike)):
+                    raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
+                out_dir = Path(out)
+                check_run_out(out_dir, force, (*model_inputs(model), *input_paths(cls, parsed)), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
+                stack.enter_context(out_lock(out_dir))
+                check_run_out(out_dir, force, plugin=cls.name, writes=cls.writes(params))  # again under the lock: a run that finished there meanwhile wrote a report
+            else:
+                out_dir = stack.enter_context(locked_default_out(cls.name))
+            return _run(cls, params, parsed, out_dir, setup, console)
 
 
 def model_inputs(model: Any) -> tuple[Path | str, ...]:

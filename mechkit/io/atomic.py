@@ -85,10 +85,16 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 def _raise_naming(err: BaseException, path: Path) -> None:
     """Re-raise an environment error of a write to ``path`` as an OSError naming it (a full disk seen by
-    ``write`` names no file; safetensors wraps it in its own exception), for the one-line message."""
+    ``write`` names no file; safetensors wraps it in its own exception), for the one-line message. An error
+    naming mechkit's own temporary copy beside ``path`` (the last rename onto a mount point: EBUSY) names
+    ``path`` instead: the user never typed the temporary name and cannot act on it."""
     from mechkit.io.fs_errors import os_error_of
 
     found = os_error_of(err, path) if isinstance(err, Exception) else None
+    if found is not None and found.filename is not None and found.errno is not None:
+        named = Path(os.fsdecode(found.filename))
+        if named.parent == path.parent and named.name.startswith(f".{path.name}.") and named != path:
+            found = OSError(found.errno, found.strerror or os.strerror(found.errno), os.fspath(path))
     if found is not None and found is not err:
         raise found from err
 

@@ -8,8 +8,10 @@ their temporary files by then: :mod:`mechkit.io.atomic`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError
@@ -48,6 +50,8 @@ def describe(err: OSError) -> MechkitError | None:
     fix = why[1]
     if err.errno == errno.EFBIG:
         fix = _file_size_limit_fix() or fix
+    if err.errno in (errno.EBUSY, errno.EXDEV) and err.filename is not None and _is_file(err.filename):
+        fix = "choose another file name for --out, or unmount it first"  # a file mount point: no "inside" it
     from mechkit.io.disk_cache import cache_root
 
     try:
@@ -61,6 +65,42 @@ def describe(err: OSError) -> MechkitError | None:
     except (OSError, ValueError, TypeError):
         pass
     return MechkitError(f"cannot write {where}: {why[0]}", fix)
+
+
+def _is_file(name: str | bytes | int) -> bool:
+    """``name`` is an existing non-directory (the directory fixes, "MOUNT/run", do not fit it)."""
+    try:
+        return os.path.lexists(name) and not os.path.isdir(name)
+    except (TypeError, ValueError):
+        return False
+
+
+def one_line(err: BaseException) -> MechkitError | None:
+    """:func:`describe` of the environment error underneath ``err`` (an OSError, or safetensors' wrapper of
+    one), chained from it; ``None`` for a bug. The CLI prints it, and the Python API raises it
+    (:func:`mechkit.runner.run_plugin`, :func:`mechkit.io.locked_write.write_locked`), so a full disk is the
+    same line in both instead of a traceback in Python."""
+    if isinstance(err, MechkitError):
+        return None
+    found = os_error_of(err) if isinstance(err, Exception) else None
+    line = describe(found) if found is not None else None
+    if line is not None:
+        if found is not err:
+            found.__cause__ = err
+        line.__cause__ = found
+    return line
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Raise :func:`one_line` of an environment error inside (chained from the OSError); others pass."""
+    try:
+        yield
+    except Exception as err:
+        line = one_line(err)
+        if line is None:
+            raise
+        raise line from line.__cause__
 
 
 def _file_size_limit_fix() -> str | None:

@@ -25,12 +25,14 @@ def write_locked(path: str | os.PathLike[str], data: bytes | str, writer: str) -
     ['page.html']
     """
     from mechkit.io.atomic import write_atomic
+    from mechkit.io.fs_errors import one_line_errors
     from mechkit.io.outlock import out_lock
     from mechkit.io.replace import refuse_foreign_file
 
-    refuse_foreign_file(path, writer)  # never a model's or another run's file
-    if not isinstance(path, str | os.PathLike) or Path(path).is_dir() or not Path(path).parent.is_dir():
-        return write_atomic(path, data)  # refuses a non-path, a directory or a missing folder in one line
-    with out_lock(path):
-        refuse_foreign_file(path, writer)  # again: a run may have installed its set meanwhile
-        return write_atomic(path, data)
+    with one_line_errors():  # a full disk: one line, as the CLI gives, not an OSError traceback
+        refuse_foreign_file(path, writer)  # never a model's or another run's file
+        if not isinstance(path, str | os.PathLike) or Path(path).is_dir() or not Path(path).parent.is_dir():
+            return write_atomic(path, data)  # refuses a non-path, a directory or a missing folder in one line
+        with out_lock(path):
+            refuse_foreign_file(path, writer)  # again: a run may have installed its set meanwhile
+            return write_atomic(path, data)

@@ -74,8 +74,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
         raise MechkitError(f"cannot inspect {path}: {err.strerror or type(err).__name__}",
                            "choose another --out") from err
     refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
-    if kind == "dir":
-        refuse_mount_point(path)
+    refuse_mount_point(path)
     _probe_writable(path)
     from mechkit.io.locks import refuse_in_use
 
@@ -112,15 +111,23 @@ def refuse_unresolvable(path: Path) -> None:
 
 
 def refuse_mount_point(path: Path) -> None:
-    """One line where the directory ``path`` is a mount point (a disk, a tmpfs, a bind mount): a run goes
-    into place by renaming a directory built beside it, which the kernel refuses for a mount point (EBUSY)
-    or across file systems (EXDEV), so it failed only after all the work; and a bind mount is another
-    path to a directory, whose lock (kept beside it) would not be the same lock."""
+    """One line where ``path`` is a mount point (a disk, a tmpfs, a bind mount): a run goes into place by
+    renaming a directory built beside it, which the kernel refuses for a mount point (EBUSY) or across file
+    systems (EXDEV), so it failed only after all the work; and a bind mount is another path to a directory,
+    whose lock (kept beside it) would not be the same lock. A file bind-mounted over the name
+    (``mount --bind data vf.safetensors``) is refused the same way: a task vector is put in place by
+    renaming a new file over it, and that too failed only after the work, naming a temporary path."""
     real = _real(path)
-    if real.is_dir() and (os.path.ismount(real) or str(real) in mount_points()) and real != Path(real.anchor):
+    if real == Path(real.anchor) or not (os.path.ismount(real) or str(real) in mount_points()):
+        return
+    if real.is_dir():
         raise MechkitError(f"--out {path} is a mount point ({real}); a run is put in place by renaming a "
                            "directory, which a mount point cannot be", f"choose a directory inside it, e.g. "
                            f"--out {shlex.quote(str(path / 'run'))}")
+    if os.path.lexists(real):
+        raise MechkitError(f"--out {path} is a file mounted over that name ({real}); mechkit writes a file by "
+                           "renaming a new one over the name, which a mount point cannot be",
+                           "choose another file name for --out, or unmount it first")
 
 
 MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts (Linux)
@@ -149,7 +156,32 @@ def _real(path: str | os.PathLike[str]) -> Path:
 
 
 def _within(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
+    """``path`` is ``root`` or inside it, by name (``realpath``) or by identity: a bind mount
+    (``mount --bind a b``) is a second name for a directory that no symlink resolution reveals, so
+    ``b/x`` inside ``a`` was missed and ``--out`` reached the cache, the working directory or an input
+    under the other name. Identity is ``(st_dev, st_ino)``, which a bind mount shares with its source:
+    ``root``'s identity among those of ``path`` and its existing ancestors (one ``stat`` each)."""
+    if path == root or root in path.parents:
+        return True
+    root_id = _identity(root)
+    return root_id is not None and any(_identity(p) == root_id for p in (path, *path.parents))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the directory ``path``; ``None`` where it is missing, unreadable or a file (a
+    hard link to a file is no second name of a place: replacing one name leaves the other's content)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    import stat
+
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _same(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one place: the same real path, or the same existing directory (a bind mount)."""
+    return a == b or (_identity(a) is not None and _identity(a) == _identity(b))
 
 
 def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
@@ -174,7 +206,7 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
         for name, place in (("the working directory", Path.cwd()), ("your home directory", Path.home())):
             place = _real(place)
             if _within(place, real):
-                what = name if real == place else f"a parent of {name}"
+                what = name if _same(real, place) else f"a parent of {name}"
                 raise MechkitError(f"--out {path} is {what} ({real}); mechkit will not write a run over it",
                                    "choose a new directory for --out, e.g. --out ./run")
     cache = _real(cache_root())
@@ -187,7 +219,7 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
     for item in inputs:
         source = _real(item)
         if _within(source, real):
-            raise MechkitError(f"--out {path} {'is' if source == real else 'holds'} the input {item}, "
+            raise MechkitError(f"--out {path} {'is' if _same(source, real) else 'holds'} the input {item}, "
                                "which the run reads", "choose another --out")
         if kind == "file" and source.is_dir() and _within(real, source) and os.path.lexists(real):
             raise MechkitError(f"--out {path} is a file inside the input {item}, which the run reads (its "
