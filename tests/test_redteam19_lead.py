@@ -192,3 +192,15 @@ def test_normalized_recovery_refuses_a_number_no_float_holds(clean):
 
     with pytest.raises(MechkitError, match="not a number a float holds"):
         normalized_recovery(1.0, clean, 0.0)
+
+
+def test_a_task_vector_saved_past_a_file_size_limit_is_one_line(tmp_path):
+    import torch
+
+    from mechkit.taskarith.vector import TaskVector
+    from tests.conftest import file_size_limit
+
+    vector = TaskVector({"w": torch.randn(64, 64)}, {"base": "tiny:llama"})
+    with file_size_limit(4096), pytest.raises(MechkitError, match="cannot write|file-size limit|too large"):
+        vector.save(tmp_path / "v.safetensors")
+    assert not (tmp_path / "v.safetensors").exists()

@@ -215,9 +215,12 @@ class TaskVector:
         except ValueError:
             raise MechkitError(f"refusing to write {path}: its metadata holds NaN or inf numbers",
                                "record finite numbers in the vector's metadata") from None
+        from mechkit.io.fs_errors import one_line_errors
         from mechkit.io.outlock import out_lock
 
-        with out_lock(path):  # it makes the missing parents, and removes them again if the save fails  # two writers of one file never interleave the vector and its .json
+        # a full disk is one line, as the CLI gives it; out_lock makes the missing parents and removes them again
+        # if the save fails, and two writers of one file never interleave the vector and its .json
+        with one_line_errors(), out_lock(path):
             check_vector_out(path, force, inputs)  # again: another may have finished meanwhile
             side = path.with_name(path.name + ".json")
             side.unlink(missing_ok=True)  # killed before the new .json: it is missing, never the old one's
