@@ -204,3 +204,18 @@ def test_a_task_vector_saved_past_a_file_size_limit_is_one_line(tmp_path):
     with file_size_limit(4096), pytest.raises(MechkitError, match="cannot write|file-size limit|too large"):
         vector.save(tmp_path / "v.safetensors")
     assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_a_marked_run_folder_holding_a_users_file_is_named_for_what_it_is(tmp_path, monkeypatch):
+    from mechkit.io.disk_cache import FOREIGN, RUN_MARKER, clear_cache, list_cache
+
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
+    folder = tmp_path / "runs" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    (folder / RUN_MARKER).write_text('{"mechkit": "run steps"}\n')
+    (folder / "mine.txt").write_text("notes")
+    assert [e.name for e in list_cache(tmp_path)] == [FOREIGN]
+    with pytest.raises(MechkitError, match="hold files no run writes there") as err:
+        clear_cache(["runs/0123456789abcdef"], root=tmp_path)
+    assert "did not mark" not in str(err.value)
+    assert (folder / "mine.txt").read_text() == "notes"

@@ -165,8 +165,9 @@ def mark_run_dir(path: Path) -> None:
 
 
 def unmarked_runs(root: Path | None = None) -> list[Path]:
-    """Folders in ``runs/`` named like a run key but without mechkit's marker: a user's, or made by a mechkit
-    older than the marker. `cache list` names them; `cache clear` leaves them alone."""
+    """Folders in ``runs/`` named like a run key that are no run's steps: without mechkit's marker (a user's, or
+    made by a mechkit older than the marker), or marked but holding files no run writes (a user's beside it).
+    `cache list` names them; `cache clear` leaves them alone."""
     group = cache_dir_to_read(root) / "runs"
     try:
         return sorted(p for p in group.iterdir() if _ENTRY["runs"].match(p.name) and p.is_dir()
@@ -310,9 +311,13 @@ def _refuse_unmarked(root: Path, clean: str, name: str) -> None:
     import shlex
 
     shown = " ".join(shlex.quote(str(p)) for p in named[:3]) + (" …" if len(named) > 3 else "")
+    marked = sum((p / RUN_MARKER).is_file() for p in named[:50])
+    why = ("mechkit did not mark as its own (a user's, or run steps kept by a mechkit older than the marker)"
+           if not marked else "hold files no run writes there (mechkit's marker beside a user's files)"
+           if marked == len(named) else "mechkit did not mark as its own, or that hold files no run writes there")
     raise MechkitError(f"no cache entry named {name!r}: it names {len(named)} folder(s) in {root / 'runs'} that "
-                       "mechkit did not mark as its own (a user's, or run steps kept by a mechkit older than the "
-                       "marker), which `cache clear` never deletes", f"delete them yourself if they are only old run steps: rm -r {shown}"[:400])
+                       f"{why}, which `cache clear` never deletes",
+                       f"delete them yourself if they are only old run steps: rm -r {shown}"[:400])
 
 
 def _refuse_linked_group(group: Path, name: str) -> None:
