@@ -182,7 +182,7 @@ def test_normalized_recovery_refuses_one_number_of_an_odd_kind(clean):
 
     from mechkit.patching import normalized_recovery
 
-    with pytest.raises(MechkitError, match="not a real number"):
+    with pytest.raises(MechkitError, match="tensor, not a number"):
         normalized_recovery(torch.tensor([1.0, 2.0]), clean(torch.tensor([3.0])), 0.0)
 
 

@@ -83,7 +83,7 @@ def _one_number(value: Any, name: str) -> float:
         raise MechkitError(f"normalized_recovery: {name} has shape {list(shape)}, not one number", fix)
     if isinstance(value, torch.Tensor) and _unreal(value) and not (value.dtype == torch.bool or value.is_complex()):
         # .item() raised torch's raw RuntimeError (meta); a bool or complex item is named below
-        raise MechkitError(f"normalized_recovery: {name} is a {_unreal(value)} tensor, not a real number", fix)
+        raise MechkitError(f"normalized_recovery: {name} is a {_unreal(value)} tensor, not a number", fix)
     if shape is not None:
         value = value.item()
     if isinstance(value, bool | str | bytes) or not hasattr(value, "__float__"):
