@@ -82,9 +82,10 @@ def residuals_needed(q: float) -> int:
     return n
 
 
-def require_residuals(count: int, q: float, what: str = "") -> None:
+def require_residuals(count: int, q: float, what: str = "", fix: str = "") -> None:
     """Refuse, before any timing, a calibration whose ``count`` residuals cannot give a finite margin
-    for ``q`` (see :func:`residuals_needed`); ``what`` says where the count comes from.
+    for ``q`` (see :func:`residuals_needed`); ``what`` says where the count comes from, ``fix`` (where the
+    caller knows one that runs) replaces the general one.
 
     >>> require_residuals(120, 0.99)
     >>> require_residuals(80, 0.99, "2 tasks × 4 prompts × 10 plans")
@@ -95,7 +96,7 @@ def require_residuals(count: int, q: float, what: str = "") -> None:
     if count < needed:
         raise MechkitError(f"{what + ' give ' if what else ''}{count} residuals; a conformal margin for {q:g} "
                            f"adherence needs at least {needed}",
-                           "raise --margin-prompts or --margin-plans, lower --adherence, or give --margin "
+                           fix or "raise --margin-prompts or --margin-plans, lower --adherence, or give --margin "
                            "(in Python: margin_prompts=, margin_plans=, adherence= or margin=)")
 
 

@@ -51,15 +51,12 @@ import torch
 
 from mechkit.adapt.cost import CostTable
 from mechkit.adapt.plan import ExecutionPlan, PlanRunner, run_plan
+from mechkit.adapt.scheduler_file import SCHEMA, SELECT, check_scheduler_data
 from mechkit.errors import MechkitError, single_use
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
-SELECT = ("logprob", "accuracy")
-"""What ranks plans within a budget: the calibration prompts' mean answer log-prob (smooth, the
-default: a few calibration prompts make exact-match accuracy a coarse, noisy step) or accuracy;
-the other breaks ties."""
 
 
 @dataclass
@@ -282,7 +279,7 @@ class Scheduler:
         return [c.plan for c in self.candidates]
 
     def as_dict(self) -> dict:
-        return {"schema": "mechkit.adapt.scheduler/v1", "tasks": self.tasks, "margin": self.margin,
+        return {"schema": SCHEMA, "tasks": self.tasks, "margin": self.margin,
                 "adherence": self.adherence,
                 "min_cv": self.min_cv, "min_confidence": self.min_confidence, "select": self.select,
                 "cost": self.cost.as_dict(),
@@ -328,6 +325,11 @@ class Scheduler:
             path = path / "scheduler.json"
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise MechkitError(f"cannot read a scheduler from {path} ({type(err).__name__}: {err})",
+                               "pass the scheduler.json of a `mechkit adapt` run (or its directory)") from None
+        check_scheduler_data(data, str(path))  # every field's type and range: a wrong one runs silently wrong
+        try:
             sched = cls.from_dict(data)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise MechkitError(f"cannot read a scheduler from {path} ({type(err).__name__}: {err})",

@@ -454,6 +454,7 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
     The family table is tried first by ``model_type``; an unknown type falls back to the first
     family whose paths resolve, so a new Llama-like architecture works without a code change.
     """
+    refuse_peft(model)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     candidates = [(model_type, FAMILIES[model_type])] if model_type in FAMILIES else []
@@ -472,12 +473,62 @@ def discover_anatomy(model: nn.Module) -> Anatomy:
             f"{cls} is a peft wrapper around the model, not the model",
             "pass model.merge_and_unload() (the adapters merged in) or model.get_base_model() (the LoRA layers "
             "kept in place)")
+    head = getattr(model, "get_output_embeddings", None)
+    if callable(head) and head() is None and not cls.endswith("ForCausalLM"):  # LlamaModel: the body alone
+        raise UnsupportedArchitectureError(
+            f"{cls} is a model body without its language-model head (no lm_head): mechkit reads a causal LM's logits",
+            f"load the causal-LM class that wraps it, transformers.AutoModelForCausalLM.from_pretrained(...) "
+            f"({_causal_lm_class(model_type)}), and pass that, not the body taken from it")
     raise UnsupportedArchitectureError(
         f"unsupported architecture {cls} (model_type={model_type!r}): missing module(s) "
         f"{', '.join(first_missing or [])}",
         "add a Family row for it in mechkit/model/anatomy.py (module paths of layers, attention, "
         "attention output, MLP and MLP output)",
     )
+
+
+def _causal_lm_class(model_type: str | None) -> str:
+    """The transformers class that puts a language-model head on a ``model_type``'s body (``GPT2LMHeadModel``)."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return "its *ForCausalLM class"
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type or "")
+    return name if isinstance(name, str) else "its *ForCausalLM class"
+
+
+def refuse_peft(model: nn.Module) -> None:
+    """Refuse a peft wrapper up front, with the fix for its kind. A prompt-learning ``PeftModel`` (prompt
+    tuning, prefix tuning, p-tuning) resolved ``model.layers`` through its ``__getattr__``, so it loaded and
+    every analysis ran on logits shifted by its virtual tokens (``detect`` raised a raw ValueError); a tuner
+    (``LoraModel``: ``PeftModel.base_model``) has no ``get_base_model`` and was told to add a Family row.
+    Only where peft is imported: a model cannot be peft's without it."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    if peft is None:
+        return
+    cls = type(model).__name__
+    peft_model = getattr(peft, "PeftModel", None)
+    if isinstance(peft_model, type) and isinstance(model, peft_model):
+        config = getattr(model, "active_peft_config", None)
+        if getattr(config, "is_prompt_learning", False):
+            n = getattr(config, "num_virtual_tokens", None)
+            raise UnsupportedArchitectureError(
+                f"{cls} is a peft prompt-learning wrapper ({getattr(config, 'peft_type', 'prompt learning')}): its "
+                f"forward prepends {n or 'its'} virtual tokens, so every position and logit would be shifted",
+                "pass model.get_base_model(): it analyses the base model without the virtual tokens, which are not "
+                "part of it (mechkit cannot analyse them)")
+        raise UnsupportedArchitectureError(
+            f"{cls} is a peft wrapper around the model, not the model",
+            "pass model.merge_and_unload() (the adapters merged in) or model.get_base_model() (the adapter layers "
+            "kept in place)")
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    base_tuner = getattr(tuners, "BaseTuner", None)
+    if isinstance(base_tuner, type) and isinstance(model, base_tuner):
+        raise UnsupportedArchitectureError(
+            f"{cls} is a peft tuner around the model (a PeftModel's .base_model), not the model",
+            "pass model.merge_and_unload() (the adapters merged in) or model.model (the adapter layers kept in place)")
 
 
 def _under(fam: Family, prefix: str) -> Family:

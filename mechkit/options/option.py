@@ -121,7 +121,7 @@ def plain_number(value: Any) -> Any:
     >>> plain_number(np.int64(3)), plain_number(np.float32(0.5)), plain_number("7")
     (3, 0.5, '7')
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if is_bool(value):
         raise ValueError(value)
     if isinstance(value, numbers.Integral):
         return int(value)
@@ -140,9 +140,28 @@ def number_text(value: Any) -> str:
 
 
 def _holds_number(value: Any) -> bool:
-    """A number, or a list, tuple or 1-D array holding one (booleans aside)."""
+    """A number, or a list, tuple or array holding one (booleans of any kind aside); a 0-d array is its item."""
+    value = scalar(value)
     items = list(value) if isinstance(value, list | tuple) or type(value).__name__ == "ndarray" else [value]
-    return any(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in items)
+    return any(isinstance(x, numbers.Real) and not is_bool(x) for x in items)
+
+
+def scalar(value: Any) -> Any:
+    """A 0-d NumPy array as the NumPy scalar it holds (``np.array(3)`` -> ``np.int64(3)``), else ``value`` as given:
+    ``heads=np.array(3)`` raised "iteration over a 0-d array", and ``np.array(True)`` for a bool option was refused.
+
+    >>> import numpy as np
+    >>> scalar(np.array(3)), scalar(np.array("x")), scalar([1])
+    (np.int64(3), np.str_('x'), [1])
+    """
+    if type(value).__name__ == "ndarray" and getattr(value, "ndim", None) == 0:
+        return value[()]
+    return value
+
+
+def is_bool(value: Any) -> bool:
+    """Python's or NumPy's boolean (``np.bool_`` is not a ``bool``, nor an ``int``)."""
+    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool") and hasattr(value, "dtype")
 
 
 MAX_COUNT = 1_000_000
@@ -271,6 +290,7 @@ class Option:
 
     def _typed(self, value: Any) -> Any:
         kind = self.type
+        value = scalar(value)  # np.array(3) as np.int64(3), np.array(True) as np.True_: what each option reads
         if kind in (int, float):
             try:
                 return to_number(value, kind)
@@ -278,22 +298,22 @@ class Option:
                 raise OptionError(f"{self.flag} {show(value)} is not {TYPE_WORDS[kind]}",
                                   f"pass {TYPE_WORDS[kind]}, e.g. {self.flag} {self._example()}") from None
         if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, int) and value in (0, 1):
-                return bool(value)
+            if is_bool(value):
+                return bool(value)  # np.True_ as True
+            if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+                return bool(value)  # 1 and np.int64(1) alike
             if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:
                 return BOOL_WORDS[value.strip().lower()]
             raise OptionError(f"{self.flag} {show(value)} is not true or false", f"pass {self.flag} true or false")
         if kind is str:
             if isinstance(value, str):
-                return value
+                return str(value)  # np.str_('x') as 'x'
             if not getattr(self.parse, "numbers_as_text", True) and _holds_number(value):
                 raise OptionError(f"{self.flag} {show(value)}: a number cannot name a head (2.10 and 2.1 are the "
                                   "same float)", f"pass {self.flag} as text ('2.10') or as mk.Head(2, 10)")
             if isinstance(value, os.PathLike):
                 return os.fspath(value)
-            if isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_":
+            if isinstance(value, numbers.Real) and not is_bool(value):
                 return number_text(value)  # np.float32(0.2) -> '0.2', as 0.2 is
             from mechkit.model.headspec import (
                 Head,  # mk.run(..., heads=[mk.Head(0, 1)]), as mk.ablate takes them
@@ -304,7 +324,7 @@ class Option:
             if type(value).__name__ == "ndarray" and getattr(value, "ndim", None) == 1:
                 value = list(value)  # np.array([5, 10]) as [5, 10], each item with NumPy's own shortest text
             if isinstance(value, list | tuple) and all(isinstance(x, str | numbers.Real | os.PathLike | Head) and
-                                                       not isinstance(x, bool) and type(x).__name__ != "bool_"
+                                                       not is_bool(x)
                                                        for x in value):
                 return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else
                                 str(x) if isinstance(x, str | Head) else number_text(x) for x in value)

@@ -53,3 +53,29 @@ def has_kv_groups(config: dict) -> bool | None:
     if kv is None and config.get("model_type") in ("gpt2", "gpt_neox", "gptj", "opt"):
         return False  # multi-head attention: one KV head per query head
     return None
+
+
+def pruned_kinds(config: dict) -> set[str] | None:
+    """How a saved pruned model's config says it was pruned (its ``mechkit_pruning`` entry, as
+    ``mechkit.runner.pruned_kinds`` reads the loaded model): "neurons", "heads", "layers", and "uneven-heads" where
+    the entry's layers kept different numbers of heads (the loaded anatomy tells the rest); an empty set for a dense config, ``None`` for an entry it cannot
+    read (the loader says what is wrong with it). A plugin that refuses a pruned model can then say so before the
+    load instead of after it.
+
+    >>> pruned_kinds({"mechkit_pruning": {"n_layers": 2, "mlp_keep": {"0": [1, 2]}, "head_keep": {}}})
+    {'neurons'}
+    >>> pruned_kinds({"model_type": "llama"})
+    set()
+    """
+    entry = config.get("mechkit_pruning")
+    if entry is None:
+        return set()
+    if not isinstance(entry, dict):
+        return None
+    mlp, heads, removed = entry.get("mlp_keep", {}), entry.get("head_keep", {}), entry.get("layers_removed", [])
+    if not isinstance(mlp, dict) or not isinstance(heads, dict) or not isinstance(removed, list):
+        return None
+    kinds = {kind for kind, units in (("neurons", mlp), ("heads", heads), ("layers", removed)) if units}
+    if len({len(v) for v in heads.values() if isinstance(v, list)}) > 1:  # else only the loaded anatomy tells
+        kinds.add("uneven-heads")
+    return kinds
