@@ -308,6 +308,7 @@ def run_plugin(
         cls = registry.get(plugin) if isinstance(plugin, str) else plugin
         params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
         check_config(parsed, model)
+        check_pruned_before_load(cls, model)
         runs_on = check_backend_for(cls, backend, remote, model)
         check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster
         setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,
@@ -482,7 +483,24 @@ def pruned_kinds(handle) -> set[str]:
 
 def check_pruned(cls: type[Plugin], handle) -> None:
     """Refuse (one line) a pruned model the plugin does not declare it handles (:attr:`Plugin.pruned`)."""
-    missing = sorted(pruned_kinds(handle) - set(cls.pruned))
+    check_pruned_kinds(cls, pruned_kinds(handle))
+
+
+def check_pruned_before_load(cls: type[Plugin], spec: Any) -> None:
+    """:func:`check_pruned` from the config alone, where the spec gives it cheaply (a local directory): a saved
+    pruned model's ``mechkit_pruning`` entry says how it was pruned, and ``adapt`` refused one after the load."""
+    from mechkit.model.sources.peek import pruned_kinds as config_kinds
+    from mechkit.model.sources.peek import spec_config
+
+    config = spec_config(spec)
+    kinds = config_kinds(config) if config is not None else None
+    if kinds:
+        check_pruned_kinds(cls, kinds)
+
+
+def check_pruned_kinds(cls: type[Plugin], kinds: set[str]) -> None:
+    """Refuse (one line) pruned ``kinds`` the plugin does not declare it handles (:attr:`Plugin.pruned`)."""
+    missing = sorted(kinds - set(cls.pruned))
     if not missing:
         return
     why, fix = next((cls.pruned_why[k] for k in missing if k in cls.pruned_why),

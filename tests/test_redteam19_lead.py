@@ -219,3 +219,23 @@ def test_a_marked_run_folder_holding_a_users_file_is_named_for_what_it_is(tmp_pa
         clear_cache(["runs/0123456789abcdef"], root=tmp_path)
     assert "did not mark" not in str(err.value)
     assert (folder / "mine.txt").read_text() == "notes"
+
+
+def test_a_plugin_that_refuses_a_pruned_model_says_so_before_the_load(tmp_path, monkeypatch):
+    """adapt on a neurons-pruned model: refused from its config's mechkit_pruning entry, before any load."""
+    import mechkit as mk
+    from mechkit.model import loading
+    from mechkit.model.sources.tiny import tiny_config
+
+    model_dir = tmp_path / "pruned"
+    model_dir.mkdir()
+    config = tiny_config("llama").to_dict()
+    config["mechkit_pruning"] = {"n_layers": config["num_hidden_layers"], "mlp_keep": {"0": [0, 1, 2]}, "head_keep": {}}
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    with pytest.raises(MechkitError, match="adapt cannot run on a model with pruned"):
+        mk.run("adapt", model=str(model_dir), write=False)

@@ -262,5 +262,5 @@ def test_the_conformal_refusal_names_the_python_settings(llama):
     from mechkit.adapt import calibrate
 
     with pytest.raises(MechkitError, match="margin_prompts="):
-        calibrate(llama, ["capitalize"])
+        calibrate(llama, ["capitalize"], margin_prompts=2)  # the default (None) grows the prompts instead
 

@@ -60,7 +60,8 @@ def check_shuffle_heads(total: int, named: int, spec: str) -> None:
                             "(a pruned model: the dense one)")
     if named < 2:
         raise HeadSpecError(f"--heads {spec} names {named} head: a shuffle permutes weights among heads, so one "
-                            "head would be left as it is", "name at least 2 heads (or --top-k 2+)")
+                            "head would be left as it is", "name at least 2 heads (--heads 0.1,0.2), or rank "
+                            "them with --top-k 2 or more (--heads induction --top-k 2)")
 
 
 def ablation_units(handle: ModelHandle, shared: tuple, units: list) -> Iterator[dict]:
