@@ -182,7 +182,8 @@ def check_config(parsed: dict, spec: Any) -> None:
     from mechkit.model.sources.peek import has_kv_groups, spec_config
     from mechkit.options.unread import gqa_before_load
 
-    config = spec_config(spec)
+    with quiet():  # as in check_pruned_before_load
+        config = spec_config(spec)
     if config is not None:
         gqa_before_load(parsed, spec, has_kv_groups(config))
 
@@ -492,7 +493,8 @@ def check_pruned_before_load(cls: type[Plugin], spec: Any) -> None:
     from mechkit.model.sources.peek import pruned_kinds as config_kinds
     from mechkit.model.sources.peek import spec_config
 
-    config = spec_config(spec)
+    with quiet():  # its first import of the loader pulls in tqdm.auto, which warns in a notebook without ipywidgets
+        config = spec_config(spec)
     kinds = config_kinds(config) if config is not None else None
     if kinds:
         check_pruned_kinds(cls, kinds)
