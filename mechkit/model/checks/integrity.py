@@ -204,9 +204,19 @@ def load_report_muted() -> Iterator[None]:
 
 
 def refuse_non_finite_weights(model: Any, label: Any) -> None:
-    """Refuse a model holding NaN or inf in a parameter held in memory (offloaded ones are not read back;
-    buffers are left alone: some models keep -inf masks there on purpose)."""
+    """Refuse a model holding NaN or inf in a parameter held in memory (offloaded ones are not read back), or
+    NaN in a floating buffer (``rotary_emb.inv_freq``): every forward's logits would be NaN, and a run then
+    failed at its end as "the plugin left the model changed" (NaN equals nothing). Infinities in buffers are
+    left alone: some models keep -inf masks there on purpose."""
     import torch
+
+    for name, t in model.named_buffers():
+        if t is None or t.device.type == "meta" or not (t.is_floating_point() or t.is_complex()):
+            continue
+        if bool(torch.isnan(t).any()):
+            raise ModelLoadError(f"the model {label} has NaN values in its buffer {name}",
+                                 "the model object is damaged (an edit or a bad conversion wrote NaN there): "
+                                 "rebuild or reload it from its original weights, or put the buffer's values back")
 
     for name, t in model.named_parameters():
         if t.device.type == "meta" or not (t.is_floating_point() or t.is_complex()):
