@@ -67,8 +67,8 @@ def test_a_scratch_folder_marks_the_run_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
     resume = tmp_path / "runs" / "aaaaaaaaaaaaaaaa"
     scratch = RunContext(model=None, params={}, seed=0, resume_dir=resume, console=Console(file=io.StringIO())).scratch("finetune")
-    (scratch / "step-1").mkdir(parents=True)
-    (scratch / "step-1" / "state.json").write_text("{}")
+    (scratch / "unit-1").mkdir(parents=True)
+    (scratch / "unit-1" / "checkpoint.safetensors").write_bytes(b"")  # a unit's checkpoint (select-tasks)
     assert is_entry("runs", resume)
     clear_cache(["runs"], root=tmp_path)
     assert not resume.exists()

@@ -140,7 +140,7 @@ def test_cache_list_and_clear(cold, tmp_path):
     name = f"gguf/{entry.name}"
     shutil.copytree(entry, cache / name, copy_function=os.link)  # hard links: the module's entry stays
     mark_run_dir(cache / "runs" / "0123abcd")  # as a run makes it
-    (cache / "runs" / "0123abcd" / "step.json").write_text("{}")
+    (cache / "runs" / "0123abcd" / "fedcba9876543210.json").write_text("{}")
     (cache / "toy" / "induction-abc").mkdir(parents=True)
     (cache / "toy" / "induction-abc" / "mechkit-toy.json").write_text(json.dumps({"seed": 3, "steps": 50}))
     (cache / "notes.txt").write_text("not mechkit's")

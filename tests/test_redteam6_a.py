@@ -119,7 +119,7 @@ def _project_as_cache(root: Path) -> dict[str, Path]:
         path.parent.mkdir(parents=True)
         path.write_text("the user's")
     mark_run_dir(root / "runs" / "0123456789abcdef")  # as a run makes it
-    (root / "runs" / "0123456789abcdef" / "step.json").write_text("{}")
+    (root / "runs" / "0123456789abcdef" / "fedcba9876543210.json")  # a step file.write_text("{}")
     (root / "toy" / "induction-0123456789ab").mkdir()
     (root / "gguf" / "model-0123456789abcdef").mkdir()
     (root / "gguf" / "model-0123456789abcdef" / "mechkit-cache.json").write_text("[" * 100000 + "]" * 100000)
@@ -410,12 +410,12 @@ def test_an_out_above_the_cache_is_not_said_to_be_inside_it(tmp_path, monkeypatc
 def test_a_killed_step_writes_temporary_in_the_cache_is_listed_and_cleared(tmp_path, monkeypatch, capsys):
     steps = tmp_path / "runs" / "0123456789abcdef"
     mark_run_dir(steps)  # as a run makes it
-    (steps / "aaaa.json").write_text("{}")
-    half = steps / f".aaaa.json.tmp-{_dead_pid()}-0123abcd"
+    (steps / "aaaaaaaaaaaaaaaa.json").write_text("{}")
+    half = steps / f".aaaaaaaaaaaaaaaa.json.tmp-{_dead_pid()}-0123abcd"
     half.write_text("half")
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
     code, _ = _cli(capsys, "cache", "clear", "leftovers")
-    assert code == 0 and not half.exists() and (steps / "aaaa.json").exists()
+    assert code == 0 and not half.exists() and (steps / "aaaaaaaaaaaaaaaa.json").exists()
 
 
 def test_a_toy_model_trained_into_an_unwritable_cache_is_still_used(tmp_path, monkeypatch, capsys):

@@ -174,7 +174,7 @@ def pattern_hooks(handle: ModelHandle, fns: dict[int, list[PatternFn]],
     require_handle(handle, "mk.pattern_hooks")
     n_layers = handle.anatomy.n_layers
     fns = {layer: [same_shape(fn, f"layer {layer}'s attention pattern") for fn in layer_fns]
-           for layer, layer_fns in check_layer_fns(fns, n_layers, "mk.pattern_hooks").items()}
+           for layer, layer_fns in check_layer_fns(fns, n_layers, "mk.pattern_hooks", ("pattern",)).items()}
     if qkv is not None:
         qkv = _checked_qkv(qkv, n_layers)
     if handle.backend.traced:
@@ -249,7 +249,8 @@ def _checked_qkv(qkv: Any, n_layers: int) -> dict[int, dict[str, list[PatternFn]
         if not isinstance(roles, Mapping) or not set(roles) <= {"q", "k", "v"}:
             raise MechkitError(f"pattern_hooks' qkv: layer {layer} maps to {roles!r}"[:200],
                                "map each layer to {\"q\"|\"k\"|\"v\": [fn]}")
-        checked = check_hook_fns({role: fns for role, fns in roles.items()}, f"pattern_hooks' qkv, layer {layer}")
+        checked = check_hook_fns({role: fns for role, fns in roles.items()}, f"pattern_hooks' qkv, layer {layer}",
+                                 ("tensor",))
         out[layer] = {role: [same_shape(fn, f"layer {layer}'s {role}") for fn in fns] for role, fns in checked.items()}
     return out
 

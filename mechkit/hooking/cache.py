@@ -74,24 +74,29 @@ def _points(handle: ModelHandle, pattern: str) -> list:
         return []
 
 
-MARK_SIZE = 256  # logits kept per recorded row: evenly spaced over the vocabulary, at the last position
+MARK_TOKENS, MARK_POSITIONS = 128, 64  # logits kept per recorded row: evenly spaced token ids at evenly spaced positions
 
 
 def logit_mark(output: Any) -> torch.Tensor | None:
-    """A forward's logits in brief: each row's last-position logits at :data:`MARK_SIZE` evenly spaced token
-    ids (float64), then its precision's tolerance (:func:`_same_mark`). Enough to tell that a forward recorded
-    again is the recorded one, a few KB per forward kept (``None``: no logits)."""
+    """A forward's logits in brief: each row's logits at :data:`MARK_TOKENS` evenly spaced token ids, at every
+    position (evenly spaced :data:`MARK_POSITIONS` of a longer row, the first and last among them), as float32,
+    then its precision's tolerance (:func:`_same_mark`). Enough to tell that a forward recorded again is the
+    recorded one, at most 32 KB per row kept (``None``: no logits). Every position, not the last alone: an
+    intervention at an earlier position of the last block moves only that position's logits."""
     logits = getattr(output, "logits", output)
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.is_meta or not logits.is_floating_point():
         return None
-    last = logits[:, -1].detach()
-    picked = last[:, torch.linspace(0, last.shape[-1] - 1, min(MARK_SIZE, last.shape[-1])).long().to(last.device)]
+    rows, length, vocab = logits.shape
+    where = logits.device
+    positions = torch.linspace(0, length - 1, min(MARK_POSITIONS, length), device=where).round().long()
+    tokens = torch.linspace(0, vocab - 1, min(MARK_TOKENS, vocab), device=where).round().long()
+    picked = logits.detach()[:, positions][:, :, tokens].reshape(rows, -1)
     tol = 1e-4 if torch.finfo(logits.dtype).bits >= 32 else 5e-3
-    return torch.cat([picked.double().cpu(), torch.full((last.shape[0], 1), tol, dtype=torch.float64)], dim=1)
+    return torch.cat([picked.float().cpu(), torch.full((rows, 1), tol)], dim=1)
 
 
 def _same_mark(a: torch.Tensor, b: torch.Tensor | None) -> bool:
-    """Whether two marks are one forward's: within 0.01% of the largest logit kept in float32, 0.5% in half
+    """Whether two marks are one forward's: within 0.01% of the row's largest logit kept in float32, 0.5% in half
     precision (the forward again runs the same kernels, so a difference is the device's rounding order). An
     intervention that moves every logit kept by less than that is not told apart (safety.md says so)."""
     if b is None or a.shape != b.shape:

@@ -25,8 +25,15 @@ def _callables(value: Any, where: str, example: str, args: tuple[str, ...] = ())
     if odd is not None:  # else a TypeError from inside the forward, at the first hook point
         shown, name = ", ".join(args), getattr(odd, "__name__", type(odd).__name__)
         if _signature(odd) is None:
-            raise MechkitError(f"{where} maps to {name}, a built-in whose arguments cannot be read, so it cannot be "
-                               f"checked to take ({shown})", f"wrap it: def fn({shown}): return {name}({args[0]})")
+            import sys
+
+            module = getattr(odd, "__module__", None)
+            # torch.relu is reachable as torch.relu; a partial or an instance is the user's object, named by them
+            reachable = isinstance(module, str) and getattr(sys.modules.get(module), str(name), None) is odd
+            call = f"{'' if module == 'builtins' else module + '.'}{name}({args[0]})" if reachable \
+                else f"your_callable({args[0]})"
+            raise MechkitError(f"{where} maps to {name}, whose arguments cannot be read, so it cannot be checked "
+                               f"to take ({shown})", f"wrap it in a function: def fn({shown}): return {call}")
         raise MechkitError(f"{where} maps to {name}, which cannot be called as fn({shown})",
                            f"define it as def fn({shown}): ... (return None to only read)")
     return list(fns)
@@ -37,7 +44,7 @@ def _signature(fn: Callable) -> Any:
 
     try:
         return inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C function
+    except Exception:  # a builtin or C function (TypeError, ValueError); a __signature__ that raises
         return None
 
 
@@ -70,8 +77,10 @@ def check_hook_fns(fns: Any, who: str, args: tuple[str, ...] = ()) -> dict[str, 
     return out
 
 
-def check_layer_fns(fns: Any, n_layers: int, who: str) -> dict[int, list[Callable]]:
-    """``{layer: [fn, ...]}`` from ``{layer: fn or [fn, ...]}``, every layer one of the model's."""
+def check_layer_fns(fns: Any, n_layers: int, who: str, args: tuple[str, ...] = ()) -> dict[int, list[Callable]]:
+    """``{layer: [fn, ...]}`` from ``{layer: fn or [fn, ...]}``, every layer one of the model's; with ``args``
+    (``("pattern",)``) also a function that cannot be called with that many arguments (a TypeError at the
+    first forward otherwise)."""
     example = "e.g. {0: [fn]}"
     if not isinstance(fns, Mapping):
         raise MechkitError(f"{who} takes a dict of layers to functions, not {type(fns).__name__}", f"pass {example}")
@@ -80,7 +89,7 @@ def check_layer_fns(fns: Any, n_layers: int, who: str) -> dict[int, list[Callabl
         if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not 0 <= layer < n_layers:
             raise MechkitError(f"{who}: layer {layer!r} is not one of the model's layers (0–{n_layers - 1})",
                                f"key the functions by layer index, {example}")
-        out[int(layer)] = _callables(value, f"{who}: layer {layer}", example)  # a NumPy integer as the layer it names
+        out[int(layer)] = _callables(value, f"{who}: layer {layer}", example, args)  # a NumPy integer as the layer it names
     return out
 
 

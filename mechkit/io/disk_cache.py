@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mechkit.errors import MechkitError
-from mechkit.io.leftovers import dir_size, size_of
+from mechkit.io.leftovers import dir_size, is_mechkit_temp, size_of
 
 GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
@@ -176,30 +176,38 @@ def unmarked_runs(root: Path | None = None) -> list[Path]:
         return []
 
 
+STEP_FILE = re.compile(r"^[0-9a-f]{16}\.json$")  # a step's file: the first 16 hex digits of its key's sha256
+CHECKPOINT_FILE = "checkpoint.safetensors"  # what a scratch folder holds (mechkit.taskarith.finetune.CHECKPOINT)
+
+
 def _holds_only_steps(path: Path) -> bool:
-    """Whether a run-key-named folder holds only what a run keeps there: its step files (``KEY.json``), its
-    scratch folders (checkpoints) and hidden leftovers. A user's ``runs/`` with an experiment named by a hash
-    (an MLflow run id) was cleared by `cache clear runs`, its ``metrics.csv`` with it; and one holding only
-    folders (``data/notes.csv``) was taken for scratch folders and cleared too. A scratch folder holds only
-    checkpoints (``.safetensors``), their ``.json`` and folders of the same, at most a few levels deep."""
+    """Whether a run-key-named folder holds only what a run keeps there: its marker, its step files
+    (``<16 hex>.json``), its scratch folders (checkpoints) and mechkit's own temporary files. A user's
+    ``runs/`` with an experiment named by a hash (an MLflow run id) was cleared by `cache clear runs`, its
+    ``metrics.csv`` with it; and a marked folder where a user had put ``results.json``, a ``.git`` or a model
+    folder (``config.json``, ``model.safetensors``) was cleared too, since any ``.json``, any hidden name and
+    any folder of ``.json``/``.safetensors`` files passed."""
     try:
-        names = [p for p in path.iterdir() if not p.name.startswith(".")]
+        entries = list(path.iterdir())
     except OSError:
         return False
-    return all(not p.is_symlink() and ((p.is_dir() and _holds_only_checkpoints(p)) or (p.name.endswith(".json")
-                                                                                     and p.is_file())) for p in names)
+    return all(not p.is_symlink() and (
+        is_mechkit_temp(p.name) or (p.is_file() and (p.name == RUN_MARKER or STEP_FILE.match(p.name) is not None))
+        or (p.is_dir() and not p.name.startswith(".") and _holds_only_checkpoints(p))) for p in entries)
 
 
 def _holds_only_checkpoints(path: Path, depth: int = 4) -> bool:
-    """Whether a step folder's scratch folder holds only what runs keep there (see :func:`_holds_only_steps`)."""
+    """Whether a step folder's scratch folder holds only what runs keep there: ``checkpoint.safetensors``,
+    mechkit's temporary files and folders of the same (one per unit of a run), a few levels deep."""
     if depth == 0:
         return False
     try:
-        names = [p for p in path.iterdir() if not p.name.startswith(".")]
+        entries = list(path.iterdir())
     except OSError:
         return False
-    return all(not p.is_symlink() and ((p.is_dir() and _holds_only_checkpoints(p, depth - 1)) or (
-        p.is_file() and p.name.endswith((".json", ".safetensors")))) for p in names)
+    return all(not p.is_symlink() and (
+        is_mechkit_temp(p.name) or (p.is_file() and p.name == CHECKPOINT_FILE)
+        or (p.is_dir() and not p.name.startswith(".") and _holds_only_checkpoints(p, depth - 1))) for p in entries)
 
 
 def _children(group: Path) -> list[Path]:

@@ -86,6 +86,16 @@ def lock_holder(folder: Path, name: str) -> tuple[bool, int | None]:
     return True, int(text) if text.isdigit() else None
 
 
+def is_mechkit_temp(name: str) -> bool:
+    """Whether ``name`` is one of the names mechkit gives its temporary files, lock files and journals (live or
+    left by a killed writer): a hidden name that matches none of them is a user's (``.git``, ``.notes``).
+
+    >>> is_mechkit_temp(".report.json.tmp-123-0a1b2c3d"), is_mechkit_temp(".git")
+    (True, False)
+    """
+    return any(p.match(name) for p in (_TMP, _OLD_TMP_FILE, _OLD, _LOCK, _JOURNAL))
+
+
 def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False) -> list[Path]:
     """Leftovers of killed writers in ``folder`` (only those of target ``name`` when given). ``locked``: the
     caller holds ``name``'s lock, so no other writer of it runs and its lock file is its own."""

@@ -75,6 +75,8 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
                            "choose another --out") from err
     refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
     refuse_mount_point(path)
+    if kind == "dir" and force:
+        refuse_mounted_inside(path)
     _probe_writable(path)
     from mechkit.io.locks import refuse_in_use
 
@@ -121,13 +123,35 @@ def refuse_mount_point(path: Path) -> None:
     if real == Path(real.anchor) or not (os.path.ismount(real) or str(real) in mount_points()):
         return
     if real.is_dir():
+        inside = path / "run"
+        try:
+            refuse_protected(inside)  # a mount of a folder in the cache or an input: inside it is no place either
+            fix = f"choose a directory inside it, e.g. --out {shlex.quote(str(inside))}"
+        except MechkitError:
+            fix = "choose another --out, outside this mount"
         raise MechkitError(f"--out {path} is a mount point ({real}); a run is put in place by renaming a "
-                           "directory, which a mount point cannot be", f"choose a directory inside it, e.g. "
-                           f"--out {shlex.quote(str(path / 'run'))}")
+                           "directory, which a mount point cannot be", fix)
     if os.path.lexists(real):
         raise MechkitError(f"--out {path} is a file mounted over that name ({real}); mechkit writes a file by "
                            "renaming a new one over the name, which a mount point cannot be",
                            "choose another file name for --out, or unmount it first")
+
+
+def refuse_mounted_inside(path: Path) -> None:
+    """One line where a file or folder ``--force`` would replace inside the directory ``path`` (the last run's
+    files, its report) is a mount point: the new set goes in by renames, which the kernel refuses there, so
+    the run failed only after all its work, telling the user to choose "another file name for --out"."""
+    from mechkit.io.replace import MANIFEST, owned_names
+
+    points = mount_points()
+    if not points or not path.is_dir():
+        return
+    for name in dict.fromkeys([*owned_names(path), "report.json", "report.html", MANIFEST]):
+        target = _real(path / name)
+        if str(target) in points:
+            raise MechkitError(f"--out {path} holds {name}, which --force would replace, and it is a mount point "
+                               f"({target}), which a rename cannot replace", f"unmount {shlex.quote(str(target))} "
+                               "first, or choose another --out")
 
 
 MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts (Linux)
@@ -139,16 +163,42 @@ def mount_points() -> frozenset[str]:
     a directory of the same file system (``mount --bind a b``, a container's volume): such an ``--out``
     passed every check, took a lock of its own beside ``b`` while another run wrote ``a``, and failed at
     its last rename with a raw ``OSError`` (EXDEV). Empty where the file is absent (not Linux)."""
+    return frozenset(point for _, _, point in _mounts())
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """``(device, root, mount point)`` of each mount in ``/proc/self/mountinfo``, in its order (a later mount
+    at one point hides an earlier one): ``root`` is the directory of the device's file system that the mount
+    shows (``/`` for a whole file system, the source directory of a bind mount)."""
     import re
 
     try:
         with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
             lines = f.read().splitlines()
     except OSError:
-        return frozenset()
+        return []
     octal = re.compile(r"\\([0-7]{3})")  # a space in a path is written \040
-    return frozenset(octal.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-                     for fields in (line.split(" ") for line in lines) if len(fields) > 4)
+
+    def plain(text: str) -> str:
+        return octal.sub(lambda m: chr(int(m.group(1), 8)), text)
+
+    return [(fields[2], plain(fields[3]), plain(fields[4])) for fields in (line.split(" ") for line in lines)
+            if len(fields) > 4]
+
+
+def mount_place(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, Path] | None:
+    """Where ``path`` (a real path) is on its device: ``(device, path within the device's file system)``,
+    through the deepest mount that holds it. Two names of one place (a bind mount of a directory, of its
+    parent or of a folder inside it) give one place; ``None`` where no mount is known (not Linux)."""
+    best = None
+    for device, root, point in mounts:
+        at = Path(point)
+        if (path == at or at in path.parents) and (best is None or len(at.parts) >= len(best[2].parts)):
+            best = (device, root, at)
+    if best is None:
+        return None
+    device, root, at = best
+    return device, Path(os.path.normpath(Path(root) / path.relative_to(at)))
 
 
 def _real(path: str | os.PathLike[str]) -> Path:
@@ -160,11 +210,18 @@ def _within(path: Path, root: Path) -> bool:
     (``mount --bind a b``) is a second name for a directory that no symlink resolution reveals, so
     ``b/x`` inside ``a`` was missed and ``--out`` reached the cache, the working directory or an input
     under the other name. Identity is ``(st_dev, st_ino)``, which a bind mount shares with its source:
-    ``root``'s identity among those of ``path`` and its existing ancestors (one ``stat`` each)."""
+    ``root``'s identity among those of ``path`` and its existing ancestors (one ``stat`` each); and where a
+    bind mount shows a folder inside ``root`` (``mount --bind cache/runs rb``), both paths' places on their
+    device (:func:`mount_place`)."""
     if path == root or root in path.parents:
         return True
     root_id = _identity(root)
-    return root_id is not None and any(_identity(p) == root_id for p in (path, *path.parents))
+    if root_id is not None and any(_identity(p) == root_id for p in (path, *path.parents)):
+        return True
+    mounts = _mounts()  # a bind mount of a folder *inside* root shares no identity with root itself
+    here, there = mount_place(path, mounts), mount_place(root, mounts)
+    return here is not None and there is not None and here[0] == there[0] and (
+        here[1] == there[1] or there[1] in here[1].parents)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

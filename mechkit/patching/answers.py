@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from mechkit.errors import MechkitError
@@ -111,8 +112,12 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
     >>> normalized_recovery(torch.tensor([3.0, -1.0]), clean=torch.tensor(3.0), corrupted=-1)
     tensor([1., 0.])
     """
+    exact = [v.item() if isinstance(v, torch.Tensor | np.ndarray | np.generic) and math.prod(getattr(v, "shape", ())) == 1
+             and not getattr(v, "is_meta", False) else v for v in (clean, corrupted)]
     clean, corrupted = _one_number(clean, "clean"), _one_number(corrupted, "corrupted")
     gap = clean - corrupted
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in exact) and exact[0] != exact[1]:
+        gap = float(exact[0] - exact[1])  # 2**62 + 2 and 2**62: a float holds neither exactly, the gap (2) it does
     if not math.isfinite(gap):  # 1e308 and -1e308: every recovery came out 0 (or NaN) without a word
         raise MechkitError(f"normalized_recovery: clean − corrupted ({clean:.4g} − {corrupted:.4g}) overflows a float",
                            "check the runs that gave them: a metric this large is not a logit difference")
@@ -123,18 +128,26 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
     if isinstance(patched, torch.Tensor):
         kind = _unreal(patched)
         if kind:
+            convert = (".dequantize()" if patched.is_quantized else ".to_padded_tensor(0.0).float()" if kind.startswith(
+                "nested") else ".to_dense().float()" if patched.layout != torch.strided else ".float()")
             raise MechkitError(f"normalized_recovery: patched is a {kind} tensor, not real numbers",
-                               "pass patched as the metric's real values (a dense float tensor: .to_dense().float())")
+                               f"pass patched as the metric's real values, a dense float tensor (patched{convert})")
         if not bool(torch.isfinite(patched).all()):
             raise MechkitError(f"normalized_recovery: patched holds {int((~torch.isfinite(patched)).sum())} NaN or "
                                "infinite value(s)", "check the patched runs: their metric is not finite there "
                                "(NaN or inf logits)")
         if not patched.is_floating_point():
+            base = exact[1] if isinstance(exact[1], int) and -(2**63) <= exact[1] < 2**63 else None
+            if base is not None:  # whole numbers: subtracted exactly, then divided (float32 lost 2**62 + 1's 1)
+                return _finite(((patched.long() - base).double() / gap).float())
             return _finite((patched.float() - corrupted) / gap)
         # In float32 at least, back in patched's dtype: a float16 patched minus a corrupted of 1e5 was inf.
         wide = patched.dtype if torch.finfo(patched.dtype).bits >= 32 else torch.float32
         return _finite(((patched.to(wide) - corrupted) / gap).to(patched.dtype))
-    return _finite((_one_number(patched, "patched") - corrupted) / gap)
+    number = _one_number(patched, "patched")  # checked first: 10**400 is one line
+    if isinstance(patched, int) and not isinstance(patched, bool) and isinstance(exact[1], int):
+        return _finite((patched - exact[1]) / gap)  # whole numbers subtracted exactly, as for a grid of them
+    return _finite((number - corrupted) / gap)
 
 
 def _finite(recovery: Any) -> Any:
