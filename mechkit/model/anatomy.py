@@ -502,6 +502,10 @@ def refuse_peft(model: nn.Module) -> None:
     tuning, prefix tuning, p-tuning) resolved ``model.layers`` through its ``__getattr__``, so it loaded and
     every analysis ran on logits shifted by its virtual tokens (``detect`` raised a raw ValueError); a tuner
     (``LoraModel``: ``PeftModel.base_model``) has no ``get_base_model`` and was told to add a Family row.
+    Tuner layers left in the model (``peft.inject_adapter_in_model``, or a LoRA ``PeftModel``'s
+    ``get_base_model()``) are refused too: each wraps a linear layer, whose weight moves to
+    ``base_layer.weight`` and whose output adds the adapter's, so the weight analyses read and prune the wrong
+    tensor (prune's surgery raised KeyError "attribute 'weight' already exists").
     Only where peft is imported: a model cannot be peft's without it."""
     import sys
 
@@ -521,14 +525,25 @@ def refuse_peft(model: nn.Module) -> None:
                 "part of it (mechkit cannot analyse them)")
         raise UnsupportedArchitectureError(
             f"{cls} is a peft wrapper around the model, not the model",
-            "pass model.merge_and_unload() (the adapters merged in) or model.get_base_model() (the adapter layers "
-            "kept in place)")
+            "pass model.merge_and_unload() (the adapters merged in) or model.unload() (the base model without them)")
     tuners = sys.modules.get("peft.tuners.tuners_utils")
     base_tuner = getattr(tuners, "BaseTuner", None)
     if isinstance(base_tuner, type) and isinstance(model, base_tuner):
         raise UnsupportedArchitectureError(
             f"{cls} is a peft tuner around the model (a PeftModel's .base_model), not the model",
-            "pass model.merge_and_unload() (the adapters merged in) or model.model (the adapter layers kept in place)")
+            "pass model.merge_and_unload() (the adapters merged in) or model.unload() (the base model without them)")
+    tuner_layer = getattr(tuners, "BaseTunerLayer", None)
+    if isinstance(tuner_layer, type):
+        layers = [name for name, module in model.named_modules() if isinstance(module, tuner_layer)]
+        if layers:
+            kind = type(model.get_submodule(layers[0]))
+            raise UnsupportedArchitectureError(
+                f"{cls} holds {len(layers)} peft adapter layer{'s' if len(layers) > 1 else ''} ({layers[0]}"
+                f"{', ...' if len(layers) > 1 else ''}: {kind.__module__}.{kind.__qualname__}) in place of "
+                "its own modules, whose weights the analyses read and edit",
+                "merge them in and put the base layers back: for each such layer, layer.merge() then "
+                "setattr(parent, name, layer.get_base_layer()) (a PeftModel does both: merge_and_unload()); "
+                "or load the base model without the adapters")
 
 
 def _under(fam: Family, prefix: str) -> Family:

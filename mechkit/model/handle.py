@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechkit.model.anatomy import Anatomy
 from mechkit.model.backends.base import NATIVE, Backend
+from mechkit.model.headspec import non_utf8_at
 
 if TYPE_CHECKING:
     import torch
@@ -183,6 +184,14 @@ class ModelHandle:
 
             raise MechkitError(f"to_tokens takes text or a list of texts, not {type(text).__name__}",
                                'pass a string (m.to_tokens("hello")) or a non-empty list of strings')
+        for i, t in enumerate(texts):  # bytes that were not UTF-8 (lone surrogates): the tokenizer raised TypeError
+            at = non_utf8_at(t)
+            if at is not None:
+                from mechkit.errors import MechkitError
+
+                where = f"text {i}, " if len(texts) > 1 else ""
+                raise MechkitError(f"to_tokens: the text holds bytes that are not UTF-8 ({where}{at})", "pass UTF-8 text: decode the bytes with their encoding first, "
+                                   "e.g. data.decode('latin-1')")
         enc = self.text_tokenizer()(texts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(self.device)
 

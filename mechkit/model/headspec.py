@@ -463,12 +463,44 @@ def checked_seed(seed: Any, who: str = "", error: type[MechkitError] = MechkitEr
     a NumPy integer or a seed past torch's signed 64 bits is read or refused the same way everywhere.
 
     >>> import numpy as np
-    >>> checked_seed(np.int64(3), "mk.ablate")
-    3
+    >>> checked_seed(np.int64(3), "mk.ablate"), checked_seed(np.array(4))
+    (3, 4)
     """
     where, fix = (f"{who}: " if who else ""), f"pass {'seed= ' if who else ''}a whole number from 0 to {MAX_SEED}"
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if type(seed).__name__ == "ndarray" and getattr(seed, "ndim", None) == 0:
+        seed = seed[()]  # np.array(2) as its item, as the options read a 0-d array
+    if isinstance(seed, bool) or type(seed).__name__ in ("bool_", "bool") or not isinstance(seed, numbers.Integral):
         raise error(f"{where}seed must be a whole number, not {seed!r}", fix)
     if not 0 <= int(seed) <= MAX_SEED:
         raise error(f"{where}seed {int(seed)} is out of range", fix)
     return int(seed)
+
+
+def whole_number_text(text: Any) -> bool:
+    """``text`` is a whole number written in ASCII digits only, as ``int()`` reads it plainly.
+
+    ``str.isdigit`` is true for ``'²'`` and ``'¹'`` (which ``int()`` refuses with a ValueError) and
+    ``str.isdecimal`` for other scripts' digits (``'٣'``, which ``int()`` reads as 3): every check that
+    is followed by ``int()`` uses this instead.
+
+    >>> whole_number_text("12"), whole_number_text("²"), whole_number_text("٣"), whole_number_text("")
+    (True, False, False, False)
+    """
+    return isinstance(text, str) and text.isascii() and text.isdigit()
+
+
+def non_utf8_at(text: str) -> str | None:
+    """Where ``text`` holds a character UTF-8 cannot encode (a lone surrogate: a byte of a command-line argument
+    that was not UTF-8, kept by Python as ``'\\udcff'``), in words, else ``None``. A tokenizer raised
+    TypeError on such text, after the model had loaded.
+
+    >>> non_utf8_at("ab\\udcff"), non_utf8_at("\\ud800"), non_utf8_at("The cat")
+    ('character 3, the byte 0xff', "character 1, '\\\\ud800'", None)
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = text[err.start]
+        byte = ord(char) - 0xDC00  # how Python keeps a byte that was not UTF-8 (surrogateescape)
+        return f"character {err.start + 1}, " + (f"the byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else repr(char))
+    return None

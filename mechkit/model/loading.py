@@ -269,6 +269,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(err)}",
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
     refuse_adapter_beside(path)  # transformers would apply a PEFT adapter found there, silently
+    refuse_vocab_mismatch(path)  # vocab_size and the token ids: named in config.json, not "corrupt weights"
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
     refuse_shard_gaps(path)  # a shard missing, or a second weight set beside the shards
@@ -305,6 +306,73 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
         raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)
+
+
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
+                   "tok_embeddings.weight")
+TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def refuse_vocab_mismatch(path: Path) -> None:
+    """A ``config.json`` whose ``vocab_size`` differs from the rows of the embedding the safetensors hold (read
+    from their headers, before the load), or whose ``pad_token_id``/``bos_token_id``/``eos_token_id`` is not a
+    token of that vocabulary: transformers failed with "Padding_idx must be within num_embeddings", which
+    mechkit reported as corrupt weights and a re-export. Each is named here with the field and the value that
+    fits. Files this cannot read are left to the load and its checks."""
+    import json
+
+    try:
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    config = data.get("text_config") if isinstance(data, dict) and isinstance(data.get("text_config"), dict) else data
+    if not isinstance(config, dict):
+        return
+    vocab = config.get("vocab_size")
+    rows = _embedding_rows(path)
+    where = f"{path / 'config.json'}"
+    if rows is not None and isinstance(vocab, int) and not isinstance(vocab, bool) and vocab != rows[1]:
+        raise ModelLoadError(f"{where} gives vocab_size {vocab}, but the weights' embedding ({rows[0]}) has "
+                             f"{rows[1]} rows", f'set "vocab_size": {rows[1]} in config.json (the rows the '
+                             "weights hold), or use the config.json saved with these weights")
+    n = rows[1] if rows is not None else vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+    for field in TOKEN_ID_FIELDS:
+        value = config.get(field)
+        ids = value if field == "eos_token_id" and isinstance(value, list) else [value]
+        for token in ids:
+            if token is None:
+                continue
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise ModelLoadError(f"{where} gives {field} {value!r}, which is not a token id",
+                                     f'set "{field}" in config.json to a whole number (the tokenizer\'s id for it), '
+                                     "or to null")
+            # the pad id indexes the embedding as its padding_idx (which reads -n..n-1); bos and eos are never
+            # read as negatives (-1 marks "none" in some configs), only an id past the vocabulary is refused
+            low = -n if n is not None and field == "pad_token_id" else None
+            if n is not None and (token >= n or (low is not None and token < low)):
+                raise ModelLoadError(f"{where} gives {field} {token}, outside the vocabulary of {n:,} tokens "
+                                     f"(ids 0–{n - 1})", f'set "{field}" in config.json to the tokenizer\'s id for '
+                                     f"it (below {n:,}), or to null")
+
+
+def _embedding_rows(path: Path) -> tuple[str, int] | None:
+    """``(tensor name, rows)`` of the input embedding in the directory's safetensors headers, where exactly one
+    tensor is named as one (``model.embed_tokens.weight``, ``transformer.wte.weight``, ...); else ``None``."""
+    try:
+        from safetensors import safe_open
+
+        found = {}
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                    if key.endswith(EMBEDDING_NAMES) and key.rpartition(".")[0].rpartition(".")[2] + ".weight" \
+                            in EMBEDDING_NAMES:
+                        shape = f.get_slice(key).get_shape()
+                        if len(shape) == 2:
+                            found[key] = int(shape[0])
+    except Exception:  # an unreadable header: the load reports it
+        return None
+    return next(iter(found.items())) if len(found) == 1 else None
 
 
 def quantization_method(config: Path) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from mechkit.model.headspec import whole_number_text
 from mechkit.options.option import Option, OptionError
 
 INSTALL_RAY = "install it with pip install 'mechkit[ray]'"
@@ -70,7 +71,7 @@ class RayAddress:
         if text == "auto":
             return text
         host, sep, port = text.removeprefix("ray://").rpartition(":")
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or not whole_number_text(port):  # ASCII digits: int("²") raised
             raise OptionError(f"{text!r} is not auto or HOST:PORT", self.fix)
         if not 0 < int(port) < 65536:
             raise OptionError(f"port {port} is out of range", self.fix)

@@ -307,6 +307,7 @@ class Option:
             raise OptionError(f"{self.flag} {show(value)} is not true or false", f"pass {self.flag} true or false")
         if kind is str:
             if isinstance(value, str):
+                self._check_utf8(value)
                 return str(value)  # np.str_('x') as 'x'
             if not getattr(self.parse, "numbers_as_text", True) and _holds_number(value):
                 raise OptionError(f"{self.flag} {show(value)}: a number cannot name a head (2.10 and 2.1 are the "
@@ -334,6 +335,19 @@ class Option:
         except (TypeError, ValueError) as err:
             raise OptionError(f"{self.flag} {show(value)} is not a valid {kind.__name__}: {err}",
                               f"pass {self.flag} {self.value_hint()}") from None
+
+    def _check_utf8(self, text: str) -> None:
+        """Text options hold text UTF-8 can write: bytes that are not UTF-8 on the command line (``$'\\xff'``)
+        reach Python as lone surrogates, which the tokenizer refused with a TypeError after the model had
+        loaded (and a report could not write). Options that name files are left to the file system, where
+        such a name is valid."""
+        from mechkit.model.headspec import non_utf8_at
+        from mechkit.options.inputs import names_files
+
+        at = non_utf8_at(text)
+        if at is not None and not names_files(self):
+            raise OptionError(f"{self.flag} holds bytes that are not UTF-8 text ({at})", f"pass {self.flag} as UTF-8 text (check the terminal's or the "
+                              "file's encoding, e.g. iconv -t utf-8)")
 
     def _check_number(self, value: int | float) -> None:
         if isinstance(value, float) and not math.isfinite(value) and (math.isnan(value) or self.finite):

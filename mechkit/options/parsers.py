@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from mechkit.model.headspec import non_utf8_at
 from mechkit.options.option import TYPE_WORDS, Bounds, OptionError, show, to_number
 
 
@@ -343,6 +344,10 @@ class Text:
         if len(text) > self.max_chars:
             raise OptionError(f"{self.what} is {len(text):,} characters long, more than {self.max_chars:,}",
                               f"pass at most {self.max_chars:,} characters")
+        at = non_utf8_at(str(text))
+        if at is not None:  # bytes that were not UTF-8: the tokenizer raised TypeError after the load
+            raise OptionError(f"{self.what} holds bytes that are not UTF-8 text ({at})",
+                              f"pass {self.what} as UTF-8 text")
         return text
 
 

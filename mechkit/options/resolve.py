@@ -5,11 +5,12 @@ The runner calls these first, so a bad value is one line and nothing has been lo
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import PluginError
-from mechkit.model.headspec import checked_seed
-from mechkit.options.option import Option, OptionError, show
+from mechkit.model.headspec import checked_seed, whole_number_text
+from mechkit.options.option import BOOL_WORDS, Option, OptionError, is_bool, scalar, show
 
 if TYPE_CHECKING:
     from mechkit.plugin import Plugin
@@ -52,20 +53,32 @@ def resolve_params(cls: type[Plugin], options: dict[str, Any]) -> dict[str, Any]
     return resolve_options(cls, options)[0]
 
 
-def check_switches(**switches: Any) -> None:
-    """``mk.run``'s on/off arguments (``force``, ``write``) must be True or False: ``write="no"`` is a
-    true string, and wrote the report it meant to skip.
+def check_switches(**switches: Any) -> dict[str, bool]:
+    """``mk.run``'s on/off arguments (``force``, ``write``) as plain bools: True or False (NumPy's
+    ``np.True_`` and a 0-d bool array too), else one line. ``write="no"`` is a true string, and wrote the
+    report it meant to skip; the fix names the value the text or number seems to mean (``"no"`` ->
+    ``write=False``, ``"yes"`` -> ``write=True``), or both where it means neither.
 
-    >>> check_switches(force=False, write=True)
+    >>> import numpy as np
+    >>> check_switches(force=False, write=np.True_)
+    {'force': False, 'write': True}
     >>> try:
     ...     check_switches(force=False, write="no")
     ... except PluginError as err:
     ...     print(err)
     write must be True or False, not 'no' — pass write=False
     """
+    checked = {}
     for name, value in switches.items():
-        if not isinstance(value, bool):
-            raise PluginError(f"{name} must be True or False, not {value!r}", f"pass {name}=False")
+        item = scalar(value)
+        if is_bool(item):
+            checked[name] = bool(item)
+            continue
+        meant = BOOL_WORDS.get(item.strip().lower()) if isinstance(item, str) else \
+            bool(item) if isinstance(item, numbers.Integral) and int(item) in (0, 1) else None
+        fix = f"pass {name}={meant}" if meant is not None else f"pass {name}=True or {name}=False"
+        raise PluginError(f"{name} must be True or False, not {value!r}", fix)
+    return checked
 
 
 def check_seed(seed: Any) -> int:
@@ -79,8 +92,8 @@ def check_seed(seed: Any) -> int:
     ...     print(err)
     seed 1000000000000000000000000000000 is out of range — pass a whole number from 0 to 9223372036854775807
     """
-    if isinstance(seed, str) and seed.strip().isdigit():
-        seed = int(seed)
+    if whole_number_text(seed.strip() if isinstance(seed, str) else None):
+        seed = int(seed)  # ASCII digits only: '²'.isdigit() is true, and int('²') raised ValueError
     return checked_seed(seed, error=PluginError)
 
 

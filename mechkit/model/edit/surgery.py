@@ -29,6 +29,7 @@ from torch import nn
 
 from mechkit.errors import MechkitError
 from mechkit.model.anatomy import discover_anatomy
+from mechkit.model.headspec import whole_number_text
 from mechkit.model.modules.linear import is_transposed
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def _block_of(name: str, layers_path: str) -> int | None:
     if not name.startswith(prefix):
         return None
     head = name[len(prefix):].split(".", 1)[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if whole_number_text(head) else None
 
 class LayerConfig:
     """A per-layer view of a shared config: a few overridden fields, everything else read live.
@@ -358,8 +359,13 @@ def structure_of(entry: Any) -> Structure:
                            RESAVE)
     for key in ("mlp_keep", "head_keep"):
         units = entry.get(key, {})
-        if not isinstance(units, dict) or not all(isinstance(k, str) and k.isdigit() for k in units):
-            raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: {key} is not keyed by layer", RESAVE)
+        if not isinstance(units, dict):
+            raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: {key} is not an object keyed by "
+                               "layer", RESAVE)
+        for k in units:  # ASCII digits as str(int) writes them: '¹'.isdigit() is true, and int('¹') raised
+            if not (whole_number_text(k) and str(int(k)) == k):
+                raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: {key} key {k!r} is not a layer "
+                                   "number (keys are layer numbers as text: \"0\", \"1\", ...)", RESAVE)
         for layer, kept in units.items():
             _indices(kept, f"{key}[{layer}]")
     _indices(entry.get("layers_removed", []), "layers_removed")
