@@ -177,5 +177,5 @@ def test_a_peft_wrapper_is_refused_with_a_fix_that_loads(h):
     wrapped = peft.get_peft_model(copy.deepcopy(h.model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     with pytest.raises(MechkitError, match="peft wrapper") as err:
         mk.load_model(wrapped, tokenizer=h.tokenizer)
-    assert "get_base_model()" in err.value.fix
-    assert mk.load_model(wrapped.get_base_model(), tokenizer=h.tokenizer).anatomy.n_layers == h.anatomy.n_layers
+    assert "unload()" in err.value.fix  # get_base_model() keeps the LoRA layers in place (refused since pass 20)
+    assert mk.load_model(copy.deepcopy(wrapped).unload(), tokenizer=h.tokenizer).anatomy.n_layers == h.anatomy.n_layers

@@ -257,13 +257,13 @@ def test_a_lora_peft_model_and_its_tuner_get_fixes_that_load(llama, task_type):
     wrapper = _peft(llama, lambda p: p.LoraConfig(r=2, target_modules=["q_proj"], task_type=task_type))
     with pytest.raises(MechkitError, match="peft wrapper") as err:
         mk.load_model(wrapper, tokenizer=llama.tokenizer)
-    assert "merge_and_unload()" in err.value.fix and "get_base_model()" in err.value.fix
-    mk.load_model(wrapper.get_base_model(), tokenizer=llama.tokenizer)
+    assert "merge_and_unload()" in err.value.fix and "unload()" in err.value.fix
+    mk.load_model(copy.deepcopy(wrapper).unload(), tokenizer=llama.tokenizer)
     tuner = wrapper.base_model  # a LoraModel: no get_base_model; was told to add a Family row
     with pytest.raises(MechkitError, match="peft tuner") as err:
         mk.load_model(tuner, tokenizer=llama.tokenizer)
-    assert "merge_and_unload()" in err.value.fix and "model.model" in err.value.fix and "Family" not in err.value.fix
-    mk.load_model(tuner.model, tokenizer=llama.tokenizer)  # the fix, applied
+    assert "merge_and_unload()" in err.value.fix and "unload()" in err.value.fix and "Family" not in err.value.fix
+    mk.load_model(copy.deepcopy(tuner).unload(), tokenizer=llama.tokenizer)  # the fix, applied
     mk.load_model(copy.deepcopy(tuner).merge_and_unload(), tokenizer=llama.tokenizer)
 
 

@@ -83,7 +83,7 @@ def lock_holder(folder: Path, name: str) -> tuple[bool, int | None]:
         text = (folder / f".{name}.mechkit-lock").read_text(encoding="ascii").strip()
     except (OSError, ValueError):
         return True, None
-    return True, int(text) if text.isdigit() else None
+    return True, int(text) if text.isascii() and text.isdigit() else None  # "²": no pid
 
 
 def is_mechkit_temp(name: str) -> bool:

@@ -179,7 +179,7 @@ def _device(value: Any, flag: str) -> str:
     text = str(value).strip()
     if text == "disk":
         return text
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²" is a digit to Python, and no device number
         text = f"cuda:{text}"
     checked = check_device(text, flag=flag)
     return f"{checked}:0" if checked in ("cuda", "xpu") else checked
