@@ -28,7 +28,15 @@ from mechkit.io.quiet import quiet
 from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
-from mechkit.model.checks.state import changed_handle, changed_state, handle_state, hooked, model_state
+from mechkit.model.checks.state import (
+    changed_handle,
+    changed_state,
+    changed_torch,
+    handle_state,
+    hooked,
+    model_state,
+    torch_state,
+)
 from mechkit.options.inputs import input_digests, input_paths
 from mechkit.options.resolve import check_backend_for, check_seed, check_switches, resolve_options
 from mechkit.plugin import Plugin, Result, RunContext
@@ -406,6 +414,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     # A model on NDIF cannot be changed by a run (its weights are the server's): no probe jobs for it.
     probe = handle is not None and handle.backend.remote != "ndif"
     before = _probe_logits(handle) if probe else None
+    if before is not None:
+        refuse_non_finite_logits(handle, before)
     sums = weights_checksums(handle.model) if probe else None  # every weight, not just what 16 tokens reach
     state = model_state(handle.model, handle.tokenizer) if probe else None  # modules, hooks, modes, config: read directly
     if sums is not None:
@@ -414,6 +424,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     if state is not None:
         state["handle"] = handle_state(handle)  # its anatomy, origin and remembered hash: after the key computed it
         state["code"] = code_state(handle.model)  # the functions and classes its forward runs: a global swap shows
+        state["torch"] = torch_state()  # torch's modes and numeric settings: process-wide, read directly
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
@@ -529,6 +540,34 @@ def _said_if_changed(cls: type[Plugin], handle, before, sums: dict[str, int] | N
         raise
 
 
+def refuse_non_finite_logits(handle, logits) -> None:
+    """Refuse (one line) a model whose probe logits hold NaN or +inf before the plugin runs: its weights are
+    finite (checked at load) but what it computes is not, from a config value (``rms_norm_eps`` <= 0) or
+    activations beyond float16's range. The plugin did all its work on NaN, and the run then failed as "the
+    plugin left the model changed" (NaN equals nothing). -inf alone is left alone (a vocabulary mask)."""
+    import torch
+
+    if not bool((torch.isnan(logits) | (logits == float("inf"))).any()):
+        return
+    dtype = str(getattr(getattr(handle, "model", None), "dtype", "")).replace("torch.", "")
+    name = getattr(handle, "name", None) or getattr(handle, "spec", "the model")
+    half = dtype in ("float16", "bfloat16")
+    raise MechkitError(f"the model {name} computes {'NaN' if bool(torch.isnan(logits).any()) else 'inf'} logits "
+                       f"on 16 probe tokens (in {dtype or 'its dtype'}) although its weights are finite, so nothing "
+                       "it computes can be analysed",
+                       ("load it in float32 (--dtype float32, dtype=\"float32\"): activations beyond float16's "
+                        "range overflow; " if half else "") + "check config.json for a value that makes a norm or "
+                       "softmax divide by zero or take a root of a negative (rms_norm_eps or layer_norm_eps <= 0)"
+                       + ("" if half else "; in float16, try --dtype float32 or bfloat16"))
+
+
+def _same_logits(a, b) -> bool:
+    """Equal logits, NaN equal to NaN (a NaN the model computed before and after is no change)."""
+    import torch
+
+    return a.shape == b.shape and bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
 def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | None, state: dict | None = None) -> None:
     """Refuse a run that left the model changed: a weight (every parameter in memory, checksummed), a hook,
     a replaced ``forward``, a module's train/eval mode or a config field (read directly:
@@ -538,6 +577,12 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
                           "reload the model; the plugin did not undo it: report this as a bug in the plugin")
+    what = changed_torch(state["torch"], torch_state()) if state is not None and "torch" in state else None
+    if what is not None:
+        raise PluginError(f"plugin {cls.name!r} left torch's global settings changed ({what}; every model in this "
+                          "process computes differently now)",
+                          "restore the setting (exit the mode: use it as `with mode:`), or restart the Python process: "
+                          "report this as a bug in the plugin")
     what = changed_code(state["code"], code_state(handle.model)) if state is not None and "code" in state else None
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the code the model runs changed ({what}; every model in this "
@@ -554,7 +599,7 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
                           "reload the model; the plugin did not undo it: report this as a bug in the plugin")
-    if before is not None and not bool((_probe_logits(handle) == before).all()):
+    if before is not None and not _same_logits(_probe_logits(handle), before):
         raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
                           "a hook or weight edit was not undone; report this as a bug in the plugin")
 

@@ -10,7 +10,10 @@ references are compared, so the check is exact and costs a walk over the modules
 a module swapped for another object under the same name (or its class swapped), a hook's function
 replaced under the same handle, or a parameter replaced by a copy (a tie broken) changes what the model
 computes while every name stays. The tokenizer's definition and settings (a ``padding_side`` left flipped,
-tokens added) change the next caller's ids.
+tokens added) change the next caller's ids. Every module's own plain attributes are read too (a submodule's
+``config`` replaced by an edited copy, ``_loss_function`` or ``loss_type`` set, ``self_attn.scaling``
+changed), and torch's process-wide modes and numeric settings (:func:`torch_state`): a ``TorchFunctionMode``
+entered and never exited rewrote every later forward where no probe could see.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class ModuleState:
     params: tuple
     refs: tuple  # the hook functions and parameters, held so that their ids stay theirs while compared
     calls: tuple = ()  # (name, object) of its own attributes that replace a method torch calls on it
+    attrs: tuple = ()  # (name, comparable value) of its other plain instance attributes: see :func:`_own_attrs`
 
 
 def _own_calls(m: Any) -> tuple:
@@ -49,14 +53,119 @@ def _own_calls(m: Any) -> tuple:
                                            (callable(value) and callable(getattr(cls, name, None)))))
 
 
-def _module_state(m: Any) -> ModuleState:
+# What torch keeps in every module's __dict__ besides its attributes: compared elsewhere (hooks, parameters,
+# submodules, mode) or bookkeeping of those hooks.
+_TORCH_SLOTS = frozenset({"training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+                          "_is_full_backward_hook", "_state_dict_hooks", "_state_dict_pre_hooks",
+                          "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_forward_hooks_with_kwargs",
+                          "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs", "forward",
+                          "_compiled_call_impl", *_HOOK_DICTS})
+# Attributes a library changes in an ordinary forward or call, with no effect on what later forwards compute:
+# transformers marks a model whose output-capturing hooks it installed (they are exempt, see
+# :func:`_library_hook`), a dynamic RoPE records the longest length it has seen (and resets it itself), and
+# torch.compile marks the module it wrapped (a flag functorch reads, not what it computes).
+_LIBRARY_ATTRS = frozenset({"_output_capturing_hooks_installed", "max_seq_len_cached", "_is_torch_compile"})
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _library_hook(fn: Any) -> bool:
+    """``fn`` is a hook transformers installs once per model and keeps (``output_hidden_states=True``,
+    ``output_attentions=True``): ``install_output_capuring_hook``'s own inner function (its code object one
+    of that function's constants, its globals that module's), whose closure holds only that function's other
+    inner functions. It records outputs and returns None: the forward computes as without it. A function
+    that only says it comes from there (another code object, another namespace) is not it."""
+    import sys
+    import types
+
+    module = sys.modules.get("transformers.utils.output_capturing")
+    install = getattr(module, "install_output_capuring_hook", None) if module is not None else None
+    if not isinstance(fn, types.FunctionType) or not isinstance(install, types.FunctionType):
+        return False
+    inner = [c for c in install.__code__.co_consts if isinstance(c, types.CodeType)]
+    if fn.__code__ not in inner or fn.__globals__ is not vars(module):
+        return False
+    for cell in fn.__closure__ or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(held) and not (isinstance(held, types.FunctionType) and held.__code__ in inner
+                                   and held.__globals__ is vars(module) and not held.__closure__):
+            return False
+    return True
+
+
+def _comparable(value: Any, configs: dict) -> Any:
+    """An attribute as compared: a config by identity and content (its ``to_dict``, read once per object in a
+    snapshot), a plain value or container of them by value (a copy: one changed in place must show), a dtype
+    or device by value, anything else by identity (held, so its id stays its own)."""
+    import torch
+
+    if hasattr(value, "to_dict") and callable(value.to_dict) and not isinstance(value, type):
+        if id(value) not in configs:
+            try:
+                data = json.dumps(value.to_dict(), sort_keys=True, default=str)
+            except Exception:  # a to_dict that fails: the object itself is compared
+                data = None
+            data = (data, str(getattr(value, "_attn_implementation", None)))
+            configs[id(value)] = ("config", id(value), data, value)
+        return configs[id(value)]
+    if _is_plain(value):
+        return ("value", _frozen(value), value if isinstance(value, (*_PLAIN, torch.dtype, torch.device)) else None)
+    return ("object", id(value), value)
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    import torch
+
+    if isinstance(value, (*_PLAIN, torch.dtype, torch.device)):
+        return True
+    if depth < 3 and isinstance(value, (tuple, list, set, frozenset)):
+        return all(_is_plain(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return all(_is_plain(k, depth + 1) and _is_plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _frozen(value: Any) -> Any:
+    """A plain value as a hashable, comparable copy (a list changed in place after the snapshot must show)."""
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, frozenset(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((_frozen(k), _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def _same(was: Any, now: Any) -> bool:
+    """Two compared attributes agree: the same object, or equal values (a NaN float, the same object, agrees)."""
+    if was[0] != now[0]:
+        return False
+    if was[0] == "value":
+        return was[1] is now[1] or was[1] == now[1]
+    return was[1] == now[1] and was[2] == now[2] if was[0] == "config" else was[1] == now[1]
+
+
+def _own_attrs(m: Any, configs: dict) -> tuple:
+    """The module's own plain instance attributes (what its forward reads besides parameters and submodules):
+    a submodule's ``config`` replaced by an edited copy (``sliding_window`` changed for one layer),
+    ``_loss_function`` or ``loss_type`` set (what ``labels=`` trains on), a flag such as ``is_causal`` flipped.
+    Its own ``_call_impl``-like attributes are compared by :func:`_own_calls`, its hooks and mode apart."""
+    calls = {name for name, _ in _own_calls(m)}
+    return tuple((name, _comparable(value, configs)) for name, value in vars(m).items()
+                 if name not in _TORCH_SLOTS and name not in _LIBRARY_ATTRS and name not in calls)
+
+
+def _module_state(m: Any, configs: dict | None = None) -> ModuleState:
     named = list(m.named_parameters(recurse=False))
-    hook_dicts = [getattr(m, d, {}) for d in _HOOK_DICTS]
+    hook_dicts = [{k: fn for k, fn in getattr(m, d, {}).items() if not _library_hook(fn)} for d in _HOOK_DICTS]
     hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in hook_dicts)
     managed = hasattr(m, "_hf_hook")  # accelerate swaps a dispatched module's parameters in and out per forward
     params = tuple((name, None if managed else id(p), bool(p.requires_grad)) for name, p in named)
     refs = (tuple(fn for d in hook_dicts for fn in d.values()), tuple(p for _, p in named))
-    return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs, _own_calls(m))
+    return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs, _own_calls(m),
+                       _own_attrs(m, {} if configs is None else configs))
 
 
 def _config(model: Any) -> dict:
@@ -130,7 +239,8 @@ def model_state(model: Any, tokenizer: Any = None) -> dict:
 
     from mechkit.model.checks.identity import tokenizer_sha256
 
-    modules = {name: _module_state(m) for name, m in model.named_modules()}
+    configs: dict = {}  # each config object's content read once, however many modules hold it
+    modules = {name: _module_state(m, configs) for name, m in model.named_modules()}
     global_dicts = [getattr(torch_module, d, {}) for d in _GLOBAL_HOOKS]
     global_hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in global_dicts)
     return {"modules": modules, "global_hooks": global_hooks, "config": _config(model),
@@ -182,4 +292,97 @@ def changed_state(before: dict, after: dict) -> str | None:
                 f"{after['generation'].get(key)!r})")
     if before.get("tokenizer") != after.get("tokenizer"):
         return "its tokenizer was changed (its vocabulary, special tokens or a setting such as padding_side)"
+    for name, was in old.items():
+        what = _changed_attrs(was.attrs, new[name].attrs)
+        if what is not None:
+            return f"{name}.{what}" if name else f"the model's own attribute {what}"
+    return None
+
+
+def _changed_attrs(was: tuple, now: tuple) -> str | None:
+    old, new = dict(was), dict(now)
+    for key in [*old, *(k for k in new if k not in old)]:
+        a, b = old.get(key), new.get(key)
+        if a is None or b is None:
+            return f"{key} was {'set' if a is None else 'deleted'} and not put back"
+        if _same(a, b):
+            continue
+        if a[0] == "config" and b[0] == "config" and a[1] == b[1]:
+            x, y = json.loads(a[2][0] or "{}"), json.loads(b[2][0] or "{}")
+            field = next((k for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), "_attn_implementation")
+            return f"{key} (a config) had its field {field} changed ({x.get(field)!r} -> {y.get(field)!r})"
+        if a[0] == "value" and b[0] == "value":
+            if a[2] is None or b[2] is None:
+                return f"{key} was changed and not put back"
+            return f"{key} changed ({_shown(a[2])} -> {_shown(b[2])}) and was not put back"
+        return f"{key} was replaced by another object and not put back"
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _flushes_denormals() -> bool:
+    """Whether ``torch.set_flush_denormal(True)`` is in force (torch has no getter): a subnormal times one
+    is then zero."""
+    import torch
+
+    return float((torch.tensor([1e-39]) * torch.tensor([1.0])).item()) == 0.0
+
+
+def torch_state() -> dict:
+    """torch's process-wide settings that decide what every model computes, to compare with
+    :func:`changed_torch`: the function-mode and dispatch-mode stacks (a ``TorchFunctionMode`` entered and never
+    exited rewrites every op, e.g. scales attention past 16 tokens, where the probe cannot see), the default
+    dtype, autocast, denormal flushing, the float32 matmul precision, TF32 and reduced-precision reductions,
+    and which attention (SDPA, MHA fast path) kernels may run."""
+    import torch
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
+    state: dict[str, Any] = {
+        "a torch function mode (torch.overrides.TorchFunctionMode, or torch.set_default_device)":
+            tuple(_get_current_function_mode_stack()),
+        "a torch dispatch mode (TorchDispatchMode)": tuple(_get_current_dispatch_mode_stack()),
+        "torch.get_default_dtype()": torch.get_default_dtype(),
+        "torch.set_flush_denormal": _flushes_denormals(),
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+        "torch.backends.cuda.matmul.allow_tf32": cuda.matmul.allow_tf32,
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction":
+            cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction":
+            cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "torch.backends.cudnn.allow_tf32": cudnn.allow_tf32,
+        "torch.backends.cudnn.enabled": cudnn.enabled,
+        "torch.backends.mkldnn.enabled": torch.backends.mkldnn.enabled,
+        "torch.backends.mha.get_fastpath_enabled()": torch.backends.mha.get_fastpath_enabled(),
+    }
+    for kernel in ("flash", "mem_efficient", "math", "cudnn"):
+        enabled = getattr(cuda, f"{kernel}_sdp_enabled", None)
+        if enabled is not None:
+            state[f"torch.backends.cuda.{kernel}_sdp_enabled()"] = enabled()
+    for device in ("cpu", "cuda"):
+        try:
+            state[f"autocast on {device} (torch.autocast)"] = (torch.is_autocast_enabled(device),
+                                                              torch.get_autocast_dtype(device))
+        except Exception:  # a torch without per-device autocast queries
+            continue
+    return state
+
+
+def changed_torch(before: dict, after: dict) -> str | None:
+    """The first of :func:`torch_state`'s settings left changed, in words, else None. Modes are compared by
+    identity (the stack's objects, held in ``before``), settings by value."""
+    for key, was in before.items():
+        now = after.get(key)
+        if isinstance(was, tuple) and key.startswith("a torch"):
+            if len(was) != len(now) or any(a is not b for a, b in zip(was, now, strict=False)):
+                extra = [type(m).__name__ for m in now if not any(m is w for w in was)]
+                return (f"{key} was left {'entered: ' + ', '.join(extra) if extra else 'changed'} (its stack held "
+                        f"{len(was)}, now {len(now)})")
+        elif was != now:
+            return f"{key} was left changed ({was!r} -> {now!r})"
     return None
