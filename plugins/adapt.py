@@ -133,6 +133,10 @@ class AdaptPlugin(Plugin):
                               f"pass --prune-budgets {','.join(f'{b:g}' for b in kept)} (budgets among --budgets), "
                               "or --prune-budgets '' for none, or add them to --budgets")
         unread.adapt(cls, parsed)
+        from mechkit.adapt.config import AdaptConfig
+
+        AdaptConfig(**{k: parsed[k] for k in ("adherence", "margin", "margin_prompts", "margin_plans")}) \
+            .check_margin_sample(len(parsed["tasks"]))  # too few margin prompts on any model: said before the load
 
     @classmethod
     def tables(cls, results: dict) -> list:

@@ -50,11 +50,11 @@ class ShufflePlugin(Plugin):
     @classmethod
     def check_options(cls, parsed: dict) -> None:
         unread.shuffle(cls, parsed)  # the head and prompt options the run would not read
-        sel = parsed["heads"]  # heads named one by one: how many is known before the load (layer:N is not)
-        if sel is not None and all(item[0] == "pair" for item in sel.items) and len({i[1:] for i in sel.items}) < 2:
-            raise OptionError(f"--heads {sel.spec} names 1 head: a shuffle permutes weights among heads, so one head "
-                              "would be left as it is", "name at least 2 heads (--heads 0.1,0.2), or rank them "
-                              "(--heads induction)")
+        from mechkit.eval.conditions import shuffle_spec_problem
+
+        problem = shuffle_spec_problem(parsed["heads"], parsed["top_k"])  # one head whatever the model: said now
+        if problem:
+            raise OptionError(*problem)
 
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import check_shuffle_heads, shuffle_conditions

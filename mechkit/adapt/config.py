@@ -33,6 +33,20 @@ def auto_token_layers(n_layers: int, signal_layer: int) -> tuple[int, ...]:
     return tuple(sorted({min(top, max(signal_layer, round(share * n_layers))) for share in (0.2, 0.4, 0.6)}))
 
 
+def margin_prompts_needed(adherence: float, n_tasks: int, n_plans: int = 1) -> int:
+    """Margin prompts per task that give a finite conformal margin for ``adherence`` with ``n_plans`` distinct
+    plans timed on each (one: enough on any model).
+
+    >>> margin_prompts_needed(0.999, 2), margin_prompts_needed(0.999, 2, n_plans=2), margin_prompts_needed(0.99, 3, 3)
+    (500, 250, 11)
+    """
+    import math
+
+    from mechkit.adapt.conformal import residuals_needed
+
+    return math.ceil(residuals_needed(adherence) / (max(1, n_plans) * max(1, n_tasks)))
+
+
 MARGIN_PROMPTS = 4  # margin prompts per task by default (3 tasks × 4 × 10 plans: 120 residuals ≥ 99)
 
 
@@ -82,6 +96,31 @@ class AdaptConfig:
     margin_prompts: int | None = None  # MARGIN_PROMPTS, or more where the model offers few plans
     margin_plans: int = 10
     debias: bool = True
+
+    def check_margin_sample(self, n_tasks: int) -> None:
+        """Refuse, from the settings alone (so ``mechkit adapt`` says it before the model loads), margin prompts
+        given too few for ``adherence`` whatever the model: ``n_tasks × margin_prompts × margin_plans`` residuals
+        at most, as a model offers at most ``margin_plans`` distinct plans. The count it names assumes the fewest
+        plans a model can offer, one, so it runs on any model: the count that assumed all ``margin_plans`` was
+        refused again after the load on a model offering 2 (``margin_prompts=None`` grows to what the model's
+        plans need instead, :meth:`~mechkit.adapt.margin.MarginStage.check_margin_sample`).
+
+        >>> AdaptConfig(margin_prompts=2, adherence=0.9).check_margin_sample(1)  # 1 x 2 x 10 = 20 >= 9
+        >>> AdaptConfig(margin_prompts=2).check_margin_sample(2)
+        Traceback (most recent call last):
+        mechkit.errors.MechkitError: 2 tasks × 2 margin prompts × at most 10 plans give 40 residuals; a conformal margin for 0.99 adherence needs at least 99 — pass --margin-prompts 50 (margin_prompts=50: enough however few distinct plans the model offers) or more, or leave --margin-prompts out (the study times as many as the model's plans need), lower --adherence, or give --margin
+        """
+        from mechkit.adapt.conformal import require_residuals
+
+        if self.margin is not None or self.margin_prompts is None:
+            return
+        n = margin_prompts_needed(self.adherence, n_tasks)
+        require_residuals(n_tasks * self.margin_prompts * self.margin_plans, self.adherence,
+                          f"{n_tasks} task{'s' if n_tasks != 1 else ''} × {self.margin_prompts} margin prompts × at "
+                          f"most {self.margin_plans} plans",
+                          f"pass --margin-prompts {n} (margin_prompts={n}: enough however few distinct plans the "
+                          "model offers) or more, or leave --margin-prompts out (the study times as many as the "
+                          "model's plans need), lower --adherence, or give --margin")
 
     def check(self, n_layers: int) -> AdaptConfig:
         """Itself, once every setting can work on a model of ``n_layers`` blocks; else one

@@ -123,25 +123,27 @@ class MarginStage:
         """Before any timing: margin prompts × plans too few for a finite conformal margin grow to what
         ``--adherence`` needs when their number was left to the study (``margin_prompts=None``, as documented:
         2 tasks × 4 prompts × 10 plans are 80 residuals of the 99 that 0.99 needs, so 5 per task), and are
-        refused, naming the number of prompts that suffices, when it was given."""
+        refused, naming a number of prompts that suffices on any model, when it was given
+        (:meth:`~mechkit.adapt.config.AdaptConfig.check_margin_sample`: the number once named assumed
+        ``margin_plans`` distinct plans, and was refused again on a model offering fewer)."""
         if self.margin is not None:
             return
         import math
 
+        if self.margin_prompts is not None:  # given: what the settings alone decide (the plugin said it before the load)
+            self.config.check_margin_sample(len(self.tasks))
+            return
         n_prompts = sum(map(len, self.margin_texts.values()))
         needed = residuals_needed(self.adherence)
         if n_prompts * self.margin_plan_count >= needed:
             return
         per_task = math.ceil(needed / (self.margin_plan_count * max(1, len(self.margin_texts))))
-        if self.margin_prompts is None and all(len(xs) >= per_task for xs in self.margin_pool.values()):
+        if all(len(xs) >= per_task for xs in self.margin_pool.values()):
             self.margin_texts = {t: xs[:max(per_task, len(self.margin_texts[t]))] for t, xs in self.margin_pool.items()}
             self._memo.pop("margin-lengths", None)
             return
         require_residuals(n_prompts * self.margin_plan_count, self.adherence,
-                          f"{n_prompts} margin prompts × {self.margin_plan_count} plans",
-                          f"pass --margin-prompts {per_task} (margin_prompts={per_task}) or more, or leave "
-                          "--margin-prompts out (the study times as many as the model's plans need), lower "
-                          "--adherence, or give --margin")
+                          f"{n_prompts} margin prompts × {self.margin_plan_count} plans")
 
     def _time_margin_input(self, plans: Sequence[ExecutionPlan], text: str) -> dict:
         start = time.perf_counter()

@@ -4,7 +4,11 @@ A scheduler file decides which blocks run under a latency budget, so a field out
 fail: it runs silently wrong. A foreign ``schema`` was read as a scheduler, ``adherence: 2.0`` reported a target
 no margin can meet, ``signal: null`` on a file of several tasks made every input run the static plan, and a
 ``keep`` of 0 or a negative ``margin`` ran plans no calibration chose. Every field the loader reads is checked
-here, each refused in one line that names the file and the field (``candidates[2].plan.tokens.keep``).
+here, each refused in one line that names the file and the field (``candidates[2].plan.tokens.keep``). A key the
+loader does not read (``"Heads"`` for ``"heads"``, a field of another version) is refused at every level with the
+keys it knows, as it was ignored and its plan ran without it; a layer key is ASCII digits in canonical form (``"²"``
+passed ``str.isdigit`` and failed ``int``), and head and channel indices (``tokens.heads`` too) are bounded by the
+widths of the model the file records (``tokens.heads: [99]`` failed with an IndexError at the first forward).
 
 >>> check_scheduler_data({"schema": "mechkit.other/1"}, "s.json")
 Traceback (most recent call last):
@@ -14,6 +18,7 @@ mechkit.errors.MechkitError: s.json: schema is 'mechkit.other/1', not 'mechkit.a
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from mechkit.adapt.tokens import RANKS
@@ -28,6 +33,20 @@ the other breaks ties."""
 FIX = ("pass the scheduler.json of a `mechkit adapt` run as it wrote it, or calibrate one again with "
        "`mechkit adapt --model ...`")
 MISSING = object()
+LAYER_KEY = re.compile(r"(0|[1-9][0-9]*)")  # what ExecutionPlan.as_dict writes for a layer: str(int), ASCII only
+# The keys each level of a file holds, as Scheduler.as_dict and the as_dict of its parts write them.
+KNOWN = {
+    "the file": ("schema", "tasks", "margin", "adherence", "min_cv", "min_confidence", "select", "cost", "signal",
+                 "candidates", "model"),
+    "model": ("architecture", "vocab_size", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_model", "d_mlp",
+              "head_counts", "mlp_widths", "dtype", "device"),  # scheduler.structure_identity
+    "cost": ("beta_attn", "beta_mlp", "rho", "gamma", "eta", "dense_a", "dense_b", "n_layers", "noise", "fit_error",
+             "under"),
+    "signal": ("layer", "classes", "mean", "scale", "coef", "intercept", "cv_accuracy"),
+    "candidate": ("plan", "source", "accuracy", "logprob", "bias"),
+    "plan": ("name", "layers", "attn_layers", "mlp_layers", "heads", "mlp", "tokens"),
+    "tokens": ("layer", "keep", "rank", "heads", "first", "tail"),
+}
 
 
 class _File:
@@ -83,9 +102,13 @@ class _File:
             self.bad(field, f"is {value!r}, not one of {', '.join(choices)}")
         return value
 
-    def mapping(self, value: Any, field: str) -> dict:
+    def mapping(self, value: Any, field: str, level: str | None = None) -> dict:
+        """A JSON object; with ``level`` (a key of :data:`KNOWN`) holding none but that level's keys."""
         if not isinstance(value, dict):
             self.bad(field, f"is {type(value).__name__}, not a JSON object")
+        unknown = [k for k in value if k not in KNOWN[level]] if level else []
+        if unknown:
+            self.bad(field, f"holds the unknown key {unknown[0]!r} (the keys it may hold: {', '.join(KNOWN[level])})")
         return value
 
     def vector(self, value: Any, field: str, size: int | None = None) -> list:
@@ -102,7 +125,7 @@ def check_scheduler_data(data: Any, where: str) -> None:
     """Refuse (one :class:`~mechkit.errors.MechkitError` line naming ``where`` and the field) scheduler data
     whose schema, types or ranges are not those ``mechkit adapt`` writes."""
     f = _File(where)
-    f.mapping(data, "the file")
+    f.mapping(data, "the file", "the file")
     if data.get("schema") != SCHEMA:
         f.bad("schema", f"is {data.get('schema')!r}, not {SCHEMA!r}: not a scheduler saved by mechkit adapt")
     model = data.get("model")
@@ -111,6 +134,7 @@ def check_scheduler_data(data: Any, where: str) -> None:
         raise MechkitError(f"{where} records no model it was calibrated on, so it cannot be checked against this one",
                            "calibrate a scheduler on this model with `mechkit adapt --model ...` and use its "
                            "scheduler.json")
+    f.mapping(model, "model", "model")
     tasks = f.get(data, "tasks", "tasks")
     if not isinstance(tasks, list) or not tasks:
         f.bad("tasks", f"is {tasks!r}, not a non-empty list of task ids")
@@ -126,21 +150,33 @@ def check_scheduler_data(data: Any, where: str) -> None:
             f.number(data[key], key, low, high, low_open, high_open)
     if "select" in data:
         f.text(data["select"], "select", SELECT)
-    _cost(f, f.mapping(f.get(data, "cost", "cost"), "cost"), n_layers)
+    _cost(f, f.mapping(f.get(data, "cost", "cost"), "cost", "cost"), n_layers)
     signal = f.get(data, "signal", "signal", required=False)
     if signal in (None, MISSING):
         if len(tasks) > 1:  # adapt fits one on every file of two tasks or more: without it, every input runs static
             f.bad("signal", f"is null, and a scheduler of {len(tasks)} tasks reads the task from its signal "
                   "(without one every input would run the static plan)")
     else:
-        _signal(f, f.mapping(signal, "signal"), tasks, n_layers, shape.get("d_model"))
+        _signal(f, f.mapping(signal, "signal", "signal"), tasks, n_layers, shape.get("d_model"))
     candidates = f.get(data, "candidates", "candidates")
     if not isinstance(candidates, list) or not candidates:
         f.bad("candidates", "is not a non-empty list of plans")
+    widths = {key: _widths(shape, key, n_layers) for key in ("heads", "mlp")}
     for i, c in enumerate(candidates):
-        _candidate(f, f.mapping(c, f"candidates[{i}]"), f"candidates[{i}]", tasks, n_layers)
+        _candidate(f, f.mapping(c, f"candidates[{i}]", "candidate"), f"candidates[{i}]", tasks, n_layers, widths)
     if not any(isinstance(c.get("accuracy"), dict) and all(t in c["accuracy"] for t in tasks) for c in candidates):
         f.bad("candidates", "hold no plan scored on every task (the static plan needs one)")
+
+
+def _widths(model: dict, key: str, n_layers: int | None) -> list[int] | None:
+    """Per layer, the query heads (``key`` "heads") or MLP channels ("mlp") of the model the file records: its
+    ``head_counts`` / ``mlp_widths``, or a file's one ``n_heads`` / ``d_mlp`` for every layer; None where unsaid."""
+    per_layer, whole = ("head_counts", "n_heads") if key == "heads" else ("mlp_widths", "d_mlp")
+    counts = model.get(per_layer)
+    if isinstance(counts, list) and len(counts) == n_layers and all(type(n) is int and n >= 0 for n in counts):
+        return counts
+    n = model.get(whole)
+    return [n] * n_layers if type(n) is int and n >= 1 and n_layers is not None else None
 
 
 def _cost(f: _File, cost: dict, n_layers: int | None) -> None:
@@ -176,8 +212,8 @@ def _signal(f: _File, signal: dict, tasks: list, n_layers: int | None, d_model: 
     f.number(f.get(signal, "cv_accuracy", "signal.cv_accuracy"), "signal.cv_accuracy", 0, 1)
 
 
-def _candidate(f: _File, c: dict, field: str, tasks: list, n_layers: int | None) -> None:
-    _plan(f, f.mapping(f.get(c, "plan", f"{field}.plan"), f"{field}.plan"), f"{field}.plan", n_layers)
+def _candidate(f: _File, c: dict, field: str, tasks: list, n_layers: int | None, widths: dict) -> None:
+    _plan(f, f.mapping(f.get(c, "plan", f"{field}.plan"), f"{field}.plan", "plan"), f"{field}.plan", n_layers, widths)
     f.text(f.get(c, "source", f"{field}.source"), f"{field}.source")
     for key, low, high in (("accuracy", 0, 1), ("logprob", None, 0)):
         scores = f.get(c, key, f"{field}.{key}", required=key == "accuracy")
@@ -194,7 +230,7 @@ def _candidate(f: _File, c: dict, field: str, tasks: list, n_layers: int | None)
         f.number(c["bias"], f"{field}.bias")
 
 
-def _plan(f: _File, plan: dict, field: str, n_layers: int | None) -> None:
+def _plan(f: _File, plan: dict, field: str, n_layers: int | None, widths: dict) -> None:
     if "name" in plan and not isinstance(plan["name"], str):
         f.bad(f"{field}.name", f"is {plan['name']!r}, not text")
     for key in ("layers", "attn_layers", "mlp_layers"):
@@ -203,19 +239,21 @@ def _plan(f: _File, plan: dict, field: str, n_layers: int | None) -> None:
     for key in ("heads", "mlp"):
         units = f.mapping(plan.get(key, {}), f"{field}.{key}")
         for layer, idx in units.items():
-            if not (isinstance(layer, str) and layer.isdigit()) or (n_layers is not None and int(layer) >= n_layers):
-                f.bad(f"{field}.{key}", f"names layer {layer!r}, not a block of the model")
-            f.whole_list(idx, f"{field}.{key}[{layer!r}]")
+            in_range = isinstance(layer, str) and LAYER_KEY.fullmatch(layer) and (n_layers is None or int(layer) < n_layers)
+            if not in_range:
+                f.bad(f"{field}.{key}", f"names layer {layer!r}, not a block of the model (a layer number in ASCII "
+                      f"digits{'' if n_layers is None else f', 0..{n_layers - 1}'})")
+            f.whole_list(idx, f"{field}.{key}[{layer!r}]", widths[key][int(layer)] if widths[key] else None)
     tokens = plan.get("tokens")
     if tokens is None:
         return
-    t, where = f.mapping(tokens, f"{field}.tokens"), f"{field}.tokens"
-    f.whole(f.get(t, "layer", f"{where}.layer"), f"{where}.layer", 0, None if n_layers is None else n_layers - 1)
+    t, where = f.mapping(tokens, f"{field}.tokens", "tokens"), f"{field}.tokens"
+    layer = f.whole(f.get(t, "layer", f"{where}.layer"), f"{where}.layer", 0, None if n_layers is None else n_layers - 1)
     f.number(f.get(t, "keep", f"{where}.keep"), f"{where}.keep", 0, 1, low_open=True)
     if "rank" in t:
         f.text(t["rank"], f"{where}.rank", RANKS)
     if "heads" in t:
-        f.whole_list(t["heads"], f"{where}.heads")
+        f.whole_list(t["heads"], f"{where}.heads", widths["heads"][layer] if widths["heads"] else None)
     if "first" in t:
         f.whole(t["first"], f"{where}.first", 0)
     if "tail" in t:

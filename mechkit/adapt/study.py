@@ -118,8 +118,13 @@ class AdaptStudy(GuideStage, CostStage, MarginStage, CandidateStage, SignalStage
             drawn_n = max(drawn_n, math.ceil(residuals_needed(config.adherence) / max(1, len(self.tasks))))
         # the margin's prompts: calibration-seeded, past the ones the cost table is fitted on
         fitted = {p.text for ps in self.calib.values() for p in ps[:timing_prompts]}
-        drawn = task_prompts(self.tasks, timing_prompts + drawn_n, shots, self.seed + CALIB_SEED_OFFSET)
-        self.margin_pool = {t: [p.text for p in ps if p.text not in fitted][:drawn_n] for t, ps in drawn.items()}
+        extra = 0  # a later draw repeating a fitted prompt is dropped: draw on until every task has drawn_n
+        while True:
+            drawn = task_prompts(self.tasks, timing_prompts + drawn_n + extra, shots, self.seed + CALIB_SEED_OFFSET)
+            self.margin_pool = {t: [p.text for p in ps if p.text not in fitted][:drawn_n] for t, ps in drawn.items()}
+            if all(len(xs) == drawn_n for xs in self.margin_pool.values()) or extra > drawn_n:
+                break
+            extra += timing_prompts + 8
         self.margin_texts = {t: xs[:margin_prompts or MARGIN_PROMPTS] for t, xs in self.margin_pool.items()}
         seen = {p.text for ps in self.calib.values() for p in ps} | {x for xs in self.margin_pool.values() for x in xs}
         test = task_prompts(self.tasks, config.n, shots, self.seed)

@@ -64,6 +64,35 @@ def check_shuffle_heads(total: int, named: int, spec: str) -> None:
                             "them with --top-k 2 or more (--heads induction --top-k 2)")
 
 
+def shuffle_spec_problem(selection: HeadSelection | None, top_k: int | None) -> tuple[str, str] | None:
+    """``(problem, fix)`` for a ``--heads`` that names at most one head, said from the options alone and so before
+    the model loads (``shuffle``'s check_options refuses it; None: fine, or only the model can tell)
+    on any model: its distinct named heads plus ``top_k`` per ranked item (score or random), where no
+    ``layer:L`` item lets the model's width decide and ``top_k`` is given (the default is 2 or more on every
+    model a shuffle runs on). ``--heads induction --top-k 1`` was refused only after the load and the scoring.
+
+    >>> from mechkit.model.headspec import parse_spec
+    >>> shuffle_spec_problem(parse_spec("random"), 1)[1]
+    'pass --top-k 2 or more (--heads random --top-k 2), or name at least 2 heads (--heads 0.1,0.2)'
+    >>> shuffle_spec_problem(parse_spec("induction,0.1"), 1) is None  # 2 heads, or 1 where they meet: the model says
+    True
+    """
+    items = set(selection.items) if selection is not None else set()
+    ranked = [item for item in items if item[0] in ("score", "random")]
+    if not items or any(item[0] == "layer" for item in items) or (ranked and top_k is None):
+        return None
+    most = len({item[1:] for item in items if item[0] == "pair"}) + (top_k or 0) * len(ranked)
+    if most >= 2:
+        return None
+    spec = f"--heads {selection.spec}"
+    if ranked:
+        return (f"{spec} --top-k {top_k} names at most {most} head: a shuffle permutes weights among heads, so one "
+                f"head would be left as it is", f"pass --top-k 2 or more ({spec} --top-k 2), or name at least 2 "
+                "heads (--heads 0.1,0.2)")
+    return (f"{spec} names 1 head: a shuffle permutes weights among heads, so one head would be left as it is",
+            "name at least 2 heads (--heads 0.1,0.2), or rank them (--heads induction)")
+
+
 def ablation_units(handle: ModelHandle, shared: tuple, units: list) -> Iterator[dict]:
     """Each unit a list of heads to ablate (empty: the clean model) -> ``evaluate``'s metrics per task.
 

@@ -8,7 +8,9 @@ training runs on a deep copy. LoRA (through peft) is merged into the copy's weig
 so the task vector ``Ψ*_T − Ψ0`` is always a plain weight difference.
 
 Training stops at the first step whose loss, or whose updated weights, are NaN or inf, with one line
-naming the step (``training diverged at step 3 (loss nan) — lower --lr``): no diverged model or
+naming the step and the settings of the update (``training diverged at step 3 (loss nan; --lr 1, --weight-decay 0,
+--batch-size 8, --method full) — lower --lr``), and a decay that no step survives (``lr·weight_decay ≥ 1``:
+:func:`decay_problem`) is refused before any copy is made: no diverged model or
 checkpoint is ever written, and :func:`model_files` and :func:`save_checkpoint` refuse non-finite
 tensors themselves. A checkpoint records the base model it was trained from (its weights' sha256);
 one written for another base or another recipe, or one that does not read back as a checkpoint of
@@ -177,6 +179,9 @@ def finetune(handle: ModelHandle, recipe: Recipe,
             or recipe.lora_alpha <= 0:
         raise MechkitError(f"weight decay {recipe.weight_decay!r} and LoRA alpha {recipe.lora_alpha!r} must be "
                            "finite (decay >= 0, alpha > 0)", "pass e.g. --weight-decay 0 --lora-alpha 16")
+    problem = decay_problem(recipe.lr, recipe.weight_decay)
+    if problem:  # before the copy: no step can work
+        raise MechkitError(*problem)
     if checkpoint_every < 0:
         raise MechkitError(f"--checkpoint-every must be 0 or more, got {checkpoint_every}",
                            "pass e.g. --checkpoint-every 50 (0 turns checkpoints off)")
@@ -246,9 +251,44 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def decay_problem(lr: float, weight_decay: float) -> tuple[str, str] | None:
+    """``(problem, fix)`` where AdamW's decay alone wrecks the weights, else None: torch's AdamW decays
+    decoupled, ``p ← p·(1 − lr·weight_decay)`` before each Adam step, so ``lr·weight_decay ≥ 1`` zeroes every
+    weight (= 1) or flips its sign each step, and grows it past 2 until it overflows to NaN (``--lr 1e-6
+    --weight-decay 1e30`` "diverged", with a fix that named --lr alone). The fix keeps ``--lr`` and names a
+    decay with ``lr·weight_decay`` at most 0.1 (weights shrink by 10% a step at most).
+
+    >>> decay_problem(1e-4, 0.01) is None
+    True
+    >>> decay_problem(1e-6, 1e30)[1]
+    'pass --weight-decay 100000 or less (below 1/lr = 1e+06), e.g. --weight-decay 0.01, or leave it out (0)'
+    """
+    product = lr * weight_decay
+    if not product >= 1:  # NaN from inf·0 cannot come from options (both finite, lr > 0)
+        return None
+    most = 10 ** math.floor(math.log10(0.1 / lr))  # a power of ten with lr·decay ≤ 0.1
+    example = min(0.01, most)
+    return (f"--lr {lr:g} × --weight-decay {weight_decay:g} = {product:g}: AdamW's decoupled weight decay multiplies "
+            f"every weight by 1 − lr·weight_decay = {1 - product:g} each step, which zeroes or flips (and past 2 "
+            "grows until it overflows) the weights instead of shrinking them",
+            f"pass --weight-decay {most:g} or less (below 1/lr = {1 / lr:g}), e.g. --weight-decay {example:g}, or "
+            "leave it out (0)")
+
+
+def _settings(recipe: Recipe) -> str:
+    """The options the trainer reads that can make training diverge, with their values."""
+    lora = f", --rank {recipe.rank}, --lora-alpha {recipe.lora_alpha:g}" if recipe.method == "lora" else ""
+    return (f"--lr {recipe.lr:g}, --weight-decay {recipe.weight_decay:g}, --batch-size {recipe.batch_size}, "
+            f"--method {recipe.method}{lora}")
+
+
 def _diverged(step: int, what: str, recipe: Recipe) -> None:
-    raise MechkitError(f"training diverged at step {step + 1} ({what}; --lr {recipe.lr:g})",
-                       "lower --lr (or check the base model's weights for NaN)")
+    """One line naming the step, what went non-finite, and every setting of the update (a NaN under a
+    huge --weight-decay was blamed on --lr, whose lowering did not help)."""
+    decay = " or --weight-decay" if recipe.weight_decay > 0 else ""
+    alpha = " or --lora-alpha" if recipe.method == "lora" else ""
+    raise MechkitError(f"training diverged at step {step + 1} ({what}; {_settings(recipe)})",
+                       f"lower --lr{decay}{alpha} (or check the base model's weights for NaN)")
 
 
 def _non_finite_params(named: list) -> tuple[str, str] | None:
