@@ -423,7 +423,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
     model_key = run_model_key(handle) if handle is not None else str(setup.model)  # train mode included
     if state is not None:
         state["handle"] = handle_state(handle)  # its anatomy, origin and remembered hash: after the key computed it
-        state["code"] = code_state(handle.model)  # the functions and classes its forward runs: a global swap shows
+        state["code"] = code_state(handle.model, handle, handle.tokenizer)  # the code its forward (and the handle's,
+        # the tokenizer's) runs: a global swap shows
         state["torch"] = torch_state()  # torch's modes and numeric settings: process-wide, read directly
     inputs = input_digests(cls, parsed)  # a file replaced at the same path between a kill and the rerun
     with _resume(cls, model_key, params, setup.seed, inputs, state, console) as resume:
@@ -583,7 +584,8 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
                           "process computes differently now)",
                           "restore the setting (exit the mode: use it as `with mode:`), or restart the Python process: "
                           "report this as a bug in the plugin")
-    what = changed_code(state["code"], code_state(handle.model)) if state is not None and "code" in state else None
+    what = (changed_code(state["code"], code_state(handle.model, handle, handle.tokenizer))
+            if state is not None and "code" in state else None)
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the code the model runs changed ({what}; every model in this "
                           "process computes differently now)",
@@ -599,7 +601,14 @@ def _check_unchanged(cls: type[Plugin], handle, before, sums: dict[str, int] | N
     if what is not None:
         raise PluginError(f"plugin {cls.name!r} left the model changed ({what}; this in-memory model stays changed)",
                           "reload the model; the plugin did not undo it: report this as a bug in the plugin")
-    if before is not None and not _same_logits(_probe_logits(handle), before):
+    if before is None:
+        return
+    try:
+        after = _probe_logits(handle)
+    except Exception as err:  # its forward replaced by one that returns nothing, or raises: one line, not the raw error
+        raise PluginError(f"plugin {cls.name!r} left the model changed (its forward now fails: {first_line(err)})",
+                          "reload the model; the plugin did not undo it: report this as a bug in the plugin") from err
+    if not _same_logits(after, before):
         raise PluginError(f"plugin {cls.name!r} left the model changed (logits differ after the run)",
                           "a hook or weight edit was not undone; report this as a bug in the plugin")
 

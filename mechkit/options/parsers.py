@@ -31,7 +31,11 @@ def _number(item: str, kind: type, fix: str, bounds: Bounds | None = None, finit
         value = to_number(item, kind)
     except (TypeError, ValueError, OverflowError):
         raise OptionError(f"{item!r} is not {TYPE_WORDS[kind]}", fix) from None
-    if finite and not math.isfinite(value):
+    try:
+        infinite = finite and not math.isfinite(value)
+    except OverflowError:  # an int of 400 digits: no float holds it, so no bound can be checked against it
+        raise OptionError(f"{str(item)[:20]}… ({len(str(item))} digits) is too large for any bound", fix) from None
+    if infinite:
         raise OptionError(f"{item} is not a finite number", fix)
     problem = bounds.problem(value) if bounds else None
     if problem:

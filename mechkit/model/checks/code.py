@@ -63,12 +63,18 @@ def _library_wrap(name: str, old: Any, new: Any) -> bool:
     return module is not None and vars(module).get(known[1]) is new and getattr(new, "__globals__", None) is vars(module)
 
 
-def _classes(model: Any) -> set[type]:
+def _classes(model: Any, others: tuple = ()) -> set[type]:
+    """The classes whose methods a forward runs: every module's (and their bases), torch.Tensor, and those of
+    ``others`` (the handle and its tokenizer: ``type(handle).to_tokens`` or ``type(tokenizer).encode``
+    replaced changes what every later run feeds the model)."""
     import torch
 
     classes = {torch.Tensor}
     for module in model.modules():
         classes.update(c for c in type(module).__mro__ if c is not object)
+    for other in others:
+        if other is not None:
+            classes.update(c for c in type(other).__mro__ if c is not object)
     return classes
 
 
@@ -194,7 +200,7 @@ def _resolved(cls: type) -> dict[str, Any]:
     return out
 
 
-def code_state(model: Any) -> dict[tuple, Any]:
+def code_state(model: Any, *others: Any) -> dict[tuple, Any]:
     """``{(where, name): object}`` for the code the model's forward can reach (see the module docstring), and
     ``{(function, part, id): object}`` for what each function reached holds; the objects are held, so that
     their ids stay theirs while compared."""
@@ -202,7 +208,7 @@ def code_state(model: Any) -> dict[tuple, Any]:
     reached = _reached_modules(model)  # before the snapshot: a first forward may import lazily
     refs: dict[tuple, Any] = {}
     seen: dict[int, int] = {}
-    classes = _classes(model)
+    classes = _classes(model, others)
     modules = sorted({c.__module__ for c in classes} | set(LIBRARY_MODULES) | reached)
     for name in modules:  # the classes a reached module defines: DynamicLayer, whose update every forward runs
         module = sys.modules.get(name)

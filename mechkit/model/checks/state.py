@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+# What state_dict() and load_state_dict() run: a hook left there changes what a later save writes (a pruned
+# model's weights) while every forward computes as before, so it is compared but does not mark a model hooked.
+_STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                     "_load_state_dict_post_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
 
@@ -41,6 +45,7 @@ class ModuleState:
     refs: tuple  # the hook functions and parameters, held so that their ids stay theirs while compared
     calls: tuple = ()  # (name, object) of its own attributes that replace a method torch calls on it
     attrs: tuple = ()  # (name, comparable value) of its other plain instance attributes: see :func:`_own_attrs`
+    saves: tuple = ()  # its state_dict / load_state_dict hooks (handle ids and functions)
 
 
 def _own_calls(m: Any) -> tuple:
@@ -64,33 +69,54 @@ _TORCH_SLOTS = frozenset({"training", "_parameters", "_buffers", "_modules", "_n
 # transformers marks a model whose output-capturing hooks it installed (they are exempt, see
 # :func:`_library_hook`), a dynamic RoPE records the longest length it has seen (and resets it itself), and
 # torch.compile marks the module it wrapped (a flag functorch reads, not what it computes).
-_LIBRARY_ATTRS = frozenset({"_output_capturing_hooks_installed", "max_seq_len_cached", "_is_torch_compile"})
+_LIBRARY_ATTRS = frozenset({"_output_capturing_hooks_installed", "max_seq_len_cached", "_is_torch_compile",
+                            "_require_grads_hooks", "_require_grads_hook",  # the handles of enable_input_require_grads
+                            "_gradient_checkpointing_func"})  # read only while gradient_checkpointing (compared) is on
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 
 
+# The hooks transformers installs on a model once and keeps, named by the function that defines them: the
+# output-capturing hooks (``output_hidden_states=True``, ``output_attentions=True``: they record outputs and
+# return None) and the hook ``gradient_checkpointing_enable`` installs through ``enable_input_require_grads``
+# (it marks the embedding's output as requiring grad; ``gradient_checkpointing_disable`` leaves it, outside
+# peft): neither changes what a forward computes.
+LIBRARY_HOOKS = (("transformers.utils.output_capturing", "install_output_capuring_hook"),
+                 ("transformers.modeling_utils", "PreTrainedModel.enable_input_require_grads"))
+
+
 def _library_hook(fn: Any) -> bool:
-    """``fn`` is a hook transformers installs once per model and keeps (``output_hidden_states=True``,
-    ``output_attentions=True``): ``install_output_capuring_hook``'s own inner function (its code object one
-    of that function's constants, its globals that module's), whose closure holds only that function's other
-    inner functions. It records outputs and returns None: the forward computes as without it. A function
-    that only says it comes from there (another code object, another namespace) is not it."""
+    """``fn`` is one of :data:`LIBRARY_HOOKS`: an inner function of the named function (its code object one of
+    that function's constants, its globals that module's), whose closure holds only that function's other
+    inner functions. A function that only says it comes from there (another code object, another namespace)
+    is not it."""
     import sys
     import types
 
-    module = sys.modules.get("transformers.utils.output_capturing")
-    install = getattr(module, "install_output_capuring_hook", None) if module is not None else None
-    if not isinstance(fn, types.FunctionType) or not isinstance(install, types.FunctionType):
+    if not isinstance(fn, types.FunctionType):
         return False
-    inner = [c for c in install.__code__.co_consts if isinstance(c, types.CodeType)]
-    if fn.__code__ not in inner or fn.__globals__ is not vars(module):
-        return False
+    for module_name, path in LIBRARY_HOOKS:
+        module = sys.modules.get(module_name)
+        install: Any = module
+        for part in path.split("."):
+            install = getattr(install, part, None)
+        if module is None or not isinstance(install, types.FunctionType):
+            continue
+        inner = [c for c in install.__code__.co_consts if isinstance(c, types.CodeType)]
+        if fn.__code__ in inner and fn.__globals__ is vars(module) and _closure_within(fn, inner, vars(module)):
+            return True
+    return False
+
+
+def _closure_within(fn: Any, inner: list, namespace: dict) -> bool:
+    import types
+
     for cell in fn.__closure__ or ():
         try:
             held = cell.cell_contents
         except ValueError:
             continue
         if callable(held) and not (isinstance(held, types.FunctionType) and held.__code__ in inner
-                                   and held.__globals__ is vars(module) and not held.__closure__):
+                                   and held.__globals__ is namespace and not held.__closure__):
             return False
     return True
 
@@ -154,18 +180,45 @@ def _own_attrs(m: Any, configs: dict) -> tuple:
     Its own ``_call_impl``-like attributes are compared by :func:`_own_calls`, its hooks and mode apart."""
     calls = {name for name, _ in _own_calls(m)}
     return tuple((name, _comparable(value, configs)) for name, value in vars(m).items()
-                 if name not in _TORCH_SLOTS and name not in _LIBRARY_ATTRS and name not in calls)
+                 if name not in _TORCH_SLOTS and name not in _LIBRARY_ATTRS and name not in calls
+                 and not _as_class_says(m, name, value))
+
+
+def _as_class_says(m: Any, name: str, value: Any) -> bool:
+    """``value``, set on the module, is its class's own default for ``name`` (a plain value of the same type): the
+    module reads the same either way. ``gradient_checkpointing_disable`` sets ``gradient_checkpointing = False``
+    on layers whose class said False, which was taken for a change left by the plugin."""
+    default = getattr(type(m), name, _NO_DEFAULT)
+    return (default is not _NO_DEFAULT and type(default) is type(value) and isinstance(value, _PLAIN)
+            and default == value)
+
+
+_NO_DEFAULT = object()
+
+
+def _tensor_hooks(p: Any) -> tuple:
+    """A parameter's own gradient hooks (``p.register_hook``, ``register_post_accumulate_grad_hook``) and the
+    gradient it holds: one left by a run zeroes or scales every later backward through the model, and a
+    ``p.grad`` left filled is added to the next one."""
+    hooks = tuple(tuple((k, id(fn)) for k, fn in (getattr(p, d, None) or {}).items())
+                  for d in ("_backward_hooks", "_post_accumulate_grad_hooks"))
+    return hooks, None if p.grad is None else id(p.grad)
 
 
 def _module_state(m: Any, configs: dict | None = None) -> ModuleState:
     named = list(m.named_parameters(recurse=False))
     hook_dicts = [{k: fn for k, fn in getattr(m, d, {}).items() if not _library_hook(fn)} for d in _HOOK_DICTS]
     hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in hook_dicts)
+    save_dicts = [dict(getattr(m, d, None) or {}) for d in _STATE_DICT_HOOKS]
+    saves = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in save_dicts)
     managed = hasattr(m, "_hf_hook")  # accelerate swaps a dispatched module's parameters in and out per forward
-    params = tuple((name, None if managed else id(p), bool(p.requires_grad)) for name, p in named)
-    refs = (tuple(fn for d in hook_dicts for fn in d.values()), tuple(p for _, p in named))
+    params = tuple((name, None if managed else id(p), bool(p.requires_grad), _tensor_hooks(p)) for name, p in named)
+    held = [fn for d in (*hook_dicts, *save_dicts) for fn in d.values()]
+    held += [fn for _, p in named for d in ("_backward_hooks", "_post_accumulate_grad_hooks")
+             for fn in (getattr(p, d, None) or {}).values()] + [p.grad for _, p in named if p.grad is not None]
+    refs = (tuple(held), tuple(p for _, p in named))
     return ModuleState(m, type(m), hooks, m.__dict__.get("forward"), bool(m.training), params, refs, _own_calls(m),
-                       _own_attrs(m, {} if configs is None else configs))
+                       _own_attrs(m, {} if configs is None else configs), saves)
 
 
 def _config(model: Any) -> dict:
@@ -193,7 +246,16 @@ def handle_state(handle: Any) -> dict:
     the next caller's analyses, keys or artifacts wrong although the model computes as before."""
     return {"anatomy": _anatomy(handle.anatomy), "anatomy_obj": handle.anatomy, "spec": handle.spec, "name": handle.name,
             "source": handle.source, "backend": handle.backend, "model": handle.model,
-            "tokenizer": handle.tokenizer, "sha256": handle._sha256}
+            "tokenizer": handle.tokenizer, "sha256": handle._sha256, "own": _handle_extras(handle)}
+
+
+def _handle_extras(handle: Any) -> dict:
+    """The handle's instance attributes besides its fields: ``handle.to_tokens`` or ``handle.forward`` set on
+    the instance (reversing every later tokenization, or acting only on long inputs) passed every check."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(handle)} if dataclasses.is_dataclass(handle) else set()
+    return {k: v for k, v in vars(handle).items() if k not in fields}
 
 
 def _anatomy(anatomy: Any) -> tuple:
@@ -227,6 +289,10 @@ def changed_handle(before: dict, handle: Any) -> str | None:
     for key in ("backend", "model", "tokenizer"):
         if getattr(handle, key) is not before[key]:
             return f"handle.{key} was replaced by another object"
+    own, now = before.get("own", {}), _handle_extras(handle)
+    if set(own) != set(now) or any(own[k] is not now[k] for k in own):
+        name = next(k for k in sorted(set(own) | set(now)) if own.get(k, _NO_DEFAULT) is not now.get(k, _NO_DEFAULT))
+        return f"handle.{name} was set on the handle and not put back"
     if handle._sha256 is not None and before["sha256"] is not None and handle._sha256 != before["sha256"]:
         return "the weights' hash it remembers (handle._sha256) was replaced while its weights stayed the same"
     return None
@@ -281,7 +347,10 @@ def changed_state(before: dict, after: dict) -> str | None:
         if was.training != now.training:
             return f"{label} was left in {'train' if now.training else 'eval'} mode"
         if was.params != now.params:
-            return f"a parameter of {label} was replaced or its requires_grad changed, and not put back"
+            return _changed_param(label, was.params, now.params)
+        if was.saves != now.saves:
+            return (f"a state_dict or load_state_dict hook was left on {label} (or one it had was removed): a later "
+                    "save would write other weights than the model holds")
     for key in sorted(set(before["config"]) | set(after["config"])):
         if before["config"].get(key) != after["config"].get(key):
             return f"its config field {key} changed ({before['config'].get(key)!r} -> {after['config'].get(key)!r})"
@@ -297,6 +366,22 @@ def changed_state(before: dict, after: dict) -> str | None:
         if what is not None:
             return f"{name}.{what}" if name else f"the model's own attribute {what}"
     return None
+
+
+def _changed_param(label: str, was: tuple, now: tuple) -> str:
+    """Which parameter of ``label`` differs, and how, in words."""
+    for old, new in zip(was, now, strict=False):
+        if old == new:
+            continue
+        name = f"{label}.{old[0]}" if label != "the model" else old[0]
+        if old[:3] != new[:3]:
+            return f"the parameter {name} was replaced or its requires_grad changed, and not put back"
+        if old[3][0] != new[3][0]:
+            return (f"a gradient hook was left on the parameter {name} (p.register_hook or register_post_accumulate_"
+                    "grad_hook): every later backward runs it")
+        return (f"the parameter {name} was left holding a gradient (p.grad), which the next backward adds to"
+                if old[3][1] is None else f"the gradient the parameter {name} held (p.grad) was replaced or cleared")
+    return f"the parameters of {label} were replaced or their requires_grad changed, and not put back"
 
 
 def _changed_attrs(was: tuple, now: tuple) -> str | None:
