@@ -146,3 +146,105 @@ def test_the_handles_and_the_tokenizers_classes_are_read_by_the_code_check(edit)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert "REFUSED" in out.stdout and "code the model runs changed" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+# --- pass 21, helper A: the hook API, completion, normalized_recovery, finetune's token ids ---
+
+
+@pytest.fixture(scope="module")
+def h():
+    return mk.load_model("tiny:llama")
+
+
+def test_a_module_as_a_hook_is_checked_through_its_forward(h):
+    import torch
+
+    class Reads(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    class Takes(torch.nn.Module):
+        def forward(self, x, hook):
+            return x
+
+    ids = h.to_tokens("hello world")
+    with pytest.raises(MechkitError, match="module Reads") as err, mk.hooks(h, {"blocks.0.hook_resid_post": Reads()}):
+        h(ids)
+    assert "your_module(act)" in err.value.fix
+    with mk.hooks(h, {"blocks.0.hook_resid_post": Takes()}):  # one that takes (act, hook) runs
+        h(ids)
+
+
+@pytest.mark.parametrize("ufunc,torch_name", [("tanh", "torch.tanh(act)"), ("exp", "torch.exp(act)")])
+def test_a_numpy_ufunc_as_a_hook_is_one_line_with_torchs_function_as_the_fix(h, ufunc, torch_name):
+    import numpy as np
+
+    with pytest.raises(MechkitError, match="arguments cannot be read") as err, \
+            mk.hooks(h, {"blocks.0.hook_resid_post": getattr(np, ufunc)}):
+        h(h.to_tokens("hello"))
+    assert torch_name in err.value.fix
+
+
+def test_the_fix_for_a_c_function_says_its_other_arguments_go_in(h):
+    import torch
+
+    with pytest.raises(MechkitError) as err, mk.pattern_hooks(h, {0: torch.softmax}):
+        pass
+    assert "torch.softmax(pattern)" in err.value.fix and "dim" in err.value.fix
+
+    def fixed(pattern):  # the fix, with the argument it names
+        return torch.softmax(pattern, dim=-1)
+
+    with mk.pattern_hooks(h, {0: fixed}):
+        h(h.to_tokens("hello"))
+
+
+@pytest.mark.parametrize("pattern", ["blocks.5.hook_resid_post", "blocks.0.hook_resid_psot", ["blocks.*.hook_nope"]])
+def test_a_completion_of_a_pattern_matching_nothing_is_refused(h, pattern):
+    with mk.record(h, "blocks.0.hook_resid_post") as cache:
+        h(h.to_tokens("hello world"))
+    with pytest.raises(MechkitError, match="no hook point matches"):
+        cache.completion(pattern)
+    assert cache.to_transformer_lens() is not None  # TransformerLens' needs still complete
+
+
+@pytest.mark.parametrize("call,expected", [
+    (lambda nr, torch, np: nr(torch.tensor([2**62, -(2**62)]), clean=2**62, corrupted=-(2**62)), [1.0, 0.0]),
+    (lambda nr, torch, np: nr(torch.tensor([2**63 - 1]), clean=2**63 - 1, corrupted=-(2**63)), [1.0]),
+    (lambda nr, torch, np: nr(np.int64(2**62 + 1), clean=np.int64(2**62 + 2), corrupted=np.int64(2**62)), [0.5])])
+def test_whole_number_recoveries_do_not_wrap_or_round(call, expected):
+    import numpy as np
+    import torch
+
+    from mechkit.patching import normalized_recovery
+
+    got = torch.as_tensor(call(normalized_recovery, torch, np)).reshape(-1).tolist()
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("patched,clean,corrupted", [(10**308, 0, -(10**308)), (1.0, 10**308, -(10**308))])
+def test_whole_numbers_past_a_float_are_one_line(patched, clean, corrupted):
+    from mechkit.patching import normalized_recovery
+
+    with pytest.raises(MechkitError, match="float"):
+        normalized_recovery(patched, clean, corrupted)
+
+
+def test_finetune_refuses_a_tokenizer_id_past_the_embedding_before_training(tmp_path):
+    import json
+
+    from mechkit.model.sources.tiny import tiny_model
+    from mechkit.taskarith.finetune import Recipe, finetune
+
+    model, tokenizer = tiny_model("llama")[:2]
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["added_tokens"].append({"id": 5, "content": "zz", "single_word": False, "lstrip": False, "rstrip": False,
+                                 "normalized": False, "special": True})
+    path.write_text(json.dumps(data))
+    handle = mk.load_model(str(tmp_path))
+    rows = [(handle.tokenizer("jazz zz")["input_ids"], 1)]
+    with pytest.raises(MechkitError, match="embeds only"):
+        finetune(handle, Recipe(task="capitalize", steps=1), rows=rows)

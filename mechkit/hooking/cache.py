@@ -281,11 +281,23 @@ class Cache(MutableMapping):
         ``TransformerBridge`` over the recorded model): see :mod:`mechkit.hooking.transformer_lens`."""
         from mechkit.hooking.transformer_lens import TL_NEEDS, activation_cache
 
-        return activation_cache(self, model, extra=self.completion(TL_NEEDS))
+        return activation_cache(self, model, extra=self._complete(TL_NEEDS))
 
     def completion(self, patterns: str | tuple[str, ...] | list[str]) -> dict:
         """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
-        ids (one more forward per recorded one, only when something is missing)."""
+        ids (one more forward per recorded one, only when something is missing). A pattern that matches no
+        hook point of the model (a typo, a layer past the last) is refused, as ``run_with_cache`` refuses it:
+        it came back as ``{}``, which reads as "nothing was missing"."""
+        if self.handle is not None:
+            for pattern in [patterns] if isinstance(patterns, str) else patterns if isinstance(
+                    patterns, list | tuple | set | frozenset) else ():
+                if isinstance(pattern, str):
+                    resolve(self.handle.anatomy, pattern)  # its own one line: "no hook point matches …"
+        return self._complete(patterns)
+
+    def _complete(self, patterns: Any) -> dict:
+        """:meth:`completion` without the check that each pattern matches: TransformerLens' needs name points
+        a family may lack (the resid_mid of a parallel block), which are simply not recorded."""
         handle, inputs = self.handle, self.inputs
         if handle is None or not inputs:
             return {}

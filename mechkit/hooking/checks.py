@@ -30,20 +30,38 @@ def _callables(value: Any, where: str, example: str, args: tuple[str, ...] = ())
             module = getattr(odd, "__module__", None)
             # torch.relu is reachable as torch.relu; a partial or an instance is the user's object, named by them
             reachable = isinstance(module, str) and getattr(sys.modules.get(module), str(name), None) is odd
+            import numpy as np
+
+            if isinstance(odd, np.ufunc) and getattr(torch, str(name), None) is not None:
+                module, reachable = "torch", True  # NumPy's would turn the tensor into an array: torch's takes it
+            # its other arguments (softmax's dim) cannot be read either: the call says where they go
             call = f"{'' if module == 'builtins' else module + '.'}{name}({args[0]})" if reachable \
                 else f"your_callable({args[0]})"
             raise MechkitError(f"{where} maps to {name}, whose arguments cannot be read, so it cannot be checked "
-                               f"to take ({shown})", f"wrap it in a function: def fn({shown}): return {call}")
+                               f"to take ({shown})", f"wrap it in a function: def fn({shown}): return {call}"
+                               + (f", adding any other argument {name} needs (softmax's dim=-1, say)"
+                                  if "your_callable" not in call else ""))
+        if isinstance(odd, torch.nn.Module):  # an SAE or a probe: its forward takes the activation alone
+            raise MechkitError(f"{where} maps to the module {name}, whose forward cannot be called as fn({shown})",
+                               f"call it from a function: def fn({shown}): return your_module({args[0]})")
         raise MechkitError(f"{where} maps to {name}, which cannot be called as fn({shown})",
                            f"define it as def fn({shown}): ... (return None to only read)")
     return list(fns)
 
 
 def _signature(fn: Callable) -> Any:
+    """What ``fn`` is called with, or ``None`` where that cannot be read: a C function, a ``__signature__`` that
+    raises, and a NumPy ufunc (its signature binds a second argument to ``out=``). An ``nn.Module`` (an SAE
+    used as a hook) is called through its ``forward``, whose signature ``Module.__call__``'s ``*args`` hid."""
     import inspect
 
+    import numpy as np
+
+    if isinstance(fn, np.ufunc):
+        return None
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     try:
-        return inspect.signature(fn)
+        return inspect.signature(target)
     except Exception:  # a builtin or C function (TypeError, ValueError); a __signature__ that raises
         return None
 

@@ -117,7 +117,10 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
     clean, corrupted = _one_number(clean, "clean"), _one_number(corrupted, "corrupted")
     gap = clean - corrupted
     if all(isinstance(v, int) and not isinstance(v, bool) for v in exact) and exact[0] != exact[1]:
-        gap = float(exact[0] - exact[1])  # 2**62 + 2 and 2**62: a float holds neither exactly, the gap (2) it does
+        try:
+            gap = float(exact[0] - exact[1])  # 2**62 + 2 and 2**62: a float holds neither exactly, the gap (2) it does
+        except OverflowError:
+            gap = math.inf  # refused just below
     if not math.isfinite(gap):  # 1e308 and -1e308: every recovery came out 0 (or NaN) without a word
         raise MechkitError(f"normalized_recovery: clean − corrupted ({clean:.4g} − {corrupted:.4g}) overflows a float",
                            "check the runs that gave them: a metric this large is not a logit difference")
@@ -137,17 +140,32 @@ def normalized_recovery(patched: torch.Tensor | float, clean: float | torch.Tens
                                "infinite value(s)", "check the patched runs: their metric is not finite there "
                                "(NaN or inf logits)")
         if not patched.is_floating_point():
-            base = exact[1] if isinstance(exact[1], int) and -(2**63) <= exact[1] < 2**63 else None
-            if base is not None:  # whole numbers: subtracted exactly, then divided (float32 lost 2**62 + 1's 1)
-                return _finite(((patched.long() - base).double() / gap).float())
-            return _finite((patched.float() - corrupted) / gap)
+            if isinstance(exact[1], int) and patched.numel() <= _EXACT_MAX:
+                # whole numbers: each subtracted exactly as a Python int, then divided (float32 lost 2**62 + 1's 1,
+                # and an int64 subtraction wrapped around)
+                values = [_exact_ratio(int(v) - exact[1], gap) for v in patched.reshape(-1).tolist()]
+                return _finite(torch.tensor(values, dtype=torch.float64).reshape(patched.shape).float())
+            return _finite((patched.double() - corrupted) / gap).float()
         # In float32 at least, back in patched's dtype: a float16 patched minus a corrupted of 1e5 was inf.
         wide = patched.dtype if torch.finfo(patched.dtype).bits >= 32 else torch.float32
         return _finite(((patched.to(wide) - corrupted) / gap).to(patched.dtype))
     number = _one_number(patched, "patched")  # checked first: 10**400 is one line
-    if isinstance(patched, int) and not isinstance(patched, bool) and isinstance(exact[1], int):
-        return _finite((patched - exact[1]) / gap)  # whole numbers subtracted exactly, as for a grid of them
+    whole = patched.item() if isinstance(patched, np.generic) else patched  # an np.int64 as the int it holds
+    if isinstance(whole, int) and not isinstance(whole, bool) and isinstance(exact[1], int):
+        return _finite(_exact_ratio(whole - exact[1], gap))  # subtracted exactly, as for a grid of them
     return _finite((number - corrupted) / gap)
+
+
+_EXACT_MAX = 1_000_000  # whole-number grids up to this size are subtracted exactly (a scan's grid is far smaller)
+
+
+def _exact_ratio(difference: int, gap: float) -> float:
+    """``difference / gap``, or one line where the difference is past what a float holds (10**308 − (−10**308))."""
+    try:
+        return difference / gap
+    except OverflowError:
+        raise MechkitError("normalized_recovery: patched − corrupted is past what a float holds",
+                           "check the runs that gave them: a metric this large is not a logit difference") from None
 
 
 def _finite(recovery: Any) -> Any:

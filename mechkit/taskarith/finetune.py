@@ -188,6 +188,10 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     rows = training_rows(handle, recipe) if rows is None else rows
     if not rows:
         raise MechkitError("no training rows given", "pass at least one encoded training prompt")
+    from mechkit.model.checks.token_ids import checked_ids, vocab_rows
+
+    for ids, _ in rows:  # the training forward skips the handle's own id check: an id past the embedding was an IndexError
+        checked_ids(ids, vocab_rows(handle.model), handle.tokenizer)
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
     if recipe.method == "lora" and recipe.rank < 1:
