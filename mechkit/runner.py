@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -444,8 +443,20 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
             write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
                          tables=report_tables(report, cls, console))
         if resume is not None:
-            shutil.rmtree(resume, ignore_errors=True)  # the run finished: its resumable steps are done with
+            _finish_steps(resume, console)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+
+
+def _finish_steps(resume: Path, console) -> None:
+    """Remove what the finished run kept in its steps folder, and nothing else: a user's file put there (the
+    folder is the user's disk too) stays, said in one line. A run resumes from a folder holding such files
+    (they change none of its steps); only its own files are ever deleted."""
+    from mechkit.io.disk_cache import finish_run_dir
+
+    if finish_run_dir(resume):
+        console.print(f"mechkit: warning: {resume} holds files no mechkit run writes; the finished run removed only "
+                      "its own steps there and left the rest (delete the folder yourself when done with them)",
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

@@ -211,12 +211,22 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
 
 def file_mode() -> int:
     """The mode a new file gets under the umask (read without a race: from /proc where it is shown)."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode a new directory gets under the umask: what a folder built by ``tempfile.mkdtemp`` (0700) is
+    given before it becomes a user's (``prune --save-model``'s ``model/`` was private to its owner)."""
+    return 0o777 & ~_umask()
+
+
+def _umask() -> int:
     with contextlib.suppress(OSError, ValueError, StopIteration):
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("Umask:"))
-        return 0o666 & ~int(line.split()[1], 8)
+        return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
 
 
 def _umask_mode(path: Path, mode: int) -> None:

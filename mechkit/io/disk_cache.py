@@ -269,8 +269,61 @@ def _leftovers(root: Path) -> list[Path]:
 
 def _leftover_folders(root: Path) -> list[Path]:
     """Where a killed write in the cache leaves its temporary files: the root, the groups, each run's step
-    folder (a step is written atomically beside its name) and the GGUF hash memos."""
-    return [root, *(root / g for g in GROUPS), *_children(root / "runs"), root / "gguf" / ".hashes"]
+    folder (a step is written atomically beside its name), the scratch folders inside it (a killed checkpoint's
+    ``.checkpoint.safetensors.tmp-*`` in ``finetune/`` or ``finetunes/ft-3/``: missed, it was on no row and
+    never cleared) and the GGUF hash memos. A marked run folder a user put files in counts too: only
+    mechkit's temporary names are ever taken from it."""
+    runs = [*_children(root / "runs"), *(p for p in unmarked_runs(root) if (p / RUN_MARKER).is_file())]
+    return [root, *(root / g for g in GROUPS), *(f for p in runs for f in _scratch_folders(p)),
+            root / "gguf" / ".hashes"]
+
+
+def _scratch_folders(path: Path, depth: int = 4) -> list[Path]:
+    """``path`` and the plain folders under it (not links, not hidden names), ``depth`` levels deep."""
+    found = [path]
+    if depth > 0:
+        with contextlib.suppress(OSError):
+            for p in sorted(path.iterdir()):
+                if not p.name.startswith(".") and not p.is_symlink() and p.is_dir():
+                    found += _scratch_folders(p, depth - 1)
+    return found
+
+
+def finish_run_dir(path: Path) -> list[Path]:
+    """Remove, from a finished run's steps folder ``path``, what runs write there (the marker, the step files,
+    the scratch folders' checkpoints, mechkit's temporary files) and the folders left empty; return what was
+    kept: anything else (a user's ``notes.txt`` beside the steps) is theirs and never deleted. A run used to
+    remove the folder whole when it finished, a user's files with it."""
+    kept: list[Path] = []
+
+    def clear(folder: Path, depth: int, top: bool) -> None:
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            kept.append(folder)
+            return
+        for p in entries:
+            ours_file = (p.name == RUN_MARKER or STEP_FILE.match(p.name) is not None) if top else p.name == CHECKPOINT_FILE
+            try:
+                if p.is_symlink():
+                    kept.append(p)
+                elif is_mechkit_temp(p.name):
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+                elif p.is_file() and ours_file:
+                    p.unlink()
+                elif p.is_dir() and not p.name.startswith(".") and depth > 0:
+                    clear(p, depth - 1, False)
+                    with contextlib.suppress(OSError):
+                        p.rmdir()  # a folder still holding a user's file stays
+                else:
+                    kept.append(p)
+            except OSError:
+                kept.append(p)
+
+    clear(path, 4, True)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    return kept
 
 
 def remove_dir(path: Path) -> None:

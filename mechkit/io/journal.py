@@ -38,6 +38,16 @@ def own_temp_name(name: object, target: str) -> bool:
         re.escape(f".{target}.tmp-") + r"\d+-[0-9a-f]{8}", name) is not None
 
 
+def set_name(name: object) -> bool:
+    """A name a journal may list: a plain name in the directory, or ``FOLDER/NAME`` inside one of its folders (an
+    owned folder holding a user's file gets its own files replaced one by one, the folder and that file kept).
+
+    >>> set_name("model/config.json"), set_name("report.json"), set_name("../x"), set_name("a/b/c")
+    (True, True, False, False)
+    """
+    return isinstance(name, str) and all(plain_name(part) for part in name.split("/")) and name.count("/") <= 1
+
+
 def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -56,8 +66,8 @@ def recover(out: str | os.PathLike[str]) -> bool:
     try:
         record = json.loads(journal.read_text(encoding="utf-8"))
         tmp = out.parent / record["tmp"]
-        install = [n for n in record["install"] if plain_name(n)]
-        names = install + [n for n in record["remove"] if plain_name(n)]
+        install = [n for n in record["install"] if set_name(n)]
+        names = install + [n for n in record["remove"] if set_name(n)]
     except FileNotFoundError:
         return False
     except (OSError, ValueError, KeyError, TypeError) as err:

@@ -139,8 +139,10 @@ def refuse_mount_point(path: Path) -> None:
 
 def refuse_mounted_inside(path: Path) -> None:
     """One line where a file or folder ``--force`` would replace inside the directory ``path`` (the last run's
-    files, its report) is a mount point: the new set goes in by renames, which the kernel refuses there, so
-    the run failed only after all its work, telling the user to choose "another file name for --out"."""
+    files, its report) is a mount point, or holds one anywhere below it: the new set goes in by renames, which
+    the kernel refuses at a mount point, so the run failed only after all its work, telling the user to choose
+    "another file name for --out"; and a file bind-mounted inside an owned folder (``pr/model/config.json``)
+    was moved aside with the folder into a hidden temporary folder that stayed behind."""
     from mechkit.io.replace import MANIFEST, owned_names
 
     points = mount_points()
@@ -148,6 +150,12 @@ def refuse_mounted_inside(path: Path) -> None:
         return
     for name in dict.fromkeys([*owned_names(path), "report.json", "report.html", MANIFEST]):
         target = _real(path / name)
+        below = sorted(p for p in points if Path(p).is_relative_to(target) and p != str(target)) \
+            if not (path / name).is_symlink() else []  # a mount inside an owned folder: moved aside with it
+        if below:
+            raise MechkitError(f"--out {path} holds {name}, which --force would replace, and {below[0]} inside it is "
+                               "a mount point, which a rename cannot move away safely",
+                               f"unmount {shlex.quote(below[0])} first, or choose another --out")
         if str(target) in points:
             raise MechkitError(f"--out {path} holds {name}, which --force would replace, and it is a mount point "
                                f"({target}), which a rename cannot replace", f"unmount {shlex.quote(str(target))} "

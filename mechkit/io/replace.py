@@ -163,9 +163,55 @@ def _task_vector_file(path: Path) -> bool:
 
 
 def _ordered(names: Sequence[str]) -> list[str]:
-    """``names`` with the key file last (it goes in last and comes out first)."""
-    keys = [n for n in KEY_FILES if n in names]
+    """``names`` with the key files last (they go in last and come out first): a folder's own (``model/config.json``)
+    before the directory's."""
+    keys = [n for n in names if n.rsplit("/", 1)[-1] in KEY_FILES]
+    keys.sort(key=lambda n: "/" not in n)
     return [n for n in names if n not in keys] + keys
+
+
+def foreign_in_folder(folder: Path) -> list[str]:
+    """The names in an owned folder (``prune --save-model``'s ``model/``) that mechkit did not write there: not in
+    the folder's own manifest, or, where it has none (an older mechkit wrote it), not a model's file."""
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return []
+    if (folder / MANIFEST).is_file():
+        owned = set(owned_names(folder)) | {MANIFEST}
+        return [n for n in names if n not in owned]
+    return [n for n in names if not _model_file(n)]
+
+
+def _inside_kept_folders(tmp: Path, out: Path, new: list[str], stale: list[str]) -> tuple[list[str], list[str]]:
+    """The set's names, with each owned folder that holds a user's file (``pr/model/NOTES.md``) replaced by the
+    files inside it: mechkit's own files there are moved aside and the new ones moved in, one by one; the folder
+    and the user's file stay. ``--force`` moved the folder aside whole and deleted the note with it."""
+    owned = owned_names(out)
+    names_new, names_stale = [], []
+    for names, into in ((new, names_new), (stale, names_stale)):
+        for name in names:
+            folder = out / name
+            if not (_real_dir(folder) and _our_folder(out, name, owned) and foreign_in_folder(folder)):
+                into.append(name)
+                continue
+            if name in new and not _real_dir(tmp / name):
+                raise MechkitError(f"--out {out} holds {folder}, a folder mechkit wrote that now holds "
+                                   f"{foreign_in_folder(folder)[0]}, which mechkit did not write, and the new set "
+                                   f"writes a file {name} there", "move that file out of the folder first")
+            ours = [n for n in owned_names(folder) if os.path.lexists(folder / n)] if (folder / MANIFEST).is_file() \
+                else [n for n in os.listdir(folder) if _model_file(n)]
+            fresh = sorted(p.name for p in (tmp / name).iterdir()) if name in new else []
+            clash = [n for n in fresh if n not in ours and _real_dir(folder / n)]
+            if clash:
+                raise MechkitError(f"--out {out} holds a folder {name}/{clash[0]}, which mechkit did not write, where "
+                                   "the new set writes", "choose another --out, or move that folder away first")
+            if name in new:
+                names_new += [f"{name}/{n}" for n in fresh]
+                names_stale += [f"{name}/{n}" for n in ours if n not in fresh]
+            else:
+                names_stale += [f"{name}/{n}" for n in ours]
+    return names_new, names_stale
 
 
 def _real_dir(path: Path) -> bool:
@@ -200,9 +246,12 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
         new.append(MANIFEST)
     elif (out / MANIFEST).exists():
         stale.append(MANIFEST)  # it would list another set
+    new, stale = _inside_kept_folders(tmp, out, new, stale)
     new = _ordered(new)
     backup = tmp / ".previous"
     backup.mkdir()
+    for folder in {n.split("/")[0] for n in [*new, *stale] if "/" in n}:
+        (backup / folder).mkdir()
     journal = journal_path(out)
     from mechkit.io.atomic import write_atomic
 

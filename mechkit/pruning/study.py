@@ -34,6 +34,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ import numpy as np
 
 from mechkit.errors import MechkitError
 from mechkit.eval.evaluation import evaluate, task_prompts
+from mechkit.io.atomic import dir_mode
 from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
 from mechkit.pruning.calibration import calibrate
 from mechkit.pruning.cost import (
@@ -410,6 +412,7 @@ class PruneStudy:
             return save_pruned(pruned, out_dir)
         tmp = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))
         try:
+            os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would stay: the folder is kept as the user's model/
             return save_pruned(pruned, tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

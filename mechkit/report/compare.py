@@ -187,23 +187,57 @@ def render_compare_html(cmp: Comparison) -> str:
 
 
 def write_compare(cmp: Comparison, out_dir: str | os.PathLike[str], force: bool = False) -> Path:
-    """Write ``compare.html`` into ``out_dir`` atomically (a new directory appears whole); return ``out_dir``.
+    """Write ``compare.html`` into ``out_dir`` as a set of mechkit's files, as a run writes its own; return ``out_dir``.
 
-    A non-empty ``out_dir`` is refused without ``force`` (one line), as for a run's ``--out``.
+    A non-empty ``out_dir`` is refused without ``force`` (one line), as for a run's ``--out``, and so is, even
+    with ``force``, one of the compared runs (the page went into the input run's directory), a ``compare.html``
+    mechkit did not write (a user's own page was replaced), and another run's files (its set would be
+    replaced). The page goes in with a manifest (:func:`mechkit.io.replace.replacing_dir`), so a later
+    ``--force`` replaces only what mechkit wrote there.
     """
-    from mechkit.io import atomic_dir, check_out, write_atomic
+    from mechkit.io import check_out
     from mechkit.io.outlock import out_lock
+    from mechkit.io.replace import replacing_dir
 
-    out = check_out(out_dir, force=force, kind="dir")
+    inputs = tuple(cmp.dirs)
+    out = check_out(out_dir, force=force, kind="dir", inputs=inputs)
     page = render_compare_html(cmp)
     with out_lock(out):
-        out = check_out(out_dir, force=force, kind="dir")  # again under the lock
-        if out.exists():
-            write_atomic(out / COMPARE_HTML, page)
-        else:
-            with atomic_dir(out) as tmp:
-                (tmp / COMPARE_HTML).write_text(page, encoding="utf-8")
+        out = check_out(out_dir, force=force, kind="dir", inputs=inputs)  # again under the lock
+        _refuse_foreign_page(out)
+        with replacing_dir(out, writer=COMPARE_WRITER, force=force) as tmp:
+            (tmp / COMPARE_HTML).write_text(page, encoding="utf-8")
     return out
+
+
+COMPARE_WRITER = "report compare"  # the writer its manifest records
+
+
+def _refuse_foreign_page(out: Path) -> None:
+    """One line where ``out`` holds a ``compare.html`` mechkit did not write, or another writer's set of files."""
+    from mechkit.io.replace import owned_names, set_writer
+
+    if not out.is_dir():
+        return
+    owned, writer = owned_names(out), set_writer(out)
+    if owned and writer != COMPARE_WRITER:
+        raise MechkitError(f"--out {out} holds the files a `{writer or 'mechkit'}` run wrote, and report compare "
+                           "would replace them", "choose another --out for the comparison")
+    page = out / COMPARE_HTML
+    if os.path.lexists(page) and COMPARE_HTML not in owned and not _old_compare_page(page):
+        raise MechkitError(f"--out {out} holds {COMPARE_HTML}, which mechkit did not write, and report compare would "
+                           "replace it", "choose another --out, or move that file away first")
+
+
+def _old_compare_page(page: Path) -> bool:
+    """A page an older mechkit wrote (before its manifest): its title says so."""
+    from mechkit.io.read import read_regular_text
+
+    try:
+        text = read_regular_text(page)
+    except (OSError, MechkitError):
+        return False
+    return text is not None and "runs compared — mechkit</title>" in text[:4000]
 
 
 def print_compare(cmp: Comparison, console: Console | None = None) -> None:
