@@ -111,7 +111,7 @@ def _untie(handle):
     (_flip_padding, "its tokenizer was changed"),
     (lambda h: h.tokenizer.add_tokens(["zzqq"]), "its tokenizer was changed"),
     (lambda h: [p.requires_grad_(False) for p in h.model.parameters()], "requires_grad changed"),
-    (_untie, "a parameter of lm_head was replaced"),
+    (_untie, "the parameter lm_head.weight was replaced"),
     (lambda h: setattr(h.model.config, "_attn_implementation", "eager"), "_attn_implementation"),
 ])
 def test_a_run_that_swaps_what_names_cannot_show_is_refused(leave, said):

@@ -32,7 +32,7 @@ def test_cli_compare_puts_seeds_side_by_side(detect_runs, tmp_path):
     res = CliRunner().invoke(cli, ["report", "compare", *map(str, detect_runs), "--out", str(out)])
     assert res.exit_code == 0, res.output
     page = (out / "compare.html").read_text()
-    assert [p.name for p in out.iterdir()] == ["compare.html"]
+    assert sorted(p.name for p in out.iterdir()) == [".mechkit-files", "compare.html"]  # the page and its manifest
     assert not re.search(r"https?://", page)
     # the plugin's own tables (rank x kind), one column per run, labelled by what differs: the seed
     assert "Top heads by score" in page and "<th>seed 0</th><th>seed 1</th>" in page
