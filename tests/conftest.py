@@ -164,3 +164,22 @@ def cli_in_process(*args: str, env: dict | None = None) -> subprocess.CompletedP
     if result.exception is not None and not isinstance(result.exception, SystemExit):  # as a process shows it
         stderr += "".join(traceback.format_exception(result.exception))
     return subprocess.CompletedProcess(["mechkit", *args], result.exit_code, result.stdout, stderr)
+
+
+def small_scheduler(handle, plan) -> dict:
+    """A scheduler.json's content for ``handle`` (tiny:llama): a dense candidate and ``plan`` (an
+    ``ExecutionPlan``), a task signal fitted on 3 prompts of two tasks, and a made-up cost table: what the
+    scheduler-file checks read, built in a second instead of an adapt run."""
+    import mechkit as mk
+    from mechkit.adapt import Candidate, CostTable, ExecutionPlan, Scheduler, TaskSignal
+    from mechkit.adapt.measures import signal_features
+    from mechkit.adapt.scheduler import structure_identity
+
+    tasks = ["capitalize", "past-tense"]
+    prompts = mk.build_prompts(tasks[0], n=3, shots=1) + mk.build_prompts(tasks[1], n=3, shots=1)
+    signal = TaskSignal.fit(signal_features(handle, [p.text for p in prompts], layer=0, batch_size=6),
+                            [tasks[0]] * 3 + [tasks[1]] * 3, layer=0)
+    table = CostTable(beta_attn=0.3, beta_mlp=0.6, gamma=0.0, eta=0.0, dense_a=0.0, dense_b=0.001, n_layers=2)
+    cands = [Candidate(ExecutionPlan(), "static", {t: 1.0 for t in tasks}, {t: -0.5 for t in tasks}),
+             Candidate(plan, "static", {t: 0.5 for t in tasks}, bias=0.01)]
+    return Scheduler(cands, table, tasks, signal, margin=0.02, adherence=0.9, model=structure_identity(handle)).as_dict()

@@ -122,20 +122,10 @@ def test_the_suggested_margin_prompts_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def saved(llama, tmp_path_factory):
-    from mechkit.adapt import Candidate, CostTable, ExecutionPlan, Scheduler, TaskSignal, TokenSelection
-    from mechkit.adapt.measures import signal_features
-    from mechkit.adapt.scheduler import structure_identity
+    from mechkit.adapt import ExecutionPlan, TokenSelection
+    from tests.conftest import small_scheduler
 
-    tasks = ["capitalize", "past-tense"]
-    prompts = mk.build_prompts(tasks[0], n=3, shots=1) + mk.build_prompts(tasks[1], n=3, shots=1)
-    signal = TaskSignal.fit(signal_features(llama, [p.text for p in prompts], layer=0, batch_size=6),
-                            [tasks[0]] * 3 + [tasks[1]] * 3, layer=0)
-    table = CostTable(beta_attn=0.3, beta_mlp=0.6, gamma=0.0, eta=0.0, dense_a=0.0, dense_b=0.001, n_layers=2)
-    cands = [Candidate(ExecutionPlan(), "static", {t: 1.0 for t in tasks}, {t: -0.5 for t in tasks}),
-             Candidate(ExecutionPlan(heads={1: (0,)}, tokens=TokenSelection(0, 0.5, tail=3)), "static",
-                       {t: 0.5 for t in tasks}, bias=0.01)]
-    sched = Scheduler(cands, table, tasks, signal, margin=0.02, adherence=0.9, model=structure_identity(llama))
-    return sched.as_dict(), tmp_path_factory.mktemp("sched")
+    return small_scheduler(llama, ExecutionPlan(heads={1: (0,)}, tokens=TokenSelection(0, 0.5, tail=3))), tmp_path_factory.mktemp("sched")
 
 
 def _edit(data: dict, path: str, value) -> dict:
