@@ -200,10 +200,10 @@ class RunContext:
             return None
         import contextlib
 
-        from mechkit.io.disk_cache import mark_run_dir
+        from mechkit.io.disk_cache import mark_scratch
 
         with contextlib.suppress(OSError):  # the caller's own write then fails and says so
-            mark_run_dir(self.resume_dir)  # before a checkpoint's own mkdir makes the folder unmarked
+            mark_scratch(self.resume_dir, name)  # marked before a checkpoint's own mkdir, the folder recorded as ours
         return self.resume_dir / name
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,15 +225,15 @@ def plugin_code(cls: type[Plugin]) -> str:
     kill and the rerun resumed on steps the old code computed). A plugin edited between
     a kill and the rerun without a version bump (a third-party one in development, say), in its own file or a
     module it imports from its package, starts fresh instead of resuming on steps its old code computed;
-    ``""`` where the source cannot be read (the version alone keys it then)."""
+    where the source cannot be read (a notebook cell), its compiled code stands in (:func:`_compiled_code`)."""
     import inspect
     import sys
 
     try:
         own = Path(inspect.getsourcefile(cls) or "")
         digest = hashlib.sha256(own.read_bytes())
-    except (OSError, TypeError):
-        return ""
+    except (OSError, TypeError):  # a class defined in a notebook cell or by exec: no file to read
+        return _compiled_code(cls)
     top = sys.modules.get(cls.__module__.partition(".")[0])
     roots = [Path(p) for p in getattr(top, "__path__", [])] if top is not None else []
     if cls.__module__.partition(".")[0] == "mechkit":  # built-in plugins live beside mechkit's package
@@ -240,6 +241,36 @@ def plugin_code(cls: type[Plugin]) -> str:
     mechkit_root = sys.modules.get("mechkit")  # a third-party plugin computes through mechkit's code too
     roots += [Path(p) for p in getattr(mechkit_root, "__path__", [])]
     digest.update(package_code(tuple(sorted({str(r) for r in roots}))).encode())
+    return digest.hexdigest()
+
+
+def _compiled_code(cls: type[Plugin]) -> str:
+    """SHA-256 of a plugin class's compiled code, where its source file cannot be read (a notebook cell, exec),
+    and of mechkit's own code: its key was the name and version alone, so a cell edited between an interrupt
+    and the rerun resumed on steps the old code computed. Each function of the class and its bases below
+    :class:`Plugin` counts by its bytecode, constants (nested functions' too) and names."""
+    import marshal
+    import sys
+    import types
+
+    digest = hashlib.sha256()
+    for base in cls.__mro__:
+        if base is Plugin or base is object:
+            continue
+        for name, value in sorted(vars(base).items()):
+            fn = getattr(value, "__func__", value)
+            code = getattr(fn, "__code__", None)
+            if isinstance(code, types.CodeType):
+                try:
+                    digest.update(name.encode() + b"\0" + marshal.dumps(code))
+                except ValueError:  # a constant marshal cannot write: its repr stands in
+                    digest.update(name.encode() + b"\0" + repr(code.co_consts).encode() + code.co_code)
+            elif not name.startswith("__"):
+                shown = repr(value)[:10_000]  # an object's default repr holds its address: another each process
+                digest.update(name.encode() + b"\0" + re.sub(r" at 0x[0-9a-f]+", "", shown).encode())
+    mechkit_root = sys.modules.get("mechkit")
+    roots = tuple(sorted(str(p) for p in getattr(mechkit_root, "__path__", [])))
+    digest.update(package_code(roots).encode())
     return digest.hexdigest()
 
 

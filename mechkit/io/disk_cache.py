@@ -164,6 +164,28 @@ def mark_run_dir(path: Path) -> None:
         marker.write_text('{"mechkit": "run steps"}\n', encoding="utf-8")
 
 
+def mark_scratch(path: Path, name: str) -> None:
+    """Record in the run's marker that it made the scratch folder ``name``: only a recorded folder's
+    checkpoints are removed when the run finishes (a user's ``mine/checkpoint.safetensors`` beside them was
+    deleted, taken for one). Raises ``OSError`` where it cannot be written."""
+    mark_run_dir(path)
+    names = scratch_names(path)
+    if name not in names:
+        from mechkit.io.atomic import write_atomic
+
+        write_atomic(path / RUN_MARKER, json.dumps({"mechkit": "run steps", "scratch": sorted({*names, name})}) + "\n")
+
+
+def scratch_names(path: Path) -> set[str]:
+    """The scratch folders a run recorded in its marker (none for a marker written before they were recorded)."""
+    try:
+        data = json.loads((path / RUN_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    names = data.get("scratch") if isinstance(data, dict) else None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+
 def unmarked_runs(root: Path | None = None) -> list[Path]:
     """Folders in ``runs/`` named like a run key that are no run's steps: without mechkit's marker (a user's, or
     made by a mechkit older than the marker), or marked but holding files no run writes (a user's beside it).
@@ -295,23 +317,28 @@ def finish_run_dir(path: Path) -> list[Path]:
     kept: anything else (a user's ``notes.txt`` beside the steps) is theirs and never deleted. A run used to
     remove the folder whole when it finished, a user's files with it."""
     kept: list[Path] = []
+    if not path.is_dir():  # a run that kept no steps never made it: nothing to remove, nothing to say
+        return kept
+    scratch = scratch_names(path)
 
     def clear(folder: Path, depth: int, top: bool) -> None:
         try:
             entries = sorted(folder.iterdir())
+        except FileNotFoundError:
+            return
         except OSError:
             kept.append(folder)
             return
         for p in entries:
             ours_file = (p.name == RUN_MARKER or STEP_FILE.match(p.name) is not None) if top else p.name == CHECKPOINT_FILE
             try:
-                if p.is_symlink():
+                if p.is_symlink() or os.path.ismount(p):
                     kept.append(p)
                 elif is_mechkit_temp(p.name):
                     shutil.rmtree(p) if p.is_dir() else p.unlink()
                 elif p.is_file() and ours_file:
                     p.unlink()
-                elif p.is_dir() and not p.name.startswith(".") and depth > 0:
+                elif p.is_dir() and not p.name.startswith(".") and depth > 0 and (not top or p.name in scratch):
                     clear(p, depth - 1, False)
                     with contextlib.suppress(OSError):
                         p.rmdir()  # a folder still holding a user's file stays

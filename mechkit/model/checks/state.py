@@ -130,7 +130,8 @@ def _comparable(value: Any, configs: dict) -> Any:
     if hasattr(value, "to_dict") and callable(value.to_dict) and not isinstance(value, type):
         if id(value) not in configs:
             try:
-                data = json.dumps(value.to_dict(), sort_keys=True, default=str)
+                data = json.dumps({k: v for k, v in value.to_dict().items() if k not in _CONFIG_RECORDS},
+                                  sort_keys=True, default=str)
             except Exception:  # a to_dict that fails: the object itself is compared
                 data = None
             data = (data, str(getattr(value, "_attn_implementation", None)))
@@ -194,15 +195,20 @@ def _as_class_says(m: Any, name: str, value: Any) -> bool:
 
 
 _NO_DEFAULT = object()
+# Config fields that record where a model came from and what it was saved as, read by no forward:
+# save_pretrained fills in "architectures", the library version and "dtype" on a model whose config lacked them.
+_CONFIG_RECORDS = frozenset({"architectures", "transformers_version", "dtype", "torch_dtype"})  # dtype: the saved one
 
 
 def _tensor_hooks(p: Any) -> tuple:
     """A parameter's own gradient hooks (``p.register_hook``, ``register_post_accumulate_grad_hook``) and the
     gradient it holds: one left by a run zeroes or scales every later backward through the model, and a
-    ``p.grad`` left filled is added to the next one."""
+    ``p.grad`` left filled is added to the next one. An all-zero gradient (``zero_grad(set_to_none=False)``)
+    adds nothing, so it counts as none."""
     hooks = tuple(tuple((k, id(fn)) for k, fn in (getattr(p, d, None) or {}).items())
                   for d in ("_backward_hooks", "_post_accumulate_grad_hooks"))
-    return hooks, None if p.grad is None else id(p.grad)
+    grad = p.grad
+    return hooks, None if grad is None or (not grad.is_meta and not bool(grad.any())) else id(grad)
 
 
 def _module_state(m: Any, configs: dict | None = None) -> ModuleState:
@@ -246,7 +252,31 @@ def handle_state(handle: Any) -> dict:
     the next caller's analyses, keys or artifacts wrong although the model computes as before."""
     return {"anatomy": _anatomy(handle.anatomy), "anatomy_obj": handle.anatomy, "spec": handle.spec, "name": handle.name,
             "source": handle.source, "backend": handle.backend, "model": handle.model,
-            "tokenizer": handle.tokenizer, "sha256": handle._sha256, "own": _handle_extras(handle)}
+            "tokenizer": handle.tokenizer, "sha256": handle._sha256, "own": _handle_extras(handle),
+            "memos": _memos(handle), "tokenizer_own": _tokenizer_own(handle.tokenizer)}
+
+
+def _memos(handle: Any) -> dict:
+    """The handle's remembered vocabulary and position counts (read once, then kept): one set to another value
+    turned off the id and length checks, and a later call gave torch's raw IndexError."""
+    return {k: getattr(handle, k, None) for k in ("_n_vocab", "_n_positions")}
+
+
+def _fresh_memo(handle: Any, key: str) -> int:
+    """What the handle would remember for ``key`` read afresh from its model (-1: none)."""
+    from mechkit.model.checks.token_ids import position_rows, vocab_rows
+
+    return ((vocab_rows if key == "_n_vocab" else position_rows)(handle.model) or -1)
+
+
+def _tokenizer_own(tokenizer: Any) -> dict:
+    """What is set on the tokenizer object itself and changes what it returns: a method replaced on the
+    instance (``tokenizer.encode = …``, which its class's check cannot see) by identity, and the names of the
+    inputs it gives (``model_input_names``: without ``attention_mask`` a later run failed on a missing key)."""
+    own = {k: v for k, v in vars(tokenizer).items() if callable(v) and not isinstance(v, type)} \
+        if hasattr(tokenizer, "__dict__") else {}
+    names = getattr(tokenizer, "model_input_names", None)
+    return {"calls": own, "model_input_names": list(names) if isinstance(names, list | tuple) else names}
 
 
 def _handle_extras(handle: Any) -> dict:
@@ -289,6 +319,20 @@ def changed_handle(before: dict, handle: Any) -> str | None:
     for key in ("backend", "model", "tokenizer"):
         if getattr(handle, key) is not before[key]:
             return f"handle.{key} was replaced by another object"
+    for key, was in before.get("memos", {}).items():  # a memo filled in with the model's own count is no change
+        now_memo = getattr(handle, key, None)
+        if now_memo != was and not (was is None and now_memo in (None, _fresh_memo(handle, key))):
+            return f"handle.{key} (the model's remembered {key[3:]} count) was changed ({was!r} -> {now_memo!r})"
+    tok = before.get("tokenizer_own")
+    if tok is not None and handle.tokenizer is before["tokenizer"]:
+        now_tok = _tokenizer_own(handle.tokenizer)
+        if set(tok["calls"]) != set(now_tok["calls"]) or any(tok["calls"][k] is not now_tok["calls"][k] for k in tok["calls"]):
+            name = next(k for k in sorted(set(tok["calls"]) | set(now_tok["calls"]))
+                        if tok["calls"].get(k, _NO_DEFAULT) is not now_tok["calls"].get(k, _NO_DEFAULT))
+            return f"tokenizer.{name} was set on the tokenizer object and not put back"
+        if tok["model_input_names"] != now_tok["model_input_names"]:
+            return (f"tokenizer.model_input_names was changed ({tok['model_input_names']!r} -> "
+                    f"{now_tok['model_input_names']!r})")
     own, now = before.get("own", {}), _handle_extras(handle)
     if set(own) != set(now) or any(own[k] is not now[k] for k in own):
         name = next(k for k in sorted(set(own) | set(now)) if own.get(k, _NO_DEFAULT) is not now.get(k, _NO_DEFAULT))
@@ -352,6 +396,8 @@ def changed_state(before: dict, after: dict) -> str | None:
             return (f"a state_dict or load_state_dict hook was left on {label} (or one it had was removed): a later "
                     "save would write other weights than the model holds")
     for key in sorted(set(before["config"]) | set(after["config"])):
+        if key in _CONFIG_RECORDS:
+            continue
         if before["config"].get(key) != after["config"].get(key):
             return f"its config field {key} changed ({before['config'].get(key)!r} -> {after['config'].get(key)!r})"
     if before.get("generation") != after.get("generation"):

@@ -1,0 +1,95 @@
+"""Red-team pass 22 (find-only, issue 32), run on the code that closed pass 21: what it found, fixed.
+
+A run that kept no steps warned that its (never made) steps folder held a user's files; a finished run deleted
+a user's ``checkpoint.safetensors`` in a folder of their own beside its steps; a plugin with no source file (a
+notebook cell) resumed on steps its old code computed; the unchanged check missed a tokenizer method set on
+the tokenizer object, ``model_input_names`` changed and the handle's remembered counts, and refused a
+``save_pretrained`` (it records ``architectures`` and ``dtype`` in the config) and an all-zero gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mechkit as mk
+from mechkit.errors import MechkitError
+
+
+def _plugin(edit):
+    class Edit(mk.Plugin):
+        name, version, summary, options = "rt22-edit", "0.0.1", "a plugin that edits the model", ()
+
+        def run(self, ctx):
+            edit(ctx.model)
+            return mk.Result(results={"ok": 1}, finding="ok")
+
+    return Edit
+
+
+def test_a_run_that_keeps_no_steps_says_nothing_about_its_steps_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    mk.run("inspect", model="tiny:gpt2", write=False)
+    assert "holds files no mechkit run writes" not in capsys.readouterr().err
+
+
+def test_a_finished_run_keeps_a_users_checkpoint_in_a_folder_it_did_not_make(tmp_path):
+    from mechkit.io.disk_cache import CHECKPOINT_FILE, finish_run_dir, mark_scratch
+
+    folder = tmp_path / "runs" / "0123456789abcdef"
+    mark_scratch(folder, "finetune")
+    (folder / "fedcba9876543210.json").write_text("{}")
+    (folder / "finetune" / "unit").mkdir(parents=True)
+    (folder / "finetune" / "unit" / CHECKPOINT_FILE).write_bytes(b"ours")
+    (folder / "mine").mkdir()
+    (folder / "mine" / CHECKPOINT_FILE).write_bytes(b"precious")
+    kept = finish_run_dir(folder)
+    assert (folder / "mine" / CHECKPOINT_FILE).read_bytes() == b"precious" and folder / "mine" in kept
+    assert not (folder / "finetune").exists() and not (folder / "fedcba9876543210.json").exists()
+
+
+@pytest.mark.parametrize("value", [2, 3])
+def test_a_plugin_without_a_source_file_is_keyed_by_its_compiled_code(value):
+    from mechkit.runner import plugin_code
+
+    def make(v):
+        namespace = {"mk": mk}
+        exec(compile(f"""
+class Probe(mk.Plugin):
+    name, version, summary, options = "probe-nb", "0.1.0", "probe", ()
+    def run(self, ctx):
+        return mk.Result(results={{"a": ctx.step("a", lambda: {v})}}, finding="ok")
+""", "<notebook-cell>", "exec"), namespace)
+        return namespace["Probe"]
+
+    assert plugin_code(make(value)) == plugin_code(make(value))  # the same cell: the same key (it resumes)
+    assert plugin_code(make(value)) != plugin_code(make(1))  # the cell edited: another key (it starts fresh)
+
+
+def _encode_reversed(h):
+    tokenizer = h.tokenizer
+    original = type(tokenizer).encode
+    tokenizer.encode = lambda text, *a, **k: original(tokenizer, text[::-1], *a, **k)
+
+
+@pytest.mark.parametrize("edit,words", [
+    (_encode_reversed, "tokenizer.encode was set on the tokenizer object"),
+    (lambda h: setattr(h.tokenizer, "model_input_names", ["input_ids"]), "model_input_names was changed"),
+    (lambda h: setattr(h, "_n_vocab", 10**9), "_n_vocab"),
+    (lambda h: setattr(h, "_n_positions", 5), "_n_positions")])
+def test_the_tokenizer_object_and_the_handles_counts_are_compared(edit, words):
+    with pytest.raises(MechkitError, match=words):
+        mk.run(_plugin(edit), model=mk.load_model("tiny:llama"), write=False)
+
+
+def _zero_grad_kept(h):
+    ids = h.to_tokens("hi there")
+    h.model(ids, labels=ids).loss.backward()
+    h.model.zero_grad(set_to_none=False)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("edit", [lambda h, tmp: h.model.save_pretrained(tmp / "saved"),
+                                  lambda h, tmp: _zero_grad_kept(h), lambda h, tmp: h(h.to_tokens("hello"))])
+def test_ordinary_use_that_computes_the_same_passes(family, edit, tmp_path):
+    run = mk.run(_plugin(lambda h: edit(h, tmp_path)), model=mk.load_model(f"tiny:{family}"), write=False)
+    assert all(run.report["checks"].values())
