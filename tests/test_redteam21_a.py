@@ -27,10 +27,11 @@ TEMP = ".checkpoint.safetensors.tmp-999999-0a1b2c3d"  # a killed writer's (pid 9
 
 
 def _marked(root: Path, key: str = "0123456789abcdef") -> Path:
-    from mechkit.io.disk_cache import mark_run_dir
+    from mechkit.io.disk_cache import mark_scratch
 
     folder = root / "runs" / key
-    mark_run_dir(folder)
+    mark_scratch(folder, "finetune")  # as RunContext.scratch records the folders a run makes
+    mark_scratch(folder, "finetunes")
     (folder / "fedcba9876543210.json").write_text('{"key": "k", "value": 1}')
     return folder
 
@@ -108,6 +109,8 @@ def test_a_finished_run_keeps_a_users_files_in_its_steps_folder_and_says_so(tmp_
     assert len(warnings) == 1 and str(resume) in warnings[0] and "left the rest" in warnings[0]
     for name in users:
         (resume / name).unlink()
+        if (resume / name).parent != resume:
+            (resume / name).parent.rmdir()  # the user's own folder too: a run leaves a folder it did not make
     log = io.StringIO()
     mk.run(Steps, out=tmp_path / "run", console=Console(file=log, width=400), force=True)
     assert not any((tmp_path / "cache" / "runs").glob("[0-9a-f]*")) and "warning" not in log.getvalue()  # its own

@@ -170,10 +170,10 @@ def mark_scratch(path: Path, name: str) -> None:
     deleted, taken for one). Raises ``OSError`` where it cannot be written."""
     mark_run_dir(path)
     names = scratch_names(path)
-    if name not in names:
-        from mechkit.io.atomic import write_atomic
-
-        write_atomic(path / RUN_MARKER, json.dumps({"mechkit": "run steps", "scratch": sorted({*names, name})}) + "\n")
+    if name not in names:  # written beside and renamed over it: a reader sees the old marker or the new one
+        tmp = path / f".{RUN_MARKER}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.write_text(json.dumps({"mechkit": "run steps", "scratch": sorted({*names, name})}) + "\n", encoding="utf-8")
+        os.replace(tmp, path / RUN_MARKER)
 
 
 def scratch_names(path: Path) -> set[str]:
