@@ -183,3 +183,19 @@ def small_scheduler(handle, plan) -> dict:
     cands = [Candidate(ExecutionPlan(), "static", {t: 1.0 for t in tasks}, {t: -0.5 for t in tasks}),
              Candidate(plan, "static", {t: 0.5 for t in tasks}, bias=0.01)]
     return Scheduler(cands, table, tasks, signal, margin=0.02, adherence=0.9, model=structure_identity(handle)).as_dict()
+
+
+def edit_plugin(edit, name: str = "edit"):
+    """A plugin whose run calls ``edit(model handle)`` and returns: what the unchanged-check tests hand to
+    ``mk.run`` to leave something changed (or not) on the model."""
+    import mechkit as mk
+
+    class Edit(mk.Plugin):
+        version, summary, options = "0.0.1", "a plugin that edits the model", ()
+
+        def run(self, ctx):
+            edit(ctx.model)
+            return mk.Result(results={"ok": 1}, finding="ok")
+
+    Edit.name = name
+    return Edit

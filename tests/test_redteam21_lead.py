@@ -14,17 +14,11 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from tests.conftest import edit_plugin
 
 
 def _plugin(edit):
-    class Edit(mk.Plugin):
-        name, version, summary, options = "rt21-edit", "0.0.1", "a plugin that edits the model", ()
-
-        def run(self, ctx):
-            edit(ctx.model)
-            return mk.Result(results={"ok": 1}, finding="ok")
-
-    return Edit
+    return edit_plugin(edit, "rt21-edit")
 
 
 def _state_dict_hook(h):

@@ -13,17 +13,11 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from tests.conftest import edit_plugin
 
 
 def _plugin(edit):
-    class Edit(mk.Plugin):
-        name, version, summary, options = "rt22-edit", "0.0.1", "a plugin that edits the model", ()
-
-        def run(self, ctx):
-            edit(ctx.model)
-            return mk.Result(results={"ok": 1}, finding="ok")
-
-    return Edit
+    return edit_plugin(edit, "rt22-edit")
 
 
 def test_a_run_that_keeps_no_steps_says_nothing_about_its_steps_folder(tmp_path, monkeypatch, capsys):
