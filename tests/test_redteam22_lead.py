@@ -87,3 +87,44 @@ def _zero_grad_kept(h):
 def test_ordinary_use_that_computes_the_same_passes(family, edit, tmp_path):
     run = mk.run(_plugin(lambda h: edit(h, tmp_path)), model=mk.load_model(f"tiny:{family}"), write=False)
     assert all(run.report["checks"].values())
+
+
+# --- pass 22 a, F1 and F2: prune --save-model's folder built in $TMPDIR --------------------------------------
+
+
+def test_a_full_disk_in_mechkits_own_tmpdir_folder_names_tmpdir():
+    import errno
+    import os
+    import tempfile
+
+    from mechkit.io.fs_errors import describe
+
+    inside = os.path.join(tempfile.gettempdir(), "mechkit-pruned-abc123", "model.safetensors")
+    err = describe(OSError(errno.ENOSPC, "No space left on device", inside))
+    assert "TMPDIR" in err.fix and "--out" not in err.fix
+    elsewhere = os.path.join(tempfile.gettempdir(), "my-run", ".x.tmp-1-0a1b2c3d", "model.safetensors")
+    assert "--out" in describe(OSError(errno.ENOSPC, "No space left on device", elsewhere)).fix
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0 or not __import__("shutil").which("mount"),
+                    reason="a small tmpfs needs root and mount(8); the message logic is tested without it above")
+def test_a_prepared_folder_moved_onto_a_full_disk_is_one_plain_error_and_leaves_nothing(tmp_path):
+    import errno
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from mechkit.report.writer import move_prepared
+
+    src = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))
+    (src / "model.safetensors").write_bytes(b"\0" * 400_000)
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(OSError) as err:
+            move_prepared(src, small / "model")
+        assert err.value.errno == errno.ENOSPC and str(small) in err.value.filename  # the full disk's own path
+        assert not src.exists()  # the prepared folder is not left in $TMPDIR
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,9 +63,23 @@ def describe(err: OSError) -> MechkitError | None:
 
                 fix = re.sub(r"choose (another --out|an --out[^,]*)", "point $MECHKIT_CACHE elsewhere", fix)
                 fix = fix.replace("a shorter --out", "a shorter $MECHKIT_CACHE")
+        if err.filename is not None and err.errno in (errno.ENOSPC, errno.EDQUOT) and _in_scratch(err.filename):
+            tmpdir = os.path.realpath(tempfile.gettempdir())  # where mechkit built a model before moving it
+            fix = f"free some space in the temporary directory ({tmpdir}), or set TMPDIR to a directory on a larger disk"
     except (OSError, ValueError, TypeError):
         pass
     return MechkitError(f"cannot write {where}: {why[0]}", fix)
+
+
+SCRATCH_PREFIXES = ("mechkit-pruned-",)  # folders mechkit makes in $TMPDIR (PruneStudy.save), then moves into --out
+
+
+def _in_scratch(name: str | bytes | int) -> bool:
+    """``name`` lies in a folder mechkit made in ``$TMPDIR``: a full disk there is ``TMPDIR``'s to fix, and
+    "choose another --out" could not help (another --out is built in the same ``$TMPDIR``)."""
+    tmpdir = Path(os.path.realpath(tempfile.gettempdir()))
+    failed = Path(os.path.realpath(os.fsdecode(name)))
+    return any(p.parent == tmpdir and p.name.startswith(SCRATCH_PREFIXES) for p in (failed, *failed.parents))
 
 
 def _is_file(name: str | bytes | int) -> bool:

@@ -121,7 +121,7 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
         images[name] = (tmp / name).read_bytes()
     for name, content in files.items():
         if isinstance(content, Path):  # a directory the plugin prepared (e.g. a saved model)
-            shutil.move(str(content), tmp / name)
+            move_prepared(content, tmp / name)
             continue
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         (tmp / name).write_bytes(data)
@@ -131,6 +131,35 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
     text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
     (tmp / REPORT_HTML).write_text(render_html(final, images, tables), encoding="utf-8")
     (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
+
+
+def move_prepared(src: Path, dst: Path) -> None:
+    """Move the directory a plugin prepared into the report: renamed where it can be, else copied file by file
+    (another file system: ``$TMPDIR`` on a tmpfs) so a full disk is the plain OSError the writer names in one
+    line, not shutil.move's ``shutil.Error`` (a traceback). The prepared directory is the writer's: moved in,
+    or removed if it cannot be (a failed copy left a ``/tmp/mechkit-pruned-*`` behind on every try)."""
+    import errno
+
+    try:
+        os.rename(src, dst)
+        return
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            shutil.rmtree(src, ignore_errors=True)
+            raise
+    try:
+        dst.mkdir()
+        for path in sorted(src.rglob("*")):
+            target = dst / path.relative_to(src)
+            if path.is_dir() and not path.is_symlink():
+                target.mkdir(exist_ok=True)
+            else:
+                try:
+                    shutil.copy2(path, target, follow_symlinks=False)
+                except OSError as err:  # sendfile names the source: the disk that is full is the target's
+                    raise OSError(err.errno, err.strerror, str(target)) from err
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
 
 
 def figure_png(fig: Figure) -> bytes:
