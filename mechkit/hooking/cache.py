@@ -92,7 +92,9 @@ def logit_mark(output: Any) -> torch.Tensor | None:
     tokens = torch.linspace(0, vocab - 1, min(MARK_TOKENS, vocab), device=where).round().long()
     picked = logits.detach()[:, positions][:, :, tokens].reshape(rows, -1)
     tol = 1e-4 if torch.finfo(logits.dtype).bits >= 32 else 5e-3
-    return torch.cat([picked.float().cpu(), torch.full((rows, 1), tol)], dim=1)
+    # kept on the logits' device: every recorded forward makes one, and a .cpu() here was a device sync per
+    # forward in every analysis that records; only a completion (rare) compares them, on the CPU
+    return torch.cat([picked.float(), torch.full((rows, 1), tol, device=where)], dim=1)
 
 
 def _same_mark(a: torch.Tensor, b: torch.Tensor | None) -> bool:
@@ -101,6 +103,7 @@ def _same_mark(a: torch.Tensor, b: torch.Tensor | None) -> bool:
     intervention that moves every logit kept by less than that is not told apart (safety.md says so)."""
     if b is None or a.shape != b.shape:
         return False
+    a, b = a.cpu(), b.cpu()
     tol = torch.maximum(a[:, -1], b[:, -1]) * a[:, :-1].abs().amax(dim=1).clamp(min=1.0)
     return bool(((a[:, :-1] - b[:, :-1]).abs().amax(dim=1) <= tol).all())
 
