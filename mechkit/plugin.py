@@ -40,6 +40,9 @@ class Result:
     finding: str | None = None
 
 
+STEP_MAX_BYTES = 2**34  # a stored step larger than this is no step mechkit wrote
+
+
 @dataclass
 class RunContext:
     """Everything a plugin run needs, handed to ``Plugin.run``.
@@ -66,7 +69,10 @@ class RunContext:
         model weights, and cleared once the whole run has written its report. A stored step that
         cannot be read back (truncated, corrupted, not a step of this key) is discarded with a
         one-line warning on the run's console and computed again; a step that cannot be stored
-        (a full disk, a read-only cache) is warned about once and the run goes on without it.
+        (a full disk, a read-only cache) is warned about once and the run goes on without it. What
+        sits under a step's name and is no plain file (a directory, a FIFO, a link) is no step of
+        mechkit's: it is never read, replaced or deleted, and the step is computed and not kept, said
+        in one line.
 
         >>> import io, json, tempfile, pathlib
         >>> from rich.console import Console
@@ -83,15 +89,22 @@ class RunContext:
         """
         if self.resume_dir is None:
             return compute()
+        from mechkit.io.read import not_regular
+
         path = self.step_path(key)
-        if path.exists() or path.is_symlink():
+        odd = not_regular(path)
+        if odd is not None:  # a user's: a FIFO's read hung the run, a folder was deleted as a "damaged step"
+            self._warn(f"not resuming step {key!r}: {path} is {odd}, not a step file mechkit wrote; it is left "
+                       "alone, and the step is computed again and not kept")
+        elif path.exists():
             found, value = self._read_step(path, key)
             if found:
                 return value
         from mechkit.report import to_jsonable
 
         value = to_jsonable(compute(), "keep")  # a NaN stays NaN (JSON's NaN extension), so the report refuses it
-        self._write_step(path, key, value)
+        if odd is None:
+            self._write_step(path, key, value)
         return value
 
     def step_path(self, key: str) -> Path:
@@ -100,9 +113,13 @@ class RunContext:
         return self.resume_dir / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
     def _read_step(self, path: Path, key: str) -> tuple[bool, Any]:
-        """``(True, value)`` for a sound stored step; else the file is removed, a warning printed, ``(False, None)``."""
+        """``(True, value)`` for a sound stored step; else the file is removed, a warning printed, ``(False, None)``.
+        The file is opened without following a link and without blocking, and read only as a plain file
+        (:func:`mechkit.io.read.read_plain`); anything else at its name is never removed."""
+        from mechkit.io.read import not_regular, read_plain
+
         try:
-            stored = json.loads(path.read_bytes().decode("utf-8"))
+            stored = json.loads(read_plain(path, STEP_MAX_BYTES).decode("utf-8"))
             if not isinstance(stored, dict) or "value" not in stored:
                 problem = "not a stored step"
             elif stored.get("key") != key:
@@ -117,22 +134,24 @@ class RunContext:
             problem = "nested too deeply"
         except OSError as err:
             problem = err.strerror or type(err).__name__
-        try:
-            if path.is_dir() and not path.is_symlink():
-                import shutil
+        if not_regular(path) is not None:  # replaced meanwhile by what is not a step file: left alone
+            self._warn(f"not resuming step {key!r}: {path} is {not_regular(path)}, not a step file mechkit wrote; "
+                       "it is left alone, and the step is computed again")
+            return False, None
+        import contextlib
 
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        except OSError:
-            pass  # the rewrite below replaces it, or warns that it cannot
+        with contextlib.suppress(OSError):  # the rewrite below replaces it, or warns that it cannot
+            path.unlink(missing_ok=True)
         self._warn(f"discarded the damaged resume step {key!r} ({path}: {problem}); computing it again")
         return False, None
 
     def _write_step(self, path: Path, key: str, value: Any) -> None:
         from mechkit.io import write_atomic
         from mechkit.io.disk_cache import mark_run_dir
+        from mechkit.io.read import not_regular
 
+        if not_regular(path) is not None:  # put there since it was read: never written over
+            return
         try:
             mark_run_dir(self.resume_dir)  # marked as mechkit's: `cache clear` deletes only marked folders
             write_atomic(path, json.dumps({"key": key, "value": value}))

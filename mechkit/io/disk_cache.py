@@ -14,17 +14,21 @@ Nothing here imports torch: ``mechkit cache list`` and ``mechkit cache clear`` s
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import secrets
 import shutil
+import stat
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from mechkit.errors import MechkitError
-from mechkit.io.leftovers import dir_size, is_mechkit_temp, size_of
+from mechkit.io.leftovers import MODEL_FILE, dir_size, is_mechkit_temp, mount_inside, size_of
+from mechkit.io.read import mount_points, not_regular, read_regular_text
 
 GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
@@ -80,9 +84,12 @@ class CacheEntry:
 
 
 def _read_json(path: Path) -> dict:
+    """A metadata file as a dict; ``{}`` where it is damaged (listed as incomplete, not a traceback) or no plain
+    file (a FIFO under the name blocked `cache list` for good)."""
+    text = read_regular_text(path, 2**20)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # a damaged entry is listed as incomplete, not a traceback
+        data = json.loads(text) if text is not None else {}
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -114,23 +121,33 @@ _HASHES = re.compile(r"^[0-9a-f]{16}\.json$")  # gguf/.hashes/: memoised sha256 
 def is_entry(group: str, path: Path) -> bool:
     """Whether ``path`` in ``group`` is an entry mechkit made: a directory (not a link) holding mechkit's
     metadata file, or named as mechkit names them and holding only what mechkit writes there (a run's step
-    folder: steps, :func:`_holds_only_steps`; a model entry built before its metadata file existed: model
-    files, :func:`_holds_only_model_files`). A ``$MECHKIT_CACHE`` pointed at a project directory may hold
-    a user's own ``runs/`` or ``toy/``; `cache clear` and a rebuild must never delete those."""
+    folder: :func:`run_contents`; a model entry built before its metadata file existed: model files,
+    :func:`_holds_only_model_files`). A ``$MECHKIT_CACHE`` pointed at a project directory may hold a user's
+    own ``runs/`` or ``toy/``; `cache clear` and a rebuild must never delete those. A folder with a mount
+    point at it or anywhere inside is never an entry (removing it would delete through the mount)."""
     if path.name.startswith(".") or path.is_symlink() or not path.is_dir():
         return False
+    points = mount_points()
     if group == "runs":  # only a folder mechkit marked when it made it (:func:`mark_run_dir`)
-        return bool(_ENTRY["runs"].match(path.name)) and (path / RUN_MARKER).is_file() and _holds_only_steps(path)
-    if group in _META and (path / _META[group]).is_file():
+        if not _ENTRY["runs"].match(path.name) or not _is_plain_file(path / RUN_MARKER) or _mounted(path, points):
+            return False
+        _, _, theirs = run_contents(path, points)
+        return not theirs
+    if mount_inside(path, points) is not None:
+        return False
+    if group in _META and _is_plain_file(path / _META[group]):
         return True
     pattern = _ENTRY.get(group)
-    return bool(pattern and pattern.match(path.name)) and (group == "runs" or _holds_only_model_files(path))
+    return bool(pattern and pattern.match(path.name)) and _holds_only_model_files(path)
 
 
-# What a model entry holds: weights, configs, tokenizer files and mechkit's own metadata.
-_MODEL_FILE = re.compile(r"^(.+\.safetensors|model\.safetensors\.index\.json|(generation_)?config\.json|"
-                         r"tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.json|"
-                         r"merges\.txt|tokenizer\.model|chat_template\.jinja|mechkit-[a-z]+\.json)$")
+def _is_plain_file(path: Path) -> bool:
+    return os.path.lexists(path) and not_regular(path) is None
+
+
+def _mounted(path: Path, points: frozenset[str]) -> bool:
+    """Whether the directory ``path`` is itself a mount point (a bind mount of the same disk included)."""
+    return os.path.realpath(path) in points or os.path.ismount(path)
 
 
 def _holds_only_model_files(path: Path) -> bool:
@@ -140,7 +157,7 @@ def _holds_only_model_files(path: Path) -> bool:
         names = [p for p in path.iterdir() if not p.name.startswith(".")]
     except OSError:
         return False
-    return all(p.is_file() and not p.is_symlink() and _MODEL_FILE.match(p.name) for p in names)
+    return all(p.is_file() and not p.is_symlink() and MODEL_FILE.match(p.name) for p in names)
 
 
 def refuse_foreign_entry(group: str, path: Path) -> None:
@@ -157,11 +174,21 @@ RUN_MARKER = "mechkit-run.json"  # written into every run-steps folder as mechki
 def mark_run_dir(path: Path) -> None:
     """Make a run's steps folder (if missing) and mark it as mechkit's. Without the marker, a user's folder in
     ``runs/`` named like a run key and holding only ``.json`` files was taken for a run's steps and deleted by
-    `cache clear`; now only marked folders are entries. Raises ``OSError`` where it cannot be written."""
+    `cache clear`; now only marked folders are entries (:func:`mark_scratch` adds the scratch folders a run
+    makes). Raises ``OSError`` where it cannot be written, or where something that is no plain file sits
+    at its name: a FIFO there blocked the write, and the run, for good."""
     path.mkdir(parents=True, exist_ok=True)
     marker = path / RUN_MARKER
-    if not marker.is_file():
-        marker.write_text('{"mechkit": "run steps"}\n', encoding="utf-8")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        if not os.path.lexists(marker):  # created, never opened through what is there (a FIFO, a link)
+            with os.fdopen(os.open(marker, flags, 0o644), "w", encoding="utf-8") as f:
+                f.write('{"mechkit": "run steps"}\n')
+    except FileExistsError:
+        pass  # made meanwhile (another writer of the same run): checked below
+    odd = not_regular(marker)
+    if odd is not None:
+        raise OSError(errno.EEXIST, f"{RUN_MARKER} there is {odd}, not the marker mechkit writes", str(marker))
 
 
 def mark_scratch(path: Path, name: str) -> None:
@@ -169,7 +196,7 @@ def mark_scratch(path: Path, name: str) -> None:
     checkpoints are removed when the run finishes (a user's ``mine/checkpoint.safetensors`` beside them was
     deleted, taken for one). Raises ``OSError`` where it cannot be written."""
     mark_run_dir(path)
-    names = scratch_names(path)
+    names = _recorded(path)
     if name not in names:  # written beside and renamed over it: a reader sees the old marker or the new one
         tmp = path / f".{RUN_MARKER}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.write_text(json.dumps({"mechkit": "run steps", "scratch": sorted({*names, name})}) + "\n", encoding="utf-8")
@@ -177,12 +204,27 @@ def mark_scratch(path: Path, name: str) -> None:
 
 
 def scratch_names(path: Path) -> set[str]:
-    """The scratch folders a run recorded in its marker (none for a marker written before they were recorded)."""
+    """The scratch folders a run recorded in its marker. A marker with no ``scratch`` list (a run that made
+    none yet, or one by a mechkit that did not record them) stands for the folders mechkit's own plugins make
+    (:data:`LEGACY_SCRATCH`), nothing else; an unreadable marker, or one that is no plain file, for none."""
+    data = _marker(path)
+    return LEGACY_SCRATCH if data is not None and "scratch" not in data else _recorded(path)
+
+
+LEGACY_SCRATCH = frozenset({"finetune", "finetunes"})  # what finetune and select-tasks name theirs (ctx.scratch)
+
+
+def _marker(path: Path) -> dict | None:
+    text = read_regular_text(path / RUN_MARKER, 2**20)  # never opened through a FIFO or a link
     try:
-        data = json.loads((path / RUN_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
-    names = data.get("scratch") if isinstance(data, dict) else None
+        data = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _recorded(path: Path) -> set[str]:
+    names = (_marker(path) or {}).get("scratch")
     return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
@@ -202,34 +244,55 @@ STEP_FILE = re.compile(r"^[0-9a-f]{16}\.json$")  # a step's file: the first 16 h
 CHECKPOINT_FILE = "checkpoint.safetensors"  # what a scratch folder holds (mechkit.taskarith.finetune.CHECKPOINT)
 
 
-def _holds_only_steps(path: Path) -> bool:
-    """Whether a run-key-named folder holds only what a run keeps there: its marker, its step files
-    (``<16 hex>.json``), its scratch folders (checkpoints) and mechkit's own temporary files. A user's
-    ``runs/`` with an experiment named by a hash (an MLflow run id) was cleared by `cache clear runs`, its
-    ``metrics.csv`` with it; and a marked folder where a user had put ``results.json``, a ``.git`` or a model
-    folder (``config.json``, ``model.safetensors``) was cleared too, since any ``.json``, any hidden name and
-    any folder of ``.json``/``.safetensors`` files passed."""
-    try:
-        entries = list(path.iterdir())
-    except OSError:
-        return False
-    return all(not p.is_symlink() and (
-        is_mechkit_temp(p.name) or (p.is_file() and (p.name == RUN_MARKER or STEP_FILE.match(p.name) is not None))
-        or (p.is_dir() and not p.name.startswith(".") and _holds_only_checkpoints(p))) for p in entries)
+UNIT_DIR = re.compile(r"^(?:ft-[0-9a-f]{1,64}|[0-9a-f]{16})$")  # a unit's folder in a scratch folder (select-tasks)
 
 
-def _holds_only_checkpoints(path: Path, depth: int = 4) -> bool:
-    """Whether a step folder's scratch folder holds only what runs keep there: ``checkpoint.safetensors``,
-    mechkit's temporary files and folders of the same (one per unit of a run), a few levels deep."""
-    if depth == 0:
-        return False
-    try:
-        entries = list(path.iterdir())
-    except OSError:
-        return False
-    return all(not p.is_symlink() and (
-        is_mechkit_temp(p.name) or (p.is_file() and p.name == CHECKPOINT_FILE)
-        or (p.is_dir() and not p.name.startswith(".") and _holds_only_checkpoints(p, depth - 1))) for p in entries)
+def run_contents(path: Path, points: frozenset[str] | None = None) -> tuple[list[Path], list[Path], list[Path]]:
+    """What a run keeps in its steps folder ``path``, as ``(files, folders, theirs)``: ``files`` are what runs
+    write (the marker, the step files ``<16 hex>.json``, mechkit's temporary files; in each scratch folder the
+    marker records, its direct ``checkpoint.safetensors`` and those of its unit folders ``ft-<hex>``);
+    ``folders`` the scratch and unit folders holding them, deepest first; ``theirs`` everything else. Only
+    plain files count (a FIFO or a folder under a step's name is not one), nothing behind a link or a mount
+    point is looked into, and a user's folder inside a scratch folder is theirs whatever it holds: a finished
+    run deleted ``finetune/mine/checkpoint.safetensors``. A run's end (:func:`finish_run_dir`) and `cache
+    clear` (:func:`is_entry`) both go by it, so they agree on what is a run's."""
+    points = mount_points() if points is None else points
+    files: list[Path] = []
+    folders: list[Path] = []
+    theirs: list[Path] = []
+    scratch = scratch_names(path)
+
+    def walk(folder: Path, real: Path, level: int) -> None:  # level 0: the run's folder, 1: scratch, 2: a unit's
+        try:
+            device = os.lstat(folder).st_dev
+            entries = sorted(folder.iterdir())
+        except OSError:
+            theirs.append(folder)
+            return
+        for p in entries:
+            try:
+                info = p.lstat()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                theirs.append(p)
+                continue
+            mode = info.st_mode
+            if stat.S_ISLNK(mode) or info.st_dev != device or str(real / p.name) in points:
+                theirs.append(p)  # a link, or a mount point (of another disk, or a bind mount of this one)
+            elif is_mechkit_temp(p.name):
+                (theirs if mount_inside(p, points) else files).append(p)
+            elif stat.S_ISREG(mode) and (p.name == CHECKPOINT_FILE if level else
+                                         p.name == RUN_MARKER or STEP_FILE.match(p.name) is not None):
+                files.append(p)
+            elif stat.S_ISDIR(mode) and (p.name in scratch if level == 0 else level == 1 and UNIT_DIR.match(p.name)):
+                walk(p, real / p.name, level + 1)
+                folders.append(p)
+            else:
+                theirs.append(p)
+
+    walk(path, Path(os.path.realpath(path)), 0)
+    return files, folders, theirs
 
 
 def _children(group: Path) -> list[Path]:
@@ -273,7 +336,11 @@ def list_cache(root: Path | None = None) -> list[CacheEntry]:
                                   sum(dir_size(p) for p in foreign), None, root / "runs"))
     stale = _leftovers(root)
     if stale:
-        entries.append(CacheEntry(LEFTOVERS, "leftovers", f"{len(stale)} temporary dir(s) and lock file(s) of killed runs",
+        from mechkit.io.leftovers import stale_prepared
+
+        tmp = len(stale_prepared())
+        entries.append(CacheEntry(LEFTOVERS, "leftovers", f"{len(stale)} temporary dir(s) and lock file(s) of killed runs"
+                                  + (f" ({tmp} in $TMPDIR {tempfile.gettempdir()})" if tmp else ""),
                                   sum(size_of(p) for p in stale), None, root))
     return entries
 
@@ -283,10 +350,11 @@ LEFTOVERS = "leftovers"  # the name `cache list` shows and `cache clear` takes f
 
 
 def _leftovers(root: Path) -> list[Path]:
-    """Stale temporary directories, set-aside directories, lock files and journals in the cache."""
-    from mechkit.io.leftovers import stale_leftovers
+    """Stale temporary directories, set-aside directories, lock files and journals in the cache, and the
+    folders killed runs prepared in ``$TMPDIR`` (a pruned model each: :func:`mechkit.io.leftovers.stale_prepared`)."""
+    from mechkit.io.leftovers import stale_leftovers, stale_prepared
 
-    return [p for f in _leftover_folders(root) for p in stale_leftovers(f)]
+    return [p for f in _leftover_folders(root) for p in stale_leftovers(f)] + stale_prepared()
 
 
 def _leftover_folders(root: Path) -> list[Path]:
@@ -295,76 +363,81 @@ def _leftover_folders(root: Path) -> list[Path]:
     ``.checkpoint.safetensors.tmp-*`` in ``finetune/`` or ``finetunes/ft-3/``: missed, it was on no row and
     never cleared) and the GGUF hash memos. A marked run folder a user put files in counts too: only
     mechkit's temporary names are ever taken from it."""
-    runs = [*_children(root / "runs"), *(p for p in unmarked_runs(root) if (p / RUN_MARKER).is_file())]
-    return [root, *(root / g for g in GROUPS), *(f for p in runs for f in _scratch_folders(p)),
-            root / "gguf" / ".hashes"]
+    points = mount_points()
+    runs = [*_children(root / "runs"), *(p for p in unmarked_runs(root) if _is_plain_file(p / RUN_MARKER))]
+    return [root, *(root / g for g in GROUPS), *(f for p in runs if not _mounted(p, points)
+                                                  for f in _scratch_folders(p, points)), root / "gguf" / ".hashes"]
 
 
-def _scratch_folders(path: Path, depth: int = 4) -> list[Path]:
-    """``path`` and the plain folders under it (not links, not hidden names), ``depth`` levels deep."""
+def _scratch_folders(path: Path, points: frozenset[str], depth: int = 4) -> list[Path]:
+    """``path`` and the plain folders under it (not links, not hidden names, not mount points: nothing is
+    taken through a mount), ``depth`` levels deep."""
     found = [path]
     if depth > 0:
         with contextlib.suppress(OSError):
             for p in sorted(path.iterdir()):
-                if not p.name.startswith(".") and not p.is_symlink() and p.is_dir():
-                    found += _scratch_folders(p, depth - 1)
+                if not p.name.startswith(".") and not p.is_symlink() and p.is_dir() and not _mounted(p, points):
+                    found += _scratch_folders(p, points, depth - 1)
     return found
 
 
 def finish_run_dir(path: Path) -> list[Path]:
-    """Remove, from a finished run's steps folder ``path``, what runs write there (the marker, the step files,
-    the scratch folders' checkpoints, mechkit's temporary files) and the folders left empty; return what was
-    kept: anything else (a user's ``notes.txt`` beside the steps) is theirs and never deleted. A run used to
-    remove the folder whole when it finished, a user's files with it."""
-    kept: list[Path] = []
+    """Remove, from a finished run's steps folder ``path``, what runs write there (:func:`run_contents`: the
+    marker, the step files, the scratch folders' checkpoints, mechkit's temporary files) and the folders left
+    empty; return what was kept: anything else (a user's ``notes.txt`` beside the steps, a folder of theirs
+    inside a scratch folder, a mount point) is theirs and never deleted or looked into. A run used to remove
+    the folder whole when it finished, a user's files with it."""
     if not path.is_dir():  # a run that kept no steps never made it: nothing to remove, nothing to say
-        return kept
-    scratch = scratch_names(path)
-
-    def clear(folder: Path, depth: int, top: bool) -> None:
+        return []
+    points = mount_points()
+    if _mounted(path, points):  # a mount over the whole folder: nothing in it is the run's to delete
+        return [path]
+    files, folders, kept = run_contents(path, points)
+    for p in files:
         try:
-            entries = sorted(folder.iterdir())
+            if p.is_dir() and not p.is_symlink():
+                if mount_inside(p) is None:  # checked again: mounted meanwhile, it stays
+                    shutil.rmtree(p)
+            else:
+                p.unlink()
         except FileNotFoundError:
-            return
+            pass
         except OSError:
-            kept.append(folder)
-            return
-        for p in entries:
-            ours_file = (p.name == RUN_MARKER or STEP_FILE.match(p.name) is not None) if top else p.name == CHECKPOINT_FILE
-            try:
-                if p.is_symlink() or os.path.ismount(p):
-                    kept.append(p)
-                elif is_mechkit_temp(p.name):
-                    shutil.rmtree(p) if p.is_dir() else p.unlink()
-                elif p.is_file() and ours_file:
-                    p.unlink()
-                elif p.is_dir() and not p.name.startswith(".") and depth > 0 and (not top or p.name in scratch):
-                    clear(p, depth - 1, False)
-                    with contextlib.suppress(OSError):
-                        p.rmdir()  # a folder still holding a user's file stays
-                else:
-                    kept.append(p)
-            except OSError:
-                kept.append(p)
-
-    clear(path, 4, True)
-    with contextlib.suppress(OSError):
-        path.rmdir()
+            kept.append(p)
+    for folder in [*folders, path]:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # a folder still holding a user's file stays
     return kept
 
 
-def remove_dir(path: Path) -> None:
+def remove_dir(path: Path) -> bool:
     """Delete a cache directory: renamed aside first, so no reader ever finds it half-deleted. A symlink is
-    removed itself, never what it points to."""
+    removed itself, never what it points to. A directory with a mount point at it or anywhere inside is kept,
+    said in one line on stderr, and ``False`` returned: ``shutil.rmtree`` deletes through a mount, and `cache
+    clear runs` emptied a user's directory bind-mounted inside a run's folder."""
     if path.is_symlink():
         path.unlink(missing_ok=True)
-        return
+        return True
+    if _warn_mounted(path):
+        return False
     aside = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.replace(path, aside)
     except FileNotFoundError:
-        return
+        return True
     shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def _warn_mounted(path: Path, points: frozenset[str] | None = None) -> bool:
+    """Whether ``path`` holds a mount point, said on stderr in one line naming it and the fix."""
+    point = mount_inside(path, points)
+    if point is not None:
+        import sys
+
+        print(f"mechkit: warning: kept {path}: {point} is a mount point inside it, and `cache clear` never deletes "
+              "through a mount (it is not mechkit's); unmount it, then clear again", file=sys.stderr)
+    return point is not None
 
 
 def _resolve_name(root: Path, name: str) -> Path:
@@ -376,9 +449,13 @@ def _resolve_name(root: Path, name: str) -> Path:
     if len(parts) == 2 and parts[0] in GROUPS and parts[1] and not parts[1].startswith("."):
         candidate = root / parts[0] / parts[1]
         _refuse_linked_group(root / parts[0], name)
+        _refuse_mounted(candidate, name)
         if is_entry(parts[0], candidate):
             return candidate
     elif len(parts) == 1 and clean and not clean.startswith("."):
+        for g in GROUPS:
+            if not (root / g).is_symlink():
+                _refuse_mounted(root / g / clean, name)
         found = [root / g / clean for g in GROUPS if not (root / g).is_symlink() and is_entry(g, root / g / clean)]
         if len(found) == 1:
             return found[0]
@@ -399,13 +476,26 @@ def _refuse_unmarked(root: Path, clean: str, name: str) -> None:
     import shlex
 
     shown = " ".join(shlex.quote(str(p)) for p in named[:3]) + (" …" if len(named) > 3 else "")
-    marked = sum((p / RUN_MARKER).is_file() for p in named[:50])
+    marked = sum(_is_plain_file(p / RUN_MARKER) for p in named[:50])
+    point = next((m for m in map(mount_inside, named[:50]) if m is not None), None)
+    if point is not None:  # an rm -r would delete through it too
+        raise MechkitError(f"no cache entry named {name!r}: it names {len(named)} folder(s) in {root / 'runs'}, one "
+                           f"holding the mount point {point}, which `cache clear` never deletes through",
+                           f"unmount {shlex.quote(point)} first")
     why = ("mechkit did not mark as its own (a user's, or run steps kept by a mechkit older than the marker)"
            if not marked else "hold files no run writes there (mechkit's marker beside a user's files)"
            if marked == len(named) else "mechkit did not mark as its own, or that hold files no run writes there")
     raise MechkitError(f"no cache entry named {name!r}: it names {len(named)} folder(s) in {root / 'runs'} that "
                        f"{why}, which `cache clear` never deletes",
                        f"delete them yourself if they are only old run steps: rm -r {shown}"[:400])
+
+
+def _refuse_mounted(path: Path, name: str) -> None:
+    """One line for a named entry with a mount point at it or inside: `cache clear` never deletes through one."""
+    point = mount_inside(path) if not path.is_symlink() else None
+    if point is not None:
+        raise MechkitError(f"{name!r} ({path}) holds the mount point {point}, and `cache clear` never deletes "
+                           "through a mount (what it shows is not mechkit's)", f"unmount {point} first")
 
 
 def _refuse_linked_group(group: Path, name: str) -> None:
@@ -438,9 +528,9 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
         targets = [_resolve_name(root, n) for n in names]
     removed = []
     if leftovers:  # before the groups go: a journal's roll-back needs its temporary directory
-        from mechkit.io.leftovers import clean_leftovers
+        from mechkit.io.leftovers import clean_leftovers, clean_prepared
 
-        cleaned = [item for f in _leftover_folders(root) for item in clean_leftovers(f)]
+        cleaned = [item for f in _leftover_folders(root) for item in clean_leftovers(f)] + clean_prepared()
         if cleaned:
             removed.append((LEFTOVERS, sum(size for _, size in cleaned)))
     for path in dict.fromkeys(targets):  # a name given twice is removed once
@@ -454,8 +544,8 @@ def clear_cache(names: list[str] | tuple[str, ...] = (), all_entries: bool = Fal
         if _in_use(path):
             continue
         size = dir_size(path)
-        remove_dir(path)
-        removed.append((str(path.relative_to(root)), size))
+        if remove_dir(path):
+            removed.append((str(path.relative_to(root)), size))
     return removed
 
 
@@ -478,14 +568,23 @@ def _clear_group(group: Path) -> int | None:
     empty; bytes freed, ``None`` where nothing of mechkit's was there. Other files stay."""
     if group.is_symlink() or not group.is_dir():
         return None
+    points = mount_points()
+    with contextlib.suppress(OSError):  # the folders left alone for a mount inside, each said in one line
+        for p in sorted(group.iterdir()):
+            pattern = _ENTRY.get(group.name)
+            if (pattern.match(p.name) if pattern else not p.name.startswith(".")) and not p.is_symlink() \
+                    and p.is_dir():
+                _warn_mounted(p, points)
     entries = [p for p in _children(group) if not _in_use(p)]
     memos = []
     hashes = group / ".hashes"
     if group.name == "gguf" and hashes.is_dir() and not hashes.is_symlink():
         memos = [p for p in hashes.iterdir() if _HASHES.match(p.name) and p.is_file() and not p.is_symlink()]
+    entries = [p for p in entries if mount_inside(p, points) is None]
     size = sum(dir_size(p) for p in entries) + sum(size_of(p) for p in memos)
     for path in entries:
-        remove_dir(path)
+        if not remove_dir(path):
+            size -= dir_size(path)
     for memo in memos:
         memo.unlink(missing_ok=True)
     for folder in (hashes, group):  # only where nothing else is left

@@ -11,7 +11,12 @@ A write in progress keeps, beside its target (hidden, so listings stay clean):
 - ``.NAME.mechkit-replace``: the journal of a half-installed set (:mod:`mechkit.io.replace`): rolled back.
 
 :func:`stale_leftovers` finds them without touching a live writer's files; :func:`clean_leftovers`
-removes them (and rolls journals back).
+removes them (and rolls journals back). A directory with a mount point anywhere inside is never one: a
+removal would delete through the mount (a user's directory bind-mounted there), so it is left alone.
+
+In ``$TMPDIR``, a folder a plugin prepares for its report (``prune --save-model``'s pruned model,
+:func:`make_prepared_dir`) is ``mechkit-pruned-PID-TOKEN``: stale once process PID is gone and no writer holds
+its lock (:func:`stale_prepared`, :func:`clean_prepared`, run by the next such save and by ``cache clear``).
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import stat
+import tempfile
 import time
 from pathlib import Path
 
 from mechkit.io.journal import recover
+from mechkit.io.read import mount_points
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
 # atomic_file's name before it held a pid: generic enough that only a writer of that very NAME removes it
@@ -37,6 +45,8 @@ _LOCK_OPEN = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK"
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs. A zombie does not: a run killed a moment ago stays one until its parent
+    reaps it, and its folders were taken for a live run's (its locks are already released)."""
     if pid == os.getpid():
         return True
     try:
@@ -45,7 +55,11 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:  # it exists but is someone else's
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _lock_free(path: Path) -> bool:
@@ -96,9 +110,10 @@ def is_mechkit_temp(name: str) -> bool:
     return any(p.match(name) for p in (_TMP, _OLD_TMP_FILE, _OLD, _LOCK, _JOURNAL))
 
 
-def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False) -> list[Path]:
-    """Leftovers of killed writers in ``folder`` (only those of target ``name`` when given). ``locked``: the
-    caller holds ``name``'s lock, so no other writer of it runs and its lock file is its own."""
+def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False, prefix: str = "") -> list[Path]:
+    """Leftovers of killed writers in ``folder`` (only those of target ``name`` when given, of targets whose
+    name starts with ``prefix`` when given). ``locked``: the caller holds ``name``'s lock, so no other writer
+    of it runs and its lock file is its own. A directory holding a mount point is none (see the module)."""
     try:
         entries = sorted(folder.iterdir())
     except OSError:
@@ -107,7 +122,8 @@ def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False)
     for p in entries:
         for pattern in (_TMP, _OLD, _LOCK, _JOURNAL) if name is None else (_TMP, _OLD, _LOCK, _JOURNAL, _OLD_TMP_FILE):
             m = pattern.match(p.name)
-            if m and (name is None or m["name"] == name) and _stale(folder, p, pattern, m, locked):
+            if m and (name is None or m["name"] == name) and m["name"].startswith(prefix) \
+                    and _stale(folder, p, pattern, m, locked) and mount_inside(p) is None:
                 found.append(p)
                 break
     return found
@@ -147,10 +163,11 @@ def size_of(path: Path) -> int:
     return 0
 
 
-def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False) -> list[tuple[Path, int]]:
+def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False,
+                    prefix: str = "") -> list[tuple[Path, int]]:
     """Remove the stale leftovers in ``folder`` (journals rolled back first); ``(path, bytes)`` of each."""
     removed = []
-    found = stale_leftovers(folder, name, locked)
+    found = stale_leftovers(folder, name, locked, prefix)
     for path in sorted(found, key=lambda p: not _JOURNAL.match(p.name)):  # roll back before temp dirs go
         m = _JOURNAL.match(path.name)
         size = size_of(path)
@@ -161,6 +178,8 @@ def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False)
                 if not _unlink_lock(path):
                     continue
             elif path.is_dir() and not path.is_symlink():
+                if mount_inside(path) is not None:  # mounted meanwhile: never deleted through
+                    continue
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
@@ -185,3 +204,97 @@ def _unlink_lock(path: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def mount_inside(path: Path, points: frozenset[str] | None = None) -> str | None:
+    """The first mount point at ``path`` or anywhere below it (``points``: :func:`mechkit.io.read.mount_points`,
+    read again where not given); ``None`` where there is none or ``path`` is no directory. A removal never goes
+    through one: ``shutil.rmtree`` descends into a mounted directory, and `cache clear` deleted the user's
+    files a bind mount showed inside a run's folder. Bind mounts of the same disk are found in the kernel's list;
+    a directory on another device (where that list is missing, not Linux) by its ``st_dev``."""
+    try:
+        info = os.lstat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    real = Path(os.path.realpath(path))
+    points = mount_points() if points is None else points
+    inside = sorted(p for p in points if p == str(real) or Path(p).is_relative_to(real))
+    if inside:
+        return inside[0]
+    if os.path.ismount(path):
+        return str(real)
+    for top, dirs, _ in os.walk(path):  # links are not followed
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                if os.lstat(os.path.join(top, d)).st_dev != info.st_dev:
+                    return str(real / os.path.relpath(os.path.join(top, d), path))
+    return None
+
+
+# Files a model folder holds: weights, configs, tokenizer files and mechkit's own metadata (a cache entry, a
+# pruned model prepared in $TMPDIR).
+MODEL_FILE = re.compile(r"^(.+\.safetensors|model\.safetensors\.index\.json|(generation_)?config\.json|"
+                        r"tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.json|"
+                        r"merges\.txt|tokenizer\.model|chat_template\.jinja|mechkit-[a-z]+\.json)$")
+PREPARED_PREFIX = "mechkit-pruned-"  # as mechkit.io.fs_errors.SCRATCH_PREFIXES names it (a full $TMPDIR's fix)
+_PREPARED = re.compile(r"^mechkit-pruned-(?:(?P<pid>\d+)-[0-9a-f]{8}|[a-z0-9_]{8})$")  # no pid: tempfile.mkdtemp's
+_PREPARED_MANIFEST = ".mechkit-files"  # mechkit.io.replace.MANIFEST, the names the save wrote
+
+
+def make_prepared_dir() -> Path:
+    """A new folder in ``$TMPDIR`` for a model a plugin prepares before the report moves it into ``--out``:
+    ``mechkit-pruned-PID-TOKEN``, so a later run tells a killed run's folder (the whole pruned model, left for
+    good by ``tempfile.mkdtemp``'s nameless one) by its pid; the killed runs' folders are removed first."""
+    with contextlib.suppress(OSError):
+        clean_prepared()
+    tmpdir = Path(tempfile.gettempdir())
+    while True:
+        path = tmpdir / f"{PREPARED_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def stale_prepared(tmpdir: Path | None = None) -> list[Path]:
+    """Killed runs' prepared folders in ``tmpdir`` (``$TMPDIR``) and the lock files, temporary folders and
+    journals their saves left beside them. A folder counts only where it is mechkit's: named so, this user's,
+    holding nothing but a saved model's files and no mount point, its lock not held, its pid gone (a name
+    without a pid, from an older mechkit: once a day old)."""
+    tmpdir = Path(tempfile.gettempdir()) if tmpdir is None else tmpdir
+    found = stale_leftovers(tmpdir, prefix=PREPARED_PREFIX)
+    try:
+        entries = sorted(p for p in tmpdir.iterdir() if _PREPARED.match(p.name))
+    except OSError:
+        return found
+    return found + [p for p in entries if _dead_prepared(tmpdir, p)]
+
+
+def _dead_prepared(tmpdir: Path, path: Path) -> bool:
+    try:
+        info = os.lstat(path)
+        names = list(path.iterdir()) if stat.S_ISDIR(info.st_mode) else None
+    except OSError:
+        return False
+    if names is None or info.st_uid != os.geteuid() or _held(tmpdir, path.name):
+        return False
+    pid = _PREPARED.match(path.name)["pid"]
+    if (_alive(int(pid)) if pid else time.time() - info.st_mtime <= UNTAGGED_AGE_S) or mount_inside(path) is not None:
+        return False
+    return all(not p.is_symlink() and p.is_file() and (MODEL_FILE.match(p.name) or p.name == _PREPARED_MANIFEST
+                                                       or is_mechkit_temp(p.name)) for p in names)
+
+
+def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
+    """Remove what :func:`stale_prepared` finds (journals rolled back first); ``(path, bytes)`` of each."""
+    tmpdir = Path(tempfile.gettempdir()) if tmpdir is None else tmpdir
+    removed = clean_leftovers(tmpdir, prefix=PREPARED_PREFIX)
+    for path in stale_prepared(tmpdir):
+        if _PREPARED.match(path.name):
+            size = dir_size(path)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append((path, size))
+    return removed

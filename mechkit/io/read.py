@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -29,21 +30,72 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes | None:
     """The bytes of ``path`` if it is a regular file (not a symlink, FIFO, device or socket) of at most
     ``limit`` bytes; else ``None``. Never blocks and never follows a link."""
     try:
-        fd = os.open(Path(path), _FLAGS)
+        return read_plain(path, limit)
     except (OSError, ValueError):  # ValueError: a name no file can have (a NUL, a lone surrogate from JSON)
         return None
+
+
+def read_plain(path: str | os.PathLike[str], limit: int) -> bytes:
+    """:func:`read_regular`, raising where it returns ``None``: an :class:`OSError` whose ``strerror`` says why
+    (the open's own error, "not a regular file (a FIFO)", "larger than N bytes"), for a caller that names the
+    problem in its one line (a damaged resume step)."""
+    fd = os.open(Path(path), _FLAGS)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({_KINDS.get(stat.S_IFMT(info.st_mode), 'special')})",
+                          os.fspath(path))
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
         os.set_blocking(fd, True)
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
-    except OSError:
-        return None
     finally:
         os.close(fd)
-    return data if len(data) <= limit else None
+    if len(data) > limit:  # it grew while read
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+
+def not_regular(path: str | os.PathLike[str]) -> str | None:
+    """What sits at ``path`` where it is there and is no regular file (``"a directory"``, ``"a FIFO"``, ``"a
+    symlink"`` …), from ``lstat`` alone (nothing is opened, so a FIFO never blocks); ``None`` for a regular file
+    or nothing. A writer checks it before it replaces or deletes a name of its own: what is not a plain file
+    there is never mechkit's, and never deleted.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> not_regular(d), not_regular(d / "missing")
+    ('a directory', None)
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
+MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts (Linux)
+
+
+def mount_points() -> frozenset[str]:
+    """Every mount point the kernel lists for this process (``/proc/self/mountinfo``'s 5th field, octal escapes
+    undone); empty where the file is absent (not Linux). Read here, below every module of :mod:`mechkit.io`,
+    for the removers of the cache and of leftovers: ``os.path.ismount`` misses a bind mount of a directory of
+    the same disk (``mount --bind userdir runs/K/finetune``), and a clear through it deleted the user's files
+    (:func:`mechkit.io.out.mount_points` reads the same list for ``--out``)."""
+    import re
+
+    data = read_regular(MOUNTINFO, 64 * 2**20)
+    if data is None:
+        return frozenset()
+    octal = re.compile(r"\\([0-7]{3})")  # a space in a path is written \040
+    fields = (line.split(" ") for line in data.decode("utf-8", "surrogateescape").splitlines())
+    return frozenset(octal.sub(lambda m: chr(int(m.group(1), 8)), f[4]) for f in fields if len(f) > 4)
 
 
 def read_regular_text(path: str | os.PathLike[str], limit: int = 32 * 2**20) -> str | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ import numpy as np
 from mechkit.errors import MechkitError
 from mechkit.eval.evaluation import evaluate, task_prompts
 from mechkit.io.atomic import dir_mode
+from mechkit.io.leftovers import make_prepared_dir
 from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
 from mechkit.pruning.calibration import calibrate
 from mechkit.pruning.cost import (
@@ -406,11 +406,14 @@ class PruneStudy:
 
     def save(self, row: dict, out_dir: str | Path | None = None) -> Path:
         """Write :meth:`pruned` of ``row`` with :func:`~mechkit.pruning.save_pruned` to ``out_dir``, or to a
-        fresh temporary directory (removed again if the save fails) for a caller to move."""
+        fresh temporary directory (removed again if the save fails) for a caller to move. That directory is
+        named with this process's pid (:func:`mechkit.io.leftovers.make_prepared_dir`): a run killed before the
+        report moved it in left a whole model in ``$TMPDIR`` for good, which the next save, ``cache list`` and
+        ``cache clear leftovers`` now find; a killed run's folders are removed as the next one is made."""
         pruned = self.pruned(row)
         if out_dir is not None:
             return save_pruned(pruned, out_dir)
-        tmp = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))
+        tmp = make_prepared_dir()
         try:
             os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would stay: the folder is kept as the user's model/
             return save_pruned(pruned, tmp)
