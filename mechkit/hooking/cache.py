@@ -77,12 +77,24 @@ def _points(handle: ModelHandle, pattern: str) -> list:
 MARK_TOKENS, MARK_POSITIONS = 128, 64  # logits kept per recorded row: evenly spaced token ids at evenly spaced positions
 
 
-def logit_mark(output: Any) -> torch.Tensor | None:
+SHAPING = ("logits_to_keep", "num_logits_to_keep")  # forward arguments that choose which logits come back
+
+
+def shaping_of(kwargs: dict) -> dict:
+    """The arguments of a recorded forward that shape its output (which positions get logits), kept to replay
+    it with them: replayed without, ``m(ids, logits_to_keep=1)`` gave every position's logits, and a completion
+    read the other shape as "the model now gives other logits"."""
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()
+            if k in SHAPING and v is not None}
+
+
+def logit_mark(output: Any, model: Any = None) -> tuple[torch.Tensor, tuple[str, ...]] | None:
     """A forward's logits in brief: each row's logits at :data:`MARK_TOKENS` evenly spaced token ids, at every
     position (evenly spaced :data:`MARK_POSITIONS` of a longer row, the first and last among them), as float32,
-    then its precision's tolerance (:func:`_same_mark`). Enough to tell that a forward recorded again is the
-    recorded one, at most 32 KB per row kept (``None``: no logits). Every position, not the last alone: an
-    intervention at an earlier position of the last block moves only that position's logits."""
+    then its precision's tolerance (:func:`_same_mark`); and what it ran in: the logits' dtype and device and
+    the weights' dtype (``model``'s). Enough to tell that a forward recorded again is the recorded one, at most
+    32 KB per row kept (``None``: no logits). Every position, not the last alone: an intervention at an earlier
+    position of the last block moves only that position's logits."""
     logits = getattr(output, "logits", output)
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.is_meta or not logits.is_floating_point():
         return None
@@ -91,20 +103,38 @@ def logit_mark(output: Any) -> torch.Tensor | None:
     positions = torch.linspace(0, length - 1, min(MARK_POSITIONS, length), device=where).round().long()
     tokens = torch.linspace(0, vocab - 1, min(MARK_TOKENS, vocab), device=where).round().long()
     picked = logits.detach()[:, positions][:, :, tokens].reshape(rows, -1)
-    tol = 1e-4 if torch.finfo(logits.dtype).bits >= 32 else 5e-3
+    weights = getattr(model, "dtype", None)
+    weights = weights if isinstance(weights, torch.dtype) and weights.is_floating_point else logits.dtype
+    bits = min(torch.finfo(logits.dtype).bits, torch.finfo(weights).bits)  # logits upcast from half weights: half's
+    tol = 1e-4 if bits >= 32 else 5e-3
     # kept on the logits' device: every recorded forward makes one, and a .cpu() here was a device sync per
     # forward in every analysis that records; only a completion (rare) compares them, on the CPU
-    return torch.cat([picked.float(), torch.full((rows, 1), tol, device=where)], dim=1)
+    kind = (str(logits.dtype).removeprefix("torch."), str(where), str(weights).removeprefix("torch."))
+    return torch.cat([picked.float(), torch.full((rows, 1), tol, device=where)], dim=1), kind
 
 
-def _same_mark(a: torch.Tensor, b: torch.Tensor | None) -> bool:
-    """Whether two marks are one forward's: within 0.01% of the row's largest logit kept in float32, 0.5% in half
-    precision (the forward again runs the same kernels, so a difference is the device's rounding order). An
-    intervention that moves every logit kept by less than that is not told apart (safety.md says so)."""
+def _kind(mark: Any) -> tuple[str, ...] | None:
+    """What a mark's forward ran in (``None``: a mark pickled before marks said so)."""
+    return mark[1] if isinstance(mark, tuple) else None
+
+
+def _described_kind(kind: tuple[str, ...]) -> str:
+    logits, device, weights = kind
+    return f"{logits} on {device}" + (f" (weights in {weights})" if weights != logits else "")
+
+
+def _same_mark(a: Any, b: Any) -> bool:
+    """Whether two marks are one forward's: within the recording's tolerance, 0.01% of the row's largest logit
+    kept in float32, 0.5% in half precision (the forward again runs the same kernels, so a difference is the
+    device's rounding order). The recording's, not the larger of the two: a model cast to bfloat16 since passed
+    with bfloat16's 0.5%, and its activations were completed next to the float32 ones recorded (a forward in
+    another dtype or on another device is refused before: :meth:`Cache._complete`). An intervention that moves
+    every logit kept by less than that is not told apart (backends.md says so)."""
+    a, b = (m[0] if isinstance(m, tuple) else m for m in (a, b))
     if b is None or a.shape != b.shape:
         return False
     a, b = a.cpu(), b.cpu()
-    tol = torch.maximum(a[:, -1], b[:, -1]) * a[:, :-1].abs().amax(dim=1).clamp(min=1.0)
+    tol = a[:, -1] * a[:, :-1].abs().amax(dim=1).clamp(min=1.0)
     return bool(((a[:, :-1] - b[:, :-1]).abs().amax(dim=1) <= tol).all())
 
 
@@ -118,6 +148,7 @@ class Cache(MutableMapping):
     continued: bool = False  # a recorded forward's ids alone do not replay it (generate, padding): :meth:`completion`
     inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
     marks: list | None = None  # each recorded forward's logits in brief (:func:`logit_mark`): a completion's must match
+    shaping: list | None = None  # each recorded forward's output-shaping arguments (:func:`shaping_of`), replayed
     _parts: dict[str, list]  # each name's parts, one per forward (set in __new__)
 
     def __new__(cls, *_args: Any, **_kwargs: Any) -> Cache:
@@ -241,6 +272,7 @@ class Cache(MutableMapping):
         new = type(self)()
         new._parts = {name: list(parts) for name, parts in self._parts.items()}
         new.handle, new.inputs, new.continued, new.marks = self.handle, self.inputs, self.continued, self.marks
+        new.shaping = self.shaping
         return new
 
     __copy__ = copy  # copy.copy would share the parts dict
@@ -249,7 +281,7 @@ class Cache(MutableMapping):
         """Copies of the tensors; the recorded model is referred to, not copied (a copy of its weights)."""
         new = self.copy()
         new._parts = copy.deepcopy(self._parts, memo)
-        new.inputs = copy.deepcopy(self.inputs, memo)
+        new.inputs, new.shaping = copy.deepcopy(self.inputs, memo), copy.deepcopy(self.shaping, memo)
         return new
 
     def __getstate__(self) -> dict:
@@ -325,10 +357,21 @@ class Cache(MutableMapping):
         # First the recorded forwards again, recording what they recorded (the same attention kernel: recording a
         # pattern runs eager attention), to see that the model still gives the logits it gave then.
         witness = [name for name in self if name in have]
+        shaping = self.shaping if self.shaping and len(self.shaping) == len(inputs) else [{}] * len(inputs)
         with torch.no_grad(), (record(handle, witness) if witness else contextlib.nullcontext()):
-            logits = [handle(ids) for ids in inputs]
+            logits = [handle(ids, **kwargs) for ids, kwargs in zip(inputs, shaping, strict=True)]
         marks = self.marks or [None] * len(inputs)
-        if any(mark is not None and not _same_mark(mark, logit_mark(out)) for mark, out in zip(marks, logits, strict=False)):
+        now = [logit_mark(out, handle.model) for out in logits]
+        for mark, mine in zip(marks, now, strict=False):
+            if _kind(mark) is not None and mine is not None and _kind(mark) != _kind(mine):
+                # another precision's or device's activations next to the recorded ones: within its looser
+                # tolerance the logits passed, and the completed points were silently of another forward
+                raise MechkitError(f"{lacks}, and it recorded in {_described_kind(_kind(mark))} but the model now "
+                                   f"runs in {_described_kind(_kind(mine))}: recorded again they would be another "
+                                   "precision's or device's activations", "complete it before changing the model's dtype or "
+                                   "device (a cast back from a lower precision does not restore the weights), or "
+                                   "record every point needed in that run (mk.record(m, \"*\"))")
+        if any(mark is not None and not _same_mark(mark, mine) for mark, mine in zip(marks, now, strict=False)):
             # hooks, an ablation or a weight edit were open while it recorded (or are now): the model's forward
             # then is not its forward now, and the points recorded again would mix two models
             raise MechkitError(f"{lacks}, and the model now gives other logits on its forwards than while it "
@@ -337,8 +380,8 @@ class Cache(MutableMapping):
                                "record every point needed in that run (mk.record(m, \"*\")), or complete it "
                                "inside the same hooks and edits")
         with torch.no_grad(), record(handle, missing) as again:
-            for ids in inputs:
-                handle(ids)
+            for ids, kwargs in zip(inputs, shaping, strict=True):
+                handle(ids, **kwargs)
         return dict(again)
 
     def __repr__(self) -> str:

@@ -20,7 +20,7 @@ from einops import rearrange
 from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
-from mechkit.hooking.cache import Cache, logit_mark
+from mechkit.hooking.cache import Cache, logit_mark, shaping_of
 from mechkit.hooking.cache import NotRecorded as NotRecorded  # re-exported: it was defined here
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
 from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, canonical, resolve
@@ -362,20 +362,21 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
     if handle.backend.traced:
         yield
         return
-    cache.inputs, cache.marks = [], []
+    cache.inputs, cache.marks, cache.shaping = [], [], []
 
     def pre(_module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor):
             cache.inputs.append(ids.detach())
+            cache.shaping.append(shaping_of(kwargs))  # logits_to_keep: a completion replays it as given
             cache.marks.append(None)  # until the forward returns (one that raised keeps None: not checked)
         if not _replayable(ids, kwargs):
             cache.continued = True
 
-    def post(_module, args, kwargs, output):  # its logits in brief: a completion re-runs only the same forward
+    def post(module, args, kwargs, output):  # its logits in brief: a completion re-runs only the same forward
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor) and cache.marks:
-            cache.marks[-1] = logit_mark(output)
+            cache.marks[-1] = logit_mark(output, module)  # and the dtypes and device it ran in
 
     removers = [handle.model.register_forward_pre_hook(pre, with_kwargs=True),
                 handle.model.register_forward_hook(post, with_kwargs=True)]
