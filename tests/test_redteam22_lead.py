@@ -30,15 +30,15 @@ def test_a_finished_run_keeps_a_users_checkpoint_in_a_folder_it_did_not_make(tmp
     from mechkit.io.disk_cache import CHECKPOINT_FILE, finish_run_dir, mark_scratch
 
     folder = tmp_path / "runs" / "0123456789abcdef"
-    mark_scratch(folder, "finetune")
+    mark_scratch(folder, "finetunes")
     (folder / "fedcba9876543210.json").write_text("{}")
-    (folder / "finetune" / "unit").mkdir(parents=True)
-    (folder / "finetune" / "unit" / CHECKPOINT_FILE).write_bytes(b"ours")
+    (folder / "finetunes" / "ft-0123456789abcdef").mkdir(parents=True)  # a unit's folder, as select-tasks makes
+    (folder / "finetunes" / "ft-0123456789abcdef" / CHECKPOINT_FILE).write_bytes(b"ours")
     (folder / "mine").mkdir()
     (folder / "mine" / CHECKPOINT_FILE).write_bytes(b"precious")
     kept = finish_run_dir(folder)
     assert (folder / "mine" / CHECKPOINT_FILE).read_bytes() == b"precious" and folder / "mine" in kept
-    assert not (folder / "finetune").exists() and not (folder / "fedcba9876543210.json").exists()
+    assert not (folder / "finetunes").exists() and not (folder / "fedcba9876543210.json").exists()
 
 
 @pytest.mark.parametrize("value", [2, 3])
