@@ -123,12 +123,15 @@ def test_a_saved_record_set_to_what_no_save_writes_is_refused(field, value):
 
 
 def test_a_saved_record_set_on_a_modules_own_config_is_refused_too():
-    def edit(h):  # a config only one module holds: what a save of that module writes is its class's name
-        attn = h.model.model.layers[0].self_attn
-        attn.config = type(h.model.config).from_dict(h.model.config.to_dict())
-        attn.config.architectures = ["GPT2LMHeadModel"]
+    h = mk.load_model("tiny:llama")  # a config only one module holds, there before the run
+    attn = h.model.model.layers[0].self_attn
+    attn.config = type(h.model.config).from_dict(h.model.config.to_dict())
 
-    assert "config" in _refusal(edit)
+    def edit(m):
+        m.model.model.layers[0].self_attn.config.architectures = ["GPT2LMHeadModel"]
+
+    with pytest.raises(MechkitError, match=r"its config field architectures was set to \[.GPT2LMHeadModel.\] \(was None\), not what save_pretrained"):
+        mk.run(edit_plugin(edit, "rt23c-edit"), model=h, write=False)
 
 
 @pytest.mark.parametrize("field,saved,foreign", [("architectures", ["LlamaForCausalLM"], ["LlamaModel"]),

@@ -252,10 +252,11 @@ def _changed_records(before: dict, after: dict, dtype: Any) -> str | None:
         _, now, names = after[key]
         for field, value in now.items():
             if value != was.get(field) and not _saved_record(field, value, names, dtype):
-                expected = (f"[{sorted(names)[0]!r}]" if field == "architectures" and names else
-                            "the model's dtype" if "dtype" in field else "the installed transformers version")
-                return (f"its config field {field} was set to {_shown(_thawed(value))} (was {_shown(_thawed(was.get(field)))}), not "
-                        f"what save_pretrained records ({expected}): it is read later as what the model is")
+                expected = {"architectures": f"[{sorted(names)[0]!r}]" if names else "none: no save writes it here",
+                            "transformers_version": "the installed transformers version"}.get(field, "the model's dtype")
+                return (f"its config field {field} was set to {_shown(_thawed(value))} (was "
+                        f"{_shown(_thawed(was.get(field)))}), not what save_pretrained records ({expected}): it is "
+                        "read later as what the model is")
     return None
 
 
