@@ -104,32 +104,15 @@ class AdaptStudy(GuideStage, CostStage, MarginStage, CandidateStage, SignalStage
         self.margin_report: dict = {}
 
     def _prompts(self, config: AdaptConfig) -> None:
-        """Calibration, margin and held-out prompts: disjoint, the first two at a calibration seed.
-
-        With ``margin_prompts`` left to the study (None) as many margin prompts are drawn as ``adherence``
-        could need, one plan per prompt; the first :data:`MARGIN_PROMPTS` per task are timed, more only
-        where the model offers fewer distinct plans (:meth:`MarginStage.margin_calibration`). All drawn are
-        kept out of the held-out prompts, so timing more later never tests on a calibration prompt."""
-        shots, timing_prompts, margin_prompts = config.shots, config.timing_prompts, config.margin_prompts
-        self.calib = task_prompts(self.tasks, config.n_calib, shots, self.seed + CALIB_SEED_OFFSET)
-        self.margin_prompts, self.margin_plan_count = margin_prompts, config.margin_plans
-        drawn_n = margin_prompts or MARGIN_PROMPTS
-        if margin_prompts is None and config.margin is None:
-            drawn_n = max(drawn_n, math.ceil(residuals_needed(config.adherence) / max(1, len(self.tasks))))
-        # the margin's prompts: calibration-seeded, past the ones the cost table is fitted on
-        fitted = {p.text for ps in self.calib.values() for p in ps[:timing_prompts]}
-        extra = 0  # a later draw repeating a fitted prompt is dropped: draw on until every task has drawn_n
-        while True:
-            drawn = task_prompts(self.tasks, timing_prompts + drawn_n + extra, shots, self.seed + CALIB_SEED_OFFSET)
-            self.margin_pool = {t: [p.text for p in ps if p.text not in fitted][:drawn_n] for t, ps in drawn.items()}
-            if all(len(xs) == drawn_n for xs in self.margin_pool.values()) or extra > drawn_n:
-                break
-            extra += timing_prompts + 8
-        self.margin_texts = {t: xs[:margin_prompts or MARGIN_PROMPTS] for t, xs in self.margin_pool.items()}
-        seen = {p.text for ps in self.calib.values() for p in ps} | {x for xs in self.margin_pool.values() for x in xs}
-        test = task_prompts(self.tasks, config.n, shots, self.seed)
+        """Calibration, margin and held-out prompts (:func:`draw_prompts`); a task left no held-out prompt is
+        refused here, before any work (:func:`refuse_empty_heldout`)."""
+        self.calib, self.margin_pool, self.margin_texts, seen = draw_prompts(self.tasks, config, self.seed)
+        self.margin_prompts, self.margin_plan_count = config.margin_prompts, config.margin_plans
+        test = task_prompts(self.tasks, config.n, config.shots, self.seed)
         self.test = {t: [p for p in ps if p.text not in seen] for t, ps in test.items()}
-        self.n_calib, self.shots = config.n_calib, shots
+        self.n_calib, self.shots = config.n_calib, config.shots
+        if not all(self.test.values()):
+            refuse_empty_heldout(self.tasks, config, self.seed, self.test, seen)
 
     def _once(self, key: str, compute: Callable[[], Any]) -> Any:
         """``step(key, compute)``, kept in memory for the rest of the study."""
@@ -166,3 +149,59 @@ class AdaptStudy(GuideStage, CostStage, MarginStage, CandidateStage, SignalStage
                            for c in sched.candidates],
             "scheduler": sched.as_dict(),
         }
+
+
+def draw_prompts(tasks: Sequence[str], config: AdaptConfig, seed: int) -> tuple[dict, dict, dict, set]:
+    """Calibration prompts, the margin's prompt pool and the texts it times first, and every text the held-out
+    prompts must not repeat: disjoint, drawn at a calibration seed, on text alone (no model).
+
+    With ``margin_prompts`` left to the study (None) as many margin prompts are drawn as ``adherence``
+    could need, one plan per prompt; the first :data:`MARGIN_PROMPTS` per task are timed, more only
+    where the model offers fewer distinct plans (:meth:`MarginStage.margin_calibration`). All drawn are
+    kept out of the held-out prompts, so timing more later never tests on a calibration prompt."""
+    shots, timing_prompts, margin_prompts = config.shots, config.timing_prompts, config.margin_prompts
+    calib = task_prompts(tasks, config.n_calib, shots, seed + CALIB_SEED_OFFSET)
+    drawn_n = margin_prompts or MARGIN_PROMPTS
+    if margin_prompts is None and config.margin is None:
+        drawn_n = max(drawn_n, math.ceil(residuals_needed(config.adherence) / max(1, len(tasks))))
+    # the margin's prompts: calibration-seeded, past the ones the cost table is fitted on
+    fitted = {p.text for ps in calib.values() for p in ps[:timing_prompts]}
+    extra = 0  # a later draw repeating a fitted prompt is dropped: draw on until every task has drawn_n
+    while True:
+        drawn = task_prompts(tasks, timing_prompts + drawn_n + extra, shots, seed + CALIB_SEED_OFFSET)
+        pool = {t: [p.text for p in ps if p.text not in fitted][:drawn_n] for t, ps in drawn.items()}
+        if all(len(xs) == drawn_n for xs in pool.values()) or extra > drawn_n:
+            break
+        extra += timing_prompts + 8
+    texts = {t: xs[:margin_prompts or MARGIN_PROMPTS] for t, xs in pool.items()}
+    seen = {p.text for ps in calib.values() for p in ps} | {x for xs in pool.values() for x in xs}
+    return calib, pool, texts, seen
+
+
+def _left(tasks: Sequence[str], n: int, shots: int | None, seed: int, seen: set) -> bool:
+    """Every task keeps a held-out prompt out of ``n`` drawn."""
+    return all(any(p.text not in seen for p in ps) for ps in task_prompts(tasks, n, shots, seed).values())
+
+
+def refuse_empty_heldout(tasks: Sequence[str], config: AdaptConfig, seed: int, test: dict, seen: set) -> None:
+    """Refuse, before any work, a study that leaves a task no held-out prompt: held-out prompts equal to a
+    calibration or margin prompt are dropped, and with small pools (``--shots 0``: the query alone) all ``n``
+    can be. Its accuracy was NaN, refused as if the model had NaN weights after the whole study, or, with one
+    task, numpy's error on an empty array. Each fix named is tried first: the smallest ``n`` that leaves every
+    task a prompt (drawn whole at that ``n``), and one demonstration per prompt (``shots=1``)."""
+    from mechkit.errors import MechkitError
+
+    empty = [t for t in tasks if not test[t]]
+    fixes = []
+    wide = task_prompts(tasks, config.n + 200, config.shots, seed)  # drawn in order: a prefix is a smaller --n
+    firsts = [next((i + 1 for i, p in enumerate(ps) if p.text not in seen), None) for ps in wide.values()]
+    if None not in firsts and _left(tasks, max(firsts), config.shots, seed, seen):
+        fixes.append(f"--n {max(firsts)} (n={max(firsts)}) or more")
+    if not config.shots:
+        one = dataclasses.replace(config, shots=1)
+        if _left(tasks, config.n, 1, seed, draw_prompts(tasks, one, seed)[3]):
+            fixes.append("--shots 1 (shots=1: demonstrations make each prompt its own)")
+    fixes.append("another --seed" if fixes else "a larger --n or --shots, or another --seed")
+    raise MechkitError(f"no held-out prompt is left for {', '.join(empty)}: the {config.n} drawn per task (--n "
+                       f"{config.n}, seed {seed}) repeat calibration or margin prompts, which the test keeps out",
+                       f"pass {', or '.join(fixes)}")

@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mechkit.model.headspec import non_utf8_at
-from mechkit.options.option import TYPE_WORDS, Bounds, OptionError, show, to_number
+from mechkit.options.option import MAX_COUNT, TYPE_WORDS, Bounds, OptionError, show, to_number
+
+MAX_INDEX = 100_000
+"""The largest layer or head index :class:`IntRanges` takes: no model has that many, and a range is expanded
+to its indices before the model is known (``--layers 0-99999999999`` filled 24 GB before any check)."""
 
 
 def _items(text: str) -> list[str]:
@@ -48,7 +52,9 @@ class NumberList:
     """Comma-separated numbers, each of ``kind`` (``int`` or ``float``) and inside the bounds.
 
     Returns a tuple in the order given (duplicates kept), or sorted without duplicates with
-    ``sort=True``. ``allow_empty`` accepts blank text as ``()`` (e.g. "no sweep").
+    ``sort=True``. ``allow_empty`` accepts blank text as ``()`` (e.g. "no sweep"). Whole numbers with a
+    ``min`` and no ``max`` (counts: shots, k values, seeds) are at most ``MAX_COUNT``, as a whole-number
+    :class:`~mechkit.options.Option` is: ``--shots 0,99999999999`` built prompts until memory ran out.
 
     >>> NumberList(int, min=0)("0, 3")
     (0, 3)
@@ -94,6 +100,12 @@ class NumberList:
                 return ()
             raise OptionError("no numbers given", self.fix)
         values = [_number(x, self.kind, self.fix, self.bounds) for x in items]
+        if self.kind is int and self.min is not None and self.max is None:
+            huge = next((v for v in values if v > MAX_COUNT), None)
+            if huge is not None:
+                raise OptionError(f"{show(huge)} is more than {MAX_COUNT:,}",
+                                  "a count that large is a typo that would run for days or exhaust memory; "
+                                  "pass a smaller one")
         return tuple(sorted(set(values))) if self.sort else tuple(values)
 
 
@@ -193,7 +205,8 @@ class IntRanges:
     """``all``, ranges ``12-24`` and indices ``10,20`` (combinable: ``0-3,8``) -> :class:`Ranges`.
 
     Indices are 0-based and never negative; the upper limit depends on the model, so it is
-    checked by ``Ranges.resolve(n)`` once the model is loaded (before any work).
+    checked by ``Ranges.resolve(n)`` once the model is loaded (before any work). Each index is at most
+    :data:`MAX_INDEX`, checked before a range is expanded: ``0-99999999999`` is refused, not listed.
 
     >>> IntRanges()("12-14,3").values
     (3, 12, 13, 14)
@@ -218,6 +231,9 @@ class IntRanges:
                 raise OptionError(f"{item!r} is not an index or a range A-B", self.fix)
             a = _number(lo, int, self.fix, Bounds(min=0))
             b = _number(hi, int, self.fix, Bounds(min=0)) if dash else a
+            if max(a, b) > MAX_INDEX:  # before range() fills memory with indices resolve() would refuse
+                raise OptionError(f"index {show(max(a, b))} is above {MAX_INDEX:,}: no model has that many",
+                                  "use all, a range like 12-24 or indices below the model's count")
             if b < a:
                 raise OptionError(f"range {item!r} ends before it starts", self.fix)
             found.update(range(a, b + 1))

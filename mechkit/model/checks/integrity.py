@@ -149,9 +149,11 @@ def refuse_non_float_weights(path: Path, model: Any) -> None:
     """Refuse a checkpoint that stores one of the model's floating-point parameters as integers or booleans,
     read from the safetensors headers: transformers casts it silently (an int8 or packed quantized tensor
     under a float name would be computed on as if its integers were the weights). Buffers stored that way
-    (an old checkpoint's boolean attention mask) are not parameters and are left alone."""
+    (an old checkpoint's boolean attention mask) are not parameters and are left alone here; their values are
+    :func:`refuse_file_buffers`' (run from here, the check every local load calls once its model is built)."""
     from safetensors import safe_open
 
+    refuse_file_buffers(path, model)
     params = {name for name, p in model.named_parameters() if p.is_floating_point()}
     for file in sorted(path.glob("*.safetensors")):
         try:
@@ -169,6 +171,50 @@ def refuse_non_float_weights(path: Path, model: Any) -> None:
             raise
         except Exception:  # a header this cannot read: the load already read it, or reported it
             continue
+
+
+def refuse_file_buffers(path: Path, model: Any) -> None:
+    """Refuse a checkpoint holding a tensor under the name of one of the model's buffers with other values
+    than the model has. transformers computes buffers such as ``rotary_emb.inv_freq`` from the config and
+    drops the file's copy without a word (it is no "unexpected" tensor), so a file whose RoPE frequencies
+    differ (``inv_freq = ones``: an edited or mislabelled checkpoint) was computed on with the config's. Equal
+    copies, up to the stored dtype's rounding (old checkpoints carry them), and buffers loaded from the file
+    (the same values) pass."""
+    from safetensors import safe_open
+
+    buffers = {name: b for name, b in model.named_buffers() if b is not None and b.device.type != "meta"}
+    prefix = str(getattr(model, "base_model_prefix", "") or "")
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                names = f.keys()
+                for key in names:  # noqa: SIM118 - no __iter__
+                    name = key if key in buffers else f"{prefix}.{key}" if f"{prefix}.{key}" in buffers else None
+                    if name is None:
+                        continue
+                    held, ours = f.get_tensor(key), buffers[name].detach().cpu()
+                    if not _close(held, ours):
+                        raise ModelLoadError(
+                            f"{file.name} in {path} holds {key} with other values (or shape) than the model "
+                            f"computes for its buffer {name} from config.json; transformers would drop the file's "
+                            "copy silently", "fix config.json (e.g. its rope settings) to give the values the "
+                            f"weights were made with, or remove {key} from the file if it is stale")
+        except ModelLoadError:
+            raise
+        except Exception:  # a file or tensor this cannot read: the load already read it, or reported it
+            continue
+
+
+def _close(held: Any, ours: Any) -> bool:
+    """Equal up to the rounding of the coarser of the two dtypes (a float16 copy of float32 frequencies)."""
+    import torch
+
+    if held.shape != ours.shape:
+        return False
+    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (held, ours))
+    wide = torch.complex128 if held.is_complex() or ours.is_complex() else torch.float64
+    a, b = held.to(wide), ours.to(wide)
+    return bool(torch.equal(a, b)) or bool(torch.allclose(a, b, rtol=4 * eps, atol=0.0, equal_nan=True))
 
 
 def refuse_meta_weights(model: Any, label: Any) -> None:

@@ -134,7 +134,7 @@ def _comparable(value: Any, configs: dict) -> Any:
                                   sort_keys=True, default=str)
             except Exception:  # a to_dict that fails: the object itself is compared
                 data = None
-            data = (data, str(getattr(value, "_attn_implementation", None)))
+            data = (data, str(getattr(value, "_attn_implementation", None)), type(value))  # its class swapped shows
             configs[id(value)] = ("config", id(value), data, value)
         return configs[id(value)]
     if _is_plain(value):
@@ -197,7 +197,67 @@ def _as_class_says(m: Any, name: str, value: Any) -> bool:
 _NO_DEFAULT = object()
 # Config fields that record where a model came from and what it was saved as, read by no forward:
 # save_pretrained fills in "architectures", the library version and "dtype" on a model whose config lacked them.
+# They are compared apart (:func:`_changed_records`): only the value a save writes is no change.
 _CONFIG_RECORDS = frozenset({"architectures", "transformers_version", "dtype", "torch_dtype"})  # dtype: the saved one
+
+
+def _records(model: Any, configs: dict) -> dict:
+    """``{id: (config, {field: value}, allowed architectures)}`` for the model's config and every config a module
+    holds: the :data:`_CONFIG_RECORDS` set on it (read from its ``__dict__``: ``to_dict`` writes the installed
+    version whatever is set, and ``torch_dtype`` is a deprecated alias of ``dtype``), and the ``architectures``
+    a ``save_pretrained`` of a module holding it writes (the model's own class for the model's config)."""
+    top = getattr(model, "config", None)
+    found: dict = {}
+    for m in model.modules():
+        config = vars(m).get("config")
+        if config is not None and hasattr(config, "__dict__") and hasattr(config, "to_dict"):
+            found.setdefault(id(config), (config, set()))[1].add(type(m).__name__.removeprefix("FSDP"))
+    if top is not None and hasattr(top, "__dict__"):
+        found[id(top)] = (top, {type(model).__name__.removeprefix("FSDP")})
+    for entry in configs.values():  # a config held elsewhere (a module's other attribute): only as it was
+        config = entry[3]
+        if hasattr(config, "__dict__"):
+            found.setdefault(id(config), (config, set()))
+    return {key: (config, {k: _frozen(vars(config).get(k)) for k in sorted(_CONFIG_RECORDS)}, names)
+            for key, (config, names) in found.items()}
+
+
+def _thawed(value: Any) -> Any:
+    """A :func:`_frozen` list as the list it was, to show."""
+    return list(value[1]) if isinstance(value, tuple) and value[:1] == ("list",) else value
+
+
+def _saved_record(key: str, value: Any, names: set, dtype: Any) -> bool:
+    """``value``, now in the config field ``key``, is what ``save_pretrained`` writes there: the saving model's
+    class name (in a one-item list), the model's dtype (``"float32"`` or ``torch.float32``), the installed
+    transformers version. Any other value (``architectures = ["GPT2LMHeadModel"]`` on a llama) is read later as
+    fact: a report's architecture, the structure a schedule file is keyed on."""
+    if key == "architectures":
+        return isinstance(value, tuple) and len(value) == 2 and value[0] == "list" and len(value[1]) == 1 \
+            and value[1][0] in names
+    if key in ("dtype", "torch_dtype"):
+        return dtype is not None and value in (dtype, str(dtype).removeprefix("torch."))
+    try:
+        import transformers
+    except ImportError:
+        return False
+    return value == transformers.__version__
+
+
+def _changed_records(before: dict, after: dict, dtype: Any) -> str | None:
+    """The first :data:`_CONFIG_RECORDS` field set to another value than a save writes, in words, else None."""
+    for key, (_, was, _) in before.items():
+        if key not in after:
+            continue  # the config object itself replaced: compared as a module attribute
+        _, now, names = after[key]
+        for field, value in now.items():
+            if value != was.get(field) and not _saved_record(field, value, names, dtype):
+                expected = {"architectures": f"[{sorted(names)[0]!r}]" if names else "none: no save writes it here",
+                            "transformers_version": "the installed transformers version"}.get(field, "the model's dtype")
+                return (f"its config field {field} was set to {_shown(_thawed(value))} (was "
+                        f"{_shown(_thawed(was.get(field)))}), not what save_pretrained records ({expected}): it is "
+                        "read later as what the model is")
+    return None
 
 
 def _tensor_hooks(p: Any) -> tuple:
@@ -253,7 +313,16 @@ def handle_state(handle: Any) -> dict:
     return {"anatomy": _anatomy(handle.anatomy), "anatomy_obj": handle.anatomy, "spec": handle.spec, "name": handle.name,
             "source": handle.source, "backend": handle.backend, "model": handle.model,
             "tokenizer": handle.tokenizer, "sha256": handle._sha256, "own": _handle_extras(handle),
-            "memos": _memos(handle), "tokenizer_own": _tokenizer_own(handle.tokenizer)}
+            "memos": _memos(handle), "tokenizer_own": _tokenizer_own(handle.tokenizer), "classes": _classes(handle)}
+
+
+def _classes(handle: Any) -> dict:
+    """The classes of the handle and of the objects it holds besides the model (whose modules' classes
+    :func:`model_state` compares): ``obj.__class__ = Sub``, a same-named subclass overriding ``to_tokens`` or the
+    tokenizer's ``__call__``, changes every later tokenization while every object and attribute stays the same,
+    and the code check reads the new class's methods as names that appeared."""
+    return {name: type(obj) for name, obj in (("handle", handle), ("tokenizer", handle.tokenizer),
+                                              ("backend", handle.backend), ("anatomy", handle.anatomy))}
 
 
 def _memos(handle: Any) -> dict:
@@ -323,6 +392,12 @@ def changed_handle(before: dict, handle: Any) -> str | None:
         now_memo = getattr(handle, key, None)
         if now_memo != was and not (was is None and now_memo in (None, _fresh_memo(handle, key))):
             return f"handle.{key} (the model's remembered {key[3:]} count) was changed ({was!r} -> {now_memo!r})"
+    for name, cls in before.get("classes", {}).items():
+        now_cls = _classes(handle)[name]
+        if now_cls is not cls:
+            where = "the handle" if name == "handle" else f"handle.{name}"
+            return (f"the class of {where} ({cls.__qualname__}) was swapped for {now_cls.__module__}."
+                    f"{now_cls.__qualname__} and not put back")
     tok = before.get("tokenizer_own")
     if tok is not None and handle.tokenizer is before["tokenizer"]:
         now_tok = _tokenizer_own(handle.tokenizer)
@@ -354,9 +429,23 @@ def model_state(model: Any, tokenizer: Any = None) -> dict:
     global_dicts = [getattr(torch_module, d, {}) for d in _GLOBAL_HOOKS]
     global_hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in global_dicts)
     return {"modules": modules, "global_hooks": global_hooks, "config": _config(model),
-            "generation": _generation(model),
+            "generation": _generation(model), "records": _records(model, configs), "dtype": _dtype(model),
+            "classes": _config_classes(model),
             "global_refs": [fn for d in global_dicts for fn in d.values()],  # held: their ids stay theirs
             "tokenizer": tokenizer_sha256(tokenizer) if tokenizer is not None else None}
+
+
+def _dtype(model: Any) -> Any:
+    try:
+        return model.dtype
+    except Exception:  # a model without floating parameters: no dtype a save would write
+        return None
+
+
+def _config_classes(model: Any) -> dict:
+    """The classes of the model's config and generation config: one swapped for a same-named subclass (a
+    property overriding a field) changes what is read while every field's stored value stays."""
+    return {name: type(getattr(model, name, None)) for name in ("config", "generation_config")}
 
 
 def hooked(state: dict) -> str | None:
@@ -395,11 +484,17 @@ def changed_state(before: dict, after: dict) -> str | None:
         if was.saves != now.saves:
             return (f"a state_dict or load_state_dict hook was left on {label} (or one it had was removed): a later "
                     "save would write other weights than the model holds")
+    for name, cls in before.get("classes", {}).items():
+        if after["classes"].get(name) is not cls:
+            return f"the class of its {name} was swapped (a same-named subclass runs in its place) and not put back"
     for key in sorted(set(before["config"]) | set(after["config"])):
         if key in _CONFIG_RECORDS:
             continue
         if before["config"].get(key) != after["config"].get(key):
             return f"its config field {key} changed ({before['config'].get(key)!r} -> {after['config'].get(key)!r})"
+    what = _changed_records(before.get("records", {}), after.get("records", {}), after.get("dtype"))
+    if what is not None:
+        return what
     if before.get("generation") != after.get("generation"):
         key = next(k for k in sorted(set(before["generation"]) | set(after["generation"]))
                    if before["generation"].get(k) != after["generation"].get(k))
@@ -438,6 +533,8 @@ def _changed_attrs(was: tuple, now: tuple) -> str | None:
             return f"{key} was {'set' if a is None else 'deleted'} and not put back"
         if _same(a, b):
             continue
+        if a[0] == "config" and b[0] == "config" and a[1] == b[1] and a[2][2] is not b[2][2]:
+            return f"{key} (a config) had its class swapped and not put back"
         if a[0] == "config" and b[0] == "config" and a[1] == b[1]:
             x, y = json.loads(a[2][0] or "{}"), json.loads(b[2][0] or "{}")
             field = next((k for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), "_attn_implementation")
