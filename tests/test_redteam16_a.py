@@ -50,12 +50,13 @@ def _mountinfo(tmp_path: Path, *points: str) -> Path:
 
 def test_a_bind_mount_of_the_same_file_system_is_refused_as_out(tmp_path, monkeypatch):
     from mechkit.io import out as out_mod
+    from mechkit.io import read as read_mod
 
     bound, spaced = tmp_path / "bound", tmp_path / "a volume"
     bound.mkdir()
     spaced.mkdir()
     (bound / "report.json").write_text("{}")  # a run there before: --force would move it across the mount
-    monkeypatch.setattr(out_mod, "MOUNTINFO", str(_mountinfo(tmp_path, str(bound), str(spaced).replace(" ", "\\040"))))
+    monkeypatch.setattr(read_mod, "MOUNTINFO", str(_mountinfo(tmp_path, str(bound), str(spaced).replace(" ", "\\040"))))
     for out in (bound, spaced, tmp_path / "x" / ".." / "bound"):
         with pytest.raises(MechkitError, match="mount point") as err:
             out_mod.check_out(out, force=True)
@@ -66,8 +67,9 @@ def test_a_bind_mount_of_the_same_file_system_is_refused_as_out(tmp_path, monkey
 
 def test_no_mountinfo_leaves_the_check_to_ismount(tmp_path, monkeypatch):
     from mechkit.io import out as out_mod
+    from mechkit.io import read as read_mod
 
-    monkeypatch.setattr(out_mod, "MOUNTINFO", str(tmp_path / "absent"))
+    monkeypatch.setattr(read_mod, "MOUNTINFO", str(tmp_path / "absent"))
     assert out_mod.mount_points() == frozenset()
     assert out_mod.check_out(tmp_path / "run") == tmp_path / "run"
 

@@ -243,17 +243,18 @@ def _mountinfo(tmp_path: Path, *points: str) -> Path:
 @pytest.mark.parametrize("inside", ["model/config.json", "model/sub", "model/sub/deep.bin"])
 def test_force_over_a_mount_inside_an_owned_folder_is_refused_before_the_work(tmp_path, monkeypatch, inside):
     from mechkit.io import out as out_mod
+    from mechkit.io import read as read_mod
 
     out = tmp_path / "pr"
     _owned_model_set(out)
     (out / inside).parent.mkdir(parents=True, exist_ok=True)
     (out / inside).write_text("user")
-    monkeypatch.setattr(out_mod, "MOUNTINFO", str(_mountinfo(tmp_path, str(out / inside))))
+    monkeypatch.setattr(read_mod, "MOUNTINFO", str(_mountinfo(tmp_path, str(out / inside))))
     with pytest.raises(MechkitError, match="inside it is a mount point") as err:
         out_mod.check_out(out, force=True)
     assert "\n" not in str(err.value) and "unmount" in str(err.value)
     (out / "userdir").mkdir()  # a mount beside the names --force moves is no matter
-    monkeypatch.setattr(out_mod, "MOUNTINFO", str(_mountinfo(tmp_path, str(out / "userdir"))))
+    monkeypatch.setattr(read_mod, "MOUNTINFO", str(_mountinfo(tmp_path, str(out / "userdir"))))
     assert out_mod.check_out(out, force=True) == out
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from mechkit.errors import MechkitError
+from mechkit.io.read import mount_points, mounts
 
 
 def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["dir", "file"] = "dir",
@@ -162,38 +163,6 @@ def refuse_mounted_inside(path: Path) -> None:
                                "first, or choose another --out")
 
 
-MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts (Linux)
-
-
-def mount_points() -> frozenset[str]:
-    """Every mount point the kernel lists for this process (``/proc/self/mountinfo``, its 5th field, octal
-    escapes undone). ``os.path.ismount`` compares a directory with its parent, so it misses a bind mount of
-    a directory of the same file system (``mount --bind a b``, a container's volume): such an ``--out``
-    passed every check, took a lock of its own beside ``b`` while another run wrote ``a``, and failed at
-    its last rename with a raw ``OSError`` (EXDEV). Empty where the file is absent (not Linux)."""
-    return frozenset(point for _, _, point in _mounts())
-
-
-def _mounts() -> list[tuple[str, str, str]]:
-    """``(device, root, mount point)`` of each mount in ``/proc/self/mountinfo``, in its order (a later mount
-    at one point hides an earlier one): ``root`` is the directory of the device's file system that the mount
-    shows (``/`` for a whole file system, the source directory of a bind mount)."""
-    import re
-
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    octal = re.compile(r"\\([0-7]{3})")  # a space in a path is written \040
-
-    def plain(text: str) -> str:
-        return octal.sub(lambda m: chr(int(m.group(1), 8)), text)
-
-    return [(fields[2], plain(fields[3]), plain(fields[4])) for fields in (line.split(" ") for line in lines)
-            if len(fields) > 4]
-
-
 def mount_place(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, Path] | None:
     """Where ``path`` (a real path) is on its device: ``(device, path within the device's file system)``,
     through the deepest mount that holds it. Two names of one place (a bind mount of a directory, of its
@@ -226,8 +195,8 @@ def _within(path: Path, root: Path) -> bool:
     root_id = _identity(root)
     if root_id is not None and any(_identity(p) == root_id for p in (path, *path.parents)):
         return True
-    mounts = _mounts()  # a bind mount of a folder *inside* root shares no identity with root itself
-    here, there = mount_place(path, mounts), mount_place(root, mounts)
+    found = mounts()  # a bind mount of a folder *inside* root shares no identity with root itself
+    here, there = mount_place(path, found), mount_place(root, found)
     return here is not None and there is not None and here[0] == there[0] and (
         here[1] == there[1] or there[1] in here[1].parents)
 

@@ -84,18 +84,29 @@ MOUNTINFO = "/proc/self/mountinfo"  # the kernel's list of this process's mounts
 
 def mount_points() -> frozenset[str]:
     """Every mount point the kernel lists for this process (``/proc/self/mountinfo``'s 5th field, octal escapes
-    undone); empty where the file is absent (not Linux). Read here, below every module of :mod:`mechkit.io`,
-    for the removers of the cache and of leftovers: ``os.path.ismount`` misses a bind mount of a directory of
-    the same disk (``mount --bind userdir runs/K/finetune``), and a clear through it deleted the user's files
-    (:func:`mechkit.io.out.mount_points` reads the same list for ``--out``)."""
+    undone); empty where the file is absent (not Linux). ``os.path.ismount`` compares a directory with its parent,
+    so it misses a bind mount of a directory of the same disk (``mount --bind userdir runs/K/finetune``): a cache
+    clear through it deleted the user's files, and such an ``--out`` took a lock of its own beside the real one."""
+    return frozenset(point for _, _, point in mounts())
+
+
+def mounts() -> list[tuple[str, str, str]]:
+    """``(device, root, mount point)`` of each mount in ``/proc/self/mountinfo``, in its order (a later mount
+    at one point hides an earlier one): ``root`` is the directory of the device's file system that the mount
+    shows (``/`` for a whole file system, the source directory of a bind mount). Read here, below every module
+    of :mod:`mechkit.io`, for ``--out``'s checks and the removers of the cache and of leftovers alike."""
     import re
 
     data = read_regular(MOUNTINFO, 64 * 2**20)
     if data is None:
-        return frozenset()
+        return []
     octal = re.compile(r"\\([0-7]{3})")  # a space in a path is written \040
+
+    def plain(text: str) -> str:
+        return octal.sub(lambda m: chr(int(m.group(1), 8)), text)
+
     fields = (line.split(" ") for line in data.decode("utf-8", "surrogateescape").splitlines())
-    return frozenset(octal.sub(lambda m: chr(int(m.group(1), 8)), f[4]) for f in fields if len(f) > 4)
+    return [(f[2], plain(f[3]), plain(f[4])) for f in fields if len(f) > 4]
 
 
 def read_regular_text(path: str | os.PathLike[str], limit: int = 32 * 2**20) -> str | None:
