@@ -31,11 +31,11 @@ LAYERS = [
     ["mechkit.heads", "mechkit.patching", "mechkit.actvec", "mechkit.taskarith", "mechkit.pruning", "mechkit.compose",
      "mechkit.adapt", "mechkit.taskselect"],  # the analyses
     ["mechkit.report"],
-    ["mechkit.options", "mechkit.executors", "mechkit.plugin", "mechkit.registry", "mechkit.runner"],
+    ["mechkit.options", "mechkit.executors", "mechkit.plugin", "mechkit.plugin_key", "mechkit.registry", "mechkit.runner"],
     ["mechkit.plugins"],
     ["mechkit.cli"],
 ]
-TOP_LEVEL_ALLOWED = {"__init__", "errors", "lazy", "plugin", "registry", "runner"}
+TOP_LEVEL_ALLOWED = {"__init__", "errors", "lazy", "plugin", "plugin_key", "registry", "runner"}
 
 
 def _modules() -> dict[str, Path]:

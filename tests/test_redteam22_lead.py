@@ -43,7 +43,7 @@ def test_a_finished_run_keeps_a_users_checkpoint_in_a_folder_it_did_not_make(tmp
 
 @pytest.mark.parametrize("value", [2, 3])
 def test_a_plugin_without_a_source_file_is_keyed_by_its_compiled_code(value):
-    from mechkit.runner import plugin_code
+    from mechkit.plugin_key import plugin_code
 
     def make(v):
         namespace = {"mk": mk}

@@ -23,7 +23,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from mechkit.runner import plugin_code
+from mechkit.plugin_key import plugin_code
 
 # ---- K1: a plugin without a source file is keyed by what its code reaches --------------------------------
 
@@ -120,7 +120,7 @@ def test_the_key_of_a_cell_is_the_same_in_another_process():
     """Sets iterate in another order and objects sit at other addresses in each process: the key does not."""
     script = textwrap.dedent("""
         import mechkit as mk, torch
-        from mechkit.runner import plugin_code
+        from mechkit.plugin_key import plugin_code
         ns = {"mk": mk, "torch": torch}
         exec(compile('''
         NAMES = {"alpha", "beta", "gamma", "delta"}

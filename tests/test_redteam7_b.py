@@ -188,7 +188,7 @@ def test_weights_edited_in_place_get_their_own_hash(llama):
 
 def test_the_resume_key_covers_a_plugins_helper_module(tmp_path, monkeypatch):
     """A third-party plugin's helper module edited between a kill and the rerun resumed the old code's step."""
-    from mechkit.runner import package_code, plugin_code
+    from mechkit.plugin_key import package_code, plugin_code
 
     pkg = tmp_path / "helperplug7b"
     pkg.mkdir()

@@ -82,7 +82,7 @@ def test_a_quantization_that_cannot_be_applied_is_named_not_called_corrupt_weigh
 # ---- class 4: resume keys cover everything that decides a result ----------------------------------------
 
 def test_a_third_party_plugins_key_covers_mechkits_own_code(tmp_path, monkeypatch):
-    from mechkit import runner
+    from mechkit import plugin_key
 
     package = tmp_path / "rt9b_elsewhere"  # a plugin package outside mechkit
     package.mkdir()
@@ -92,16 +92,16 @@ def test_a_third_party_plugins_key_covers_mechkits_own_code(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     from rt9b_elsewhere import ThirdParty
 
-    before = runner.plugin_code(ThirdParty)
+    before = plugin_key.plugin_code(ThirdParty)
     assert before
-    real = runner.package_code.__wrapped__
+    real = plugin_key.package_code.__wrapped__
     mechkit_roots = {str(p) for p in sys.modules["mechkit"].__path__}
 
     def edited(roots):
         return real(roots) + ("-edited" if mechkit_roots & set(roots) else "")
 
-    monkeypatch.setattr(runner, "package_code", edited)  # mechkit's code edited under the same version
-    assert runner.plugin_code(ThirdParty) != before
+    monkeypatch.setattr(plugin_key, "package_code", edited)  # mechkit's code edited under the same version
+    assert plugin_key.plugin_code(ThirdParty) != before
 
 
 # ---- class 5: saved artifacts know what they belong to --------------------------------------------------
