@@ -66,9 +66,9 @@ def test_a_real_runs_steps_folder_is_marked_and_cleared(monkeypatch, tmp_path, h
 def test_a_scratch_folder_marks_the_run_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
     resume = tmp_path / "runs" / "aaaaaaaaaaaaaaaa"
-    scratch = RunContext(model=None, params={}, seed=0, resume_dir=resume, console=Console(file=io.StringIO())).scratch("finetune")
-    (scratch / "unit-1").mkdir(parents=True)
-    (scratch / "unit-1" / "checkpoint.safetensors").write_bytes(b"")  # a unit's checkpoint (select-tasks)
+    scratch = RunContext(model=None, params={}, seed=0, resume_dir=resume, console=Console(file=io.StringIO())).scratch("finetunes")
+    (scratch / "ft-0123456789abcdef").mkdir(parents=True)
+    (scratch / "ft-0123456789abcdef" / "checkpoint.safetensors").write_bytes(b"")  # a unit's checkpoint (select-tasks)
     assert is_entry("runs", resume)
     clear_cache(["runs"], root=tmp_path)
     assert not resume.exists()
