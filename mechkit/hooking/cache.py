@@ -88,29 +88,81 @@ def shaping_of(kwargs: dict) -> dict:
             if k in SHAPING and v is not None}
 
 
-def logit_mark(output: Any, model: Any = None) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+def logit_mark(output: Any, model: Any = None, hidden: Any = None) -> tuple[torch.Tensor, tuple[str, ...]] | None:
     """A forward's logits in brief: each row's logits at :data:`MARK_TOKENS` evenly spaced token ids, at every
     position (evenly spaced :data:`MARK_POSITIONS` of a longer row, the first and last among them), as float32,
     then its precision's tolerance (:func:`_same_mark`); and what it ran in: the logits' dtype and device and
     the weights' dtype (``model``'s). Enough to tell that a forward recorded again is the recorded one, at most
     32 KB per row kept (``None``: no logits). Every position, not the last alone: an intervention at an earlier
-    position of the last block moves only that position's logits."""
+    position of the last block moves only that position's logits.
+
+    A forward whose logits were cut (``logits_to_keep=1``: fewer positions than ``hidden``, the final hidden state
+    :func:`final_hidden` kept) is marked by that hidden state instead, at every position sampled the same way,
+    each position seen through :data:`MARK_TOKENS` fixed directions (:func:`_directions`): the kept logits alone
+    missed an intervention at any other position, and its activations were completed from the unhooked model."""
     logits = getattr(output, "logits", output)
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.is_meta or not logits.is_floating_point():
         return None
     rows, length, vocab = logits.shape
     where = logits.device
-    positions = torch.linspace(0, length - 1, min(MARK_POSITIONS, length), device=where).round().long()
-    tokens = torch.linspace(0, vocab - 1, min(MARK_TOKENS, vocab), device=where).round().long()
-    picked = logits.detach()[:, positions][:, :, tokens].reshape(rows, -1)
+    cut = isinstance(hidden, torch.Tensor) and hidden.ndim == 3 and hidden.shape[0] == rows \
+        and hidden.shape[1] != length and not hidden.is_meta and hidden.is_floating_point()
+    seen = hidden.detach() if cut else logits.detach()
+    length = seen.shape[1]
+    positions = torch.linspace(0, length - 1, min(MARK_POSITIONS, length), device=seen.device).round().long()
+    if cut:
+        picked = (seen[:, positions].float() @ _directions(seen.shape[-1], seen.device)).reshape(rows, -1).to(where)
+    else:
+        tokens = torch.linspace(0, vocab - 1, min(MARK_TOKENS, vocab), device=where).round().long()
+        picked = seen[:, positions][:, :, tokens].reshape(rows, -1)
     weights = getattr(model, "dtype", None)
     weights = weights if isinstance(weights, torch.dtype) and weights.is_floating_point else logits.dtype
-    bits = min(torch.finfo(logits.dtype).bits, torch.finfo(weights).bits)  # logits upcast from half weights: half's
+    bits = min(torch.finfo(logits.dtype).bits, torch.finfo(weights).bits,  # logits upcast from half weights: half's
+               torch.finfo(seen.dtype).bits)
     tol = 1e-4 if bits >= 32 else 5e-3
     # kept on the logits' device: every recorded forward makes one, and a .cpu() here was a device sync per
     # forward in every analysis that records; only a completion (rare) compares them, on the CPU
     kind = (str(logits.dtype).removeprefix("torch."), str(where), str(weights).removeprefix("torch."))
     return torch.cat([picked.float(), torch.full((rows, 1), tol, device=where)], dim=1), kind
+
+
+_DIRECTIONS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _directions(width: int, device: torch.device) -> torch.Tensor:
+    """:data:`MARK_TOKENS` fixed directions in a hidden state of ``width`` (seeded, so the same in every forward
+    and process; made once per width and device): each mixes every feature, as an unembedding row does, so a
+    change of any one feature moves them, where sampling features would have seen only those sampled."""
+    key = (width, str(device))
+    if key not in _DIRECTIONS:
+        _DIRECTIONS[key] = torch.randn(width, MARK_TOKENS, generator=torch.Generator().manual_seed(0)).to(device)
+    return _DIRECTIONS[key]
+
+
+@contextlib.contextmanager
+def final_hidden(handle: ModelHandle) -> Iterator[list]:
+    """While open, a list holding the final hidden state of the latest forward of ``handle`` at every position
+    (the final norm's output; the last block's where the model has none), for :func:`logit_mark` to mark a
+    forward whose logits were cut. Cleared as each forward starts: a forward that never reaches it has none."""
+    kept: list = []
+    a = handle.anatomy
+    module = a.final_norm if a.final_norm is not None else a.block(a.n_layers - 1) if a.n_layers else None
+
+    def start(*_args: Any) -> None:
+        kept.clear()
+
+    def post(_module: Any, _args: Any, output: Any) -> None:
+        value = output[0] if isinstance(output, tuple | list) else output
+        kept[:] = [value.detach()] if isinstance(value, torch.Tensor) else []
+
+    removers = [handle.model.register_forward_pre_hook(start)]
+    if module is not None:
+        removers.append(module.register_forward_hook(post))
+    try:
+        yield kept
+    finally:
+        for remover in removers:
+            remover.remove()
 
 
 def _kind(mark: Any) -> tuple[str, ...] | None:
@@ -194,7 +246,7 @@ class Cache(MutableMapping):
         if len(shapes) > 1:  # forwards of different lengths: torch.cat's raw RuntimeError otherwise
             raise MechkitError(f"{name} was recorded on {len(parts)} forwards of different shapes "
                                f"({', '.join(str(list(p.shape)) for p in parts[:3])}): they cannot be joined on batch",
-                               "record forwards of one length together (pad them), or each in its own mk.record")
+                               "record the forwards of each length each in its own mk.record")
         devices = {p.device for p in parts}
         if len(devices) > 1:  # torch.cat's raw "Tensor on device meta is not on the expected device" otherwise
             raise MechkitError(f"{name} holds {len(parts)} parts on different devices ({', '.join(sorted(map(str, devices)))}): "
@@ -348,20 +400,29 @@ class Cache(MutableMapping):
             return {}
         lacks = f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         if self.continued:  # recorded again without the KV cache, they would silently be other activations
-            raise MechkitError(f"{lacks}, and its forwards continued a KV cache (model.generate), masked padding or set "
-                               "their own positions: recorded again on their token ids alone they would be other "
-                               "activations", "record every point needed in that run (mk.record(m, \"*\")), or record "
-                               "the token ids in one unpadded forward")
+            raise MechkitError(f"{lacks}, and its forwards continued a KV cache (model.generate), masked padding, set "
+                               "their own positions or took other inputs than token ids: recorded again on their "
+                               "token ids alone they would be other activations", "record every point needed in that "
+                               "run (mk.record(m, \"*\")), or record the token ids in one unpadded forward")
+        lengths = sorted({ids.shape[-1] for ids in inputs})
+        if len(lengths) > 1:  # the points recorded again could not be joined on batch; padding would not replay
+            raise MechkitError(f"{lacks}, and its forwards have different lengths ({', '.join(map(str, lengths[:4]))}): "
+                               "the points recorded again on them cannot be joined on batch",
+                               "record the forwards of each length each in its own mk.record and complete each, or "
+                               "record every point needed in that run (mk.record(m, \"*\"))")
         from mechkit.hooking import record  # the package's, not core's: core imports this module
 
         # First the recorded forwards again, recording what they recorded (the same attention kernel: recording a
         # pattern runs eager attention), to see that the model still gives the logits it gave then.
         witness = [name for name in self if name in have]
         shaping = self.shaping if self.shaping and len(self.shaping) == len(inputs) else [{}] * len(inputs)
-        with torch.no_grad(), (record(handle, witness) if witness else contextlib.nullcontext()):
-            logits = [handle(ids, **kwargs) for ids, kwargs in zip(inputs, shaping, strict=True)]
+        now = []
+        with torch.no_grad(), (record(handle, witness) if witness else contextlib.nullcontext()), \
+                final_hidden(handle) as hidden:
+            for ids, kwargs in zip(inputs, shaping, strict=True):
+                out = handle(ids, **kwargs)
+                now.append(logit_mark(out, handle.model, hidden[0] if hidden else None))
         marks = self.marks or [None] * len(inputs)
-        now = [logit_mark(out, handle.model) for out in logits]
         for mark, mine in zip(marks, now, strict=False):
             if _kind(mark) is not None and mine is not None and _kind(mark) != _kind(mine):
                 # another precision's or device's activations next to the recorded ones: within its looser

@@ -20,7 +20,7 @@ from einops import rearrange
 from mechkit.errors import MechkitError, single_use
 from mechkit.hooking import traced
 from mechkit.hooking.attention import pattern_hooks
-from mechkit.hooking.cache import Cache, logit_mark, shaping_of
+from mechkit.hooking.cache import Cache, final_hidden, logit_mark, shaping_of
 from mechkit.hooking.cache import NotRecorded as NotRecorded  # re-exported: it was defined here
 from mechkit.hooking.checks import check_hook_fns, check_names, same_shape
 from mechkit.hooking.points import READ_ONLY, HookPoint, all_names, canonical, resolve
@@ -330,10 +330,17 @@ def record(handle: ModelHandle, names: str | list[str], device: str | None = Non
         yield cache
 
 
+# forward arguments that leave a forward's activations those of its token ids (the rest are checked or refused)
+_NEUTRAL = frozenset(("input_ids", "attention_mask", "position_ids", "cache_position", "past_key_values", "cache",
+                      "past_key_value", "use_cache", "return_dict", "output_attentions", "output_hidden_states",
+                      "output_router_logits", "labels", "num_items_in_batch", "logits_to_keep", "num_logits_to_keep"))
+
+
 def _replayable(ids: Any, kwargs: dict) -> bool:
     """Whether a forward's token ids alone give its activations, so the points a recording lacks can be
     recorded again on them (:meth:`Cache.completion`): not where it continued a KV cache (a generation step),
-    masked padding, or was given its own positions."""
+    masked padding, was given its own positions (in any row: RoPE's relative positions leave the logits the
+    same, so no mark tells a row shifted by 7 apart) or took another input (``token_type_ids``, ``head_mask``)."""
     if not isinstance(ids, torch.Tensor):
         return False
     for key in ("past_key_values", "cache", "past_key_value"):
@@ -346,13 +353,28 @@ def _replayable(ids: Any, kwargs: dict) -> bool:
                 return False
         except (TypeError, ValueError, AttributeError):
             return False
-    mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+    if any(value is not None for key, value in kwargs.items() if key not in _NEUTRAL):
+        return False
+    mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.ndim == 2 and not bool((mask != 0).all()):
         return False
-    if isinstance(positions, torch.Tensor) and positions.numel() and not torch.equal(
-            positions.reshape(-1, positions.shape[-1])[0].cpu(), torch.arange(positions.shape[-1])):
+    if any(_own_positions(ids, kwargs.get(key)) for key in ("position_ids", "cache_position")):
         return False
     return not (mask is not None and (not isinstance(mask, torch.Tensor) or mask.ndim != 2))
+
+
+def _own_positions(ids: torch.Tensor, positions: Any) -> bool:
+    """Whether ``positions`` (``position_ids`` or ``cache_position``, of any shape: ``[pos]``, ``[rows, pos]``,
+    a multimodal ``[3, rows, pos]``) are other than ``0 … pos-1`` in some row, or are no integer tensor
+    (a list, a float tensor): all of them are compared, not the first row alone."""
+    if positions is None:
+        return False
+    if not isinstance(positions, torch.Tensor) or positions.is_meta or positions.ndim == 0 \
+            or positions.dtype == torch.bool or positions.is_floating_point() or positions.is_complex():
+        return True
+    if positions.shape[-1] != ids.shape[-1]:
+        return True
+    return not bool((positions.detach().cpu() == torch.arange(ids.shape[-1])).all())
 
 
 @contextlib.contextmanager
@@ -363,6 +385,8 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
         yield
         return
     cache.inputs, cache.marks, cache.shaping = [], [], []
+    stack = contextlib.ExitStack()
+    hidden = stack.enter_context(final_hidden(handle))  # the final hidden state: marks a forward whose logits were cut
 
     def pre(_module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -376,13 +400,15 @@ def _inputs_of(handle: ModelHandle, cache: Cache) -> Iterator[None]:
     def post(module, args, kwargs, output):  # its logits in brief: a completion re-runs only the same forward
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor) and cache.marks:
-            cache.marks[-1] = logit_mark(output, module)  # and the dtypes and device it ran in
+            cache.marks[-1] = logit_mark(output, module, hidden[0] if hidden else None)  # and dtypes, device
+        hidden.clear()
 
     removers = [handle.model.register_forward_pre_hook(pre, with_kwargs=True),
                 handle.model.register_forward_hook(post, with_kwargs=True)]
     try:
         yield
     finally:
+        stack.close()
         for remover in removers:
             remover.remove()
 

@@ -15,8 +15,10 @@ removes them (and rolls journals back). A directory with a mount point anywhere 
 removal would delete through the mount (a user's directory bind-mounted there), so it is left alone.
 
 In ``$TMPDIR``, a folder a plugin prepares for its report (``prune --save-model``'s pruned model,
-:func:`make_prepared_dir`) is ``mechkit-pruned-PID-TOKEN``: stale once process PID is gone and no writer holds
-its lock (:func:`stale_prepared`, :func:`clean_prepared`, run by the next such save and by ``cache clear``).
+:func:`make_prepared_dir`) is ``mechkit-pruned-PID-TOKEN``, its own ``flock`` held by its run until the report
+moved it: stale once process PID is gone and nobody holds its flock or its save's lock (:func:`stale_prepared`,
+:func:`clean_prepared`, run by the next such save and by ``cache clear``). ``$TMPDIR`` is every user's: there,
+the folder and the hidden entries beside it go by one rule, this user's and provably mechkit's only.
 """
 
 from __future__ import annotations
@@ -166,8 +168,11 @@ def size_of(path: Path) -> int:
 def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False,
                     prefix: str = "") -> list[tuple[Path, int]]:
     """Remove the stale leftovers in ``folder`` (journals rolled back first); ``(path, bytes)`` of each."""
+    return _remove_leftovers(folder, stale_leftovers(folder, name, locked, prefix))
+
+
+def _remove_leftovers(folder: Path, found: list[Path]) -> list[tuple[Path, int]]:
     removed = []
-    found = stale_leftovers(folder, name, locked, prefix)
     for path in sorted(found, key=lambda p: not _JOURNAL.match(p.name)):  # roll back before temp dirs go
         m = _JOURNAL.match(path.name)
         size = size_of(path)
@@ -243,10 +248,19 @@ _PREPARED = re.compile(r"^mechkit-pruned-(?:(?P<pid>\d+)-[0-9a-f]{8}|[a-z0-9_]{8
 _PREPARED_MANIFEST = ".mechkit-files"  # mechkit.io.replace.MANIFEST, the names the save wrote
 
 
+_PREPARED_LOCKS: dict[str, int] = {}  # a prepared folder this process made -> the fd of its held flock
+_DIR_OPEN = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
 def make_prepared_dir() -> Path:
     """A new folder in ``$TMPDIR`` for a model a plugin prepares before the report moves it into ``--out``:
     ``mechkit-pruned-PID-TOKEN``, so a later run tells a killed run's folder (the whole pruned model, left for
-    good by ``tempfile.mkdtemp``'s nameless one) by its pid; the killed runs' folders are removed first."""
+    good by ``tempfile.mkdtemp``'s nameless one) by its pid; the killed runs' folders are removed first.
+
+    The folder's own ``flock`` is held from its creation until :func:`release_prepared` (after the report moved
+    it in, or it was removed), and by the kernel until this process ends however it ends: a run in another pid
+    namespace, whose pid this one cannot see, had its live model deleted by ``cache clear leftovers`` between
+    its save and the report's move, when only its pid spoke for it."""
     with contextlib.suppress(OSError):
         clean_prepared()
     tmpdir = Path(tempfile.gettempdir())
@@ -254,47 +268,147 @@ def make_prepared_dir() -> Path:
         path = tmpdir / f"{PREPARED_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             path.mkdir()
-            return path
         except FileExistsError:
             continue
+        fd = _lock_dir(path)
+        if fd == -1:  # removed (or locked) by a cleaner between the mkdir and the lock: another name
+            continue
+        if fd is not None:
+            _PREPARED_LOCKS[os.path.realpath(path)] = fd
+        return path
+
+
+def release_prepared(path: Path) -> None:
+    """Let go of the lock :func:`make_prepared_dir` holds on ``path``, once it has been moved or removed."""
+    fd = _PREPARED_LOCKS.pop(os.path.realpath(path), None)  # its parent's real path: the name it was given
+    if fd is not None:
+        os.close(fd)
+
+
+def _lock_dir(path: Path) -> int | None:
+    """An fd holding ``path``'s exclusive ``flock``, still the folder at ``path``; -1 where it is held or gone;
+    ``None`` where this system or file system has no such lock (the pid alone then speaks for the folder)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    try:
+        fd = os.open(path, _DIR_OPEN)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):
+            return fd
+    except (BlockingIOError, FileNotFoundError):  # held, or removed meanwhile
+        pass
+    except OSError:  # no flock here (a network file system): unlocked, as before
+        os.close(fd)
+        return None
+    os.close(fd)
+    return -1
+
+
+def _dir_held(path: Path) -> bool:
+    """Whether a process holds ``path``'s ``flock`` (a prepared folder in use: :func:`make_prepared_dir`)."""
+    fd = _lock_dir(path)
+    if fd is None or fd == -1:
+        return fd == -1 and os.path.lexists(path)
+    os.close(fd)
+    return False
 
 
 def stale_prepared(tmpdir: Path | None = None) -> list[Path]:
     """Killed runs' prepared folders in ``tmpdir`` (``$TMPDIR``) and the lock files, temporary folders and
-    journals their saves left beside them. A folder counts only where it is mechkit's: named so, this user's,
-    holding nothing but a saved model's files and no mount point, its lock not held, its pid gone (a name
-    without a pid, from an older mechkit: once a day old)."""
+    journals their saves left beside them, by one rule for every entry (:func:`_removable`): this user's,
+    provably mechkit's (a prepared folder's name, holding nothing but a saved model's files, or a plain
+    file), no mount point inside, and its prepared folder dead (neither its lock file's nor its own
+    ``flock`` held, its pid gone; a name without a pid, from an older mechkit: once a day old). ``$TMPDIR``
+    is shared by every user: a root ``cache clear`` deleted another user's hidden folder and lock there."""
     tmpdir = Path(tempfile.gettempdir()) if tmpdir is None else tmpdir
-    found = stale_leftovers(tmpdir, prefix=PREPARED_PREFIX)
+    return _stale_beside(tmpdir) + [p for p, _ in _prepared_entries(tmpdir) if _removable(tmpdir, p, p.name)]
+
+
+def _stale_beside(tmpdir: Path) -> list[Path]:
+    """The hidden leftovers beside prepared folders that :func:`_removable` allows."""
+    found = []
+    for path in stale_leftovers(tmpdir, prefix=PREPARED_PREFIX):
+        m = next(m for pattern in (_TMP, _OLD, _LOCK, _JOURNAL) if (m := pattern.match(path.name)))
+        if _removable(tmpdir, path, m["name"]):
+            found.append(path)
+    return found
+
+
+def _prepared_entries(tmpdir: Path) -> list[tuple[Path, re.Match]]:
     try:
-        entries = sorted(p for p in tmpdir.iterdir() if _PREPARED.match(p.name))
+        return sorted((p, m) for p in tmpdir.iterdir() if (m := _PREPARED.match(p.name)))
     except OSError:
-        return found
-    return found + [p for p in entries if _dead_prepared(tmpdir, p)]
+        return []
 
 
-def _dead_prepared(tmpdir: Path, path: Path) -> bool:
+def _removable(tmpdir: Path, path: Path, name: str) -> bool:
+    """The rule for any entry ``path`` in ``$TMPDIR`` that belongs to prepared folder ``name`` (the folder
+    itself, or its save's lock file, temporary folder or journal): this user's, no link, a plain file or a
+    folder holding only a saved model's files and no mount point, and ``name`` a prepared folder nobody uses."""
     try:
         info = os.lstat(path)
-        names = list(path.iterdir()) if stat.S_ISDIR(info.st_mode) else None
     except OSError:
         return False
-    if names is None or info.st_uid != os.geteuid() or _held(tmpdir, path.name):
+    if info.st_uid != os.geteuid() or not _PREPARED.match(name):
+        return False  # another user's (a root cache clear deleted theirs), or no name mechkit gives
+    if stat.S_ISDIR(info.st_mode):
+        if not _model_files_only(path) or mount_inside(path) is not None:
+            return False
+    elif not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         return False
-    pid = _PREPARED.match(path.name)["pid"]
-    if (_alive(int(pid)) if pid else time.time() - info.st_mtime <= UNTAGGED_AGE_S) or mount_inside(path) is not None:
+    return not _prepared_in_use(tmpdir, name)
+
+
+def _model_files_only(path: Path) -> bool:
+    try:
+        names = list(path.iterdir())
+    except OSError:
         return False
     return all(not p.is_symlink() and p.is_file() and (MODEL_FILE.match(p.name) or p.name == _PREPARED_MANIFEST
                                                        or is_mechkit_temp(p.name)) for p in names)
 
 
+def _prepared_in_use(tmpdir: Path, name: str) -> bool:
+    """Whether prepared folder ``name`` may be in use: its save's lock file or its own flock held, its pid alive
+    (a name without one: less than a day old), or the folder another user's."""
+    if _held(tmpdir, name):
+        return True
+    folder = tmpdir / name
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        info = None
+    except OSError:
+        return True
+    if info is not None and (info.st_uid != os.geteuid() or (stat.S_ISDIR(info.st_mode) and _dir_held(folder))):
+        return True
+    pid = _PREPARED.match(name)["pid"]
+    if pid:
+        return _alive(int(pid))
+    return info is not None and time.time() - info.st_mtime <= UNTAGGED_AGE_S
+
+
 def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
-    """Remove what :func:`stale_prepared` finds (journals rolled back first); ``(path, bytes)`` of each."""
+    """Remove what :func:`stale_prepared` finds (journals rolled back first); ``(path, bytes)`` of each. A
+    folder is removed holding its flock, so a run that locks it meanwhile sees it gone and makes another."""
     tmpdir = Path(tempfile.gettempdir()) if tmpdir is None else tmpdir
-    removed = clean_leftovers(tmpdir, prefix=PREPARED_PREFIX)
-    for path in stale_prepared(tmpdir):
-        if _PREPARED.match(path.name):
+    removed = _remove_leftovers(tmpdir, _stale_beside(tmpdir))
+    for path, _ in _prepared_entries(tmpdir):
+        if not _removable(tmpdir, path, path.name):
+            continue
+        fd = _lock_dir(path)
+        if fd == -1:
+            continue
+        try:
             size = dir_size(path)
             shutil.rmtree(path, ignore_errors=True)
             removed.append((path, size))
+        finally:
+            if fd is not None:
+                os.close(fd)
     return removed

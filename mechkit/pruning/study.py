@@ -46,7 +46,7 @@ import numpy as np
 from mechkit.errors import MechkitError
 from mechkit.eval.evaluation import evaluate, task_prompts
 from mechkit.io.atomic import dir_mode
-from mechkit.io.leftovers import make_prepared_dir
+from mechkit.io.leftovers import make_prepared_dir, release_prepared
 from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
 from mechkit.pruning.calibration import calibrate
 from mechkit.pruning.cost import (
@@ -409,7 +409,8 @@ class PruneStudy:
         fresh temporary directory (removed again if the save fails) for a caller to move. That directory is
         named with this process's pid (:func:`mechkit.io.leftovers.make_prepared_dir`): a run killed before the
         report moved it in left a whole model in ``$TMPDIR`` for good, which the next save, ``cache list`` and
-        ``cache clear leftovers`` now find; a killed run's folders are removed as the next one is made."""
+        ``cache clear leftovers`` now find; a killed run's folders are removed as the next one is made. The folder's
+        lock is held until the report moved it in (:func:`mechkit.report.writer.move_prepared` lets it go)."""
         pruned = self.pruned(row)
         if out_dir is not None:
             return save_pruned(pruned, out_dir)
@@ -419,6 +420,7 @@ class PruneStudy:
             return save_pruned(pruned, tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            release_prepared(tmp)
             raise
 
 

@@ -137,13 +137,26 @@ def move_prepared(src: Path, dst: Path) -> None:
     """Move the directory a plugin prepared into the report: renamed where it can be, else copied file by file
     (another file system: ``$TMPDIR`` on a tmpfs) so a full disk is the plain OSError the writer names in one
     line, not shutil.move's ``shutil.Error`` (a traceback). The prepared directory is the writer's: moved in,
-    or removed if it cannot be (a failed copy left a ``/tmp/mechkit-pruned-*`` behind on every try)."""
+    or removed if it cannot be (a failed copy left a ``/tmp/mechkit-pruned-*`` behind on every try), and its
+    lock let go after (:func:`mechkit.io.leftovers.release_prepared`). One that vanished before or while it
+    was moved (a tmp cleaner) is one line naming it: the report is then not written at all."""
+    from mechkit.io.leftovers import release_prepared
+
+    try:
+        _move_prepared(src, dst)
+    finally:
+        release_prepared(src)
+
+
+def _move_prepared(src: Path, dst: Path) -> None:
     import errno
 
     try:
         os.rename(src, dst)
         return
     except OSError as err:
+        if err.errno == errno.ENOENT and not os.path.lexists(src):
+            raise _vanished(src) from err
         if err.errno != errno.EXDEV:
             shutil.rmtree(src, ignore_errors=True)
             raise
@@ -157,9 +170,20 @@ def move_prepared(src: Path, dst: Path) -> None:
                 try:
                     shutil.copy2(path, target, follow_symlinks=False)
                 except OSError as err:  # sendfile names the source: the disk that is full is the target's
+                    if err.errno == errno.ENOENT and not os.path.lexists(path):
+                        raise _vanished(src) from err
                     raise OSError(err.errno, err.strerror, str(target)) from err
+        if not src.is_dir():  # removed while it was copied: what was copied is not the whole model
+            raise _vanished(src)
     finally:
         shutil.rmtree(src, ignore_errors=True)
+
+
+def _vanished(src: Path) -> MechkitError:
+    return MechkitError(f"the folder {src} this run prepared for its report was removed before it was moved in "
+                        "(by a cleaner of the temporary folder, or an older mechkit's cache clear)",
+                        "run it again; keep cleaners off $TMPDIR while mechkit runs, or point TMPDIR at a folder "
+                        "of your own")
 
 
 def figure_png(fig: Figure) -> bytes:
