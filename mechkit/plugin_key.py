@@ -81,7 +81,7 @@ def package_code(roots: tuple[str, ...]) -> str:
 @functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
     """The folders whose code is not the user's own: the standard library, site-packages (their versions are
-    in the key: :func:`library_versions`) and mechkit's package (:func:`package_code` covers it), symlinked
+    in the key: :meth:`_Reach.installed`) and mechkit's package (:func:`package_code` covers it), symlinked
     parts of a development checkout included."""
     import site
     import sys
@@ -130,25 +130,56 @@ def _module_file(name: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
+def _installed_file(path: Any) -> bool:
+    """Whether ``path`` lies in an installed package (a site-packages folder): neither the user's own file
+    nor the standard library's (Python's version is in the key: ``runner.library_versions``)."""
+    if not isinstance(path, str) or not path:
+        return False
+    parts = Path(os.path.realpath(path)).parts
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+@functools.lru_cache(maxsize=4)
+def _distributions(search_path: tuple[str, ...]) -> dict[str, list[str]]:
+    """The distributions that installed each top-level module, found once per search path (reading every
+    installed package's records takes a fifth of a second)."""
+    from importlib import metadata
+
+    del search_path  # the cache's key: a folder added to sys.path holds other packages
+    return metadata.packages_distributions()
+
+
+def _heap(cls: type) -> bool:
+    """Whether ``cls`` is defined in Python (its instances' state lies in ``__dict__`` and ``__slots__``),
+    not in C (a ``SimpleNamespace``'s, a ``datetime``'s: its state is read through pickling's reduce)."""
+    return bool(cls.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE
+
+
 class _Reach:
     """What a plugin's code reaches, fed to one digest for its resume key, bounded: its functions' code
     (nested code objects in it), their defaults and keyword defaults, the values their closures hold, the
     functions under ``property``/``staticmethod``/``classmethod``/``functools.partial``/``__wrapped__``, and
     the globals the code reads by name (``co_names``, nested code included): functions and classes followed
-    (each once), modules of the user's own by their source file and the user's modules it imports, mechkit's,
-    the standard library's and installed packages' by name (their code is in the key already), tensors and
-    arrays by their bytes, other values by their repr without addresses. Past :data:`OBJECTS` objects,
-    :data:`FILES` files, :data:`BYTES` bytes or :data:`DEPTH` levels the rest is not told apart (safety.md)."""
+    (each once), modules of the user's own by their source file and the user's modules it imports, mechkit's
+    and the standard library's by name (their code is in the key already), installed packages' by their
+    distribution's name and version (:meth:`installed`), tensors and arrays by their bytes, an object by its
+    class (its methods: a method edited is another key) and its state (``__dict__``, ``__slots__``, or
+    pickling's reduce for a type written in C), never by a repr that a set's hash order or an elided middle
+    decides. A set's items and a dict's items count in an order of their own content (:meth:`order`), not
+    the hash order another process has. Reading a user object that raises (a nested tensor's sizes, a
+    ``__repr__`` that fails) puts its type instead. Past :data:`OBJECTS` objects, :data:`FILES` files,
+    :data:`BYTES` bytes (a tensor past them by an evenly spaced sample of :data:`SAMPLE` elements or more)
+    or :data:`DEPTH` levels the rest is not told apart (safety.md)."""
 
-    OBJECTS, FILES, BYTES, DEPTH, ITEMS, REPR = 4000, 256, 64 << 20, 40, 100_000, 10_000
+    OBJECTS, FILES, BYTES, DEPTH, ITEMS, REPR, ORDER, SAMPLE = 4000, 256, 64 << 20, 40, 100_000, 10_000, 64, 1024
 
     def __init__(self, digest: Any) -> None:
-        self.digest, self.seen, self.kept, self.files = digest, {}, [], set()
+        self.digest, self.seen, self.kept, self.files, self.dists = digest, {}, [], set(), set()
         self.objects, self.bytes = self.OBJECTS, self.BYTES
 
     def put(self, *parts: Any) -> None:
         for part in parts:
-            data = part if isinstance(part, bytes) else str(part).encode("utf-8", "backslashreplace")
+            data = part if type(part) is bytes else str(part).encode("utf-8", "backslashreplace")
             self.digest.update(len(data).to_bytes(8, "little") + data)
 
     def shown(self, value: Any) -> str:
@@ -158,6 +189,25 @@ class _Reach:
         except Exception:  # a repr that fails: its type stands in
             text = f"<{type(value).__qualname__}>"
         return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+    @staticmethod
+    def scalar(value: Any) -> bytes | None:
+        """A plain value's type and whole content, read without a subclass's code (a repr capped a long
+        string at its start and ran a user's ``__repr__``), or None for anything else."""
+        if value is None:
+            return b"NoneType\0"
+        kind = type(value)  # never ``isinstance``: it reads ``__class__`` through a user's ``__getattribute__``
+        if issubclass(kind, bool | int):
+            data = hex(int.__index__(value)).encode()
+        elif issubclass(kind, float | complex):
+            data = (float.__repr__(value) if issubclass(kind, float) else complex.__repr__(value)).encode()
+        elif issubclass(kind, str):
+            data = str.encode(value, "utf-8", "surrogatepass")
+        elif issubclass(kind, bytes):
+            data = bytes.__getitem__(value, slice(None))
+        else:
+            return None
+        return type(value).__name__.encode("utf-8", "backslashreplace") + b"\0" + data
 
     def plugin_class(self, cls: type) -> None:
         """The plugin class itself, followed whatever module it names (a cell's class names ``__main__`` or
@@ -169,10 +219,10 @@ class _Reach:
         self.class_body(cls)
 
     def feed(self, value: Any, depth: int = 0) -> None:
-        import types
-
-        if value is None or isinstance(value, bool | int | float | complex | str | bytes):
-            self.put(type(value).__name__, value if isinstance(value, bytes) else self.shown(value))
+        plain = self.scalar(value)
+        if plain is not None:
+            self.put(plain[: max(self.bytes, self.REPR)], len(plain))  # a long string counts against the bytes
+            self.bytes -= len(plain) if len(plain) > self.REPR else 0
             return
         if self.objects <= 0 or depth > self.DEPTH:
             self.put("…")  # bounded work: the rest is not told apart
@@ -183,38 +233,76 @@ class _Reach:
         self.seen[id(value)] = len(self.seen)
         self.kept.append(value)  # ids stay unique while the walk runs
         self.objects -= 1
-        depth += 1
-        if isinstance(value, types.FunctionType):
+        try:
+            self.dispatch(value, depth + 1)
+        except Exception:  # a user object that raises when read (a nested tensor's sizes): its type stands in
+            try:
+                self.put("unreadable", type(value).__module__, type(value).__qualname__)
+            except Exception:
+                self.put("unreadable")
+
+    def dispatch(self, value: Any, depth: int) -> None:
+        import collections
+        import types
+
+        kind = type(value)
+        if issubclass(kind, types.FunctionType):
             self.function(value, depth)
-        elif isinstance(value, types.MethodType | staticmethod | classmethod):
+        elif issubclass(kind, types.MethodType | staticmethod | classmethod):
             self.put(type(value).__name__)
             self.feed(value.__func__, depth)
-        elif isinstance(value, property):
+            if issubclass(kind, types.MethodType):
+                self.feed(value.__self__, depth)  # the instance (or class) the method is bound to
+        elif issubclass(kind, property):
             self.put("property")
             for part in (value.fget, value.fset, value.fdel):
                 self.feed(part, depth)
-        elif isinstance(value, functools.partial):
+        elif issubclass(kind, functools.partial):
             self.put("partial")
             for part in (value.func, value.args, value.keywords):
                 self.feed(part, depth)
-        elif isinstance(value, type):
+        elif issubclass(kind, type):
             self.klass(value, depth)
-        elif isinstance(value, types.ModuleType):
+        elif issubclass(kind, types.ModuleType):
             self.module(value)
-        elif isinstance(value, types.CodeType):
+        elif issubclass(kind, types.CodeType):
             self.code(value, {}, depth)
-        elif isinstance(value, dict | list | tuple | set | frozenset):
+        elif issubclass(kind, dict | list | tuple | set | frozenset | collections.deque):
             self.container(value, depth)
         else:
             self.other(value, depth)
 
+    def order(self, values: list, depth: int) -> list[int]:
+        """The indices of ``values`` in an order of their own content: a set iterates (and a dict built from
+        one was filled) in hash order, another each process (PYTHONHASHSEED), so the key never matched on a
+        rerun. A plain value is placed by its bytes, anything else (a function in a frozenset) by a walk of
+        its own, bounded (:data:`ORDER` objects, shared out before any is walked, so what one gets does not
+        hang on the order they come in)."""
+        plain = [self.scalar(v) for v in values]
+        rest = max(1, sum(p is None for p in plain))
+        objects, size = max(1, min(self.ORDER, self.objects // rest)), min(1 << 20, max(self.bytes, 0) // rest)
+        places = []
+        for value, data in zip(values, plain, strict=True):
+            if data is not None:
+                places.append(b"\0" + hashlib.sha256(data).digest())
+                continue
+            alone = _Reach(hashlib.sha256())
+            alone.objects, alone.bytes, alone.FILES = objects, size, 0
+            alone.feed(value, depth)
+            self.objects -= objects - alone.objects
+            self.bytes -= size - max(alone.bytes, 0)
+            places.append(b"\1" + alone.digest.digest())
+        return sorted(range(len(values)), key=places.__getitem__)
+
     def function(self, fn: Any, depth: int) -> None:
-        """A function of the user's own by its code, defaults, closure and the globals it reads; another's
-        (mechkit's, a library's) by its name, as its code is in the key already."""
+        """A function of the user's own by its code, defaults, closure and the globals it reads; mechkit's and
+        the standard library's by name, an installed package's by its version too, as their code is in the
+        key already."""
         code = fn.__code__
         if str(fn.__module__ or "").partition(".")[0] == "mechkit" or code.co_filename.startswith("<frozen ") or (
                 os.path.isfile(code.co_filename) and not _users_file(code.co_filename)):
             self.put("function", fn.__module__, fn.__qualname__)
+            self.installed(fn.__module__, code.co_filename)
             return
         self.put("function", fn.__qualname__)
         if _users_file(code.co_filename):
@@ -227,8 +315,8 @@ class _Reach:
                 self.feed(cell.cell_contents, depth)
             except ValueError:  # a cell not yet filled
                 self.put("empty cell")
-        if hasattr(fn, "__wrapped__"):
-            self.feed(fn.__wrapped__, depth)
+        if "__wrapped__" in fn.__dict__:
+            self.feed(fn.__dict__["__wrapped__"], depth)
 
     def code(self, code: Any, names: dict, depth: int) -> None:
         import dis
@@ -240,7 +328,7 @@ class _Reach:
             return c.replace(co_filename="", co_consts=consts)
 
         try:
-            self.put(marshal.dumps(portable(code)))
+            self.put(marshal.dumps(portable(code)))  # a frozenset constant: marshal writes it sorted
         except ValueError:  # a constant marshal cannot write: its repr stands in
             self.put(self.shown(code.co_consts), code.co_code)
         read, imported, todo = set(), set(), [code]
@@ -258,15 +346,17 @@ class _Reach:
 
     def klass(self, cls: type, depth: int) -> None:
         import sys
+        import types
 
         module = sys.modules.get(cls.__module__)
         where = getattr(module, "__file__", None)
         found = module
-        for part in cls.__qualname__.split("."):
-            found = getattr(found, part, None)
+        for part in cls.__qualname__.split("."):  # read, not ``getattr``: a lazy module's ``__getattr__`` imports
+            found = vars(found).get(part) if issubclass(type(found), type | types.ModuleType) else None
         if cls.__module__.partition(".")[0] == "mechkit" or (where and not _users_file(where)) or (
                 found is cls and not where and cls.__module__ != "__main__"):
             self.put("class", cls.__module__, cls.__qualname__)  # mechkit's, a library's or a built-in type
+            self.installed(cls.__module__, where)
             return
         self.put("class", cls.__qualname__)  # a cell's, whatever module it names (exec's say "builtins")
         if _users_file(where):
@@ -279,7 +369,7 @@ class _Reach:
         import types
 
         for name, value in sorted(vars(cls).items()):
-            if name.startswith("__") and not isinstance(value, types.FunctionType | property | staticmethod | classmethod):
+            if name.startswith("__") and not issubclass(type(value), types.FunctionType | property | staticmethod | classmethod):
                 continue  # __dict__, __doc__, __module__: not what the code does
             self.put("attr", name)
             self.feed(value, depth)
@@ -289,14 +379,50 @@ class _Reach:
         self.put("module", module.__name__)
         if module.__name__.partition(".")[0] != "mechkit" and _users_file(where):
             self.file(where, module.__name__)
+        else:
+            self.installed(module.__name__, where)
+
+    def installed(self, name: Any, path: Any) -> None:
+        """An installed package the code reaches (a helper the user installed, ``pip install -U mylab-utils``
+        between a kill and the rerun) by its distribution's name and version, or by its file's bytes where no
+        distribution claims it: its code counted by name alone resumed on steps the old version computed.
+        Mechkit's code and the standard library's are in the key already; each package counts once."""
+        import sys
+        from importlib import metadata
+
+        top = name.partition(".")[0] if isinstance(name, str) else ""
+        if not top or top == "mechkit" or top in self.dists:
+            return
+        self.dists.add(top)
+        root = sys.modules.get(top)
+        where = path if isinstance(path, str) and path else getattr(root, "__file__", None)
+        where = where or next(iter(getattr(root, "__path__", None) or []), None)
+        if not _installed_file(where):
+            return  # the standard library's, a built-in module's: Python's version is in the key
+        names = sorted(set(_distributions(tuple(sys.path)).get(top, ())))
+        for dist in names:
+            try:
+                self.put("installed", dist, metadata.version(dist))
+            except metadata.PackageNotFoundError:
+                self.put("installed", dist, "absent")
+        if names or not os.path.isfile(where) or len(self.files) >= self.FILES or self.bytes <= 0:
+            return
+        with contextlib.suppress(OSError):  # a module no distribution claims (copied into site-packages)
+            source = Path(where).read_bytes()
+            self.files.add(os.path.realpath(where))
+            self.bytes -= len(source)
+            self.put("installed file", Path(where).name, source)
 
     def file(self, path: Any, name: str | None) -> None:
         """A user's module by its bytes, and the user's modules it imports (``import myhelpers`` beside a
-        single-file plugin), each once."""
+        single-file plugin), each once; an installed package it imports by its version (:meth:`installed`)."""
         import ast
         import importlib.util
 
-        if not _users_file(path) or os.path.realpath(path) in self.files:
+        if not _users_file(path):
+            self.installed(name, path)
+            return
+        if os.path.realpath(path) in self.files:
             return
         self.files.add(os.path.realpath(path))
         if len(self.files) > self.FILES or self.bytes <= 0:
@@ -329,43 +455,131 @@ class _Reach:
                 self.file(_module_file(target), target)
 
     def container(self, value: Any, depth: int) -> None:
+        """A dict, list, tuple, set or deque by its items (a subclass's own methods never run: a user's
+        ``items()`` or ``__len__`` may raise or load), a subclass by its class and attributes too; a set's and
+        a dict's items in an order of their content (:meth:`order`)."""
+        import collections
         import itertools
 
-        self.put(type(value).__name__, len(value))
-        if isinstance(value, set | frozenset):  # the order a set iterates in is another each process
-            for shown in sorted(self.shown(v) for v in list(value)[: self.ITEMS]):
-                self.put(shown)
-            return
-        items = itertools.chain.from_iterable(value.items()) if isinstance(value, dict) else value
-        for i, item in enumerate(items):
-            if i >= 2 * self.ITEMS or self.objects <= 0:
-                self.put("…")
-                return
+        kind = type(value)
+        base = next(b for b in (dict, list, tuple, set, frozenset, collections.deque) if issubclass(kind, b))
+        self.put(base.__name__, base.__len__(value))
+        if type(value) is not base:
+            self.feed(type(value), depth)  # a namedtuple's, a user subclass's methods
+            if issubclass(kind, collections.defaultdict):
+                self.feed(value.default_factory, depth)
+            self.state(value, depth)
+        if base is dict:
+            pairs = list(itertools.islice(dict.items(value), self.ITEMS))
+            items = itertools.chain.from_iterable(pairs[i] for i in self.order([k for k, _ in pairs], depth))
+        elif base in (set, frozenset):
+            members = list(itertools.islice(base.__iter__(value), self.ITEMS))
+            items = (members[i] for i in self.order(members, depth))
+        else:
+            items = itertools.islice(base.__iter__(value), 2 * self.ITEMS)
+        for item in items:
+            if self.objects <= 0:
+                break
             self.feed(item, depth)
+        if self.objects <= 0 or base.__len__(value) > (self.ITEMS if base in (dict, set, frozenset) else 2 * self.ITEMS):
+            self.put("…")
+
+    def state(self, value: Any, depth: int) -> None:
+        """An instance's attributes, read without running its class's code (a user ``__getattr__`` may load or
+        raise): ``__dict__`` and each ``__slots__`` member."""
+        try:
+            attrs = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            attrs = None
+        if isinstance(attrs, dict):
+            self.put("attrs")
+            self.feed(attrs, depth)
+        for cls in type(value).__mro__:
+            slots = cls.__dict__.get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
+                mangled = f"_{cls.__name__.lstrip('_')}{name}" if name.startswith("__") and not name.endswith("__") \
+                    else name
+                member = cls.__dict__.get(mangled)
+                if name in ("__dict__", "__weakref__") or type(member).__name__ != "member_descriptor":
+                    continue
+                self.put("slot", name)
+                try:
+                    self.feed(member.__get__(value, cls), depth)
+                except AttributeError:  # a slot not set
+                    self.put("unset")
 
     def other(self, value: Any, depth: int) -> None:
-        """A tensor or array by its bytes (its repr elides the middle), an object with the default repr by
-        its type and attributes, anything else by its repr."""
+        """An object by its class (a user's followed: a method edited between a kill and the rerun is another
+        key) and its state: a tensor or array by its bytes (a repr elides the middle), an instance of a class
+        written in Python by its attributes (a dataclass's or a module's repr showed neither its methods nor
+        its weights), one written in C by pickling's reduce (a ``SimpleNamespace``'s dict, a ``datetime``'s
+        bytes), else by its repr without addresses."""
+        import sys
+
+        kind = type(value)
+        self.feed(kind, depth)
+        torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+        if torch is not None and issubclass(kind, torch.Tensor):
+            self.tensor(value, depth)
+        elif numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic):
+            self.array(numpy.asarray(value), depth)
+        elif all(_heap(cls) for cls in kind.__mro__[:-1]):
+            self.state(value, depth)
+        else:
+            try:
+                reduced = kind.__reduce_ex__(value, 4)
+            except Exception:  # not picklable (a lock, a file): its repr stands in
+                reduced = None
+            if isinstance(reduced, tuple):
+                self.put("reduced")
+                self.feed(reduced[:3], depth)
+            else:
+                self.put(self.shown(value))
+
+    def tensor(self, value: Any, depth: int) -> None:
+        """A tensor by its dtype, shape and bytes; past the byte bound by an evenly spaced sample. A nested
+        tensor by its parts, a sparse one by its indices and values, a meta one by its shape alone."""
         import torch
 
-        self.put("object", type(value).__module__, type(value).__qualname__)
-        if isinstance(value, torch.Tensor):
-            self.put(tuple(value.shape), value.dtype)
-            if not value.is_meta and value.numel() * value.element_size() <= self.bytes:
-                try:
-                    flat = value.detach().reshape(-1).cpu().contiguous()
-                    self.bytes -= flat.numel() * flat.element_size()
-                    self.put(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-                except (RuntimeError, TypeError):  # a sparse or quantized tensor: its repr stands in
-                    self.put(self.shown(value))
+        self.put("tensor", value.dtype, value.layout, value.is_nested)
+        if value.is_nested:
+            self.feed(list(value.unbind()), depth)
             return
-        tobytes = getattr(value, "tobytes", None)
-        if type(value).__module__ == "numpy" and callable(tobytes) and getattr(value, "nbytes", 1 << 62) <= self.bytes:
-            self.bytes -= value.nbytes
-            self.put(self.shown(getattr(value, "dtype", "")), tuple(getattr(value, "shape", ())), tobytes())
+        if value.layout != torch.strided:
+            coo = (value if value.layout == torch.sparse_coo else value.to_sparse_coo()).coalesce()
+            self.feed([coo.indices(), coo.values()], depth)
             return
-        if type(value).__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict):
-            self.feed(type(value), depth)
-            self.feed(vars(value), depth)
+        self.put(tuple(value.shape))
+        if value.is_meta:
             return
-        self.put(self.shown(value))
+        if value.is_quantized:
+            self.put(self.shown(value.qscheme()))
+            value = value.int_repr()
+        flat = value.detach().reshape(-1)
+        room = max(self.SAMPLE, max(self.bytes, 0) // max(flat.element_size(), 1))
+        if flat.numel() > room:
+            step = -(-flat.numel() // room)
+            self.put("sampled", step)
+            flat = flat[::step]
+        flat = flat.cpu().contiguous()
+        self.bytes -= flat.numel() * flat.element_size()
+        self.put(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+
+    def array(self, value: Any, depth: int) -> None:
+        """An array by its dtype, shape and bytes (an evenly spaced sample past the byte bound); an object
+        array by its items (its bytes are pointers, another each process)."""
+        import numpy
+
+        self.put("array", value.dtype.str, value.dtype.descr if value.dtype.fields else "", value.shape)
+        flat = value.reshape(-1)
+        if value.dtype.hasobject:
+            self.feed(flat[: 2 * self.ITEMS].tolist(), depth)
+            return
+        room = max(self.SAMPLE, max(self.bytes, 0) // max(value.dtype.itemsize, 1))
+        if flat.size > room:
+            step = -(-flat.size // room)
+            self.put("sampled", step)
+            flat = flat[::step]
+        data = numpy.ascontiguousarray(flat).tobytes()
+        self.bytes -= len(data)
+        self.put(data)
