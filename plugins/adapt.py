@@ -108,9 +108,8 @@ class AdaptPlugin(Plugin):
         same = {name: opts[name] for name in SAME_NAMES}  # signal_layer None: picked for the depth (AdaptConfig)
         signal = same["signal_layer"] if same["signal_layer"] is not None else \
             AdaptConfig(signal_layer=None).check(ctx.model.anatomy.n_layers).signal_layer
-        token_layers = opts["token_layers"]
-        if token_layers is None:  # auto
-            token_layers = auto_token_layers(ctx.model.anatomy.n_layers, signal)
+        token_layers = opts["token_layers"]  # None: auto
+        token_layers = auto_token_layers(ctx.model.anatomy.n_layers, signal) if token_layers is None else token_layers
         config = AdaptConfig(**{**same, "signal_layer": signal}, n_calib=opts["calib"], seed=ctx.seed,
                              token_options=[(k, keep) for k in token_layers for keep in opts["token_keep"]])
         study = AdaptStudy(ctx.model, opts["tasks"], config, step=ctx.step)
@@ -139,6 +138,13 @@ class AdaptPlugin(Plugin):
             .check_margin_sample(len(parsed["tasks"]))  # too few margin prompts on any model: said before the load
 
     @classmethod
+    def check_seeded(cls, parsed: dict, seed: int) -> None:
+        """A task left no held-out prompt (``--n 1 --shots 0``), refused before the load: the prompts are text."""
+        from mechkit.adapt.study import check_heldout
+
+        check_heldout(parsed["tasks"], {**parsed, "n_calib": parsed["calib"]}, seed)
+
+    @classmethod
     def tables(cls, results: dict) -> list:
         from mechkit.adapt.findings import copy_words, feasible, margin_note, num
         from mechkit.report import Table
@@ -163,10 +169,9 @@ class AdaptPlugin(Plugin):
                      (r.get("prune") or {}).get("accuracy", {}).get(t)] for r in rows for t in tasks]
         plans = [[r["budget"], t, "; ".join(f"{label} ×{n}" for label, n in r["adaptive"]["plans"][t].items()),
                   "; ".join(r["static"]["plans"][t])] for r in rows for t in tasks]
-        cost = results["cost"]
+        cost, table = results["cost"], results["cost"]["table"]
         checks = [[row["plan"], row["tokens"], row["measured"], row["predicted"]]
                   for part in ("fit", "validation") for row in cost[part]["rows"]]
-        table = cost["table"]
         same = [[x["budget"], x["adaptive"], x["adaptive_latency"], x["prune"], x["verdict"],
                  "; ".join(f"{c['kind']}: {copy_words(c)}" for c in x["copies"])]
                 for x in results.get("same_latency", [])]

@@ -67,8 +67,9 @@ class PatchPlugin(Plugin):
             return
         from mechkit.patching.pairs import check_pair_task
 
-        check_pair_task(parsed.get("task") or "ioi")
-        if (parsed.get("task") or "ioi") == "ioi":  # its pairs have no demonstrations
+        task = parsed.get("task", "ioi")  # not `or "ioi"`: --task "" was checked as ioi
+        check_pair_task(task)
+        if task == "ioi":  # its pairs have no demonstrations
             refuse_ignored(cls, parsed, ("shots",), "sets the demonstrations of an ICL task's prompts, and ioi's "
                            "pairs have none", "drop --shots, or pass an ICL task (--task capitalize)")
 

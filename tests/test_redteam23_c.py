@@ -134,7 +134,7 @@ def test_a_saved_record_set_on_a_modules_own_config_is_refused_too():
         mk.run(edit_plugin(edit, "rt23c-edit"), model=h, write=False)
 
 
-@pytest.mark.parametrize("field,saved,foreign", [("architectures", ["LlamaForCausalLM"], ["LlamaModel"]),
+@pytest.mark.parametrize("field,saved,foreign", [("architectures", ["LlamaForCausalLM"], ["LlamaAttention"]),
                                                  ("dtype", "float32", "int8"),
                                                  ("dtype", torch.float32, torch.float64),
                                                  ("transformers_version", "installed", "99.0.0")])

@@ -104,15 +104,11 @@ class AdaptStudy(GuideStage, CostStage, MarginStage, CandidateStage, SignalStage
         self.margin_report: dict = {}
 
     def _prompts(self, config: AdaptConfig) -> None:
-        """Calibration, margin and held-out prompts (:func:`draw_prompts`); a task left no held-out prompt is
-        refused here, before any work (:func:`refuse_empty_heldout`)."""
-        self.calib, self.margin_pool, self.margin_texts, seen = draw_prompts(self.tasks, config, self.seed)
+        """Calibration, margin and held-out prompts (:func:`study_prompts`); a task left no held-out prompt is
+        refused here, before any work (the plugin refuses it before the model loads: :func:`check_heldout`)."""
+        self.calib, self.margin_pool, self.margin_texts, self.test = study_prompts(self.tasks, config, self.seed)
         self.margin_prompts, self.margin_plan_count = config.margin_prompts, config.margin_plans
-        test = task_prompts(self.tasks, config.n, config.shots, self.seed)
-        self.test = {t: [p for p in ps if p.text not in seen] for t, ps in test.items()}
         self.n_calib, self.shots = config.n_calib, config.shots
-        if not all(self.test.values()):
-            refuse_empty_heldout(self.tasks, config, self.seed, self.test, seen)
 
     def _once(self, key: str, compute: Callable[[], Any]) -> Any:
         """``step(key, compute)``, kept in memory for the rest of the study."""
@@ -176,6 +172,26 @@ def draw_prompts(tasks: Sequence[str], config: AdaptConfig, seed: int) -> tuple[
     texts = {t: xs[:margin_prompts or MARGIN_PROMPTS] for t, xs in pool.items()}
     seen = {p.text for ps in calib.values() for p in ps} | {x for xs in pool.values() for x in xs}
     return calib, pool, texts, seen
+
+
+def study_prompts(tasks: Sequence[str], config: AdaptConfig, seed: int) -> tuple[dict, dict, dict, dict]:
+    """``(calibration, margin pool, margin texts, held-out)`` prompts of a study (:func:`draw_prompts`, then the
+    held-out ones that repeat none of them), on text alone; a task left no held-out prompt is refused
+    (:func:`refuse_empty_heldout`)."""
+    calib, pool, texts, seen = draw_prompts(tasks, config, seed)
+    test = {t: [p for p in ps if p.text not in seen] for t, ps in task_prompts(tasks, config.n, config.shots, seed).items()}
+    if not all(test.values()):
+        refuse_empty_heldout(tasks, config, seed, test, seen)
+    return calib, pool, texts, test
+
+
+def check_heldout(tasks: Sequence[str], settings: dict, seed: int) -> None:
+    """Refuse, before the model loads, a study whose prompts leave a task no held-out prompt: the prompts are
+    drawn from text and the seed alone, so ``mechkit adapt --n 1 --shots 0`` was refused only once the model
+    had loaded (minutes for a large one). The same line as :class:`AdaptStudy` says. ``settings``: the
+    :class:`AdaptConfig` fields among them (the plugin's options; the rest, read only with the model, ignored)."""
+    fields = {f.name for f in dataclasses.fields(AdaptConfig)} - {"seed"}
+    study_prompts(tasks, AdaptConfig(**{k: v for k, v in settings.items() if k in fields}), seed)
 
 
 def _left(tasks: Sequence[str], n: int, shots: int | None, seed: int, seen: set) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -163,13 +163,15 @@ class ComposeStudy:
         """Refuse, before any work, prompts longer than a model's context at the largest K the parts use
         (the grid's for the study, ``effect_shots`` for the components and strengthening): the defaults on
         a 512-token model (tiny:gpt2) were refused only at K = 10, after every smaller K's cells were
-        computed. The fix names the largest K of the grid whose prompts fit."""
+        computed. The fix names the largest K whose prompts fit (:func:`_most_that_fit`), with the grid's smaller
+        K for the study: ``--shots 100`` on a 512-token model was told ``use --shots 0`` although 60 fits."""
         wanted = ([self.top] if {"study", "steps"} & set(parts) else []) + \
             ([self.effect_shots] if {"components", "strengthen"} & set(parts) else [])
         for spec, handle in (models or {self.handle.spec: self.handle}).items():
             if handle.context_length is None:
                 continue
 
+            @cache  # the fix's search and the check ask for the same K again
             def longest(k: int, handle: ModelHandle = handle) -> int:
                 prompts = [p for pair in self.pairs for s in range(self.seeds)
                            for ps in study_prompts(pair, self.n, k, self.seed + s).values() for p in ps]
@@ -178,13 +180,18 @@ class ComposeStudy:
             for k in sorted(set(wanted), reverse=True):
                 if longest(k) <= handle.context_length:
                     continue
-                if k == self.top:
-                    fits = [x for x in self.shots if x < k and longest(x) <= handle.context_length]
-                    fix = f"use --shots {','.join(map(str, fits))}" if fits else "use --shots 0"
+                most = _most_that_fit(k, lambda x, f=longest, limit=handle.context_length: f(x) <= limit)
+                where, more = f"{spec}'s context holds {handle.context_length} tokens", ""
+                if most is None:
+                    fix = f"use a model with a longer context (even 0-shot prompts are {longest(0)} tokens)"
+                elif k == self.top:  # the grid's K that fit; where the largest K that does is not among them, it too
+                    grid = [x for x in self.shots if x <= most and longest(x) <= handle.context_length]
+                    fix = f"use --shots {','.join(map(str, grid or [most]))}"
+                    if grid and most not in grid:
+                        more = f" (or --shots {','.join(map(str, [*grid, most]))}: {most} is the most shots that fit)"
                 else:
-                    fits = next((x for x in range(k - 1, -1, -1) if longest(x) <= handle.context_length), 0)
-                    fix = f"use --effect-shots {fits} or fewer"
-                check_context(handle, longest(k), f"{fix}: {spec}'s context holds {handle.context_length} tokens")
+                    fix = f"use --effect-shots {most} or fewer"
+                check_context(handle, longest(k), f"{fix}: {where}{more}")
 
     def run(self, parts: Sequence[str], models: dict[str, ModelHandle] | None = None,
             treatments: Sequence[str] = ("scale",)) -> dict:
@@ -363,3 +370,15 @@ def compare(clean: dict, groups: list[dict]) -> dict:
             "random_mean": rm, "random_std": rs, "random_delta": rm - base,
             "random_delta_logprob": mean_std([r["logprob"] for r in rand])[0] - base_lp,
             "groups": groups}
+
+
+def _most_that_fit(k: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest K below ``k`` whose prompts fit (``fits``), else None: a binary search (prompts grow with K),
+    whose answer is one ``fits`` said yes to, so a fix naming it runs as written."""
+    if not fits(0):
+        return None
+    low, high = 0, k - 1  # fits(low) holds
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from mechkit.plugin import Plugin
 
 
-def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def resolve_options(cls: type[Plugin], options: dict[str, Any],
+                    seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(params, parsed)`` for every option of the plugin, checked before any model loads.
 
     Each value (given, else the default) is coerced to the option's declared type (text from the
@@ -25,6 +26,11 @@ def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[st
     together. ``params`` keeps the values as given (typed): what the report records and
     what reruns it; ``parsed`` holds the parsers' results (``ctx.options``). Unknown options and bad
     values raise :class:`~mechkit.options.OptionError` (a ``PluginError``) with one line.
+
+    Given the run's ``seed`` (checked: :func:`check_seed`), a plugin's ``check_seeded(parsed, seed)``, where it
+    has one, runs too: a check of what the options and the seed draw on text alone (``adapt``'s held-out
+    prompts, which ``--n 1 --shots 0`` can leave empty at one seed and not at another) is then said before the
+    model loads rather than after.
     """
     known = {o.name: o for o in cls.options}
     unknown = sorted(set(options) - set(known))
@@ -36,6 +42,9 @@ def resolve_options(cls: type[Plugin], options: dict[str, Any]) -> tuple[dict[st
         refuse_none(opt, options)
         params[name], parsed[name] = opt.check(options.get(name, opt.default))
     cls.check_options(parsed)
+    seeded = getattr(cls, "check_seeded", None)
+    if seed is not None and callable(seeded):
+        seeded(parsed, seed)
     return params, parsed
 
 

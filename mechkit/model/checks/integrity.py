@@ -174,35 +174,67 @@ def refuse_non_float_weights(path: Path, model: Any) -> None:
 
 
 def refuse_file_buffers(path: Path, model: Any) -> None:
-    """Refuse a checkpoint holding a tensor under the name of one of the model's buffers with other values
-    than the model has. transformers computes buffers such as ``rotary_emb.inv_freq`` from the config and
-    drops the file's copy without a word (it is no "unexpected" tensor), so a file whose RoPE frequencies
-    differ (``inv_freq = ones``: an edited or mislabelled checkpoint) was computed on with the config's. Equal
-    copies, up to the stored dtype's rounding (old checkpoints carry them), and buffers loaded from the file
-    (the same values) pass."""
+    """Refuse a checkpoint holding a copy of one of the model's buffers with other values than the model has.
+    transformers computes buffers such as ``rotary_emb.inv_freq`` from the config and drops the file's copy
+    without a word (it is no "unexpected" tensor), so a file whose RoPE frequencies differ (``inv_freq = ones``:
+    an edited or mislabelled checkpoint) was computed on with the config's. A copy is one under a buffer's own
+    name, or under a legacy name transformers drops as the same buffer (:func:`_legacy_copies`: an old
+    checkpoint's per-layer ``model.layers.0.self_attn.rotary_emb.inv_freq``, which loaded silently while the
+    same values under ``model.rotary_emb.inv_freq`` were refused). Equal copies, up to the stored dtype's
+    rounding (old checkpoints carry them), and buffers loaded from the file (the same values) pass."""
     from safetensors import safe_open
 
     buffers = {name: b for name, b in model.named_buffers() if b is not None and b.device.type != "meta"}
     prefix = str(getattr(model, "base_model_prefix", "") or "")
+    ignored = _ignored_patterns(model, buffers)
     for file in sorted(path.glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt") as f:
                 names = f.keys()
                 for key in names:  # noqa: SIM118 - no __iter__
                     name = key if key in buffers else f"{prefix}.{key}" if f"{prefix}.{key}" in buffers else None
-                    if name is None:
+                    copies = [name] if name is not None else _legacy_copies(key, buffers, ignored)
+                    if not copies:
                         continue
-                    held, ours = f.get_tensor(key), buffers[name].detach().cpu()
-                    if not _close(held, ours):
+                    held = f.get_tensor(key)
+                    if not any(_close(held, buffers[c].detach().cpu()) for c in copies):
                         raise ModelLoadError(
                             f"{file.name} in {path} holds {key} with other values (or shape) than the model "
-                            f"computes for its buffer {name} from config.json; transformers would drop the file's "
-                            "copy silently", "fix config.json (e.g. its rope settings) to give the values the "
+                            f"computes for its buffer {copies[0]} from config.json; transformers would drop the "
+                            "file's copy silently", "fix config.json (e.g. its rope settings) to give the values the "
                             f"weights were made with, or remove {key} from the file if it is stale")
         except ModelLoadError:
             raise
         except Exception:  # a file or tensor this cannot read: the load already read it, or reported it
             continue
+
+
+def _ignored_patterns(model: Any, buffers: dict) -> Any:
+    """The file names transformers drops without a word when loading ``model`` (its
+    ``_adjust_missing_and_unexpected_keys``): the model's ``_keys_to_ignore_on_load_unexpected`` patterns, and
+    old checkpoints' per-layer ``rotary_emb.inv_freq`` and persistent ``position_ids`` where the model has such
+    buffers. A compiled pattern, or None."""
+    own = getattr(model, "_keys_to_ignore_on_load_unexpected", None)  # transformers gathers its submodels' here
+    patterns = {str(p) for p in own} if isinstance(own, set | list | tuple) else set()
+    if any(name.endswith("rotary_emb.inv_freq") for name in buffers):
+        patterns.add(r"rotary_emb\.inv_freq")
+    if any(name.endswith("position_ids") for name in buffers):
+        patterns.add(r"(^|\.)position_ids$")
+    try:
+        return re.compile("|".join(f"({p})" for p in sorted(patterns))) if patterns else None
+    except re.error:  # a pattern transformers itself could not compile either
+        return None
+
+
+def _legacy_copies(key: str, buffers: dict, ignored: Any) -> list[str]:
+    """The model's buffers a file tensor ``key`` that transformers drops (``ignored``) is an old copy of: every
+    ``…rotary_emb.inv_freq`` for a rotary embedding's frequencies stored at any depth, else the buffers of the
+    same last name (``original_inv_freq``, ``position_ids``). A dropped tensor of no buffer's name (a
+    multi-token-prediction layer's weights) is none."""
+    if ignored is None or key in buffers or ignored.search(key) is None:
+        return []
+    tail = "rotary_emb.inv_freq" if key.endswith("rotary_emb.inv_freq") else key.rsplit(".", 1)[-1]
+    return sorted(name for name in buffers if name == tail or name.endswith("." + tail))
 
 
 def _close(held: Any, ours: Any) -> bool:
@@ -286,25 +318,32 @@ def weights_checksums(model: Any) -> dict[str, int]:
     Offloaded (meta) parameters are not read."""
     import torch
 
-    sums: dict[str, int] = {}
     weights: dict[torch.device, torch.Tensor] = {}
     with torch.no_grad():
-        for name, t in model.named_parameters():
-            if t.device.type == "meta":
-                continue
-            flat = t.detach().contiguous().view(-1)
-            bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
-            raw = flat.view(bits)
-            if raw.device not in weights:  # position i weighs (i + 1) % 65521 + 1: a chunk of whole periods repeats it
-                size = _PERIOD * (4 if raw.device.type == "cpu" else 256)
-                weights[raw.device] = torch.arange(1, size + 1, device=raw.device, dtype=torch.int64) % _PERIOD + 1
-            w = weights[raw.device]
-            total = torch.zeros((), dtype=torch.int64, device=raw.device)  # int64 wraps as one whole sum would
-            for start in range(0, raw.numel(), w.numel()):  # in cache-sized chunks: ~5x faster than at once on a CPU
-                part = raw[start:start + w.numel()]
-                total += (part.to(torch.int64) * w[:part.numel()]).sum()
-            sums[name] = int(total)
-    return sums
+        return {name: tensor_checksum(t, weights) for name, t in model.named_parameters() if t.device.type != "meta"}
+
+
+def tensor_checksum(t: Any, weights: dict | None = None) -> int:
+    """One tensor's :func:`weights_checksums` sum (its raw bits weighted by position); ``weights`` keeps the
+    position weights made per device across calls. A complex tensor is read as its real and imaginary parts
+    (a complex128 entry has no integer type of its size)."""
+    import torch
+
+    weights = {} if weights is None else weights
+    flat = t.detach().contiguous().view(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+    raw = flat.view(bits)
+    if raw.device not in weights:  # position i weighs (i + 1) % 65521 + 1: a chunk of whole periods repeats it
+        size = _PERIOD * (4 if raw.device.type == "cpu" else 256)
+        weights[raw.device] = torch.arange(1, size + 1, device=raw.device, dtype=torch.int64) % _PERIOD + 1
+    w = weights[raw.device]
+    total = torch.zeros((), dtype=torch.int64, device=raw.device)  # int64 wraps as one whole sum would
+    for start in range(0, raw.numel(), w.numel()):  # in cache-sized chunks: ~5x faster than at once on a CPU
+        part = raw[start:start + w.numel()]
+        total += (part.to(torch.int64) * w[:part.numel()]).sum()
+    return int(total)
 
 
 _PERIOD = 65521  # the largest prime below 2**16: the weights of neighbouring entries never coincide

@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from mechkit.model.checks.buffers import buffer_state, changed_buffer, library_attrs
+
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 # What state_dict() and load_state_dict() run: a hook left there changes what a later save writes (a pruned
 # model's weights) while every forward computes as before, so it is compared but does not mark a model hooked.
@@ -179,7 +181,7 @@ def _own_attrs(m: Any, configs: dict) -> tuple:
     a submodule's ``config`` replaced by an edited copy (``sliding_window`` changed for one layer),
     ``_loss_function`` or ``loss_type`` set (what ``labels=`` trains on), a flag such as ``is_causal`` flipped.
     Its own ``_call_impl``-like attributes are compared by :func:`_own_calls`, its hooks and mode apart."""
-    calls = {name for name, _ in _own_calls(m)}
+    calls = {name for name, _ in _own_calls(m)} | set(library_attrs(m))  # the latter: compared with the buffers
     return tuple((name, _comparable(value, configs)) for name, value in vars(m).items()
                  if name not in _TORCH_SLOTS and name not in _LIBRARY_ATTRS and name not in calls
                  and not _as_class_says(m, name, value))
@@ -205,15 +207,19 @@ def _records(model: Any, configs: dict) -> dict:
     """``{id: (config, {field: value}, allowed architectures)}`` for the model's config and every config a module
     holds: the :data:`_CONFIG_RECORDS` set on it (read from its ``__dict__``: ``to_dict`` writes the installed
     version whatever is set, and ``torch_dtype`` is a deprecated alias of ``dtype``), and the ``architectures``
-    a ``save_pretrained`` of a module holding it writes (the model's own class for the model's config)."""
+    a ``save_pretrained`` of a module holding it writes: the class of every module with a ``save_pretrained`` that
+    holds it (the model's own, and its backbone's ``LlamaModel``, which shares the model's config: a plugin saving
+    ``model.model`` writes ``["LlamaModel"]`` there, and was refused as if that were a foreign record)."""
     top = getattr(model, "config", None)
     found: dict = {}
     for m in model.modules():
         config = vars(m).get("config")
         if config is not None and hasattr(config, "__dict__") and hasattr(config, "to_dict"):
-            found.setdefault(id(config), (config, set()))[1].add(type(m).__name__.removeprefix("FSDP"))
-    if top is not None and hasattr(top, "__dict__"):
-        found[id(top)] = (top, {type(model).__name__.removeprefix("FSDP")})
+            names = found.setdefault(id(config), (config, set()))[1]
+            if callable(getattr(m, "save_pretrained", None)):  # an attention block holding it saves nothing
+                names.add(type(m).__name__.removeprefix("FSDP"))
+    if top is not None and hasattr(top, "__dict__"):  # with the names of every saving module holding it too
+        found.setdefault(id(top), (top, set()))[1].add(type(model).__name__.removeprefix("FSDP"))
     for entry in configs.values():  # a config held elsewhere (a module's other attribute): only as it was
         config = entry[3]
         if hasattr(config, "__dict__"):
@@ -252,7 +258,8 @@ def _changed_records(before: dict, after: dict, dtype: Any) -> str | None:
         _, now, names = after[key]
         for field, value in now.items():
             if value != was.get(field) and not _saved_record(field, value, names, dtype):
-                expected = {"architectures": f"[{sorted(names)[0]!r}]" if names else "none: no save writes it here",
+                expected = {"architectures": " or ".join(f"[{n!r}]" for n in sorted(names)) if names
+                            else "none: no save writes it here",
                             "transformers_version": "the installed transformers version"}.get(field, "the model's dtype")
                 return (f"its config field {field} was set to {_shown(_thawed(value))} (was "
                         f"{_shown(_thawed(was.get(field)))}), not what save_pretrained records ({expected}): it is "
@@ -418,8 +425,8 @@ def changed_handle(before: dict, handle: Any) -> str | None:
 
 
 def model_state(model: Any, tokenizer: Any = None) -> dict:
-    """The model's modules, hooks, ``forward`` overrides, modes, parameters, config and (given) tokenizer,
-    to compare with :func:`changed_state`."""
+    """The model's modules, hooks, ``forward`` overrides, modes, parameters, buffers (:mod:`.buffers`), config and
+    (given) tokenizer, to compare with :func:`changed_state`."""
     from torch.nn.modules import module as torch_module
 
     from mechkit.model.checks.identity import tokenizer_sha256
@@ -428,7 +435,7 @@ def model_state(model: Any, tokenizer: Any = None) -> dict:
     modules = {name: _module_state(m, configs) for name, m in model.named_modules()}
     global_dicts = [getattr(torch_module, d, {}) for d in _GLOBAL_HOOKS]
     global_hooks = tuple(tuple((k, id(fn)) for k, fn in d.items()) for d in global_dicts)
-    return {"modules": modules, "global_hooks": global_hooks, "config": _config(model),
+    return {"modules": modules, "global_hooks": global_hooks, "config": _config(model), "buffers": buffer_state(model),
             "generation": _generation(model), "records": _records(model, configs), "dtype": _dtype(model),
             "classes": _config_classes(model),
             "global_refs": [fn for d in global_dicts for fn in d.values()],  # held: their ids stay theirs
@@ -484,6 +491,9 @@ def changed_state(before: dict, after: dict) -> str | None:
         if was.saves != now.saves:
             return (f"a state_dict or load_state_dict hook was left on {label} (or one it had was removed): a later "
                     "save would write other weights than the model holds")
+    what = changed_buffer(before["buffers"], after["buffers"]) if "buffers" in before else None
+    if what is not None:
+        return what
     for name, cls in before.get("classes", {}).items():
         if after["classes"].get(name) is not cls:
             return f"the class of its {name} was swapped (a same-named subclass runs in its place) and not put back"
