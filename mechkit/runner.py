@@ -275,7 +275,7 @@ def run_plugin(
             raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
                                "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
         cls = registry.get(plugin) if isinstance(plugin, str) else plugin
-        params, parsed = resolve_options(cls, options)  # every check that needs no model, before it loads
+        params, parsed = resolve_options(cls, options, seed=seed)  # every check that needs no model, before it loads
         check_config(parsed, model)
         check_pruned_before_load(cls, model)
         runs_on = check_backend_for(cls, backend, remote, model)

@@ -230,6 +230,15 @@ def test_an_empty_heldout_set_is_refused_with_the_seed_before_any_model(tiny_lla
     resolve_options(registry.get("adapt"), {**options, "shots": 1}, seed=seed)  # the fix it names passes
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_mk_run_and_the_cli_refuse_an_empty_heldout_set_before_the_load(no_load, seed):
+    with pytest.raises(MechkitError, match="no held-out prompt is left for past-tense"):
+        mk.run("adapt", model="tiny:llama", tasks="past-tense", n=1, shots=0, seed=seed, write=False)
+    done = cli_in_process("adapt", "--model", "tiny:llama", "--tasks", "past-tense", "--n", "1", "--shots", "0",
+                          "--seed", str(seed))
+    assert done.returncode == 2 and "no held-out prompt is left" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_the_heldout_check_follows_the_seed():
     from mechkit import registry
     from mechkit.adapt.study import check_heldout
