@@ -199,3 +199,23 @@ def edit_plugin(edit, name: str = "edit"):
 
     Edit.name = name
     return Edit
+
+
+def run_folder(root, *scratch: str, key: str = "0123456789abcdef"):
+    """A run's steps folder under ``root/runs`` as a run makes it: marked, its scratch folders recorded (as
+    ``RunContext.scratch`` records them), one step file."""
+    from mechkit.io.disk_cache import mark_run_dir, mark_scratch
+
+    folder = root / "runs" / key
+    mark_run_dir(folder)
+    for name in scratch:
+        mark_scratch(folder, name)
+    (folder / "fedcba9876543210.json").write_text('{"key": "k", "value": 1}')
+    return folder
+
+
+def put_files(folder, files: dict) -> None:
+    """Write ``{relative name: text}`` under ``folder``, making the folders between."""
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)

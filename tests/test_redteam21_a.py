@@ -22,24 +22,11 @@ from rich.console import Console
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from tests.conftest import put_files, run_folder
 
 TEMP = ".checkpoint.safetensors.tmp-999999-0a1b2c3d"  # a killed writer's (pid 999999 is not alive)
 
 
-def _marked(root: Path, key: str = "0123456789abcdef") -> Path:
-    from mechkit.io.disk_cache import mark_scratch
-
-    folder = root / "runs" / key
-    mark_scratch(folder, "finetune")  # as RunContext.scratch records the folders a run makes
-    mark_scratch(folder, "finetunes")
-    (folder / "fedcba9876543210.json").write_text('{"key": "k", "value": 1}')
-    return folder
-
-
-def _put(folder: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
 
 
 # --- F2: a finished run removes only what runs write in its steps folder ----------------------------------
@@ -51,10 +38,10 @@ def _put(folder: Path, files: dict[str, str]) -> None:
 def test_finishing_a_run_folder_keeps_a_users_files(tmp_path, users):
     from mechkit.io.disk_cache import CHECKPOINT_FILE, RUN_MARKER, finish_run_dir
 
-    folder = _marked(tmp_path)
-    _put(folder, {"finetune/" + CHECKPOINT_FILE: "w", "finetunes/ft-3/" + CHECKPOINT_FILE: "w",
+    folder = run_folder(tmp_path, "finetune", "finetunes")
+    put_files(folder, {"finetune/" + CHECKPOINT_FILE: "w", "finetunes/ft-3/" + CHECKPOINT_FILE: "w",
                   "finetune/" + TEMP: "half", "abcdefabcdefabcd.json": "{}"})
-    _put(folder, users)
+    put_files(folder, users)
     kept = finish_run_dir(folder)
     assert kept
     assert all((folder / name).read_text() == text for name, text in users.items())
@@ -66,8 +53,8 @@ def test_finishing_a_run_folder_keeps_a_users_files(tmp_path, users):
 def test_finishing_a_run_folder_of_only_its_own_files_removes_the_folder(tmp_path):
     from mechkit.io.disk_cache import CHECKPOINT_FILE, finish_run_dir
 
-    folder = _marked(tmp_path)
-    _put(folder, {"finetune/" + CHECKPOINT_FILE: "w", "finetunes/ft-1/" + TEMP: "x"})
+    folder = run_folder(tmp_path, "finetune", "finetunes")
+    put_files(folder, {"finetune/" + CHECKPOINT_FILE: "w", "finetunes/ft-1/" + TEMP: "x"})
     assert finish_run_dir(folder) == []
     assert not folder.exists()
 
@@ -99,7 +86,7 @@ def test_a_finished_run_keeps_a_users_files_in_its_steps_folder_and_says_so(tmp_
     finally:
         STOP.clear()
     (resume,) = [p.parent for p in (tmp_path / "cache" / "runs").glob("*/" + RUN_MARKER)]
-    _put(resume, users)
+    put_files(resume, users)
     log = io.StringIO()
     run = mk.run(Steps, out=tmp_path / "run", console=Console(file=log, width=400))  # resumes, finishes
     assert run.results == {"sum": 1}
@@ -125,10 +112,10 @@ def test_a_temporary_file_inside_a_scratch_folder_is_a_leftover(tmp_path, monkey
     from mechkit.io.disk_cache import CHECKPOINT_FILE, LEFTOVERS, clear_cache, list_cache
 
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
-    folder = _marked(tmp_path)
-    _put(folder, {f"{where}/{CHECKPOINT_FILE}": "w", f"{where}/{TEMP}": "half"})
+    folder = run_folder(tmp_path, "finetune", "finetunes")
+    put_files(folder, {f"{where}/{CHECKPOINT_FILE}": "w", f"{where}/{TEMP}": "half"})
     if user_file:
-        _put(folder, {"notes.txt": "mine"})
+        put_files(folder, {"notes.txt": "mine"})
     assert LEFTOVERS in [e.name for e in list_cache(tmp_path)]
     clear_cache([LEFTOVERS], root=tmp_path)
     assert not (folder / where / TEMP).exists()
@@ -169,7 +156,7 @@ def test_force_keeps_a_users_file_inside_an_owned_folder(tmp_path, users, folder
 
     out = tmp_path / "pr"
     _owned_model_set(out, folder_manifest)
-    _put(out, users)
+    put_files(out, users)
     with replacing_dir(out, writer="prune", force=True) as tmp:
         _new_model_set(tmp)
     assert all((out / name).read_text() == text for name, text in users.items())
@@ -184,7 +171,7 @@ def test_force_keeps_a_users_file_inside_an_owned_folder_the_new_set_drops(tmp_p
 
     out = tmp_path / "pr"
     _owned_model_set(out)
-    _put(out, {"model/NOTES.md": "mine"})
+    put_files(out, {"model/NOTES.md": "mine"})
     with replacing_dir(out, writer="prune", force=True) as tmp:
         (tmp / "report.json").write_text('{"new": 1}')
     assert sorted(p.name for p in (out / "model").iterdir()) == ["NOTES.md"]
@@ -197,7 +184,7 @@ def test_a_killed_nested_install_rolls_back_whole_and_keeps_the_users_file(tmp_p
 
     out = tmp_path / "pr"
     _owned_model_set(out)
-    _put(out, {"model/NOTES.md": "mine"})
+    put_files(out, {"model/NOTES.md": "mine"})
     before = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
     calls = []
     real = os.replace

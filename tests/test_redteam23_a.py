@@ -25,28 +25,13 @@ import pytest
 from rich.console import Console
 
 from mechkit.errors import MechkitError
+from tests.conftest import put_files, run_folder
 
 KEY = "0123456789abcdef"
 TEMP = ".checkpoint.safetensors.tmp-999999-0a1b2c3d"  # a killed writer's (pid 999999 is not alive)
 CKPT = "checkpoint.safetensors"
 
 
-def _run_folder(root: Path, *scratch: str) -> Path:
-    """A run's steps folder as a run makes it: marked, its scratch folders recorded, one step file."""
-    from mechkit.io.disk_cache import mark_run_dir, mark_scratch
-
-    folder = root / "runs" / KEY
-    mark_run_dir(folder)
-    for name in scratch:
-        mark_scratch(folder, name)
-    (folder / "fedcba9876543210.json").write_text('{"key": "k", "value": 1}')
-    return folder
-
-
-def _put(folder: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
 
 
 def _fake_mounts(monkeypatch, tmp_path: Path, *points: Path) -> None:
@@ -72,9 +57,9 @@ def _files(folder: Path) -> dict[str, str]:
 def test_a_finished_run_never_deletes_through_a_bind_mount(tmp_path, monkeypatch, mount):
     from mechkit.io.disk_cache import finish_run_dir
 
-    folder = _run_folder(tmp_path, "finetune", "finetunes")
+    folder = run_folder(tmp_path, "finetune", "finetunes")
     users = {f"{mount}/{CKPT}": "user's weights", f"{mount}/sub/{CKPT}": "more", f"{mount}/{TEMP}": "theirs"}
-    _put(folder, {k.removeprefix("./"): v for k, v in users.items()})
+    put_files(folder, {k.removeprefix("./"): v for k, v in users.items()})
     _fake_mounts(monkeypatch, tmp_path, folder / mount)
     kept = finish_run_dir(folder)
     assert kept
@@ -105,9 +90,9 @@ def test_a_mount_point_is_read_from_the_kernels_list(tmp_path, monkeypatch):
 def test_a_finished_run_keeps_a_users_folder_inside_a_scratch_folder(tmp_path, users):
     from mechkit.io.disk_cache import RUN_MARKER, finish_run_dir
 
-    folder = _run_folder(tmp_path, "finetune", "finetunes")
-    _put(folder, {f"finetune/{CKPT}": "w", f"finetunes/ft-1/{CKPT}": "w", f"finetunes/{TEMP}": "x"})
-    _put(folder, users)
+    folder = run_folder(tmp_path, "finetune", "finetunes")
+    put_files(folder, {f"finetune/{CKPT}": "w", f"finetunes/ft-1/{CKPT}": "w", f"finetunes/{TEMP}": "x"})
+    put_files(folder, users)
     assert finish_run_dir(folder)
     assert _files(folder) == users  # the run's own files gone, every one of the user's kept
     assert not (folder / RUN_MARKER).exists()
@@ -127,9 +112,9 @@ def test_cache_clear_keeps_a_folder_the_marker_does_not_record(tmp_path, monkeyp
     from mechkit.io.disk_cache import FOREIGN, finish_run_dir, list_cache
 
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
-    folder = _run_folder(tmp_path, "finetune")
-    _put(folder, {f"finetune/{CKPT}": "w"})
-    _put(folder, users)
+    folder = run_folder(tmp_path, "finetune")
+    put_files(folder, {f"finetune/{CKPT}": "w"})
+    put_files(folder, users)
     assert [e.name for e in list_cache(tmp_path)] == [FOREIGN]  # not "1 run(s)"
     CliRunner().invoke(cli, ["cache", "clear", *names])
     assert {k: v for k, v in _files(folder).items() if k in users} == users
@@ -141,8 +126,8 @@ def test_a_run_folder_of_only_its_recorded_scratch_is_still_cleared(tmp_path, mo
     from mechkit.io.disk_cache import clear_cache, list_cache
 
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
-    folder = _run_folder(tmp_path, "finetune", "checkpoints")
-    _put(folder, {f"finetune/{CKPT}": "w", f"checkpoints/ft-{'a' * 16}/{CKPT}": "w", f"checkpoints/{TEMP}": "x"})
+    folder = run_folder(tmp_path, "finetune", "checkpoints")
+    put_files(folder, {f"finetune/{CKPT}": "w", f"checkpoints/ft-{'a' * 16}/{CKPT}": "w", f"checkpoints/{TEMP}": "x"})
     assert [e.name for e in list_cache(tmp_path)][0] == "runs"
     clear_cache(["runs"], root=tmp_path)
     assert not folder.exists()
@@ -152,15 +137,15 @@ def test_a_run_folder_of_only_its_recorded_scratch_is_still_cleared(tmp_path, mo
 
 
 @pytest.mark.parametrize("names", [["runs"], ["--all"], [f"runs/{KEY}"], [KEY]])
-def test_cache_clear_never_deletes_through_a_bind_mount_in_a_run_folder(tmp_path, monkeypatch, names):
+def test_cache_clear_never_deletes_through_a_bind_mount_in_arun_folder(tmp_path, monkeypatch, names):
     from click.testing import CliRunner
 
     from mechkit.cli.main import cli
     from mechkit.io.disk_cache import FOREIGN, list_cache
 
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path))
-    folder = _run_folder(tmp_path, "finetune", "finetune2")
-    _put(folder, {f"finetune2/{CKPT}": "user's weights"})
+    folder = run_folder(tmp_path, "finetune", "finetune2")
+    put_files(folder, {f"finetune2/{CKPT}": "user's weights"})
     _fake_mounts(monkeypatch, tmp_path, folder / "finetune2")
     assert [e.name for e in list_cache(tmp_path)] == [FOREIGN]  # counted as not mechkit's
     result = CliRunner().invoke(cli, ["cache", "clear", *names])
@@ -176,7 +161,7 @@ def test_cache_clear_keeps_a_model_entry_with_a_mount_inside(tmp_path, monkeypat
     from mechkit.io.disk_cache import clear_cache
 
     folder = tmp_path / group / entry
-    _put(folder, {"config.json": "{}", "model.safetensors": "w", "sub/model.safetensors": "user's"})
+    put_files(folder, {"config.json": "{}", "model.safetensors": "w", "sub/model.safetensors": "user's"})
     _fake_mounts(monkeypatch, tmp_path, folder / "sub")
     if named:
         with pytest.raises(MechkitError, match="mount point"):
@@ -191,7 +176,7 @@ def test_cache_clear_keeps_a_model_entry_with_a_mount_inside(tmp_path, monkeypat
 def test_a_set_aside_folder_holding_a_mount_is_no_leftover(tmp_path, monkeypatch, aside):
     from mechkit.io.disk_cache import LEFTOVERS, clear_cache, list_cache
 
-    _put(tmp_path / aside, {f"finetune2/{CKPT}": "user's weights"})
+    put_files(tmp_path / aside, {f"finetune2/{CKPT}": "user's weights"})
     (tmp_path / "runs").mkdir(exist_ok=True)
     _fake_mounts(monkeypatch, tmp_path, tmp_path / aside / "finetune2")
     assert LEFTOVERS not in [e.name for e in list_cache(tmp_path)]
@@ -208,9 +193,9 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"),
 def test_a_real_bind_mount_in_a_run_folder_survives_its_end_and_cache_clear(tmp_path, monkeypatch):
     from mechkit.io.disk_cache import clear_cache, finish_run_dir
 
-    folder = _run_folder(tmp_path, "finetune")
+    folder = run_folder(tmp_path, "finetune")
     user = tmp_path / "userdir"
-    _put(user, {f"sub/{CKPT}": "user's", CKPT: "user's too"})
+    put_files(user, {f"sub/{CKPT}": "user's", CKPT: "user's too"})
     (folder / "finetune").mkdir()
     if subprocess.run(["mount", "--bind", str(user), str(folder / "finetune")]).returncode:
         pytest.skip("mount --bind failed here")
@@ -267,7 +252,7 @@ def test_what_is_not_a_file_under_a_steps_name_is_left_alone(tmp_path, what):
     ctx, log = _ctx(resume)
     path = ctx.step_path("first")
     if what == "dir":
-        _put(path, {"notes.txt": "mine"})
+        put_files(path, {"notes.txt": "mine"})
     elif what == "fifo":
         os.mkfifo(path)
     else:
@@ -320,7 +305,7 @@ def _tmpdir(tmp_path: Path, monkeypatch) -> Path:
 
 def _prepared(where: Path, name: str, files: dict[str, str] | None = None) -> Path:
     folder = where / name
-    _put(folder, files or {"model.safetensors": "w" * 100, "config.json": "{}", ".mechkit-files": "[]"})
+    put_files(folder, files or {"model.safetensors": "w" * 100, "config.json": "{}", ".mechkit-files": "[]"})
     return folder
 
 
@@ -333,7 +318,7 @@ def test_a_killed_runs_prepared_folder_is_listed_and_cleared(tmp_path, monkeypat
     lock = where / f".{name}.mechkit-lock"
     lock.write_text("999999\n")
     half = where / f".{name}.tmp-999999-0a1b2c3d"
-    _put(half, {"model.safetensors": "half"})
+    put_files(half, {"model.safetensors": "half"})
     cache = tmp_path / "cache"
     rows = {e.name: e for e in list_cache(cache)}
     assert LEFTOVERS in rows and "$TMPDIR" in rows[LEFTOVERS].source and rows[LEFTOVERS].size >= 100
