@@ -158,11 +158,16 @@ def _seed_everything(seed: int) -> None:
 
 
 def _probe_logits(handle):
+    """The logits of 16 fixed tokens, each dynamic RoPE run as loaded and put back after
+    (:func:`~mechkit.model.checks.rope.ropes_as_loaded`): a 40-token forward a plugin ran grows its frequencies,
+    which a 16-token probe on a model trained for 16 kept, and an unchanged model was refused on its logits."""
     import torch
+
+    from mechkit.model.checks.rope import ropes_as_loaded
 
     gen = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, handle.model.config.vocab_size, (1, 16), generator=gen)
-    with torch.no_grad():
+    with torch.no_grad(), ropes_as_loaded(handle.model):
         return handle(ids).float().cpu()
 
 

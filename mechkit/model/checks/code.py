@@ -22,6 +22,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from mechkit.model.checks.rope import ropes_as_loaded
+
 # Modules whose functions every family's forward calls (masks, caches, attention kernels, activations)
 # besides the modules that define the model's own classes: checked even where the traced forward
 # (:func:`_reached_modules`) cannot run.
@@ -103,13 +105,14 @@ def _reached_modules(model: Any) -> frozenset[str]:
         try:
             embed = model.get_input_embeddings()
             ids = torch.ones((1, 2), dtype=torch.long, device=embed.weight.device)
-            previous = sys.getprofile()
-            sys.setprofile(profile)
-            try:
-                with torch.no_grad():
-                    model(input_ids=ids)
-            finally:
-                sys.setprofile(previous)
+            with ropes_as_loaded(model):  # a 2-token forward resets a grown dynamic RoPE: put back after
+                previous = sys.getprofile()
+                sys.setprofile(profile)
+                try:
+                    with torch.no_grad():
+                        model(input_ids=ids)
+                finally:
+                    sys.setprofile(previous)
             skipped = sys.stdlib_module_names | {"mechkit"}  # mechkit's own hooks and memos change by design
             reached = frozenset(n for n in names if n and n.split(".")[0] not in skipped and n in sys.modules)
         except Exception:  # a model this input does not fit: the named modules are still checked

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mechkit.model.checks.buffers import buffer_state, changed_buffer, library_attrs
+from mechkit.model.checks.rope import rope_attrs
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 # What state_dict() and load_state_dict() run: a hook left there changes what a later save writes (a pruned
@@ -69,9 +70,9 @@ _TORCH_SLOTS = frozenset({"training", "_parameters", "_buffers", "_modules", "_n
                           "_compiled_call_impl", *_HOOK_DICTS})
 # Attributes a library changes in an ordinary forward or call, with no effect on what later forwards compute:
 # transformers marks a model whose output-capturing hooks it installed (they are exempt, see
-# :func:`_library_hook`), a dynamic RoPE records the longest length it has seen (and resets it itself), and
-# torch.compile marks the module it wrapped (a flag functorch reads, not what it computes).
-_LIBRARY_ATTRS = frozenset({"_output_capturing_hooks_installed", "max_seq_len_cached", "_is_torch_compile",
+# :func:`_library_hook`), and torch.compile marks the module it wrapped (a flag functorch reads, not what it
+# computes). A dynamic RoPE's recorded length and scaling are compared with its frequencies (:mod:`.rope`).
+_LIBRARY_ATTRS = frozenset({"_output_capturing_hooks_installed", "_is_torch_compile",
                             "_require_grads_hooks", "_require_grads_hook",  # the handles of enable_input_require_grads
                             "_gradient_checkpointing_func"})  # read only while gradient_checkpointing (compared) is on
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
@@ -181,7 +182,7 @@ def _own_attrs(m: Any, configs: dict) -> tuple:
     a submodule's ``config`` replaced by an edited copy (``sliding_window`` changed for one layer),
     ``_loss_function`` or ``loss_type`` set (what ``labels=`` trains on), a flag such as ``is_causal`` flipped.
     Its own ``_call_impl``-like attributes are compared by :func:`_own_calls`, its hooks and mode apart."""
-    calls = {name for name, _ in _own_calls(m)} | set(library_attrs(m))  # the latter: compared with the buffers
+    calls = {name for name, _ in _own_calls(m)} | set(library_attrs(m)) | set(rope_attrs(m))  # with the buffers
     return tuple((name, _comparable(value, configs)) for name, value in vars(m).items()
                  if name not in _TORCH_SLOTS and name not in _LIBRARY_ATTRS and name not in calls
                  and not _as_class_says(m, name, value))
