@@ -125,3 +125,14 @@ def test_what_a_forward_leaves_passes_where_the_same_state_set_by_hand_with_anot
         _rope(m).max_seq_len_cached = int(_rope(m).max_seq_len_cached) + 7
 
     assert "max_seq_len_cached was set to" in _refusal(edit, h)
+
+
+# --- J3: a number given for a text option is refused, not run as its digits ----------------------------------------
+
+
+@pytest.mark.parametrize("plugin,option", [("attention", "prompt"), ("patch", "clean"), ("patch", "corrupted")])
+@pytest.mark.parametrize("value", [float("nan"), 1.5, 7, ["a", "b"]])
+def test_a_number_or_list_for_a_text_option_is_refused_in_one_line(plugin, option, value):
+    with pytest.raises(MechkitError, match="is not text") as err:
+        mk.run(plugin, model="tiny:llama", write=False, **{option: value})
+    assert "\n" not in str(err.value) and f"--{option}" in str(err.value)

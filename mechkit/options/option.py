@@ -312,6 +312,9 @@ class Option:
             if not getattr(self.parse, "numbers_as_text", True) and _holds_number(value):
                 raise OptionError(f"{self.flag} {show(value)}: a number cannot name a head (2.10 and 2.1 are the "
                                   "same float)", f"pass {self.flag} as text ('2.10') or as mk.Head(2, 10)")
+            if getattr(self.parse, "text_only", False):  # a prompt: 1.5, nan or a list would run as that text
+                raise OptionError(f"{self.flag} {show(value)} is not text ({type(value).__name__})",
+                                  f"pass {self.flag} as a str: {self.value_hint()}")
             if isinstance(value, os.PathLike):
                 return os.fspath(value)
             if isinstance(value, numbers.Real) and not is_bool(value):

@@ -350,6 +350,9 @@ class Text:
     example: str = "The cat sat. The cat sat."
     max_chars: int = 100_000
     metavar: str = "TEXT"
+    # Only a str is text here (Option._typed refuses anything else): ``prompt=float("nan")`` ran on "nan", and
+    # a number or list is a mistaken argument, never a prompt; the command line always gives a str.
+    text_only: ClassVar[bool] = True
 
     @property
     def fix(self) -> str:
@@ -359,12 +362,14 @@ class Text:
         return ""
 
     def __call__(self, text: str) -> str:
-        if not str(text).strip():
+        if not isinstance(text, str):
+            raise OptionError(f"{self.what} is not text ({type(text).__name__})", self.fix)
+        if not text.strip():
             raise OptionError(f"{self.what} is empty", self.fix)
         if len(text) > self.max_chars:
             raise OptionError(f"{self.what} is {len(text):,} characters long, more than {self.max_chars:,}",
                               f"pass at most {self.max_chars:,} characters")
-        at = non_utf8_at(str(text))
+        at = non_utf8_at(text)
         if at is not None:  # bytes that were not UTF-8: the tokenizer raised TypeError after the load
             raise OptionError(f"{self.what} holds bytes that are not UTF-8 text ({at})",
                               f"pass {self.what} as UTF-8 text")
