@@ -149,10 +149,29 @@ def _distributions(search_path: tuple[str, ...]) -> dict[str, list[str]]:
     return metadata.packages_distributions()
 
 
-def _heap(cls: type) -> bool:
-    """Whether ``cls`` is defined in Python (its instances' state lies in ``__dict__`` and ``__slots__``),
-    not in C (a ``SimpleNamespace``'s, a ``datetime``'s: its state is read through pickling's reduce)."""
-    return bool(cls.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE
+def _python_written(cls: type) -> bool:
+    """Whether ``cls`` is written in Python (its instances' state lies in ``__dict__`` and ``__slots__``), not in
+    C (a ``SimpleNamespace``'s, a ``datetime``'s, a compiled pattern's: its state is read through pickling's
+    reduce). A heap type alone said "Python" of C types made by ``PyType_FromSpec`` (``re.Pattern``,
+    ``operator.itemgetter``, ``array.array``, ``struct.Struct``), whose state no ``__dict__`` holds, so two
+    patterns gave one key: a class of its own whose attributes include a descriptor that C code defines for
+    it (a method, a member, a getset other than ``__dict__``/``__weakref__``, not one of its ``__slots__``)
+    is C's."""
+    import types
+
+    if not cls.__flags__ & (1 << 9):  # Py_TPFLAGS_HEAPTYPE: a static type is C's
+        return False
+    own = vars(cls)
+    for name, value in own.items():
+        kind = type(value)
+        if kind not in (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+                        types.MemberDescriptorType, types.GetSetDescriptorType):
+            continue
+        if getattr(value, "__objclass__", None) is not cls or name in ("__dict__", "__weakref__") or (
+                kind is types.MemberDescriptorType and "__slots__" in own):
+            continue  # another type's descriptor kept as an attribute (f = str.upper), or Python's own
+        return False
+    return True
 
 
 class _Reach:
@@ -303,6 +322,7 @@ class _Reach:
                 os.path.isfile(code.co_filename) and not _users_file(code.co_filename)):
             self.put("function", fn.__module__, fn.__qualname__)
             self.installed(fn.__module__, code.co_filename)
+            self.held(fn, depth)  # a library's wrapper (@torch.no_grad()) holds the user's function
             return
         self.put("function", fn.__qualname__)
         if _users_file(code.co_filename):
@@ -310,6 +330,13 @@ class _Reach:
         self.code(code, fn.__globals__, depth)
         self.feed(fn.__defaults__, depth)
         self.feed(fn.__kwdefaults__, depth)
+        self.held(fn, depth)
+
+    def held(self, fn: Any, depth: int) -> None:
+        """The values a function's closure holds and the function it wraps (``__wrapped__``), followed for a
+        library's function too: a decorator's wrapper (``@torch.no_grad()``, any installed package's
+        ``functools.wraps``) lives in the library's file and was keyed by its name alone, hiding the user's
+        body it calls, so an edited helper resumed on steps the old one computed."""
         for cell in fn.__closure__ or ():
             try:
                 self.feed(cell.cell_contents, depth)
@@ -523,7 +550,7 @@ class _Reach:
             self.tensor(value, depth)
         elif numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic):
             self.array(numpy.asarray(value), depth)
-        elif all(_heap(cls) for cls in kind.__mro__[:-1]):
+        elif all(_python_written(cls) for cls in kind.__mro__[:-1]):
             self.state(value, depth)
         else:
             try:
@@ -535,6 +562,35 @@ class _Reach:
                 self.feed(reduced[:3], depth)
             else:
                 self.put(self.shown(value))
+                self.exposed(value, depth)
+            try:  # a C wrapper of the user's function (functools.lru_cache's) reduces to its name alone
+                attrs = object.__getattribute__(value, "__dict__")
+            except AttributeError:
+                attrs = None
+            wrapped = dict.get(attrs, "__wrapped__") if isinstance(attrs, dict) else None
+            if wrapped is not None:
+                self.put("wraps")
+                self.feed(wrapped, depth)
+
+    def exposed(self, value: Any, depth: int) -> None:
+        """The data a C type that pickling cannot reduce exposes itself (its own members and getsets, read by
+        their C descriptors, never a user's code): a ``struct.Struct``'s format, which its repr without the
+        address lacked."""
+        import types
+
+        for cls in type(value).__mro__[:-1]:
+            if _python_written(cls):
+                continue
+            for name, member in sorted(vars(cls).items()):
+                if type(member) not in (types.GetSetDescriptorType, types.MemberDescriptorType) or name.startswith("__") \
+                        or getattr(member, "__objclass__", None) is not cls:
+                    continue
+                try:
+                    part = member.__get__(value, cls)
+                except Exception:  # a member not set, a getset that refuses: not told apart
+                    continue
+                self.put("member", name)
+                self.feed(part, depth)
 
     def tensor(self, value: Any, depth: int) -> None:
         """A tensor by its dtype, shape and bytes; past the byte bound by an evenly spaced sample. A nested

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechkit.errors import MechkitError
-from mechkit.hooking.points import all_names, resolve
+from mechkit.hooking.points import all_names, canonical, resolve
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -65,6 +65,10 @@ def _described(parts: list) -> str:
         return f"{len(parts)} parts that cannot be joined"                      # that reading refuses
     shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
     return f"{shape} {str(parts[0].dtype).removeprefix('torch.')}"
+
+
+def _lacks(missing: list[str]) -> str:
+    return f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
 
 
 def _points(handle: ModelHandle, pattern: str) -> list:
@@ -368,13 +372,17 @@ class Cache(MutableMapping):
         ``TransformerBridge`` over the recorded model): see :mod:`mechkit.hooking.transformer_lens`."""
         from mechkit.hooking.transformer_lens import TL_NEEDS, activation_cache
 
-        return activation_cache(self, model, extra=self._complete(TL_NEEDS))
+        # what TL's tools read and this recording lacks is recorded again, or refused where it cannot be (a
+        # recording through nnsight, of inputs_embeds): dropped, TL's accumulated_resid KeyErrored inside TL. A
+        # cache built by hand knows no model, hence no family to say what it lacks: it converts as it is.
+        return activation_cache(self, model, extra=self._complete(TL_NEEDS) if self.handle is not None else {})
 
     def completion(self, patterns: str | tuple[str, ...] | list[str]) -> dict:
         """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
         ids (one more forward per recorded one, only when something is missing). A pattern that matches no
         hook point of the model (a typo, a layer past the last) is refused, as ``run_with_cache`` refuses it:
-        it came back as ``{}``, which reads as "nothing was missing"."""
+        it came back as ``{}``, which reads as "nothing was missing". So is a missing point of a recording that
+        cannot be run again (through nnsight, of ``inputs_embeds``): ``{}`` means nothing is missing."""
         if self.handle is not None:
             for pattern in [patterns] if isinstance(patterns, str) else patterns if isinstance(
                     patterns, list | tuple | set | frozenset) else ():
@@ -384,26 +392,47 @@ class Cache(MutableMapping):
 
     def _complete(self, patterns: Any) -> dict:
         """:meth:`completion` without the check that each pattern matches: TransformerLens' needs name points
-        a family may lack (the resid_mid of a parallel block), which are simply not recorded."""
-        handle, inputs = self.handle, self.inputs
-        if handle is None or not inputs:
-            return {}
+        a family may lack (the resid_mid of a parallel block), which are simply not recorded. What is missing
+        is found first, and ``{}`` comes back only when nothing is: a recording that cannot be run again (through
+        a traced backend, of ``inputs_embeds``, with no model) came back as ``{}`` too, which read as complete."""
         if isinstance(patterns, str):  # one pattern, not its letters
             patterns = (patterns,)
         if not isinstance(patterns, list | tuple | set | frozenset) or not all(isinstance(p, str) for p in patterns):
             raise MechkitError(f"Cache.completion takes a hook name pattern or a list of them, not {patterns!r}",
                                'pass e.g. "blocks.*.attn.hook_z" or ["blocks.0.hook_resid_post"]')
+        handle, inputs = self.handle, self.inputs
+        if handle is None:  # no model: a pattern cannot be resolved, a full name not held is missing all the same
+            missing = [p for p in patterns if "*" not in p and p not in self and canonical(p) not in self]
+            if missing:
+                raise MechkitError(f"{_lacks(missing)}, and this cache knows no model (built by hand, or its model "
+                                   "was not recorded with it): nothing can be recorded again",
+                                   "record every point needed with mk.record(m, names) on the model")
+            return {}
         have = set(all_names(handle.anatomy))
-        missing = [p.name for pattern in patterns for p in _points(handle, pattern)
-                   if p.name in have and p.name not in self]
+        lacked = {p.name: p for pattern in patterns for p in _points(handle, pattern)
+                  if p.name in have and p.name not in self}
+        missing = list(lacked)
         if not missing:
             return {}
-        lacks = f"this recording lacks {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
+        lacks = _lacks(missing)
+        if handle.backend.traced:  # its forwards ran inside traces: no token ids were kept to run them again
+            from mechkit.hooking.traced import ORDER
+
+            backend = getattr(handle.backend, "name", "nnsight")
+            served = all(p.suffix in ORDER for p in lacked.values())  # else only the native backend records them
+            raise MechkitError(f"{lacks}, and it was recorded through the {backend} backend, which keeps no token "
+                               "ids to record it again", ("record every point needed in that run (mk.run_with_cache(m, "
+                               "ids) with no names records all it serves), or " if served else "") +
+                               "record on the native backend (mk.load_model(name)), whose recordings complete")
         if self.continued:  # recorded again without the KV cache, they would silently be other activations
             raise MechkitError(f"{lacks}, and its forwards continued a KV cache (model.generate), masked padding, set "
                                "their own positions or took other inputs than token ids: recorded again on their "
                                "token ids alone they would be other activations", "record every point needed in that "
                                "run (mk.record(m, \"*\")), or record the token ids in one unpadded forward")
+        if not inputs:  # no forward of the whole model while it recorded (a block called alone), or built by hand
+            raise MechkitError(f"{lacks}, and it kept no token ids of its forwards (none ran through the whole model "
+                               "while it recorded): nothing can be run again", "record every point needed in that "
+                               "run (mk.record(m, \"*\")), running the model itself (m(ids)) inside it")
         lengths = sorted({ids.shape[-1] for ids in inputs})
         if len(lengths) > 1:  # the points recorded again could not be joined on batch; padding would not replay
             raise MechkitError(f"{lacks}, and its forwards have different lengths ({', '.join(map(str, lengths[:4]))}): "
