@@ -50,10 +50,20 @@ def test_a_recording_through_nnsight_refuses_what_it_lacks(traced, pattern):
 def test_a_recording_through_nnsight_is_not_converted_without_what_transformer_lens_needs(traced):
     pytest.importorskip("transformer_lens", reason="TransformerLens is an optional engine")
     m, ids = traced
-    for names in ("blocks.0.attn.hook_z", None):  # even every point nnsight serves lacks resid_mid and the scale
-        _, cache = mk.run_with_cache(m, ids, names)
-        with pytest.raises(MechkitError, match="lacks .* nnsight backend"):
-            cache.to_transformer_lens()
+    _, cache = mk.run_with_cache(m, ids, "blocks.0.attn.hook_z")
+    with pytest.raises(MechkitError, match="lacks .* nnsight backend"):
+        cache.to_transformer_lens()
+
+
+def test_a_full_nnsight_recording_converts_without_the_points_nnsight_cannot_record(traced, llama):
+    pytest.importorskip("transformer_lens", reason="TransformerLens is an optional engine")
+    m, ids = traced
+    _, cache = mk.run_with_cache(m, ids)  # every point nnsight serves; resid_mid and ln_final's scale it cannot
+    tl = cache.to_transformer_lens()
+    assert "blocks.0.hook_resid_mid" not in tl and "blocks.1.hook_resid_post" in tl
+    _, native = mk.run_with_cache(llama, ids, "blocks.*.hook_resid_pre")
+    resid, _ = tl.accumulated_resid(return_labels=True)  # TransformerLens' own tool, on the converted recording
+    assert torch.allclose(resid[0], native["blocks.0.hook_resid_pre"], atol=1e-5)
 
 
 def _embedded(llama, names):

@@ -374,8 +374,12 @@ class Cache(MutableMapping):
 
         # what TL's tools read and this recording lacks is recorded again, or refused where it cannot be (a
         # recording through nnsight, of inputs_embeds): dropped, TL's accumulated_resid KeyErrored inside TL. A
-        # cache built by hand knows no model, hence no family to say what it lacks: it converts as it is.
-        return activation_cache(self, model, extra=self._complete(TL_NEEDS) if self.handle is not None else {})
+        # cache built by hand knows no model, hence no family to say what it lacks: it converts as it is. Through
+        # a traced backend, a point it cannot record at all (hook_resid_mid, ln_final.hook_scale) is left out as
+        # a point the family lacks is: refused, no nnsight recording could ever be converted.
+        if self.handle is None:
+            return activation_cache(self, model, extra={})
+        return activation_cache(self, model, extra=self._complete(TL_NEEDS, servable=True))
 
     def completion(self, patterns: str | tuple[str, ...] | list[str]) -> dict:
         """The points matching ``patterns`` this recording lacks, recorded again on its forwards' token
@@ -390,7 +394,7 @@ class Cache(MutableMapping):
                     resolve(self.handle.anatomy, pattern)  # its own one line: "no hook point matches …"
         return self._complete(patterns)
 
-    def _complete(self, patterns: Any) -> dict:
+    def _complete(self, patterns: Any, servable: bool = False) -> dict:
         """:meth:`completion` without the check that each pattern matches: TransformerLens' needs name points
         a family may lack (the resid_mid of a parallel block), which are simply not recorded. What is missing
         is found first, and ``{}`` comes back only when nothing is: a recording that cannot be run again (through
@@ -411,6 +415,10 @@ class Cache(MutableMapping):
         have = set(all_names(handle.anatomy))
         lacked = {p.name: p for pattern in patterns for p in _points(handle, pattern)
                   if p.name in have and p.name not in self}
+        if servable and handle.backend.traced:  # only what the backend records at all counts as lacking
+            from mechkit.hooking.traced import ORDER
+
+            lacked = {name: p for name, p in lacked.items() if p.suffix in ORDER}
         missing = list(lacked)
         if not missing:
             return {}
