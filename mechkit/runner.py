@@ -396,21 +396,43 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         ctx = RunContext(model=handle, params=params, seed=setup.seed, console=console, resume_dir=resume,
                          options=parsed)
         t1 = time.perf_counter()
-        with _said_if_changed(cls, handle, before, sums, state):
-            result = check_result(cls, _call(cls, ctx, handle, console))
-        run_s = time.perf_counter() - t1
-        _check_unchanged(cls, handle, before, sums, state)
-        report = _report(cls, params, setup, handle, result, {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
-        report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None,
-                            "modules_unchanged": state is not None}
-        if out_dir is not None:
-            from mechkit.report import write_report
+        with _handed_over() as returned:  # what the plugin prepared and the report did not move in: removed
+            with _said_if_changed(cls, handle, before, sums, state):
+                returned.append(_call(cls, ctx, handle, console))
+                result = check_result(cls, returned[0])
+            run_s = time.perf_counter() - t1
+            _check_unchanged(cls, handle, before, sums, state)
+            report = _report(cls, params, setup, handle, result,
+                             {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
+            report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None,
+                                "modules_unchanged": state is not None}
+            if out_dir is not None:
+                from mechkit.report import write_report
 
-            write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
-                         tables=report_tables(report, cls, console))
+                write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
+                             tables=report_tables(report, cls, console))
         if resume is not None:
             _finish_steps(resume, console)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+
+
+@contextlib.contextmanager
+def _handed_over() -> Iterator[list]:
+    """The one place a run's prepared files end, however it ends (success, a refusal, an error, Ctrl-C,
+    ``write=False``): each ``Path`` in the returned result's ``files`` (the list the block appends the plugin's
+    return value to) that the report did not move in is removed and its lock let go, and so is a folder the
+    plugin made (:func:`mechkit.io.leftovers.make_prepared_dir`) but never returned. A refused run left a whole
+    pruned model in ``$TMPDIR`` per try, held by the live process, which no ``cache clear`` could remove."""
+    from mechkit.io.leftovers import prepared_scope
+    from mechkit.report.writer import discard_unmoved
+
+    returned: list = []
+    with prepared_scope():
+        try:
+            yield returned
+        finally:
+            if returned:
+                discard_unmoved(getattr(returned[0], "files", None))
 
 
 def _finish_steps(resume: Path, console) -> None:
@@ -441,9 +463,10 @@ def _resume(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: 
 def check_result(cls: type[Plugin], result: Any) -> Result:
     """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
     plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
-    AttributeError)."""
+    AttributeError; a ``Path`` that is missing, a link or a FIFO failed there after the work, as "removed
+    before it was moved in", which no rerun fixes)."""
     fix = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
-           "files={name: bytes, text or a Path of a directory it prepared})")
+           "files={name: bytes, text or a Path of a file or directory it prepared})")
     if not isinstance(result, Result):
         raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
     for what, values, ok in (("figures", result.figures, lambda v: hasattr(v, "savefig")),
@@ -454,7 +477,31 @@ def check_result(cls: type[Plugin], result: Any) -> Result:
         if bad is not None:
             raise PluginError(f"plugin {cls.name!r} returned {what}[{bad!r}] as a "
                               f"{type(values[bad]).__name__}", fix)
+    for name, value in result.files.items():
+        kind = _path_kind(value) if isinstance(value, Path) else "file"
+        if kind not in ("file", "directory"):
+            raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which is {kind}, "
+                              "not a regular file or a directory to move into the report", fix)
     return result
+
+
+def _path_kind(path: Path) -> str:
+    """What ``path`` is, not following a link: "file", "directory", or the words for anything else."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing (removed since it was prepared: by the plugin, or a cleaner of the temporary folder)"
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return next((words for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                                           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                                           (stat.S_ISBLK, "a block device")) if test(mode)), "no file")
 
 
 PRUNED_WORDS = {"uneven-heads": "heads (layers keeping different numbers of them)"}

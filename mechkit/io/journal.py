@@ -55,13 +55,21 @@ def remove_path(path: Path) -> None:
         path.unlink()
 
 
-def recover(out: str | os.PathLike[str]) -> bool:
-    """Roll back a set a killed writer left half-installed in ``out``; True when there was one.
+def journal_problem(out: str | os.PathLike[str]) -> MechkitError | None:
+    """Why :func:`recover` cannot roll back ``out``'s journal (unreadable, or naming no temporary directory
+    mechkit makes), or ``None`` where it can (or there is none): asked without acting, so a sweep of leftovers
+    (``cache list``, ``cache clear``, the next save's cleaning) skips such a journal, saying so, instead of
+    counting it as removable and then failing whole on it."""
+    try:
+        _read(Path(out))
+    except MechkitError as err:
+        return err
+    return None
 
-    Call it holding ``out``'s lock. A journal whose temporary directory is gone (the write committed, or
-    was already rolled back) is just removed.
-    """
-    out = Path(out)
+
+def _read(out: Path) -> tuple[Path, list[str], list[str]] | None:
+    """The journal's temporary directory, the names it installs and all the names it touches; ``None`` where
+    there is no journal; one :class:`MechkitError` line where it cannot be used."""
     journal = journal_path(out)
     try:
         record = json.loads(journal.read_text(encoding="utf-8"))
@@ -69,14 +77,31 @@ def recover(out: str | os.PathLike[str]) -> bool:
         install = [n for n in record["install"] if set_name(n)]
         names = install + [n for n in record["remove"] if set_name(n)]
     except FileNotFoundError:
-        return False
+        return None
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise MechkitError(f"cannot read the interrupted write's journal {journal}: {err}",
-                           f"move aside the newest files in {out} by hand, then delete {journal}") from None
+                           f"move aside the newest files in {out} by hand, then delete {journal}"
+                           if out.exists() else f"delete {journal} ({out} is gone: nothing is left to roll back "
+                           "into)") from None
     if not own_temp_name(record["tmp"], out.name):
         raise MechkitError(f"the journal {journal} names {str(record['tmp'])[:60]!r}, which is not a temporary "
                            f"directory mechkit makes for {out.name}: it is no journal of a mechkit write, and "
                            "mechkit rolls nothing back from it", f"delete {journal} (nothing was moved)")
+    return tmp, install, names
+
+
+def recover(out: str | os.PathLike[str]) -> bool:
+    """Roll back a set a killed writer left half-installed in ``out``; True when there was one.
+
+    Call it holding ``out``'s lock. A journal whose temporary directory is gone (the write committed, or
+    was already rolled back) is just removed. One that cannot be read is one :class:`MechkitError` line
+    (:func:`journal_problem` asks the same without acting).
+    """
+    out = Path(out)
+    read = _read(out)
+    if read is None:
+        return False
+    tmp, install, names = read
     if tmp.is_dir() and not tmp.is_symlink():
         backup = tmp / ".previous"
         for name in install:  # moved in already: ours, from the killed write
@@ -86,5 +111,5 @@ def recover(out: str | os.PathLike[str]) -> bool:
             if (backup / name).exists() or (backup / name).is_symlink():
                 os.replace(backup / name, out / name)
         shutil.rmtree(tmp, ignore_errors=True)
-    journal.unlink(missing_ok=True)
+    journal_path(out).unlink(missing_ok=True)
     return True

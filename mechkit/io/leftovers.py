@@ -30,10 +30,12 @@ import secrets
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from mechkit.io.journal import recover
+from mechkit.errors import MechkitError
+from mechkit.io.journal import journal_problem, recover
 from mechkit.io.read import mount_points
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
@@ -126,9 +128,35 @@ def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False,
             m = pattern.match(p.name)
             if m and (name is None or m["name"] == name) and m["name"].startswith(prefix) \
                     and _stale(folder, p, pattern, m, locked) and mount_inside(p) is None:
-                found.append(p)
+                if not (pattern is _JOURNAL and name is None and journal_problem(folder / m["name"])):
+                    found.append(p)  # a sweep counts no journal it cannot roll back (unreadable_journals)
                 break
     return found
+
+
+def unreadable_journals(folder: Path, prefix: str = "") -> list[tuple[Path, MechkitError]]:
+    """The journals in ``folder`` that no roll-back can read (damaged, or naming no folder mechkit makes) and
+    no running writer holds, each with the one line saying why and what to do: a sweep of leftovers skips them
+    (they need a hand), so that one never fails ``cache clear`` whole or an unrelated run's save."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    found = []
+    for p in entries:
+        m = _JOURNAL.match(p.name)
+        if m and m["name"].startswith(prefix) and not _held(folder, m["name"]):
+            problem = journal_problem(folder / m["name"])
+            if problem is not None:
+                found.append((p, problem))
+    return found
+
+
+def _warn_skipped(problem: MechkitError) -> None:
+    """One line on stderr for a leftover a sweep left alone, naming it and what to do."""
+    import sys
+
+    print(f"mechkit: warning: {problem.problem}, so it was left alone — {problem.fix}", file=sys.stderr)
 
 
 def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: bool) -> bool:
@@ -167,18 +195,30 @@ def size_of(path: Path) -> int:
 
 def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False,
                     prefix: str = "") -> list[tuple[Path, int]]:
-    """Remove the stale leftovers in ``folder`` (journals rolled back first); ``(path, bytes)`` of each."""
-    return _remove_leftovers(folder, stale_leftovers(folder, name, locked, prefix))
+    """Remove the stale leftovers in ``folder`` (journals rolled back first); ``(path, bytes)`` of each. A sweep
+    (no ``name``: ``cache clear``) skips a journal it cannot roll back, in one warning line each; a writer of
+    ``name`` meets that journal as its own refusal, before its work (:func:`mechkit.io.outlock.out_lock`)."""
+    removed = _remove_leftovers(folder, stale_leftovers(folder, name, locked, prefix), sweep=name is None)
+    if name is None:
+        for _, problem in unreadable_journals(folder, prefix):
+            _warn_skipped(problem)
+    return removed
 
 
-def _remove_leftovers(folder: Path, found: list[Path]) -> list[tuple[Path, int]]:
+def _remove_leftovers(folder: Path, found: list[Path], sweep: bool = True) -> list[tuple[Path, int]]:
     removed = []
     for path in sorted(found, key=lambda p: not _JOURNAL.match(p.name)):  # roll back before temp dirs go
         m = _JOURNAL.match(path.name)
         size = size_of(path)
         with contextlib.suppress(OSError):
             if m:
-                recover(folder / m["name"])
+                try:
+                    recover(folder / m["name"])
+                except MechkitError as problem:  # damaged since it was listed: skipped, said, the others go on
+                    if not sweep:
+                        raise
+                    _warn_skipped(problem)
+                    continue
             elif _LOCK.match(path.name):
                 if not _unlink_lock(path):
                     continue
@@ -249,6 +289,7 @@ _PREPARED_MANIFEST = ".mechkit-files"  # mechkit.io.replace.MANIFEST, the names 
 
 
 _PREPARED_LOCKS: dict[str, int] = {}  # a prepared folder this process made -> the fd of its held flock
+_PREPARED_THREADS: dict[str, int] = {}  # a prepared folder not yet released -> the thread that made it
 _DIR_OPEN = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -261,7 +302,7 @@ def make_prepared_dir() -> Path:
     it in, or it was removed), and by the kernel until this process ends however it ends: a run in another pid
     namespace, whose pid this one cannot see, had its live model deleted by ``cache clear leftovers`` between
     its save and the report's move, when only its pid spoke for it."""
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, MechkitError):  # another run's leftover never blocks this one's save
         clean_prepared()
     tmpdir = Path(tempfile.gettempdir())
     while True:
@@ -275,14 +316,50 @@ def make_prepared_dir() -> Path:
             continue
         if fd is not None:
             _PREPARED_LOCKS[os.path.realpath(path)] = fd
+        _PREPARED_THREADS[os.path.realpath(path)] = threading.get_ident()
         return path
 
 
 def release_prepared(path: Path) -> None:
     """Let go of the lock :func:`make_prepared_dir` holds on ``path``, once it has been moved or removed."""
-    fd = _PREPARED_LOCKS.pop(os.path.realpath(path), None)  # its parent's real path: the name it was given
+    key = os.path.realpath(path)  # its parent's real path: the name it was given
+    _PREPARED_THREADS.pop(key, None)
+    fd = _PREPARED_LOCKS.pop(key, None)
     if fd is not None:
         os.close(fd)
+
+
+def discard_prepared(path: Path) -> None:
+    """Remove what a plugin prepared for its report and the report never moved in (a refusal, an error or
+    Ctrl-C after the save), and let go of its lock: a file, or a folder with no mount point inside (never
+    deleted through one); a link or anything else is left where it is. A folder left held by a live process
+    (a notebook's kernel) was a whole model in ``$TMPDIR`` per try, which nothing could clean until it ended."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        info = None
+    try:
+        if info is not None and stat.S_ISDIR(info.st_mode) and mount_inside(path) is None:
+            shutil.rmtree(path, ignore_errors=True)
+        elif info is not None and stat.S_ISREG(info.st_mode):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    finally:
+        release_prepared(path)
+
+
+@contextlib.contextmanager
+def prepared_scope():
+    """Within the block, a folder this thread made with :func:`make_prepared_dir` and never handed over (the
+    plugin failed, or was interrupted, between its save and its return) is discarded when the block ends,
+    however it ends (:func:`discard_prepared`). Another thread's folders (a run beside this one) are not."""
+    me = threading.get_ident()
+    before = {k for k, t in _PREPARED_THREADS.items() if t == me}
+    try:
+        yield
+    finally:
+        for key in [k for k, t in list(_PREPARED_THREADS.items()) if t == me and k not in before]:
+            discard_prepared(Path(key))
 
 
 def _lock_dir(path: Path) -> int | None:
@@ -395,7 +472,9 @@ def _prepared_in_use(tmpdir: Path, name: str) -> bool:
 
 def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
     """Remove what :func:`stale_prepared` finds (journals rolled back first); ``(path, bytes)`` of each. A
-    folder is removed holding its flock, so a run that locks it meanwhile sees it gone and makes another."""
+    folder is removed holding its flock, so a run that locks it meanwhile sees it gone and makes another. A
+    journal no roll-back can read is left alone, in one warning line (after the folders, so its fix names
+    what is still there)."""
     tmpdir = Path(tempfile.gettempdir()) if tmpdir is None else tmpdir
     removed = _remove_leftovers(tmpdir, _stale_beside(tmpdir))
     for path, _ in _prepared_entries(tmpdir):
@@ -411,4 +490,7 @@ def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
         finally:
             if fd is not None:
                 os.close(fd)
+    for path, problem in unreadable_journals(tmpdir, PREPARED_PREFIX):  # this user's, its folder dead: said
+        if _removable(tmpdir, path, _JOURNAL.match(path.name)["name"]):
+            _warn_skipped(problem)
     return removed

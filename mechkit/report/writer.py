@@ -61,7 +61,7 @@ def write_report(
     """Write ``report.json``, ``report.html``, one PNG per figure and the extra files; return ``out_dir``.
 
     ``figures`` maps names (``"heatmap"`` or ``"heatmap.png"``) to matplotlib figures, ``files``
-    maps file names to contents (or to a directory ``Path``, moved in whole), ``tables`` are the page's
+    maps file names to contents (or to a ``Path`` of a file or directory, moved in whole), ``tables`` are the page's
     tables (the plugin's; default the generic ones). Every name written is added to ``report["artifacts"]``; the
     caller's dict is not modified. Raises :class:`ReportExistsError` when ``out_dir`` already
     holds a report and ``force`` is false, and :class:`MechkitError` naming the key path when a
@@ -120,7 +120,7 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
         fig.savefig(tmp / name, dpi=PNG_DPI, format="png", bbox_inches="tight")
         images[name] = (tmp / name).read_bytes()
     for name, content in files.items():
-        if isinstance(content, Path):  # a directory the plugin prepared (e.g. a saved model)
+        if isinstance(content, Path):  # a file or directory the plugin prepared (e.g. a saved model)
             move_prepared(content, tmp / name)
             continue
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
@@ -134,12 +134,13 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
 
 
 def move_prepared(src: Path, dst: Path) -> None:
-    """Move the directory a plugin prepared into the report: renamed where it can be, else copied file by file
-    (another file system: ``$TMPDIR`` on a tmpfs) so a full disk is the plain OSError the writer names in one
-    line, not shutil.move's ``shutil.Error`` (a traceback). The prepared directory is the writer's: moved in,
-    or removed if it cannot be (a failed copy left a ``/tmp/mechkit-pruned-*`` behind on every try), and its
-    lock let go after (:func:`mechkit.io.leftovers.release_prepared`). One that vanished before or while it
-    was moved (a tmp cleaner) is one line naming it: the report is then not written at all."""
+    """Move the file or directory a plugin prepared into the report: renamed where it can be, else copied (another
+    file system: ``$TMPDIR`` on a tmpfs, a file in ``/dev/shm``), each file synced before the source goes, so a
+    full disk is the plain OSError the writer names in one line, not shutil.move's ``shutil.Error`` (a
+    traceback). The prepared path is the writer's: moved in, or removed if it cannot be (a failed copy left a
+    ``/tmp/mechkit-pruned-*`` behind on every try), and its lock let go after
+    (:func:`mechkit.io.leftovers.release_prepared`). One that vanished before or while it was moved (a tmp
+    cleaner) is one line naming it: the report is then not written at all."""
     from mechkit.io.leftovers import release_prepared
 
     try:
@@ -151,6 +152,8 @@ def move_prepared(src: Path, dst: Path) -> None:
 def _move_prepared(src: Path, dst: Path) -> None:
     import errno
 
+    from mechkit.io.leftovers import discard_prepared
+
     try:
         os.rename(src, dst)
         return
@@ -158,25 +161,55 @@ def _move_prepared(src: Path, dst: Path) -> None:
         if err.errno == errno.ENOENT and not os.path.lexists(src):
             raise _vanished(src) from err
         if err.errno != errno.EXDEV:
-            shutil.rmtree(src, ignore_errors=True)
+            discard_prepared(src)
             raise
     try:
+        if not src.is_dir() or src.is_symlink():  # a file: copied whole and synced, then the source goes
+            _copy_synced(src, dst, src)
+            return
         dst.mkdir()
         for path in sorted(src.rglob("*")):
             target = dst / path.relative_to(src)
             if path.is_dir() and not path.is_symlink():
                 target.mkdir(exist_ok=True)
             else:
-                try:
-                    shutil.copy2(path, target, follow_symlinks=False)
-                except OSError as err:  # sendfile names the source: the disk that is full is the target's
-                    if err.errno == errno.ENOENT and not os.path.lexists(path):
-                        raise _vanished(src) from err
-                    raise OSError(err.errno, err.strerror, str(target)) from err
+                _copy_synced(path, target, src)
         if not src.is_dir():  # removed while it was copied: what was copied is not the whole model
             raise _vanished(src)
     finally:
-        shutil.rmtree(src, ignore_errors=True)
+        discard_prepared(src)  # after a complete, synced copy; or after a failed one (the report is not written)
+
+
+def _copy_synced(path: Path, target: Path, src: Path) -> None:
+    """Copy one file of prepared ``src`` to ``target`` (a link as a link) and sync it to disk: only then may the
+    source go (a crash after the source went lost a copy still in the page cache)."""
+    import errno
+
+    try:
+        shutil.copy2(path, target, follow_symlinks=False)
+        if not target.is_symlink():
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as err:  # sendfile names the source: the disk that is full is the target's
+        if err.errno == errno.ENOENT and not os.path.lexists(path):
+            raise _vanished(src) from err
+        raise OSError(err.errno, err.strerror, str(target)) from err
+
+
+def discard_unmoved(files: object) -> None:
+    """Remove each ``Path`` in a plugin's ``files`` that the report did not move in, and let go of its lock
+    (:func:`mechkit.io.leftovers.discard_prepared`): the runner calls it however a run ends (a refusal, an
+    error, Ctrl-C, ``write=False``), so a prepared model never stays in ``$TMPDIR``, held by a live process
+    (a notebook's kernel) that no ``cache clear`` could touch. A moved one is gone from its source already."""
+    from mechkit.io.leftovers import discard_prepared
+
+    if isinstance(files, dict):
+        for value in files.values():
+            if isinstance(value, Path):
+                discard_prepared(value)
 
 
 def _vanished(src: Path) -> MechkitError:
@@ -229,4 +262,4 @@ def _missing_ancestors(path: Path) -> list[Path]:
     return missing
 
 
-__all__ = ["default_out_dir", "figure_png", "write_report"]
+__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "write_report"]
