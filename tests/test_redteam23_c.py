@@ -38,11 +38,23 @@ def _refusal(edit) -> str:
 # --- C1: classes swapped on the handle, its tokenizer and the objects it holds -----------------------------------
 
 
+_SWAPPED: list = []  # (object, its class): put back after each test (a handle's backend is shared by every handle)
+
+
+@pytest.fixture(autouse=True)
+def _classes_put_back():
+    yield
+    while _SWAPPED:
+        obj, base = _SWAPPED.pop()
+        obj.__class__ = base
+
+
 def _swap(obj, **methods):
     """``obj.__class__`` set to a same-named subclass of its class with ``methods`` overriding."""
     base = type(obj)
     sub = type(base.__name__, (base,), {name: make(base) for name, make in methods.items()})
     sub.__qualname__ = base.__qualname__
+    _SWAPPED.append((obj, base))
     obj.__class__ = sub
 
 

@@ -291,3 +291,20 @@ def test_a_path_neither_file_nor_folder_is_refused_before_the_writer(kind, words
     assert _prepared_left(where) == []  # the plugin's other, good one is let go too
     if kind == "link":
         assert (tmp_path / "target.txt").exists()  # what a link names is never followed nor removed
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_path_outside_the_temporary_directory_is_left_where_it_is_when_the_run_is_refused(kind, tmp_path,
+                                                                                           monkeypatch):
+    _tmpdir(tmp_path, monkeypatch)  # $TMPDIR is tmp_path/t: the user's path below is outside it
+    mine = tmp_path / "user" / "notes"
+    if kind == "file":
+        mine.parent.mkdir()
+        mine.write_text("mine")
+    else:
+        mine.mkdir(parents=True)
+        (mine / "a.txt").write_text("mine")
+    out = tmp_path / "out"
+    with pytest.raises(PluginError, match="a symbolic link"):  # refused for its other file, after the plugin ran
+        mk.run(_returning({"mine": mine, "bad": _special(tmp_path, "link")}), model="tiny:llama", out=out)
+    assert mine.exists() and not (out / "report.json").exists()

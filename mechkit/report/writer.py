@@ -203,13 +203,19 @@ def discard_unmoved(files: object) -> None:
     """Remove each ``Path`` in a plugin's ``files`` that the report did not move in, and let go of its lock
     (:func:`mechkit.io.leftovers.discard_prepared`): the runner calls it however a run ends (a refusal, an
     error, Ctrl-C, ``write=False``), so a prepared model never stays in ``$TMPDIR``, held by a live process
-    (a notebook's kernel) that no ``cache clear`` could touch. A moved one is gone from its source already."""
-    from mechkit.io.leftovers import discard_prepared
+    (a notebook's kernel) that no ``cache clear`` could touch. A moved one is gone from its source already.
+    Only a path inside the temporary directory is removed: one elsewhere (a plugin that returned a user's own
+    file by mistake) is left where it is, its lock let go."""
+    import tempfile
+
+    from mechkit.io.leftovers import discard_prepared, release_prepared
 
     if isinstance(files, dict):
+        scratch = Path(os.path.realpath(tempfile.gettempdir()))
         for value in files.values():
             if isinstance(value, Path):
-                discard_prepared(value)
+                inside = scratch in Path(os.path.realpath(value)).parents
+                discard_prepared(value) if inside else release_prepared(value)
 
 
 def _vanished(src: Path) -> MechkitError:
