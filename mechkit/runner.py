@@ -399,7 +399,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         with _handed_over() as returned:  # what the plugin prepared and the report did not move in: removed
             with _said_if_changed(cls, handle, before, sums, state):
                 returned.append(_call(cls, ctx, handle, console))
-                result = check_result(cls, returned[0])
+                result = check_result(cls, returned[0], out_dir)
             run_s = time.perf_counter() - t1
             _check_unchanged(cls, handle, before, sums, state)
             report = _report(cls, params, setup, handle, result,
@@ -460,11 +460,14 @@ def _resume(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: 
         yield resume
 
 
-def check_result(cls: type[Plugin], result: Any) -> Result:
+def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Result:
     """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
     plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
     AttributeError; a ``Path`` that is missing, a link or a FIFO failed there after the work, as "removed
-    before it was moved in", which no rerun fixes)."""
+    before it was moved in", which no rerun fixes). A ``Path`` that is ``out`` (``--out``), holds it or lies
+    inside it or inside mechkit's cache is refused too, and dropped from ``files`` so that nothing removes it
+    (a folder holding ``--out`` was deleted whole, the user's files in it, after its rename into itself
+    failed); so is one returned twice (the second move found it gone, a misleading "removed by a cleaner")."""
     fix = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
            "files={name: bytes, text or a Path of a file or directory it prepared})")
     if not isinstance(result, Result):
@@ -482,7 +485,36 @@ def check_result(cls: type[Plugin], result: Any) -> Result:
         if kind not in ("file", "directory"):
             raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which is {kind}, "
                               "not a regular file or a directory to move into the report", fix)
+    _check_paths(cls, result, out, fix)
     return result
+
+
+def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) -> None:
+    """Refuse (one line) a returned ``Path`` that the writer's move would wreck or that is no prepared file:
+    ``out`` itself, a folder holding it, one inside it or inside the cache, or one path returned twice."""
+    from mechkit.io.disk_cache import cache_root
+
+    places = [("the report folder --out", Path(os.path.realpath(out)))] if out is not None else []
+    places.append(("mechkit's cache", Path(os.path.realpath(cache_root()))))
+    seen: dict[Path, str] = {}
+    for name, value in result.files.items():
+        if not isinstance(value, Path):
+            continue
+        real = Path(os.path.realpath(value))
+        why = next((f"is {what} ({place})" if real == place else f"holds {what} ({place})" if real in place.parents
+                    else f"is inside {what} ({place})" for what, place in places
+                    if real == place or real in place.parents or place in real.parents), None)
+        if why is not None:
+            result.files = {k: v for k, v in result.files.items() if not isinstance(v, Path)
+                            or Path(os.path.realpath(v)) != real}  # the user's: nothing may remove it
+            raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which {why}: "
+                              "moving it into the report would destroy it", fix.replace(
+                                  "it prepared", "it prepared in a temporary folder of its own"))
+        if real in seen:
+            raise PluginError(f"plugin {cls.name!r} returned the path {value} twice, as files[{seen[real]!r}] "
+                              f"and files[{name!r}]: a prepared file can be moved into the report only once",
+                              f"return each prepared path under one name; {fix}")
+        seen[real] = name
 
 
 def _path_kind(path: Path) -> str:

@@ -14,6 +14,9 @@ import shutil
 from pathlib import Path
 
 from mechkit.errors import MechkitError
+from mechkit.io.read import read_plain
+
+JOURNAL_LIMIT = 2**20  # a journal lists a few dozen names: anything larger is no journal mechkit wrote
 
 
 def journal_path(out: str | os.PathLike[str]) -> Path:
@@ -69,17 +72,21 @@ def journal_problem(out: str | os.PathLike[str]) -> MechkitError | None:
 
 def _read(out: Path) -> tuple[Path, list[str], list[str]] | None:
     """The journal's temporary directory, the names it installs and all the names it touches; ``None`` where
-    there is no journal; one :class:`MechkitError` line where it cannot be used."""
+    there is no journal; one :class:`MechkitError` line where it cannot be used. It is read without following a
+    link, without blocking and only as a regular file of at most :data:`JOURNAL_LIMIT` bytes (a FIFO under a
+    journal's name hung ``cache list`` and every save for ever), and a deeply nested one is damaged, not a
+    RecursionError traceback."""
     journal = journal_path(out)
     try:
-        record = json.loads(journal.read_text(encoding="utf-8"))
+        record = json.loads(read_plain(journal, JOURNAL_LIMIT).decode("utf-8"))
         tmp = out.parent / record["tmp"]
         install = [n for n in record["install"] if set_name(n)]
         names = install + [n for n in record["remove"] if set_name(n)]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise MechkitError(f"cannot read the interrupted write's journal {journal}: {err}",
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise MechkitError(f"cannot read the interrupted write's journal {journal}: {why}",
                            f"move aside the newest files in {out} by hand, then delete {journal}"
                            if out.exists() else f"delete {journal} ({out} is gone: nothing is left to roll back "
                            "into)") from None

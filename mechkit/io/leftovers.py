@@ -128,7 +128,8 @@ def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False,
             m = pattern.match(p.name)
             if m and (name is None or m["name"] == name) and m["name"].startswith(prefix) \
                     and _stale(folder, p, pattern, m, locked) and mount_inside(p) is None:
-                if not (pattern is _JOURNAL and name is None and journal_problem(folder / m["name"])):
+                if not (pattern is _JOURNAL and name is None and (not _readable_journal(p, prefix)
+                                                                  or journal_problem(folder / m["name"]))):
                     found.append(p)  # a sweep counts no journal it cannot roll back (unreadable_journals)
                 break
     return found
@@ -145,11 +146,23 @@ def unreadable_journals(folder: Path, prefix: str = "") -> list[tuple[Path, Mech
     found = []
     for p in entries:
         m = _JOURNAL.match(p.name)
-        if m and m["name"].startswith(prefix) and not _held(folder, m["name"]):
+        if m and m["name"].startswith(prefix) and _readable_journal(p, prefix) and not _held(folder, m["name"]):
             problem = journal_problem(folder / m["name"])
             if problem is not None:
                 found.append((p, problem))
     return found
+
+
+def _readable_journal(path: Path, prefix: str) -> bool:
+    """Whether a sweep may open journal ``path`` at all: in ``$TMPDIR`` (a ``prefix`` sweep), shared by every
+    user, only this user's are, checked before anything is read (another user's FIFO there hung ``cache
+    list``); elsewhere any (what it is, a FIFO included, is then said without blocking by the read itself)."""
+    if not prefix:
+        return True
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _warn_skipped(problem: MechkitError) -> None:
@@ -491,6 +504,6 @@ def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
             if fd is not None:
                 os.close(fd)
     for path, problem in unreadable_journals(tmpdir, PREPARED_PREFIX):  # this user's, its folder dead: said
-        if _removable(tmpdir, path, _JOURNAL.match(path.name)["name"]):
+        if not _prepared_in_use(tmpdir, _JOURNAL.match(path.name)["name"]):  # this user's (a FIFO too): said
             _warn_skipped(problem)
     return removed

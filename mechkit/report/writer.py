@@ -161,11 +161,13 @@ def _move_prepared(src: Path, dst: Path) -> None:
         if err.errno == errno.ENOENT and not os.path.lexists(src):
             raise _vanished(src) from err
         if err.errno != errno.EXDEV:
-            discard_prepared(src)
+            _discard_if_scratch(src)
             raise
+    done = False
     try:
         if not src.is_dir() or src.is_symlink():  # a file: copied whole and synced, then the source goes
             _copy_synced(src, dst, src)
+            done = True
             return
         dst.mkdir()
         for path in sorted(src.rglob("*")):
@@ -176,8 +178,33 @@ def _move_prepared(src: Path, dst: Path) -> None:
                 _copy_synced(path, target, src)
         if not src.is_dir():  # removed while it was copied: what was copied is not the whole model
             raise _vanished(src)
+        done = True
     finally:
-        discard_prepared(src)  # after a complete, synced copy; or after a failed one (the report is not written)
+        if done:
+            discard_prepared(src)  # moved: a complete, synced copy is in the report
+        else:  # the report is not written: its partial copy goes, and the source only from the temporary folder
+            if dst.is_dir() and not dst.is_symlink():
+                shutil.rmtree(dst, ignore_errors=True)
+            elif os.path.lexists(dst):
+                dst.unlink()
+            _discard_if_scratch(src)
+
+
+def _in_scratch(path: Path) -> bool:
+    """Whether ``path`` lies inside the temporary directory (both resolved), where a plugin prepares its files."""
+    import tempfile
+
+    return Path(os.path.realpath(tempfile.gettempdir())) in Path(os.path.realpath(path)).parents
+
+
+def _discard_if_scratch(src: Path) -> None:
+    """Remove prepared ``src`` that could not be moved in only where it is inside the temporary directory: one
+    elsewhere (a user's own file or folder a plugin returned: its copy onto a full disk failed, or it holds
+    ``--out`` so it cannot be renamed into it) is left intact; its lock is let go by :func:`move_prepared`."""
+    from mechkit.io.leftovers import discard_prepared
+
+    if _in_scratch(src):
+        discard_prepared(src)
 
 
 def _copy_synced(path: Path, target: Path, src: Path) -> None:
@@ -206,16 +233,12 @@ def discard_unmoved(files: object) -> None:
     (a notebook's kernel) that no ``cache clear`` could touch. A moved one is gone from its source already.
     Only a path inside the temporary directory is removed: one elsewhere (a plugin that returned a user's own
     file by mistake) is left where it is, its lock let go."""
-    import tempfile
-
     from mechkit.io.leftovers import discard_prepared, release_prepared
 
     if isinstance(files, dict):
-        scratch = Path(os.path.realpath(tempfile.gettempdir()))
         for value in files.values():
             if isinstance(value, Path):
-                inside = scratch in Path(os.path.realpath(value)).parents
-                discard_prepared(value) if inside else release_prepared(value)
+                discard_prepared(value) if _in_scratch(value) else release_prepared(value)
 
 
 def _vanished(src: Path) -> MechkitError:
