@@ -205,6 +205,7 @@ class Cache(MutableMapping):
     inputs: list | None = None  # the token ids of each recorded forward (native backend), for completing it
     marks: list | None = None  # each recorded forward's logits in brief (:func:`logit_mark`): a completion's must match
     shaping: list | None = None  # each recorded forward's output-shaping arguments (:func:`shaping_of`), replayed
+    foreign: str | None = None  # the first point set by hand or merged from another recording: not completable
     _parts: dict[str, list]  # each name's parts, one per forward (set in __new__)
 
     def __new__(cls, *_args: Any, **_kwargs: Any) -> Cache:
@@ -219,10 +220,17 @@ class Cache(MutableMapping):
 
     def append(self, name: str, value: Any) -> None:
         """One more forward's activation at ``name``, joined on batch with the earlier ones when read."""
-        if name not in self:  # (an unhashable name is simply not there, and refused by __setitem__)
-            self[name] = value
+        if name not in self:  # (an unhashable name is simply not there, and refused by _store)
+            self._store(name, value)  # the recording's own: not "set by hand" (__setitem__)
             return
         self._parts[name].append(value)
+
+    def _store(self, name: str, value: Any) -> None:
+        try:
+            self._parts[name] = [value]
+        except TypeError:  # an unhashable name (a list): one line, as reading or deleting it says
+            raise MechkitError(f"a cache is keyed by hook names; {name!r} cannot be one"[:200],
+                               "store under a hook name (a string), e.g. cache[\"blocks.0.hook_resid_post\"] = t") from None
 
     @classmethod
     def fromkeys(cls, names: Any, value: Any = None) -> Cache:
@@ -259,12 +267,45 @@ class Cache(MutableMapping):
         return torch.cat(parts, dim=0)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        """``value`` is one part: a tensor stored is read back whole (batch dimension kept)."""
-        try:
-            self._parts[name] = [value]
-        except TypeError:  # an unhashable name (a list): one line, as reading or deleting it says
-            raise MechkitError(f"a cache is keyed by hook names; {name!r} cannot be one"[:200],
-                               "store under a hook name (a string), e.g. cache[\"blocks.0.hook_resid_post\"] = t") from None
+        """``value`` is one part: a tensor stored is read back whole (batch dimension kept). Stored in a recording
+        (one with a model), it is no activation of the recorded forwards that the recording can vouch for: the
+        cache is then no longer completable (:attr:`foreign`), or a completion would have set the points it
+        records again on those forwards next to it (reading what it holds is unchanged)."""
+        held = self._parts.get(name) if isinstance(name, str) else None
+        self._store(name, value)
+        if self.handle is not None and self.foreign is None and not (held is not None and len(held) == 1
+                                                                     and held[0] is value):  # c[n] = c[n]: the same
+            self.foreign = str(name)
+
+    def update(self, other: Any = (), /, **more: Any) -> None:
+        """As a dict updates. Another recording's cache of the same model, token ids and logits (the same
+        forwards recorded twice) is merged as part of this recording, its parts as they were; anything else
+        stored in a recording (another recording's points, a plain dict's) makes it not completable
+        (:meth:`__setitem__`): ``c1 | c2`` of two inputs was completed on ``c1``'s ids alone, silently."""
+        if isinstance(other, Cache) and other is not self and self.handle is not None and self._same_recording(other):
+            for name, parts in other._parts.items():
+                self._parts[name] = list(parts)
+            self.continued = self.continued or other.continued
+            self.foreign = self.foreign or other.foreign
+            other = ()
+        super().update(other, **more)
+
+    def _same_recording(self, other: Cache) -> bool:
+        """Whether ``other`` recorded the forwards this cache recorded: the same model (one handle), the same
+        token ids of each forward (``torch.equal``), output shaping and logits (:func:`_same_mark`, both
+        kept on the native backend; a traced backend keeps none, so nothing tells)."""
+        if other.handle is not self.handle or self.inputs is None or other.inputs is None:
+            return False
+        if len(self.inputs) != len(other.inputs) or not all(
+                a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu())) for a, b in zip(self.inputs, other.inputs, strict=True)):
+            return False
+        mine, theirs = self.marks or [None] * len(self.inputs), other.marks or [None] * len(other.inputs)
+        if len(mine) != len(theirs) or any((a is None) != (b is None) or (a is not None and (
+                _kind(a) != _kind(b) or not _same_mark(a, b))) for a, b in zip(mine, theirs, strict=True)):
+            return False
+        mine, theirs = self.shaping or [{}] * len(self.inputs), other.shaping or [{}] * len(other.inputs)
+        return len(mine) == len(theirs) and all(a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+                                                for a, b in zip(mine, theirs, strict=True))
 
     def __delitem__(self, name: str) -> None:
         if name not in self:
@@ -328,7 +369,7 @@ class Cache(MutableMapping):
         new = type(self)()
         new._parts = {name: list(parts) for name, parts in self._parts.items()}
         new.handle, new.inputs, new.continued, new.marks = self.handle, self.inputs, self.continued, self.marks
-        new.shaping = self.shaping
+        new.shaping, new.foreign = self.shaping, self.foreign
         return new
 
     __copy__ = copy  # copy.copy would share the parts dict
@@ -392,13 +433,27 @@ class Cache(MutableMapping):
                     patterns, list | tuple | set | frozenset) else ():
                 if isinstance(pattern, str):
                     resolve(self.handle.anatomy, pattern)  # its own one line: "no hook point matches …"
+            if self.foreign is not None and not self._complete(patterns, check=True):
+                # nothing lacking, yet {} would read "these points are one forward's": they are not known to be
+                raise self._not_completable(None)
         return self._complete(patterns)
 
-    def _complete(self, patterns: Any, servable: bool = False) -> dict:
+    def _not_completable(self, lacks: str | None) -> MechkitError:
+        """The one line refusing a completion of a cache some of whose points were stored by hand or merged from
+        another recording (:attr:`foreign`): recorded again on this cache's forwards, the points it lacks would
+        sit next to activations of other inputs (or of none)."""
+        why = ("recorded again on its own forwards they would be another forward's activations" if lacks else
+               "a completion cannot tell that what it holds is one forward's (nothing is missing)")
+        return MechkitError(f"{lacks + ', and p' if lacks else 'P'}oints of this cache were set by hand or merged from "
+                            f"another recording (first {self.foreign}): {why}", "record every point needed in one run (mk.record(m, [...]) "
+                            "naming them all, or mk.record(m, \"*\")); read what it holds as it is")
+
+    def _complete(self, patterns: Any, servable: bool = False, check: bool = False) -> Any:
         """:meth:`completion` without the check that each pattern matches: TransformerLens' needs name points
         a family may lack (the resid_mid of a parallel block), which are simply not recorded. What is missing
         is found first, and ``{}`` comes back only when nothing is: a recording that cannot be run again (through
-        a traced backend, of ``inputs_embeds``, with no model) came back as ``{}`` too, which read as complete."""
+        a traced backend, of ``inputs_embeds``, with no model) came back as ``{}`` too, which read as complete.
+        ``check``: only the names missing (nothing is run or refused past that)."""
         if isinstance(patterns, str):  # one pattern, not its letters
             patterns = (patterns,)
         if not isinstance(patterns, list | tuple | set | frozenset) or not all(isinstance(p, str) for p in patterns):
@@ -420,9 +475,13 @@ class Cache(MutableMapping):
 
             lacked = {name: p for name, p in lacked.items() if p.suffix in ORDER}
         missing = list(lacked)
+        if check:
+            return missing
         if not missing:
             return {}
         lacks = _lacks(missing)
+        if self.foreign is not None:
+            raise self._not_completable(lacks)
         if handle.backend.traced:  # its forwards ran inside traces: no token ids were kept to run them again
             from mechkit.hooking.traced import ORDER
 
