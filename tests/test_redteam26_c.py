@@ -14,11 +14,11 @@ from mechkit.errors import MechkitError
 from mechkit.plugin_key import plugin_code
 
 
-class Prompt(str, enum.Enum):
+class Prompt(str, enum.Enum):  # noqa: UP042 - the str mixin, whose str() is "Prompt.CAT" (StrEnum's is its text)
     CAT = "The cat sat on the mat. The cat sat on the mat."
 
 
-class Mode(str, enum.Enum):
+class Mode(str, enum.Enum):  # noqa: UP042 - as Prompt
     ZERO = "zero"
 
 
