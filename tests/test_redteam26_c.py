@@ -85,3 +85,15 @@ def test_nan_logits_from_a_rotary_base_of_zero_name_rope_theta(tmp_path):
     with pytest.raises(MechkitError, match="NaN|inf") as err:
         mk.run("inspect", model=path, write=False, seq_len=16, repeats=1)
     assert "rope_theta" in err.value.fix
+
+
+@pytest.mark.parametrize("heads", [[{"head": 99, "layer": 0}], [{"head": 0, "layer": 5}], [{"head": -1, "layer": 0}],
+                                   [{"head": True, "layer": 0}], ["0.1"]])
+def test_a_vector_whose_heads_are_not_the_models_is_refused_before_the_evaluation(heads, tmp_path):
+    from mechkit.actvec import ActivationVector
+
+    m = mk.load_model("tiny:llama")
+    vector = ActivationVector(vector=mk.load_model("tiny:llama").model.model.embed_tokens.weight[0].detach().clone(),
+                              method="function-vector", task="capitalize", layer=0, mode="add", heads=heads)
+    with pytest.raises(MechkitError, match="no head of this model"):
+        vector.check(m)
