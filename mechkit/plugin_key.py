@@ -263,8 +263,12 @@ class _Reach:
     def dispatch(self, value: Any, depth: int) -> None:
         import collections
         import types
+        import weakref
 
         kind = type(value)
+        if issubclass(kind, weakref.WeakKeyDictionary | weakref.WeakValueDictionary | weakref.WeakSet):
+            self.put("weak", kind.__qualname__)  # a cache by nature (singledispatch's dispatch_cache fills on each
+            return  # call): followed, a helper called once changed the key, and an interrupted run never resumed
         if issubclass(kind, types.FunctionType):
             self.function(value, depth)
         elif issubclass(kind, types.MethodType | staticmethod | classmethod):

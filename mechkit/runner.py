@@ -614,7 +614,8 @@ def refuse_non_finite_logits(handle, logits) -> None:
                        "it computes can be analysed",
                        ("load it in float32 (--dtype float32, dtype=\"float32\"): activations beyond float16's "
                         "range overflow; " if half else "") + "check config.json for a value that makes a norm or "
-                       "softmax divide by zero or take a root of a negative (rms_norm_eps or layer_norm_eps <= 0)"
+                       "softmax divide by zero or take a root of a negative (rms_norm_eps or layer_norm_eps <= 0) or "
+                       "a rotary base of 0 (rope_theta, in rope_parameters or rope_scaling)"
                        + ("" if half else "; in float16, try --dtype float32 or bfloat16"))
 
 

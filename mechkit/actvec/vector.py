@@ -214,6 +214,13 @@ class ActivationVector:
         if self.layer + self.span > n_layers:
             raise MechkitError(f"layers {self.layer}..{self.layer + self.span - 1} do not all exist "
                                f"(the model has {n_layers})", "use a vector made for this model")
+        a = handle.anatomy
+        for head in self.heads:  # drawn on the report's head grid: one outside it failed after the evaluation
+            layer, index = (head.get("layer"), head.get("head")) if isinstance(head, dict) else (None, None)
+            if not (type(layer) is int and type(index) is int and 0 <= layer < n_layers
+                    and 0 <= index < a.heads_in(layer)):
+                raise MechkitError(f"the vector's heads list {head!r}, which is no head of this model "
+                                   f"({n_layers} layers of {a.n_heads} heads)", "use a vector made for this model")
         if self.vector.dim() not in (1, 2) or (self.vector.dim() == 2 and self.vector.shape[0] != n_layers):
             raise MechkitError(f"vector shape {list(self.vector.shape)} is neither [d_model] nor "
                                f"[{n_layers} layers, d_model]", "use a vector extracted from this model")

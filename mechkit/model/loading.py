@@ -303,6 +303,11 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
             raise ModelLoadError(f"the weights in {path} do not have the shapes its config.json gives them",
                                  "use the config.json saved with these weights (a pruned model's has a "
                                  "mechkit_pruning entry), or re-export the directory") from err
+        unknown = _config_fields_holding(path, err.args[0]) if isinstance(err, KeyError) and err.args else []
+        if unknown:  # transformers' table of activations (ACT2FN) or of RoPE types has no such entry
+            raise ModelLoadError(f"could not load the model in {path}: its config.json sets {unknown[0]} to "
+                                 f"{err.args[0]!r}, which transformers does not know",
+                                 f"fix {unknown[0]} in config.json (the value the weights were made with)") from err
         raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)
@@ -479,3 +484,23 @@ def _load_hub(repo_id: str, torch_dtype, placed: Dispatch | None = None):
         hub_log.setLevel(level)
     refuse_load_gaps(info, repo_id)
     return model, tok
+
+
+def _config_fields_holding(path: Path, value: object) -> list[str]:
+    """The top-level fields of ``path/config.json`` (and of a dict inside one) whose value is ``value``: a
+    KeyError transformers raises while building the model names the value it could not look up (an unknown
+    ``hidden_act``), and its fix is in config.json, not in re-exporting weights that are fine."""
+    import json
+
+    from mechkit.io.read import read_regular_text
+
+    try:
+        config = json.loads(read_regular_text(path / "config.json") or "{}")
+    except (ValueError, RecursionError):
+        return []
+    found = []
+    for key, held in config.items() if isinstance(config, dict) else ():
+        inner = held.items() if isinstance(held, dict) else ()
+        found += [key] if held == value else [f"{key}.{k}" for k, v in inner if v == value]
+    return found
+

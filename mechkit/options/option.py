@@ -308,7 +308,7 @@ class Option:
         if kind is str:
             if isinstance(value, str):
                 self._check_utf8(value)
-                return str(value)  # np.str_('x') as 'x'
+                return str.__str__(value)  # np.str_('x') as 'x'; a str Enum as its text, not its str() ('P.CAT')
             if not getattr(self.parse, "numbers_as_text", True) and _holds_number(value):
                 raise OptionError(f"{self.flag} {show(value)}: a number cannot name a head (2.10 and 2.1 are the "
                                   "same float)", f"pass {self.flag} as text ('2.10') or as mk.Head(2, 10)")
