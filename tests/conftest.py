@@ -219,3 +219,55 @@ def put_files(folder, files: dict) -> None:
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
+
+
+def temp_dir_in(tmp_path, monkeypatch):
+    """A fresh ``tmp_path/t`` as Python's temporary directory (``$TMPDIR``) for one test."""
+    import tempfile
+
+    where = tmp_path / "t"
+    where.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(where))
+    return where
+
+
+def forwards(*lengths: int):
+    """An edit (for :func:`edit_plugin`) that runs forwards of these lengths and changes nothing itself."""
+    def edit(h):
+        import torch
+
+        with torch.no_grad():
+            for n in lengths:
+                h.model(torch.arange(n).unsqueeze(0) % 200 + 3)
+    return edit
+
+
+def kill_then_rerun(script, tmp_path, first: str, second: str, kill_var: str) -> str:
+    """Run ``script first OUT`` with ``kill_var`` set (it exits 9 after a step), then ``script second OUT``:
+    the last line the rerun prints (its results)."""
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mk.__file__)))
+    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, str(script), first, str(tmp_path / "out")], capture_output=True,
+                            text=True, env={**env, kill_var: "1"}, timeout=300)
+    assert killed.returncode == 9, killed.stderr[-2000:]
+    again = subprocess.run([sys.executable, str(script), second, str(tmp_path / "out")], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    return again.stdout.strip().splitlines()[-1]
+
+
+def returning_files(files, name: str = "rt-files"):
+    """A plugin (no model needed) returning ``files`` as its ``Result.files`` (a callable: called in the run)."""
+    class ReturnsFiles(mk.Plugin):
+        version = "0.1"
+        summary = "returns files"
+        needs_model = False
+
+        def run(self, ctx):
+            return mk.Result(results={"a": 1}, files=files() if callable(files) else files)
+
+    ReturnsFiles.name = name
+    return ReturnsFiles

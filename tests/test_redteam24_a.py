@@ -26,19 +26,11 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
+from tests.conftest import temp_dir_in
 
 DEAD = 999999  # no such process
 NAME = f"mechkit-pruned-{DEAD}-0a1b2c3d"
 MODEL = {"model.safetensors": "w" * 100, "config.json": "{}"}
-
-
-def _tmpdir(tmp_path: Path, monkeypatch) -> Path:
-    import tempfile
-
-    where = tmp_path / "t"
-    where.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(where))
-    return where
 
 
 def _folder(path: Path, files: dict[str, str]) -> Path:
@@ -81,7 +73,7 @@ def _clear(root: Path) -> None:
     NAME,
 ])
 def test_another_users_entries_in_tmpdir_are_neither_listed_nor_removed(tmp_path, monkeypatch, entry):
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     path = where / entry
     if entry.endswith(("-lock", "-replace")):
         path.write_text("1\n" if entry.endswith("-lock") else '{"names": []}')
@@ -101,7 +93,7 @@ def test_another_users_entries_in_tmpdir_are_neither_listed_nor_removed(tmp_path
     (".mechkit-pruned-my-notes.mechkit-lock", None),
 ])
 def test_this_users_entries_that_are_not_provably_mechkits_are_kept(tmp_path, monkeypatch, entry, files):
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     path = where / entry
     if files is None:
         path.write_text("1\n")
@@ -118,7 +110,7 @@ def test_entries_beside_another_users_prepared_folder_are_kept(tmp_path, monkeyp
     """The hidden folder is this user's, but the prepared folder it belongs to is not."""
     from mechkit.io.leftovers import stale_prepared
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     if os.geteuid() != 0:
         pytest.skip("needs two owners at once (root's chown)")
     theirs = _folder(where / NAME, MODEL)
@@ -130,7 +122,7 @@ def test_entries_beside_another_users_prepared_folder_are_kept(tmp_path, monkeyp
 
 
 def test_this_users_dead_prepared_entries_are_still_cleared(tmp_path, monkeypatch):
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     folder = _folder(where / NAME, MODEL)
     beside = _folder(where / f".{NAME}.tmp-{DEAD}-11111111", MODEL)
     lock = where / f".{NAME}.mechkit-lock"
@@ -155,7 +147,7 @@ def _hold_in_child(path: Path) -> subprocess.Popen:
 def test_a_prepared_folder_held_by_another_namespaces_run_is_live(tmp_path, monkeypatch, beside):
     from mechkit.io.leftovers import make_prepared_dir, stale_prepared
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     folder = _folder(where / NAME, MODEL)  # its pid is another namespace's: not one this process sees
     extra = _folder(where / beside, MODEL) if beside else None
     child = _hold_in_child(folder)
@@ -176,7 +168,7 @@ def test_a_saved_prepared_folder_stays_held_until_the_report_moved_it(tmp_path, 
     from mechkit.pruning import study as study_mod
     from mechkit.report.writer import move_prepared
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
 
     def save(_pruned, out):
         for name, text in MODEL.items():
@@ -203,7 +195,7 @@ def test_a_saved_prepared_folder_stays_held_until_the_report_moved_it(tmp_path, 
 def test_a_prepared_folder_that_failed_to_save_is_removed_and_let_go(tmp_path, monkeypatch):
     from mechkit.pruning import study as study_mod
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
 
     def fail(_pruned, out):
         raise OSError(errno.ENOSPC, "No space left on device", str(out))
@@ -222,7 +214,7 @@ def test_a_prepared_folder_removed_before_its_move_is_one_line_and_no_report(tmp
     from mechkit.io.leftovers import make_prepared_dir
     from mechkit.report import build_report, write_report
 
-    _tmpdir(tmp_path, monkeypatch)
+    temp_dir_in(tmp_path, monkeypatch)
     src = make_prepared_dir()
     (src / "model.safetensors").write_text("w")
     shutil.rmtree(src)  # a tmp cleaner

@@ -22,6 +22,7 @@ import torch
 
 import mechkit as mk
 from mechkit.plugin_key import plugin_code
+from tests.conftest import kill_then_rerun
 
 _PLUGIN = """
 class P(mk.Plugin):
@@ -92,15 +93,7 @@ def test_a_cell_with_an_edited_helper_in_a_set_killed_after_a_step_does_not_resu
         ''', "<cell>", "exec"), g)
         print(mk.run(g["P"], model="tiny:llama", out=sys.argv[2], force=True).results)
     """))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mk.__file__)))
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": root}
-    killed = subprocess.run([sys.executable, str(script), "1", str(tmp_path / "out")], capture_output=True,
-                            text=True, env={**env, "RT24B_KILL": "1"}, timeout=300)
-    assert killed.returncode == 9, killed.stderr[-2000:]
-    again = subprocess.run([sys.executable, str(script), "2", str(tmp_path / "out")], capture_output=True,
-                           text=True, env=env, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.strip().splitlines()[-1] == "{'a': 2, 'b': 2}"
+    assert kill_then_rerun(script, tmp_path, "1", "2", "RT24B_KILL") == "{'a': 2, 'b': 2}"
 
 
 # ---- R3/R4: the same cell gets the same key in another process -------------------------------------------

@@ -20,7 +20,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError, ModelLoadError
-from tests.conftest import cli_in_process, edit_plugin
+from tests.conftest import cli_in_process, edit_plugin, forwards
 
 
 def _refusal(edit, model="tiny:llama") -> str:
@@ -93,14 +93,6 @@ def longrope_dir(tmp_path_factory) -> Path:
                                        "original_max_position_embeddings": 16, **factors})
 
 
-def _forwards(*lengths):
-    def edit(h):
-        with torch.no_grad():
-            for n in lengths:
-                h.model(torch.arange(n).unsqueeze(0) % 200 + 3)
-    return edit
-
-
 def _rope(h):
     return h.model.model.rotary_emb
 
@@ -108,7 +100,7 @@ def _rope(h):
 @pytest.mark.parametrize("edit,name", [
     (lambda h: _rope(h).original_inv_freq.mul_(2.0), "model.rotary_emb.original_inv_freq"),
     (lambda h: _rope(h).original_inv_freq.zero_(), "model.rotary_emb.original_inv_freq"),
-    (lambda h: (_forwards(80)(h), _rope(h).original_inv_freq.add_(1e-3)), "model.rotary_emb.original_inv_freq"),
+    (lambda h: (forwards(80)(h), _rope(h).original_inv_freq.add_(1e-3)), "model.rotary_emb.original_inv_freq"),
     (lambda h: _rope(h).register_buffer("original_inv_freq", _rope(h).original_inv_freq * 3, persistent=False),
      "model.rotary_emb.original_inv_freq"),
 ])
@@ -128,11 +120,11 @@ def test_a_buffer_added_removed_or_nudged_is_refused_by_name(edit, what):
 @pytest.mark.parametrize("lengths", [(80,), (80, 8), (40, 60, 100), (8, 80)])
 def test_a_plugin_that_ran_long_forwards_on_a_dynamic_rope_passes_and_an_edit_does_not(dynamic_dir, lengths):
     h = mk.load_model(str(dynamic_dir))
-    _passes(_forwards(*lengths), h)  # transformers recomputes inv_freq for the longest input: no change
+    _passes(forwards(*lengths), h)  # transformers recomputes inv_freq for the longest input: no change
     grown = _rope(h).inv_freq.clone()
 
     def edit(m):  # what no forward computes: refused, although max_seq_len_cached says a long one ran
-        _forwards(*lengths)(m)
+        forwards(*lengths)(m)
         _rope(m).inv_freq.mul_(1.5)
 
     said = _refusal(edit, h)  # after a short forward inv_freq is original_inv_freq itself: either is named
@@ -143,10 +135,10 @@ def test_a_plugin_that_ran_long_forwards_on_a_dynamic_rope_passes_and_an_edit_do
 @pytest.mark.parametrize("lengths", [(40,), (40, 8), (8, 40, 60)])
 def test_long_forwards_on_a_longrope_pass_and_its_long_set_replaced_is_refused(longrope_dir, lengths):
     h = mk.load_model(str(longrope_dir))
-    _passes(_forwards(*lengths), h)  # its long set, kept as a plain attribute, is what transformers computes
+    _passes(forwards(*lengths), h)  # its long set, kept as a plain attribute, is what transformers computes
 
     def edit(m):
-        _forwards(*lengths)(m)
+        forwards(*lengths)(m)
         _rope(m).long_inv_freq = _rope(m).long_inv_freq * 2
 
     assert "its buffer model.rotary_emb.long_inv_freq holds other values" in _refusal(edit, h)

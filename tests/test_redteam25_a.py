@@ -20,17 +20,9 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError, PluginError
+from tests.conftest import returning_files, temp_dir_in
 
 MODEL = {"model.safetensors": "w" * 100, "config.json": "{}"}
-
-
-def _tmpdir(tmp_path: Path, monkeypatch) -> Path:
-    import tempfile
-
-    where = tmp_path / "t"
-    where.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(where))
-    return where
 
 
 def _prepared_left(where: Path) -> list[str]:
@@ -89,7 +81,7 @@ def _preparing(end: str, returned: dict | None = None):
     ("bad-file", PluginError),  # check_result refuses another of its files
 ])
 def test_a_refused_run_leaves_no_prepared_model_behind_nor_held(end, raised, tmp_path, monkeypatch):
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     extra = {"gone": tmp_path / "missing.bin"} if end == "bad-file" else None
     fds = len(os.listdir("/proc/self/fd"))
     for _ in range(2):  # every try: none accumulate
@@ -101,17 +93,17 @@ def test_a_refused_run_leaves_no_prepared_model_behind_nor_held(end, raised, tmp
 
 
 def test_an_unwritten_run_and_a_written_one_end_with_their_prepared_model_gone(tmp_path, monkeypatch):
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     run = mk.run(_preparing("unwritten"), model="tiny:llama", write=False)
     assert run.out_dir is None and _prepared_left(where) == []
     mk.run(_preparing("written"), model="tiny:llama", out=tmp_path / "out")
     assert (tmp_path / "out" / "model" / "model.safetensors").exists() and _prepared_left(where) == []
 
 
-def test_prune_save_model_refused_by_its_report_write_leaves_nothing_in_tmpdir(tmp_path, monkeypatch):
+def test_prune_save_model_refused_by_its_report_write_leaves_nothing_intemp_dir_in(tmp_path, monkeypatch):
     import mechkit.report as report
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
 
     def full(out, *_args, **_kwargs):  # --out on a full 20 KB tmpfs
         raise MechkitError(f"cannot write {out}: no space left on the device", "free some space there")
@@ -147,7 +139,7 @@ def _dead_with_journal(where: Path, text: str, pid: int = 999994) -> tuple[Path,
 def test_a_damaged_journal_in_tmpdir_never_blocks_the_next_save(text, tmp_path, monkeypatch, capsys):
     from mechkit.io.leftovers import make_prepared_dir, release_prepared, stale_prepared
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     folder, journal = _dead_with_journal(where, text)
     assert journal not in stale_prepared(where)  # cache list does not count what clear will not remove
     made = make_prepared_dir()  # prune --save-model's: it failed after the work
@@ -162,7 +154,7 @@ def test_cache_clear_leftovers_skips_a_damaged_journal_and_clears_the_rest(text,
     from mechkit.io.disk_cache import LEFTOVERS, clear_cache, list_cache
     from mechkit.io.leftovers import clean_leftovers
 
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     _, journal = _dead_with_journal(where, text)
     other = where / "mechkit-pruned-999995-abcdabcd"  # another killed run's model
     other.mkdir()
@@ -186,17 +178,9 @@ def test_cache_clear_leftovers_skips_a_damaged_journal_and_clears_the_rest(text,
 
 # G3: a Path of a file is moved in across file systems; one neither file nor folder is refused early -------------
 
-def _returning(files: dict):
-    class P(mk.Plugin):
-        name = "rt25a-files"
-        version = "0.1"
-        summary = "returns files"
-        needs_model = False
 
-        def run(self, ctx):
-            return mk.Result(results={"a": 1}, files=files)
-
-    return P
+def _returning(files):
+    return returning_files(files, "rt25a-files")
 
 
 def _cross_device(monkeypatch, src: Path) -> list[tuple[str, bool]]:
@@ -276,7 +260,7 @@ def _special(tmp_path: Path, kind: str) -> Path:
 @pytest.mark.parametrize("kind, words", [("missing", "missing"), ("link", "a symbolic link"), ("fifo", "a FIFO"),
                                          ("socket", "a socket")])
 def test_a_path_neither_file_nor_folder_is_refused_before_the_writer(kind, words, tmp_path, monkeypatch):
-    where = _tmpdir(tmp_path, monkeypatch)
+    where = temp_dir_in(tmp_path, monkeypatch)
     bad = _special(tmp_path, kind)
     out = tmp_path / "out"
     keep = os.open(bad, os.O_RDWR | os.O_NONBLOCK) if kind == "fifo" else None  # a writer: an open never hangs
@@ -296,7 +280,7 @@ def test_a_path_neither_file_nor_folder_is_refused_before_the_writer(kind, words
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_a_path_outside_the_temporary_directory_is_left_where_it_is_when_the_run_is_refused(kind, tmp_path,
                                                                                            monkeypatch):
-    _tmpdir(tmp_path, monkeypatch)  # $TMPDIR is tmp_path/t: the user's path below is outside it
+    temp_dir_in(tmp_path, monkeypatch)  # $TMPDIR is tmp_path/t: the user's path below is outside it
     mine = tmp_path / "user" / "notes"
     if kind == "file":
         mine.parent.mkdir()

@@ -13,9 +13,6 @@ edited pattern or helper resumed on steps the old one computed.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -25,6 +22,7 @@ import mechkit as mk
 from mechkit.errors import MechkitError
 from mechkit.hooking.cache import Cache
 from mechkit.plugin_key import plugin_code
+from tests.conftest import kill_then_rerun
 
 # ---- H1: a recording that cannot be run again refuses what it lacks ------------------------------------------
 
@@ -173,12 +171,4 @@ def test_a_cell_with_an_edited_pattern_and_wrapped_helper_killed_after_its_steps
         ''', "<cell>", "exec"), g)
         print(mk.run(g["P"], model="tiny:llama", out=sys.argv[2], force=True).results)
     """))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mk.__file__)))
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run([sys.executable, str(script), "one", str(tmp_path / "out")], capture_output=True,
-                            text=True, env={**env, "RT25B_KILL": "1"}, timeout=300)
-    assert killed.returncode == 9, killed.stderr[-2000:]
-    again = subprocess.run([sys.executable, str(script), "two", str(tmp_path / "out")], capture_output=True,
-                           text=True, env=env, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.strip().splitlines()[-1] == "{'a': 'two', 'b': 'two', 'now': 'twotwo'}"
+    assert kill_then_rerun(script, tmp_path, "one", "two", "RT25B_KILL") == "{'a': 'two', 'b': 'two', 'now': 'twotwo'}"

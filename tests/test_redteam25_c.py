@@ -17,7 +17,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.conftest import edit_plugin
+from tests.conftest import edit_plugin, forwards
 
 FAMILIES = ("llama", "qwen2", "gemma2")
 
@@ -41,14 +41,6 @@ def dynamic(tmp_path_factory):
             for f in FAMILIES for n in (8, 16, 32)}
 
 
-def _forwards(*lengths):
-    def edit(h):
-        with torch.no_grad():
-            for n in lengths:
-                h.model(torch.arange(n).unsqueeze(0) % 200 + 3)
-    return edit
-
-
 def _rope(h):
     return h.model.model.rotary_emb
 
@@ -70,7 +62,7 @@ def _refusal(edit, handle) -> str:
 @pytest.mark.parametrize("trained,lengths", [(16, (40,)), (16, (17,)), (8, (40,)), (8, (100, 20)), (16, (8, 40))])
 def test_a_long_forward_on_a_dynamic_rope_trained_for_the_probe_length_passes(dynamic, family, trained, lengths):
     h = mk.load_model(dynamic[(family, trained)])
-    run = _run(_forwards(*lengths), h)
+    run = _run(forwards(*lengths), h)
     assert all(run.report["checks"].values())
     assert int(_rope(h).max_seq_len_cached) == max(lengths)  # left as transformers left it: the probe put it back
 
@@ -79,7 +71,7 @@ def test_a_long_forward_on_a_dynamic_rope_trained_for_the_probe_length_passes(dy
 @pytest.mark.parametrize("length", [40, 60])
 def test_the_probe_leaves_a_grown_rope_as_it_found_it(dynamic, family, length):
     h = mk.load_model(dynamic[(family, 32)])  # the probe's 16 tokens reset a RoPE trained for 32
-    _forwards(length)(h)
+    forwards(length)(h)
     grown = _rope(h).inv_freq.clone()
     _run(lambda m: None, h)
     assert int(_rope(h).max_seq_len_cached) == length
@@ -104,7 +96,7 @@ def test_a_recorded_length_left_changed_is_refused_naming_it(dynamic, family, va
 @pytest.mark.parametrize("trained", [16, 32])
 def test_grown_frequencies_reset_by_hand_while_the_length_stays_are_refused(dynamic, family, trained):
     h = mk.load_model(dynamic[(family, trained)])
-    _forwards(40)(h)  # the caller's own long input, before the run
+    forwards(40)(h)  # the caller's own long input, before the run
 
     def edit(m):
         _rope(m).register_buffer("inv_freq", _rope(m).original_inv_freq, persistent=False)
@@ -118,10 +110,10 @@ def test_grown_frequencies_reset_by_hand_while_the_length_stays_are_refused(dyna
 def test_what_a_forward_leaves_passes_where_the_same_state_set_by_hand_with_another_length_does_not(
         dynamic, family, lengths):
     h = mk.load_model(dynamic[(family, 32)])
-    _run(_forwards(*lengths), h)  # grown, or reset by the short one: transformers' own states pass
+    _run(forwards(*lengths), h)  # grown, or reset by the short one: transformers' own states pass
 
     def edit(m):
-        _forwards(*lengths)(m)
+        forwards(*lengths)(m)
         _rope(m).max_seq_len_cached = int(_rope(m).max_seq_len_cached) + 7
 
     assert "max_seq_len_cached was set to" in _refusal(edit, h)

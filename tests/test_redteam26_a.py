@@ -19,6 +19,7 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError, PluginError
+from tests.conftest import returning_files
 
 NESTED = "[" * 200000 + "]" * 200000
 
@@ -32,17 +33,9 @@ def _tmpdir(tmp_path: Path, monkeypatch) -> Path:
     return where
 
 
+
 def _returning(files):
-    class P(mk.Plugin):
-        name = "rt26a-files"
-        version = "0.1"
-        summary = "returns files"
-        needs_model = False
-
-        def run(self, ctx):
-            return mk.Result(results={"a": 1}, files=files() if callable(files) else files)
-
-    return P
+    return returning_files(files, "rt26a-files")
 
 
 class Hung(BaseException):

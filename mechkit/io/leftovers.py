@@ -114,16 +114,20 @@ def is_mechkit_temp(name: str) -> bool:
     return any(p.match(name) for p in (_TMP, _OLD_TMP_FILE, _OLD, _LOCK, _JOURNAL))
 
 
+def _entries(folder: Path) -> list[Path]:
+    """``folder``'s entries in name order; none where it cannot be listed (gone, unreadable)."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
+
+
 def stale_leftovers(folder: Path, name: str | None = None, locked: bool = False, prefix: str = "") -> list[Path]:
     """Leftovers of killed writers in ``folder`` (only those of target ``name`` when given, of targets whose
     name starts with ``prefix`` when given). ``locked``: the caller holds ``name``'s lock, so no other writer
     of it runs and its lock file is its own. A directory holding a mount point is none (see the module)."""
-    try:
-        entries = sorted(folder.iterdir())
-    except OSError:
-        return []
     found = []
-    for p in entries:
+    for p in _entries(folder):
         for pattern in (_TMP, _OLD, _LOCK, _JOURNAL) if name is None else (_TMP, _OLD, _LOCK, _JOURNAL, _OLD_TMP_FILE):
             m = pattern.match(p.name)
             if m and (name is None or m["name"] == name) and m["name"].startswith(prefix) \
@@ -139,12 +143,8 @@ def unreadable_journals(folder: Path, prefix: str = "") -> list[tuple[Path, Mech
     """The journals in ``folder`` that no roll-back can read (damaged, or naming no folder mechkit makes) and
     no running writer holds, each with the one line saying why and what to do: a sweep of leftovers skips them
     (they need a hand), so that one never fails ``cache clear`` whole or an unrelated run's save."""
-    try:
-        entries = sorted(folder.iterdir())
-    except OSError:
-        return []
     found = []
-    for p in entries:
+    for p in _entries(folder):
         m = _JOURNAL.match(p.name)
         if m and m["name"].startswith(prefix) and _readable_journal(p, prefix) and not _held(folder, m["name"]):
             problem = journal_problem(folder / m["name"])
