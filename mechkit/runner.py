@@ -482,6 +482,10 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
                               f"{type(values[bad]).__name__}", fix)
     for name, value in result.files.items():
         kind = _path_kind(value) if isinstance(value, Path) else "file"
+        if kind == "directory":  # what it holds is moved and synced file by file: a FIFO there hung the run
+            inner = next(((p, k) for p in _walk(value) if (k := _path_kind(p)) not in ("file", "directory")), None)
+            if inner is not None:
+                value, kind = inner
         if kind not in ("file", "directory"):
             raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which is {kind}, "
                               "not a regular file or a directory to move into the report", fix)
@@ -492,10 +496,15 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
 def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) -> None:
     """Refuse (one line) a returned ``Path`` that the writer's move would wreck or that is no prepared file:
     ``out`` itself, a folder holding it, one inside it or inside the cache, or one path returned twice."""
+    import tempfile
+
     from mechkit.io.disk_cache import cache_root
 
     places = [("the report folder --out", Path(os.path.realpath(out)))] if out is not None else []
     places.append(("mechkit's cache", Path(os.path.realpath(cache_root()))))
+    shared = [("the temporary directory", tempfile.gettempdir()), ("the working directory", os.getcwd()),
+              ("your home directory", os.path.expanduser("~"))]  # moved whole into a report: only inside them
+    shared_places = [(what, Path(os.path.realpath(place))) for what, place in shared]
     seen: dict[Path, str] = {}
     for name, value in result.files.items():
         if not isinstance(value, Path):
@@ -504,6 +513,8 @@ def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) 
         why = next((f"is {what} ({place})" if real == place else f"holds {what} ({place})" if real in place.parents
                     else f"is inside {what} ({place})" for what, place in places
                     if real == place or real in place.parents or place in real.parents), None)
+        why = why or next((f"is {what} ({place})" if real == place else f"holds {what} ({place})"
+                           for what, place in shared_places if real == place or real in place.parents), None)
         if why is not None:
             result.files = {k: v for k, v in result.files.items() if not isinstance(v, Path)
                             or Path(os.path.realpath(v)) != real}  # the user's: nothing may remove it
@@ -515,6 +526,16 @@ def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) 
                               f"and files[{name!r}]: a prepared file can be moved into the report only once",
                               f"return each prepared path under one name; {fix}")
         seen[real] = name
+
+
+def _walk(folder: Path, limit: int = 100_000) -> list[Path]:
+    """Everything under ``folder``, links not followed, at most ``limit`` entries (a bound on a plugin's folder)."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        found += [Path(root) / n for n in dirs + files]
+        if len(found) >= limit:
+            break
+    return found[:limit]
 
 
 def _path_kind(path: Path) -> str:

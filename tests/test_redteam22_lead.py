@@ -111,12 +111,11 @@ def test_a_full_disk_in_mechkits_own_tmpdir_folder_names_tmpdir():
 def test_a_prepared_folder_moved_onto_a_full_disk_is_one_plain_error_and_leaves_nothing(tmp_path):
     import errno
     import subprocess
-    import tempfile
-    from pathlib import Path
 
+    from mechkit.io.leftovers import make_prepared_dir
     from mechkit.report.writer import move_prepared
 
-    src = Path(tempfile.mkdtemp(prefix="mechkit-pruned-"))
+    src = make_prepared_dir()  # as prune's save makes it
     (src / "model.safetensors").write_bytes(b"\0" * 400_000)
     small = tmp_path / "small"
     small.mkdir()

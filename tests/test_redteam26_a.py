@@ -112,7 +112,7 @@ def test_a_path_returned_twice_is_refused_before_the_writer(kind, tmp_path, monk
     other = where / "." / "prepared" if kind == "alias" else src
     with pytest.raises(PluginError, match="twice"):
         mk.run(_returning({"a": src, "b": other}), out=tmp_path / "out")
-    assert not (tmp_path / "out").exists() and not src.exists()  # a prepared file in $TMPDIR: discarded
+    assert not (tmp_path / "out").exists() and src.exists()  # not mechkit's own prepared folder: left (pass 27)
 
 
 # D2: a copy that fails removes the source only from the temporary directory ----------------------------------------
@@ -149,7 +149,7 @@ def test_a_failed_copy_keeps_a_source_outside_tmpdir_intact(scratch, kind, tmp_p
     _full_disk(monkeypatch, src)
     with pytest.raises(MechkitError, match="(?i)space"):
         mk.run(_returning({"d": src}), out=tmp_path / "out")
-    assert src.exists() != scratch  # removed from $TMPDIR only
+    assert src.exists()  # a path mechkit did not prepare is never removed, in $TMPDIR or not (pass 27)
     if not scratch:
         got = (src / "sub" / "a.bin") if kind == "folder" else src
         assert got.read_bytes() == b"precious data"
@@ -246,3 +246,40 @@ def test_journal_problem_names_a_damaged_journal_without_blocking(kind, tmp_path
     finally:
         _unblock(journal)
     assert isinstance(problem, MechkitError) and str(journal) in problem.problem
+
+
+# --- pass 27: a returned path mechkit did not prepare is never removed; shared folders and special files inside --
+
+
+def test_a_users_folder_in_tmpdir_returned_by_a_plugin_survives_an_unwritten_run(tmp_path, monkeypatch):
+    where = _tmpdir(tmp_path, monkeypatch)
+    mine = where / "my_project"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("precious")
+    mk.run(_returning({"x": mine}), write=False)
+    assert (mine / "thesis.txt").read_text() == "precious"
+
+
+@pytest.mark.parametrize("which", ["tmpdir", "cwd"])
+def test_the_temporary_or_working_directory_returned_is_refused(which, tmp_path, monkeypatch):
+    where = _tmpdir(tmp_path, monkeypatch)
+    (where / "someone_else.txt").write_text("other")
+    work = where / "proj"
+    work.mkdir()
+    (work / "notes.txt").write_text("data")
+    monkeypatch.chdir(work)
+    target = where if which == "tmpdir" else Path(".")
+    with pytest.raises(PluginError, match="temporary directory|working directory"):
+        mk.run(_returning({"x": target}), out=tmp_path / "out")
+    assert (where / "someone_else.txt").exists() and (work / "notes.txt").exists()
+
+
+def test_a_fifo_inside_a_returned_folder_is_refused_before_the_writer(tmp_path, monkeypatch):
+    where = _tmpdir(tmp_path, monkeypatch)
+    folder = where / "prep"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    os.mkfifo(folder / "pipe")
+    with pytest.raises(PluginError, match="a FIFO"):
+        mk.run(_returning({"x": folder}), out=tmp_path / "out")
+    assert not (tmp_path / "out" / "report.json").exists()

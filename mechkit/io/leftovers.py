@@ -333,6 +333,13 @@ def make_prepared_dir() -> Path:
         return path
 
 
+def made_here(path: Path) -> bool:
+    """Whether ``path`` is a folder :func:`make_prepared_dir` made in this process and nothing let go yet: the
+    only returned path a refused run removes. Any path inside ``$TMPDIR`` counted, so a plugin returning a
+    user's own folder there (or the working directory inside it) had it deleted when the run was refused."""
+    return os.path.realpath(path) in _PREPARED_THREADS or os.path.realpath(path) in _PREPARED_LOCKS
+
+
 def release_prepared(path: Path) -> None:
     """Let go of the lock :func:`make_prepared_dir` holds on ``path``, once it has been moved or removed."""
     key = os.path.realpath(path)  # its parent's real path: the name it was given

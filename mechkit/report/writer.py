@@ -191,10 +191,12 @@ def _move_prepared(src: Path, dst: Path) -> None:
 
 
 def _in_scratch(path: Path) -> bool:
-    """Whether ``path`` lies inside the temporary directory (both resolved), where a plugin prepares its files."""
-    import tempfile
+    """Whether ``path`` is a folder mechkit prepared for this run (:func:`mechkit.io.leftovers.made_here`): the
+    only returned path removed when it cannot be moved in. Anything else a plugin returned (a user's own file,
+    inside ``$TMPDIR`` or not) is left where it is."""
+    from mechkit.io.leftovers import made_here
 
-    return Path(os.path.realpath(tempfile.gettempdir())) in Path(os.path.realpath(path)).parents
+    return made_here(path)
 
 
 def _discard_if_scratch(src: Path) -> None:
