@@ -51,6 +51,8 @@ def changed_buffer(before: dict, after: dict) -> str | None:
     for name in sorted(set(was) | set(now)):
         if was.get(name) == now.get(name) or (name in now and now[name] in library.get(name, ())):
             continue
+        if name not in now and name.endswith("long_inv_freq") and name in library:
+            continue  # a LongRoPE's long set, dropped: its next long forward computes it afresh from the config
         what = ("was removed" if name not in now else "was added" if name not in was else "holds other values")
         return f"its buffer {name} {what} and was not put back: every later forward reads it"
     return changed_rope(before.get("rope", {}), after.get("rope", {}))

@@ -537,8 +537,12 @@ def _changed_param(label: str, was: tuple, now: tuple) -> str:
 
 
 def _changed_attrs(was: tuple, now: tuple) -> str | None:
+    """The first attribute changed, in words: one changed in place is named before one set or deleted, since a
+    change can move an attribute into or out of what is compared apart (``rope_type`` set to ``"dynamic"`` on a
+    default RoPE hands its ``max_seq_len_cached`` to :mod:`.rope`, and "max_seq_len_cached was deleted" named the
+    wrong field)."""
     old, new = dict(was), dict(now)
-    for key in [*old, *(k for k in new if k not in old)]:
+    for key in [*(k for k in old if k in new), *(k for k in old if k not in new), *(k for k in new if k not in old)]:
         a, b = old.get(key), new.get(key)
         if a is None or b is None:
             return f"{key} was {'set' if a is None else 'deleted'} and not put back"
