@@ -24,6 +24,7 @@ from mechkit.io.fs_errors import one_line_errors, refuse_over_file_size_limit
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
+from mechkit.io.returned import odd_entry, relation
 from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
@@ -464,7 +465,8 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
     """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
     plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
     AttributeError; a ``Path`` that is missing, a link or a FIFO failed there after the work, as "removed
-    before it was moved in", which no rerun fixes). A ``Path`` that is ``out`` (``--out``), holds it or lies
+    before it was moved in", which no rerun fixes; a hard link to the user's key was chmod'ed world-readable,
+    a mount inside chmod'ed through: :func:`mechkit.io.returned.odd_entry`). A ``Path`` that is ``out`` (``--out``), holds it or lies
     inside it or inside mechkit's cache is refused too, and dropped from ``files`` so that nothing removes it
     (a folder holding ``--out`` was deleted whole, the user's files in it, after its rename into itself
     failed); so is one returned twice (the second move found it gone, a misleading "removed by a cleaner")."""
@@ -480,22 +482,22 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
         if bad is not None:
             raise PluginError(f"plugin {cls.name!r} returned {what}[{bad!r}] as a "
                               f"{type(values[bad]).__name__}", fix)
-    for name, value in result.files.items():
-        kind = _path_kind(value) if isinstance(value, Path) else "file"
-        if kind == "directory":  # what it holds is moved and synced file by file: a FIFO there hung the run
-            inner = next(((p, k) for p in _walk(value) if (k := _path_kind(p)) not in ("file", "directory")), None)
-            if inner is not None:
-                value, kind = inner
-        if kind not in ("file", "directory"):
-            raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which is {kind}, "
-                              "not a regular file or a directory to move into the report", fix)
     _check_paths(cls, result, out, fix)
+    for name, value in result.files.items():
+        odd = odd_entry(value) if isinstance(value, Path) else None  # moved, chmod'ed and synced file by file
+        if odd is not None:
+            where = f"the path {value}" if odd[0] == value else f"the path {value}, which holds {odd[0]}"
+            raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as {where}, which is {odd[1]}, not "
+                              "a regular file or a directory of its own to move into the report", fix)
     return result
 
 
 def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) -> None:
     """Refuse (one line) a returned ``Path`` that the writer's move would wreck or that is no prepared file:
-    ``out`` itself, a folder holding it, one inside it or inside the cache, or one path returned twice."""
+    ``out`` itself, a folder holding it, one inside it or inside the cache, one that is or holds the temporary,
+    working or home directory, or one path returned twice; each by resolved path and by device and inode
+    (:func:`mechkit.io.returned.relation`: the home directory reached through a bind mount of its parent was
+    moved into a report and deleted)."""
     import tempfile
 
     from mechkit.io.disk_cache import cache_root
@@ -505,56 +507,37 @@ def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) 
     shared = [("the temporary directory", tempfile.gettempdir()), ("the working directory", os.getcwd()),
               ("your home directory", os.path.expanduser("~"))]  # moved whole into a report: only inside them
     shared_places = [(what, Path(os.path.realpath(place))) for what, place in shared]
-    seen: dict[Path, str] = {}
+    seen: dict[Any, str] = {}
     for name, value in result.files.items():
         if not isinstance(value, Path):
             continue
         real = Path(os.path.realpath(value))
-        why = next((f"is {what} ({place})" if real == place else f"holds {what} ({place})" if real in place.parents
-                    else f"is inside {what} ({place})" for what, place in places
-                    if real == place or real in place.parents or place in real.parents), None)
-        why = why or next((f"is {what} ({place})" if real == place else f"holds {what} ({place})"
-                           for what, place in shared_places if real == place or real in place.parents), None)
+        found = [(how, what, place) for what, place in places if (how := relation(real, place)) is not None]
+        found += [(how, what, place) for what, place in shared_places
+                  if (how := relation(real, place)) in ("is", "holds")]  # a file of its own there is fine
+        found.sort(key=lambda f: ("is", "holds", "is inside").index(f[0]))  # the nearest named first
+        why = f"{found[0][0]} {found[0][1]} ({found[0][2]})" if found else None
         if why is not None:
             result.files = {k: v for k, v in result.files.items() if not isinstance(v, Path)
-                            or Path(os.path.realpath(v)) != real}  # the user's: nothing may remove it
+                            or relation(v, real) != "is"}  # the user's: nothing may remove it
             raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which {why}: "
                               "moving it into the report would destroy it", fix.replace(
                                   "it prepared", "it prepared in a temporary folder of its own"))
-        if real in seen:
-            raise PluginError(f"plugin {cls.name!r} returned the path {value} twice, as files[{seen[real]!r}] "
+        key = _identity(real)
+        if key in seen:
+            raise PluginError(f"plugin {cls.name!r} returned the path {value} twice, as files[{seen[key]!r}] "
                               f"and files[{name!r}]: a prepared file can be moved into the report only once",
                               f"return each prepared path under one name; {fix}")
-        seen[real] = name
+        seen[key] = name
 
 
-def _walk(folder: Path, limit: int = 100_000) -> list[Path]:
-    """Everything under ``folder``, links not followed, at most ``limit`` entries (a bound on a plugin's folder)."""
-    found: list[Path] = []
-    for root, dirs, files in os.walk(folder):
-        found += [Path(root) / n for n in dirs + files]
-        if len(found) >= limit:
-            break
-    return found[:limit]
-
-
-def _path_kind(path: Path) -> str:
-    """What ``path`` is, not following a link: "file", "directory", or the words for anything else."""
-    import stat
-
+def _identity(path: Path) -> Any:
+    """``path``'s device and inode (one file under two names through a bind mount is one), else the path."""
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return "missing (removed since it was prepared: by the plugin, or a cleaner of the temporary folder)"
-    except OSError as err:
-        return f"unreadable ({err.strerror})"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    return next((words for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                                           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                                           (stat.S_ISBLK, "a block device")) if test(mode)), "no file")
+        info = os.stat(path)
+    except OSError:
+        return path
+    return info.st_dev, info.st_ino
 
 
 PRUNED_WORDS = {"uneven-heads": "heads (layers keeping different numbers of them)"}

@@ -18,6 +18,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,9 +200,12 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     """Give every file under ``folder`` the mode the umask gives a new file (safetensors writes 0600, so a
     saved model was private to its owner), flushing each to disk when ``fsync``; symlinks are left alone."""
     mode = file_mode()
-    for root, _, files in os.walk(folder):
+    device = os.lstat(folder).st_dev
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if os.lstat(os.path.join(root, d)).st_dev == device]  # not through a mount
         for name in files:
-            if not os.path.islink(os.path.join(root, name)):
+            info = os.lstat(os.path.join(root, name))
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # a hard link's other name is someone's
                 _umask_mode(Path(root, name), mode)
                 if fsync:
                     _fsync(Path(root, name))
@@ -293,13 +297,16 @@ def _exists(path: Path) -> bool:
 def _fsync(path: Path, directory: bool = False) -> None:
     """Flush a file's data (or a directory's entries) to disk, so a power cut after the rename
     cannot leave an empty file under the final name. Directories cannot be opened everywhere."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, flags)
     except OSError:
         if directory:
             return
         raise
     try:
+        if not directory and not stat.S_ISREG(os.fstat(fd).st_mode):
+            return  # no data of a file to flush (a FIFO, a device): nothing the report holds
         os.fsync(fd)
     except OSError:
         if not directory:

@@ -1,0 +1,108 @@
+"""What a plugin may return as a ``Path`` for its report: a file or folder it prepared, moved in whole.
+
+The writer renames a returned path into the report (copies it, then removes the source, across file systems)
+and gives each file the umask's mode. Anything that is not the plugin's own plain tree is wrecked by that: a
+FIFO hung the report's fsync, a hard link to the user's ``~/.ssh`` key was made world-readable, a bind mount of
+the home directory was chmod'ed through, and the home directory reached through a bind alias of its parent was
+moved into the report and deleted (a comparison of resolved paths does not see through a bind mount). So a
+returned path is checked here, before the writer, by what the file system says: its kind, its links, its mount
+points, and its identity (device and inode) against the places no report may take.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+WALK_LIMIT = 100_000  # entries a returned folder may hold: past it, it is refused, not checked in part
+
+
+def path_kind(path: Path) -> str:
+    """What ``path`` is, not following a link: "file", "directory", or the words for anything else."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing (removed since it was prepared: by the plugin, or a cleaner of the temporary folder)"
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return next((words for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                                           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                                           (stat.S_ISBLK, "a block device")) if test(mode)), "no file")
+
+
+def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
+    """``(path, words)`` for the first thing at or under ``path`` the writer may not move as the plugin's own:
+    anything but a regular file or a directory, a file with another hard link (its other name is someone's),
+    a mount point (a removal or chmod would go through it), or a folder past ``limit`` entries (default
+    :data:`WALK_LIMIT`: what lies past the bound is unchecked); else None."""
+    from mechkit.io.read import mount_points
+
+    limit = WALK_LIMIT if limit is None else limit
+    points = mount_points()
+    top = _own(path, points, None)
+    if top is not None or path_kind(path) != "directory":
+        return top
+    device = os.lstat(path).st_dev
+    count = 0
+    for root, dirs, files in os.walk(path):  # links are not followed
+        for name in dirs + files:
+            count += 1
+            if count > limit:
+                return path, f"a folder holding more than {limit} entries, too many to check"
+            found = _own(Path(root) / name, points, device)
+            if found is not None:
+                return found
+    return None
+
+
+def _own(path: Path, points: frozenset[str], device: int | None) -> tuple[Path, str] | None:
+    kind = path_kind(path)
+    if kind not in ("file", "directory"):
+        return path, kind
+    info = os.lstat(path)
+    if kind == "file" and info.st_nlink > 1:
+        return path, f"a file with {info.st_nlink - 1} other hard link(s), another name of the same data"
+    if kind == "directory" and (os.path.realpath(path) in points or os.path.ismount(path)
+                                or (device is not None and info.st_dev != device)):
+        return path, "a mount point"
+    return None
+
+
+def relation(path: Path, place: Path) -> str | None:
+    """How ``path`` stands to ``place``: "is", "holds" or "is inside", else None. Compared by resolved path and
+    by device and inode (a bind mount shows one folder under two paths), ``place`` by its nearest existing
+    folder where it is not made yet (an ``--out`` to be created)."""
+    real, where = Path(os.path.realpath(path)), Path(os.path.realpath(place))
+    if real == where:
+        return "is"
+    if real in where.parents:
+        return "holds"
+    if where in real.parents:
+        return "is inside"
+    if not os.path.exists(real):
+        return None
+    mine, theirs, made = _identities(real), _identities(where), os.path.exists(where)
+    if made and theirs and mine[0] == theirs[0]:
+        return "is"
+    if mine[0] in (theirs[1:] if made else theirs):
+        return "holds"
+    if made and theirs and theirs[0] in mine[1:]:
+        return "is inside"
+    return None
+
+
+def _identities(path: Path) -> list[tuple[int, int]]:
+    """``(device, inode)`` of ``path`` (where it exists) and of each existing folder above it, nearest first."""
+    found = []
+    for p in (path, *path.parents):
+        try:
+            info = os.stat(p)
+        except OSError:
+            continue
+        found.append((info.st_dev, info.st_ino))
+    return found
