@@ -86,7 +86,9 @@ def test_first_load_converts_once_and_says_so(cold):
     assert entry.name == f"{source.stem}-{meta['sha256'][:16]}"
     assert meta["source"] == str(source.resolve()) and meta["size"] == source.stat().st_size
     assert meta["format"] == gguf_mod.CACHE_FORMAT and meta["converted_at"] and meta["convert_s"] > 0
-    assert meta["files"]["model.safetensors"] == (entry / "model.safetensors").stat().st_size
+    weights = entry / "model.safetensors"
+    assert meta["files"]["model.safetensors"] == {"size": weights.stat().st_size,
+                                                  "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
     assert not list(cold["root"].glob("gguf/.*tmp*"))  # the atomic build left no temporary directory
 
 
@@ -265,10 +267,29 @@ def _damage(entry: Path, how: str) -> None:
     elif how == "garbage weights":  # right size, wrong bytes: passes the cheap checks, fails to load
         weights = entry / "model.safetensors"
         _rewrite(weights, b"\x00" * weights.stat().st_size)
+    elif how == "edited weights":  # a tensor scaled and saved again, at its size: it loaded as the user's GGUF
+        from safetensors.torch import load_file, save_file
+
+        weights = entry / "model.safetensors"
+        tensors = load_file(weights)
+        name = sorted(tensors)[0]
+        tensors[name] = tensors[name] * 1.5
+        tmp = weights.with_name("edited.safetensors")
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        assert tmp.stat().st_size == weights.stat().st_size
+        os.replace(tmp, weights)
+    elif how == "edited in place, times restored":
+        weights = entry / "model.safetensors"
+        st = weights.stat()
+        with open(weights, "r+b") as f:
+            f.seek(st.st_size - 4)
+            f.write(b"\x7f\x7f\x7f\x7f")
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 @pytest.mark.parametrize("how", ["unreadable json", "no metadata", "older format", "missing weights",
-                                 "truncated weights", "garbage weights"])
+                                 "truncated weights", "garbage weights", "edited weights",
+                                 "edited in place, times restored"])
 def test_damaged_entry_is_rebuilt(fake, how, capsys):
     f, spy = fake
     first = mk.load_model(str(f), device="cpu")
@@ -278,7 +299,7 @@ def test_damaged_entry_is_rebuilt(fake, how, capsys):
     sha = gguf_mod.gguf_sha256(f)
     _damage(first.source, how)
     # the cheap checks (metadata, file sizes) catch all but same-size garbage, which fails to load instead
-    assert (gguf_mod.read_entry(first.source, sha) is None) == (how != "garbage weights")
+    assert gguf_mod.read_entry(first.source, sha) is None  # garbage of the right size too: its sha256 differs
     again = mk.load_model(str(f), device="cpu")
     assert spy.calls == 2 and again.source == first.source
     assert torch.equal(_logits(again), expected)

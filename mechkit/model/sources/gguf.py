@@ -5,7 +5,9 @@ bigger ones, so :func:`cached_gguf` does it once per file *content* and keeps th
 ``cache_root()/gguf/<stem>-<sha256[:16]>/`` (float32 ``model.safetensors``, ``config.json``, the
 tokenizer files and ``mechkit-cache.json``); later loads are plain local ``from_pretrained`` calls,
 and the dtype a caller asks for is applied then. The directory is written atomically; an entry whose
-metadata is unreadable, of another format, or whose files are missing or of the wrong size is rebuilt.
+metadata is unreadable, of another format, or whose files are missing or hold other bytes than were written
+(each file's sha256 is recorded, and checked through the same memo as the source's: a cached
+``model.safetensors`` edited at its size was loaded as the user's GGUF) is rebuilt.
 
 Hashing a multi-GB file on every load would cost seconds, so the sha256 is memoised in
 ``cache_root()/gguf/.hashes/`` keyed by the resolved path, size, mtime_ns, ctime_ns and inode: the
@@ -30,7 +32,7 @@ from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.io import atomic_dir, write_atomic
 from mechkit.io.disk_cache import cache_root, refuse_foreign_entry
 
-CACHE_FORMAT = 2  # bump when the entry layout or the conversion changes meaning
+CACHE_FORMAT = 3  # bump when the entry layout or the conversion changes meaning
 META = "mechkit-cache.json"
 REQUIRED = ("model.safetensors", "config.json")
 KEY_HEX = 16  # hex digits of the sha256 in an entry's name (64 bits)
@@ -68,7 +70,8 @@ def _stat_key(path: Path) -> dict:
 
 
 def gguf_sha256(path: Path) -> str:
-    """The content hash of a GGUF file, memoised by (resolved path, size, mtime_ns, ctime_ns, inode)."""
+    """The content hash of a GGUF file (or of a file of its cache entry), memoised by (resolved path, size,
+    mtime_ns, ctime_ns, inode)."""
     path = Path(path).resolve()
     key = _stat_key(path)
     memo = cache_root() / "gguf" / ".hashes" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
@@ -114,10 +117,12 @@ def read_entry(target: Path, sha: str) -> dict | None:
     files = meta.get("files")
     if not isinstance(files, dict) or not all(name in files for name in REQUIRED):
         return None
-    for name, size in files.items():
+    for name, want in files.items():
+        if not isinstance(want, dict) or not isinstance(name, str) or "/" in name or name.startswith("."):
+            return None
         try:
-            if (target / name).stat().st_size != size:
-                return None
+            if (target / name).stat().st_size != want.get("size") or gguf_sha256(target / name) != want.get("sha256"):
+                return None  # damaged, or edited since it was written: not the conversion of this GGUF
         except OSError:
             return None
     return meta
@@ -144,7 +149,8 @@ def cached_gguf(path: Path, *, label: str | None = None, rebuild: bool = False) 
     what = label or path.name
     size_mb = path.stat().st_size / 1e6
     if target.exists():
-        print(f"mechkit: the cache entry {target} is incomplete or damaged: dequantizing {what} again",
+        print(f"mechkit: the cache entry {target} is incomplete or damaged (or changed since it was "
+              f"written): dequantizing {what} again",
               file=sys.stderr, flush=True)
     else:
         print(f"mechkit: dequantizing {what} ({size_mb:.0f} MB; first use only, later loads read the cache) "
@@ -183,7 +189,8 @@ def _build(path: Path, sha: str, target: Path) -> None:
         os.chmod(tmp / "model.safetensors", (tmp / "config.json").stat().st_mode & 0o777)
         tok.save_pretrained(tmp)
         _strip_quantization(tmp / "config.json")
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())
+                 if p.is_file()}
         meta = {"format": CACHE_FORMAT, "name": path.stem, "source": str(path.resolve()),
                 "size": path.stat().st_size, "sha256": sha, "dtype": "float32",
                 "converted_at": datetime.now(UTC).isoformat(timespec="seconds"),
