@@ -130,6 +130,39 @@ def _module_file(name: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
+IMPORTERS = frozenset({"import_module", "__import__"})  # the functions that import a module named by a string
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _imports_by_name(node: Any) -> bool:
+    """``node`` (an ``ast.Call``) is ``importlib.import_module(...)``, ``import_module(...)`` or
+    ``__import__(...)``: a helper loaded so is as much the plugin's code as one loaded by ``import``, and an
+    edit of it between a kill and the rerun mixed two versions' steps."""
+    import ast
+
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    return name in IMPORTERS and bool(node.args)
+
+
+def _named_module(node: Any, package: str | None) -> str | None:
+    """The module an import-by-name call names with a string literal (a relative one resolved against its
+    ``package`` argument, or the file's own package), else None: a name computed at run time is not known
+    before the run (docs/guides/safety.md says so)."""
+    import ast
+    import importlib.util
+
+    first = node.args[0]
+    if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
+        return None
+    given = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "package"), None)
+    anchor = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else package
+    try:
+        return importlib.util.resolve_name(first.value, anchor) if first.value.startswith(".") else first.value
+    except (ImportError, ValueError):
+        return None
+
+
 def _installed_file(path: Any) -> bool:
     """Whether ``path`` lies in an installed package (a site-packages folder): neither the user's own file
     nor the standard library's (Python's version is in the key: ``runner.library_versions``)."""
@@ -367,6 +400,9 @@ class _Reach:
             c = todo.pop()
             read |= set(c.co_names)
             imported |= {i.argval for i in dis.get_instructions(c) if i.opname == "IMPORT_NAME"}
+            if IMPORTERS & set(c.co_names):  # ``importlib.import_module("myhelpers")``: a module named by a string
+                imported |= {k for k in c.co_consts if isinstance(k, str) and _MODULE_NAME.fullmatch(k)
+                             and _users_file(_module_file(k))}
             todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         for name in sorted(read):
             if name in names and not name.startswith("__"):
@@ -480,10 +516,13 @@ class _Reach:
                 except (ImportError, ValueError):
                     continue
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
+            elif isinstance(node, ast.Call) and _imports_by_name(node):
+                targets = [_named_module(node, package)]
             else:
                 continue
             for target in targets:
-                self.file(_module_file(target), target)
+                if target:
+                    self.file(_module_file(target), target)
 
     def container(self, value: Any, depth: int) -> None:
         """A dict, list, tuple, set or deque by its items (a subclass's own methods never run: a user's
