@@ -15,7 +15,19 @@ class MechkitError(Exception):
     def __init__(self, problem: str, fix: str | None = None) -> None:
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{problem} — {fix}" if fix else problem)
+        super().__init__(one_line(f"{problem} — {fix}" if fix else problem))
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and other control characters written as escapes: a value quoted raw (a
+    path or task id holding a newline) split a refusal over two lines, the second looking like another message.
+
+    >>> print(one_line("unknown task 'a" + chr(10) + "b'"))
+    unknown task 'a\\nb'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 class ModelLoadError(MechkitError):

@@ -95,3 +95,28 @@ def test_an_attribute_set_or_deleted_alone_is_still_named():
         _rope(m).extra_flag = True
 
     assert "model.rotary_emb.extra_flag was set and not put back" in _refusal(add, mk.load_model("tiny:llama"))
+
+
+# --- M3 (pass 28 b): a value holding a newline split a refusal over two lines -------------------------------------
+
+
+@pytest.mark.parametrize("plugin,options", [
+    ("ablate", {"from_report": "3\n"}), ("attention", {"from_report": "a\nb"}), ("patch", {"task": "3\n"}),
+    ("icl-vectors", {"load_vector": "x\ny"}), ("patch", {"task": "ioi\r\x1b[2J"}),
+])
+def test_a_refusal_quoting_a_value_with_control_characters_is_one_line(plugin, options):
+    with pytest.raises(MechkitError) as err:
+        mk.run(plugin, model="tiny:llama", write=False, **options)
+    said = str(err.value)
+    assert "\n" not in said and "\r" not in said and "\x1b" not in said
+    assert "\\n" in said or "\\r" in said
+
+
+def test_the_cli_prints_such_a_refusal_on_one_line(tmp_path):
+    from tests.conftest import cli_in_process
+
+    result = cli_in_process("ablate", "--model", "tiny:llama", "--from", "3\nx", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "3\\nx" in lines[0], result.stderr
+    assert not (tmp_path / "o").exists()
