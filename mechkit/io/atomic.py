@@ -198,15 +198,25 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
 
 def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     """Give every file under ``folder`` the mode the umask gives a new file (safetensors writes 0600, so a
-    saved model was private to its owner), flushing each to disk when ``fsync``; symlinks are left alone."""
-    mode = file_mode()
+    saved model was private to its owner) and every folder below it a new folder's, flushing each to disk when
+    ``fsync``; links, hard-linked files and anything behind a mount point are left alone."""
+    from mechkit.io.read import mount_points
+
+    mode, folder_mode, points = file_mode(), dir_mode(), mount_points()
     device = os.lstat(folder).st_dev
+
+    def own(path: str, info: os.stat_result) -> bool:  # not through a mount, of a folder or a file
+        return info.st_dev == device and os.path.realpath(path) not in points
+
     for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if os.lstat(os.path.join(root, d)).st_dev == device]  # not through a mount
+        dirs[:] = [d for d in dirs if own(os.path.join(root, d), os.lstat(os.path.join(root, d)))]
+        for name in dirs:  # mkdtemp's 0700 kept a plugin's prepared folder private to its owner
+            if not os.path.islink(os.path.join(root, name)):
+                _umask_mode(Path(root, name), folder_mode)
         for name in files:
             info = os.lstat(os.path.join(root, name))
-            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # a hard link's other name is someone's
-                _umask_mode(Path(root, name), mode)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and own(os.path.join(root, name), info):
+                _umask_mode(Path(root, name), mode)  # a hard link's other name is someone's: left as it is
                 if fsync:
                     _fsync(Path(root, name))
         if fsync:

@@ -248,6 +248,9 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
         stale.append(MANIFEST)  # it would list another set
     new, stale = _inside_kept_folders(tmp, out, new, stale)
     new = _ordered(new)
+    from mechkit.io.atomic import umask_modes
+
+    umask_modes(tmp, fsync=True)  # as a new --out gets them (atomic_dir): an existing one got neither
     backup = tmp / ".previous"
     backup.mkdir()
     for folder in {n.split("/")[0] for n in [*new, *stale] if "/" in n}:
@@ -268,7 +271,8 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
     journal.unlink()  # the commit
     _inherit_group(out, new)
     with contextlib.suppress(OSError):
-        _fsync_dir(out.parent)
+        for folder in sorted({out, out.parent, *(out / n.split("/")[0] for n in new if "/" in n)}):
+            _fsync_dir(folder)  # the renames changed these entries
 
 
 @contextlib.contextmanager

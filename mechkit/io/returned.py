@@ -38,7 +38,8 @@ def path_kind(path: Path) -> str:
 def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
     """``(path, words)`` for the first thing at or under ``path`` the writer may not move as the plugin's own:
     anything but a regular file or a directory, a file with another hard link (its other name is someone's),
-    a mount point (a removal or chmod would go through it), or a folder past ``limit`` entries (default
+    a mount point, of a folder or a file (a removal or chmod would go through it), a folder it cannot list
+    (what it holds would be checked and copied in part), or a folder past ``limit`` entries (default
     :data:`WALK_LIMIT`: what lies past the bound is unchecked); else None."""
     from mechkit.io.read import mount_points
 
@@ -49,7 +50,11 @@ def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
         return top
     device = os.lstat(path).st_dev
     count = 0
-    for root, dirs, files in os.walk(path):  # links are not followed
+    unreadable: list[OSError] = []
+    for root, dirs, files in os.walk(path, onerror=unreadable.append):  # links are not followed
+        if unreadable:  # a folder it cannot list: checked (and copied) only in part
+            err = unreadable[0]
+            return Path(err.filename or root), f"a folder that cannot be read ({err.strerror})"
         for name in dirs + files:
             count += 1
             if count > limit:
@@ -57,6 +62,9 @@ def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
             found = _own(Path(root) / name, points, device)
             if found is not None:
                 return found
+    if unreadable:
+        err = unreadable[0]
+        return Path(err.filename or path), f"a folder that cannot be read ({err.strerror})"
     return None
 
 
@@ -65,11 +73,11 @@ def _own(path: Path, points: frozenset[str], device: int | None) -> tuple[Path, 
     if kind not in ("file", "directory"):
         return path, kind
     info = os.lstat(path)
+    if os.path.realpath(path) in points or (device is not None and info.st_dev != device) or (
+            kind == "directory" and os.path.ismount(path)):  # a file bind-mounted over another is one too
+        return path, "a mount point"
     if kind == "file" and info.st_nlink > 1:
         return path, f"a file with {info.st_nlink - 1} other hard link(s), another name of the same data"
-    if kind == "directory" and (os.path.realpath(path) in points or os.path.ismount(path)
-                                or (device is not None and info.st_dev != device)):
-        return path, "a mount point"
     return None
 
 

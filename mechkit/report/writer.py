@@ -170,7 +170,7 @@ def _move_prepared(src: Path, dst: Path) -> None:
             done = True
             return
         dst.mkdir()
-        for path in sorted(src.rglob("*")):
+        for path in _tree(src):
             target = dst / path.relative_to(src)
             if path.is_dir() and not path.is_symlink():
                 target.mkdir(exist_ok=True)
@@ -188,6 +188,19 @@ def _move_prepared(src: Path, dst: Path) -> None:
             elif os.path.lexists(dst):
                 dst.unlink()
             _discard_if_scratch(src)
+
+
+def _tree(src: Path) -> list[Path]:
+    """Everything under ``src``, links not followed, sorted; a folder that cannot be listed raises (``rglob``
+    skipped it, and a model copied in part was reported whole, its source then removed)."""
+    found: list[Path] = []
+
+    def fail(err: OSError) -> None:
+        raise err
+
+    for root, dirs, files in os.walk(src, onerror=fail):
+        found += [Path(root) / n for n in dirs + files]
+    return sorted(found)
 
 
 def _in_scratch(path: Path) -> bool:
