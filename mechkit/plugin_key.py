@@ -130,7 +130,9 @@ def _module_file(name: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
-IMPORTERS = frozenset({"import_module", "__import__"})  # the functions that import a module named by a string
+# The functions that import or run a module named by a string, and the keyword that names it.
+IMPORTERS = frozenset({"import_module", "__import__", "run_module"})
+_NAME_KEYWORDS = ("name", "mod_name")
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -142,7 +144,7 @@ def _imports_by_name(node: Any) -> bool:
 
     func = node.func
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-    return name in IMPORTERS and bool(node.args)
+    return name in IMPORTERS and (bool(node.args) or any(k.arg in _NAME_KEYWORDS for k in node.keywords))
 
 
 def _named_module(node: Any, package: str | None) -> str | None:
@@ -152,7 +154,7 @@ def _named_module(node: Any, package: str | None) -> str | None:
     import ast
     import importlib.util
 
-    first = node.args[0]
+    first = node.args[0] if node.args else next(k.value for k in node.keywords if k.arg in _NAME_KEYWORDS)
     if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
         return None
     given = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "package"), None)
@@ -161,6 +163,16 @@ def _named_module(node: Any, package: str | None) -> str | None:
         return importlib.util.resolve_name(first.value, anchor) if first.value.startswith(".") else first.value
     except (ImportError, ValueError):
         return None
+
+
+def _script(value: Any, folder: Path) -> str | None:
+    """The user's own ``.py`` file a string constant names (absolute, or beside the plugin: ``runpy.run_path``,
+    ``exec(open(...).read())``, ``spec_from_file_location`` load a helper by its file name), else None. A path
+    built from pieces none of which names the file is not known before the run (docs/guides/safety.md)."""
+    if not isinstance(value, str) or not value.endswith(".py") or "\n" in value or len(value) > 4096:
+        return None
+    candidate = value if os.path.isabs(value) else str(folder / value)
+    return candidate if _users_file(candidate) else None
 
 
 def _installed_file(path: Any) -> bool:
@@ -395,7 +407,7 @@ class _Reach:
             self.put(marshal.dumps(portable(code)))  # a frozenset constant: marshal writes it sorted
         except ValueError:  # a constant marshal cannot write: its repr stands in
             self.put(self.shown(code.co_consts), code.co_code)
-        read, imported, todo = set(), set(), [code]
+        read, imported, scripts, todo = set(), set(), set(), [code]
         while todo:
             c = todo.pop()
             read |= set(c.co_names)
@@ -403,6 +415,7 @@ class _Reach:
             if IMPORTERS & set(c.co_names):  # ``importlib.import_module("myhelpers")``: a module named by a string
                 imported |= {k for k in c.co_consts if isinstance(k, str) and _MODULE_NAME.fullmatch(k)
                              and _users_file(_module_file(k))}
+            scripts |= {found for k in c.co_consts if (found := _script(k, Path.cwd()))}
             todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         for name in sorted(read):
             if name in names and not name.startswith("__"):
@@ -410,6 +423,8 @@ class _Reach:
                 self.feed(names[name], depth)
         for name in sorted(n for n in imported if isinstance(n, str) and n):
             self.file(_module_file(name), name)  # ``import myhelpers`` inside the function
+        for script in sorted(scripts):
+            self.file(script, None)
 
     def klass(self, cls: type, depth: int) -> None:
         import sys
@@ -518,6 +533,9 @@ class _Reach:
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
             elif isinstance(node, ast.Call) and _imports_by_name(node):
                 targets = [_named_module(node, package)]
+            elif isinstance(node, ast.Constant) and (script := _script(node.value, Path(path).parent)):
+                self.file(script, None)  # run_path, exec(open(...)), spec_from_file_location: a file by its name
+                continue
             else:
                 continue
             for target in targets:

@@ -172,11 +172,22 @@ class HeadSelection:
         for k in ks:
             named = self.count(n_layers, n_heads, k, seed)
             if named > total - named:
-                lower = (f"--top-k {total // 2}" if flag == "--top-k" else
-                         f"{flag} values of at most {total // 2}, e.g. {flag} {_sweep_example(ks, total // 2)}")
                 raise HeadSpecError(f"--heads {self.spec} names {named} of the model's {total} heads, leaving "
-                                    f"{total - named} for a random baseline of {named} heads none of them",
-                                    f"name at most {total // 2} heads ({lower}){other}")
+                                    f"{total - named} to draw a random baseline of {named} other heads from",
+                                    self._baseline_fix(total // 2, ks, other, flag))
+
+    def _baseline_fix(self, most: int, ks: Sequence[int], other: str, flag: str) -> str:
+        """What lets the baseline be drawn: at most ``most`` heads named, said where the count comes from (an
+        explicit spec names its heads itself: ``--top-k`` changed nothing), and only ``other`` where no count
+        can (a one-head model: ``--top-k 0`` was suggested, below its minimum)."""
+        if most == 0:
+            return (f"{other.removeprefix(', or ')} (a random baseline needs a model of 2 heads or more)" if other
+                    else "use a model of 2 heads or more: a random baseline needs heads the selection leaves")
+        if not self.ranked:
+            return f"name at most {most} heads in --heads{other}"
+        lower = (f"--top-k {most}" if flag == "--top-k" else
+                 f"{flag} values of at most {most}, e.g. {flag} {_sweep_example(ks, most)}")
+        return f"name at most {most} heads ({lower}){other}"
 
     def check(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0) -> None:
         """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from mechkit.model.checks.integrity import tensor_checksum
-from mechkit.model.checks.rope import changed_rope, library_rope, rope_state, rope_values
+from mechkit.model.checks.rope import changed_rope, library_rope, rope_kinds, rope_state, rope_values
 
 
 def buffer_state(model: Any) -> dict:
@@ -37,7 +37,9 @@ def buffer_state(model: Any) -> dict:
         library: dict = {}
         for prefix, m in model.named_modules():
             for name in library_attrs(m):  # a LongRoPE's long set, kept as a plain attribute: read as a buffer
-                sums[f"{prefix}.{name}" if prefix else name] = tensor_checksum(vars(m)[name], weights)
+                value = read_as_forward(m, name)
+                if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                    sums[f"{prefix}.{name}" if prefix else name] = tensor_checksum(value, weights)
             for name, values in rope_values(m).items():
                 library[f"{prefix}.{name}" if prefix else name] = {tensor_checksum(v, weights) for v in values}
         rope = rope_state(model, weights)
@@ -59,12 +61,18 @@ def changed_buffer(before: dict, after: dict) -> str | None:
 
 
 def library_attrs(m: Any) -> list[str]:
-    """The tensors a LongRoPE's forward keeps as plain attributes of ``m`` (``long_inv_freq``: the long set it
-    copies into ``inv_freq``), compared here by value, with the buffers, rather than by identity as other
-    attributes are (:mod:`~mechkit.model.checks.state`): the first long forward sets it."""
-    import torch
-
+    """The names under which a LongRoPE's forward keeps a tensor as a plain attribute of ``m`` (``long_inv_freq``:
+    the long set it copies into ``inv_freq``), compared here by value, with the buffers, rather than by identity
+    as other attributes are (:mod:`~mechkit.model.checks.state`): the first long forward sets it, and one
+    dropped (deleted, or set to None) is computed afresh by the next."""
     if not library_rope(m):
         return []
-    return sorted(name for name, value in vars(m).items()
-                  if name.endswith("long_inv_freq") and isinstance(value, torch.Tensor) and value.device.type != "meta")
+    longrope = {f"{prefix}long_inv_freq" for prefix, _, kind in rope_kinds(m) if kind == "longrope"}
+    return sorted(longrope | {name for name in vars(m) if name.endswith("long_inv_freq")})
+
+
+def read_as_forward(m: Any, name: str) -> Any:
+    """``m``'s ``name`` as transformers' ``getattr(self, name, None)`` reads it: its own, else its class's. A
+    long set deleted from the module with a tensor put on its class passed as "dropped", and every later long
+    forward read the class's."""
+    return vars(m)[name] if name in vars(m) else getattr(type(m), name, None)

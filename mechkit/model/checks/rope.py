@@ -38,7 +38,7 @@ def library_rope(m: Any) -> bool:
     return forward.__code__ in inner and forward.__globals__ is vars(rope)
 
 
-def _kinds(m: Any) -> list[tuple[str, Any, str]]:
+def rope_kinds(m: Any) -> list[tuple[str, Any, str]]:
     """``(attribute prefix, layer type, rope type)`` for each set of frequencies ``m`` keeps (one per layer
     type in a model such as gemma3), as ``dynamic_rope_update`` reads them."""
     rope_type = getattr(m, "rope_type", None)
@@ -51,7 +51,7 @@ def rope_attrs(m: Any) -> list[str]:
     computed with it): compared here with the frequencies they go with, not by value alone."""
     if not library_rope(m):
         return []
-    dynamic = [prefix for prefix, _, kind in _kinds(m) if "dynamic" in kind]
+    dynamic = [prefix for prefix, _, kind in rope_kinds(m) if "dynamic" in kind]
     return sorted({"max_seq_len_cached", "attention_scaling", *(f"{p}max_seq_len_cached" for p in dynamic)}) \
         if dynamic else []
 
@@ -83,7 +83,7 @@ def rope_values(m: Any) -> dict:
     if not library_rope(m):
         return {}
     found: dict = {}
-    for prefix, layer_type, kind in _kinds(m):
+    for prefix, layer_type, kind in rope_kinds(m):
         inv, original = getattr(m, f"{prefix}inv_freq", None), getattr(m, f"{prefix}original_inv_freq", None)
         if inv is None or original is None:
             continue
@@ -122,7 +122,7 @@ def rope_state(model: Any, weights: dict) -> dict:
     for name, m in model.named_modules():
         if not library_rope(m):
             continue
-        for prefix, layer_type, kind in _kinds(m):
+        for prefix, layer_type, kind in rope_kinds(m):
             inv, original = getattr(m, f"{prefix}inv_freq", None), getattr(m, f"{prefix}original_inv_freq", None)
             if "dynamic" not in kind or inv is None or original is None or inv.device.type == "meta":
                 continue
@@ -196,7 +196,7 @@ def ropes_as_loaded(model: Any) -> Iterator[None]:
     try:
         with torch.no_grad():
             for m, buffers, _, _ in saved:
-                for prefix, _, kind in _kinds(m):
+                for prefix, _, kind in rope_kinds(m):
                     original = buffers.get(f"{prefix}original_inv_freq")
                     limit = vars(m).get("original_max_seq_len")
                     if "dynamic" in kind and original is not None and f"{prefix}inv_freq" in buffers and limit:

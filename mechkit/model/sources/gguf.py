@@ -7,7 +7,10 @@ tokenizer files and ``mechkit-cache.json``); later loads are plain local ``from_
 and the dtype a caller asks for is applied then. The directory is written atomically; an entry whose
 metadata is unreadable, of another format, or whose files are missing or hold other bytes than were written
 (each file's sha256 is recorded, and checked through the same memo as the source's: a cached
-``model.safetensors`` edited at its size was loaded as the user's GGUF) is rebuilt.
+``model.safetensors`` edited at its size was loaded as the user's GGUF), or that holds a file it did not write
+(an added ``special_tokens_map.json`` or ``generation_config.json`` changed the tokenizer and generation), is
+rebuilt. The entry's own records (``mechkit-cache.json`` and the memo) are trusted: whoever can rewrite the
+cache's files can rewrite those too, so an edit that also forges them is not seen.
 
 Hashing a multi-GB file on every load would cost seconds, so the sha256 is memoised in
 ``cache_root()/gguf/.hashes/`` keyed by the resolved path, size, mtime_ns, ctime_ns and inode: the
@@ -116,6 +119,11 @@ def read_entry(target: Path, sha: str) -> dict | None:
         return None
     files = meta.get("files")
     if not isinstance(files, dict) or not all(name in files for name in REQUIRED):
+        return None
+    try:  # nothing beside what was written: from_pretrained reads any tokenizer or generation file it finds
+        if {p.name for p in target.iterdir()} != {*files, META}:
+            return None
+    except OSError:
         return None
     for name, want in files.items():
         if not isinstance(want, dict) or not isinstance(name, str) or "/" in name or name.startswith("."):
