@@ -21,13 +21,17 @@ class MechkitError(Exception):
 def one_line(text: str) -> str:
     """``text`` with its line breaks and other control characters written as escapes: a value quoted raw (a
     path or task id holding a newline) split a refusal over two lines, the second looking like another message.
+    Only those are escaped (Unicode's control, line and paragraph separator categories): any other character,
+    a no-break space in a path included, is shown as it is, so a path a fix names can be copied.
 
     >>> print(one_line("unknown task 'a" + chr(10) + "b'"))
     unknown task 'a\\nb'
     """
+    import unicodedata
+
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
 class ModelLoadError(MechkitError):

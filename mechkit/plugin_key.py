@@ -96,10 +96,11 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
-def _users_file(path: Any) -> bool:
+def _users_file(path: Any, any_name: bool = False) -> bool:
     """Whether ``path`` is a source file of the user's own (not the standard library's, an installed
-    package's or mechkit's)."""
-    if not isinstance(path, str) or not path.endswith(".py") or not os.path.isfile(path):
+    package's or mechkit's): a ``.py`` file, or any file with ``any_name`` (code ``exec`` reads from a
+    ``helpers.txt``)."""
+    if not isinstance(path, str) or not (any_name or path.endswith(".py")) or not os.path.isfile(path):
         return False
     real = os.path.realpath(path)
     parts = Path(real).parts
@@ -165,14 +166,27 @@ def _named_module(node: Any, package: str | None) -> str | None:
         return None
 
 
-def _script(value: Any, folder: Path) -> str | None:
-    """The user's own ``.py`` file a string constant names (absolute, or beside the plugin: ``runpy.run_path``,
-    ``exec(open(...).read())``, ``spec_from_file_location`` load a helper by its file name), else None. A path
-    built from pieces none of which names the file is not known before the run (docs/guides/safety.md)."""
-    if not isinstance(value, str) or not value.endswith(".py") or "\n" in value or len(value) > 4096:
-        return None
-    candidate = value if os.path.isabs(value) else str(folder / value)
-    return candidate if _users_file(candidate) else None
+def _scripts(value: Any, folders: list[Path], any_name: bool = False) -> list[str]:
+    """The user's own files a string constant names: absolute, or relative to the plugin's folder or to the
+    working directory (``runpy.run_path``, ``open`` and ``spec_from_file_location`` resolve a relative name
+    against the latter). A ``.py`` name anywhere in the code (``run_path``, ``spec_from_file_location``), and any
+    name inside a call of ``exec``, ``eval`` or ``compile`` (``any_name``: ``exec(open("helpers.txt").read())``).
+    A name built at run time from pieces none of which names the file is not known before the run
+    (docs/guides/safety.md)."""
+    if not isinstance(value, str) or not (any_name or value.endswith(".py")) or "\n" in value or not value \
+            or len(value) > 4096 or "\0" in value:
+        return []
+    found = [value] if os.path.isabs(value) else [str(folder / value) for folder in folders]
+    return sorted({f for f in found if _users_file(f, any_name)})
+
+
+RUNS_CODE = frozenset({"exec", "eval", "compile"})  # a string literal inside their call may name a code file
+
+
+def _runs_code(node: Any) -> bool:
+    import ast
+
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in RUNS_CODE
 
 
 def _installed_file(path: Any) -> bool:
@@ -415,7 +429,8 @@ class _Reach:
             if IMPORTERS & set(c.co_names):  # ``importlib.import_module("myhelpers")``: a module named by a string
                 imported |= {k for k in c.co_consts if isinstance(k, str) and _MODULE_NAME.fullmatch(k)
                              and _users_file(_module_file(k))}
-            scripts |= {found for k in c.co_consts if (found := _script(k, Path.cwd()))}
+            everything = bool(RUNS_CODE & set(c.co_names))
+            scripts |= {f for k in c.co_consts for f in _scripts(k, [Path.cwd()], everything)}
             todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         for name in sorted(read):
             if name in names and not name.startswith("__"):
@@ -424,7 +439,7 @@ class _Reach:
         for name in sorted(n for n in imported if isinstance(n, str) and n):
             self.file(_module_file(name), name)  # ``import myhelpers`` inside the function
         for script in sorted(scripts):
-            self.file(script, None)
+            self.file(script, None, any_name=True)
 
     def klass(self, cls: type, depth: int) -> None:
         import sys
@@ -495,13 +510,14 @@ class _Reach:
             self.bytes -= len(source)
             self.put("installed file", Path(where).name, source)
 
-    def file(self, path: Any, name: str | None) -> None:
+    def file(self, path: Any, name: str | None, any_name: bool = False) -> None:
         """A user's module by its bytes, and the user's modules it imports (``import myhelpers`` beside a
-        single-file plugin), each once; an installed package it imports by its version (:meth:`installed`)."""
+        single-file plugin) or runs by a file name, each once; an installed package it imports by its version
+        (:meth:`installed`). ``any_name``: a file of code not named ``.py`` (what ``exec`` reads)."""
         import ast
         import importlib.util
 
-        if not _users_file(path):
+        if not _users_file(path, any_name):
             self.installed(name, path)
             return
         if os.path.realpath(path) in self.files:
@@ -521,6 +537,7 @@ class _Reach:
         except (SyntaxError, ValueError):
             return
         package = (name if Path(path).name == "__init__.py" else (name or "").rpartition(".")[0]) or None
+        folders = [Path(path).parent, Path.cwd()]
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -533,8 +550,14 @@ class _Reach:
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
             elif isinstance(node, ast.Call) and _imports_by_name(node):
                 targets = [_named_module(node, package)]
-            elif isinstance(node, ast.Constant) and (script := _script(node.value, Path(path).parent)):
-                self.file(script, None)  # run_path, exec(open(...)), spec_from_file_location: a file by its name
+            elif isinstance(node, ast.Constant) and (found := _scripts(node.value, folders)):
+                for script in found:  # run_path, spec_from_file_location: a file by its name
+                    self.file(script, None, any_name=True)
+                continue
+            elif _runs_code(node):  # exec(open("helpers.txt").read()): any file a literal inside names
+                for inner in ast.walk(node):
+                    for script in _scripts(getattr(inner, "value", None), folders, any_name=True):
+                        self.file(script, None, any_name=True)
                 continue
             else:
                 continue

@@ -37,9 +37,11 @@ def buffer_state(model: Any) -> dict:
         library: dict = {}
         for prefix, m in model.named_modules():
             for name in library_attrs(m):  # a LongRoPE's long set, kept as a plain attribute: read as a buffer
-                value = read_as_forward(m, name)
+                value, key = read_as_forward(m, name), f"{prefix}.{name}" if prefix else name
                 if isinstance(value, torch.Tensor) and value.device.type != "meta":
-                    sums[f"{prefix}.{name}" if prefix else name] = tensor_checksum(value, weights)
+                    sums[key] = tensor_checksum(value, weights)
+                elif isinstance(value, str):  # what its class holds under the name: never transformers'
+                    sums[key] = value
             for name, values in rope_values(m).items():
                 library[f"{prefix}.{name}" if prefix else name] = {tensor_checksum(v, weights) for v in values}
         rope = rope_state(model, weights)
@@ -55,7 +57,8 @@ def changed_buffer(before: dict, after: dict) -> str | None:
             continue
         if name not in now and name.endswith("long_inv_freq") and name in library:
             continue  # a LongRoPE's long set, dropped: its next long forward computes it afresh from the config
-        what = ("was removed" if name not in now else "was added" if name not in was else "holds other values")
+        what = ("was removed" if name not in now else f"was {now[name]}" if isinstance(now[name], str)
+                else "was added" if name not in was else "holds other values")
         return f"its buffer {name} {what} and was not put back: every later forward reads it"
     return changed_rope(before.get("rope", {}), after.get("rope", {}))
 
@@ -72,7 +75,12 @@ def library_attrs(m: Any) -> list[str]:
 
 
 def read_as_forward(m: Any, name: str) -> Any:
-    """``m``'s ``name`` as transformers' ``getattr(self, name, None)`` reads it: its own, else its class's. A
-    long set deleted from the module with a tensor put on its class passed as "dropped", and every later long
-    forward read the class's."""
-    return vars(m)[name] if name in vars(m) else getattr(type(m), name, None)
+    """``m``'s ``name`` as transformers' ``getattr(self, name, None)`` reads it, without running any code: its
+    own value; anything its class (or a base) holds under that name is no value transformers puts there, and is
+    returned as words naming the class (refused as a change). A long set deleted with a tensor put on the class,
+    or a property on the class (which wins over the module's own value), passed, and every later long forward
+    read the class's."""
+    on_class = next((c for c in type(m).__mro__ if name in vars(c)), None)
+    if on_class is not None:
+        return f"set on the class {on_class.__qualname__} ({type(vars(on_class)[name]).__name__})"
+    return vars(m).get(name)

@@ -79,7 +79,9 @@ def _long_length(m: Any, layer_type: Any) -> int:
 def rope_values(m: Any) -> dict:
     """``{buffer name: [values]}`` a rotary embedding wrapped by transformers' ``dynamic_rope_update`` may hold
     after a forward: its ``original_inv_freq`` (the reset, or a LongRoPE's short set), the frequencies a dynamic
-    RoPE computes for the longest input seen (``max_seq_len_cached``), and a LongRoPE's long set."""
+    RoPE computes for the longest input seen (``max_seq_len_cached``), and a LongRoPE's long set; each also cast to
+    the buffer's dtype (a LongRoPE copies its float32 set into a bfloat16 ``inv_freq``: a plugin's plain long
+    forward on a model loaded in bfloat16 was refused)."""
     if not library_rope(m):
         return {}
     found: dict = {}
@@ -95,9 +97,10 @@ def rope_values(m: Any) -> dict:
                 values.append(recomputed(m, kind, layer_type, inv.device, _long_length(m, layer_type))[0])
         except Exception:  # a config the function cannot read: only the reset is known
             pass
-        found[f"{prefix}inv_freq"] = values
+        cast = [v.to(inv.dtype) for v in values if v.dtype != inv.dtype]  # copied into a bf16 buffer, cast
+        found[f"{prefix}inv_freq"] = values + cast
         if kind == "longrope" and len(values) > 1:
-            found[f"{prefix}long_inv_freq"] = values[1:]
+            found[f"{prefix}long_inv_freq"] = values[1:] + [v.to(inv.dtype) for v in values[1:]]
     return found
 
 

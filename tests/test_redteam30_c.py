@@ -1,0 +1,162 @@
+"""Red-team pass 30 (c): what it found in the resume key, the unchanged check and one-line messages, fixed.
+
+K1: a helper ``runpy.run_path("helper.py")`` runs from the working directory was keyed by the file beside the
+plugin, so an edit of the one that ran mixed two versions' steps. K2: code ``exec`` reads from a literal file
+not named ``.py`` (``exec(open("helpers.txt").read())``) was not in the key. R1: a LongRoPE model loaded in
+bfloat16 was refused after a plain long forward (its float32 long set copied into a bfloat16 buffer matched no
+value the check computed). R2: a property on the rotary class supplying the long set passed. M1: ``one_line``
+escaped every non-printable character, so a path with a no-break space in a fix could not be used as shown.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import mechkit as mk
+from mechkit.errors import MechkitError, one_line
+from mechkit.plugin_key import plugin_code
+from tests.conftest import edit_plugin, forwards
+
+# --- K1 / K2: files a plugin runs by name -----------------------------------------------------------------------------
+
+PLUGIN = """
+import mechkit as mk
+{pre}
+class P(mk.Plugin):
+    name, version, summary = "rt30c-runs", "0.1", "t"
+    def run(self, ctx):
+        return mk.Result(results={{"v": ctx.step("a", lambda: {call})}}, finding="ok")
+"""
+
+CASES = {
+    "run_path from the working directory": ("import runpy", "runpy.run_path('{h}.py')['VALUE']", ".py", "cwd"),
+    "exec of a .txt file": ("", "(lambda g: (exec(open('{h}.txt').read(), g), g['VALUE'])[1])({{}})", ".txt", "cwd"),
+    "exec of a .txt file beside the plugin": (
+        "import os\nHERE = os.path.dirname(os.path.abspath(__file__))",
+        "(lambda g: (exec(open(os.path.join(HERE, '{h}.txt')).read(), g), g['VALUE'])[1])({{}})", ".txt", "plugin"),
+    "compile of a .cfg file": ("", "eval(compile(open('{h}.cfg').read(), 'h', 'eval'))", ".cfg", "cwd"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_file_the_plugin_runs_by_its_name_is_in_the_key(tmp_path, monkeypatch, case):
+    pre, call, suffix, where = CASES[case]
+    tag = sorted(CASES).index(case)
+    module, helper = f"rt30c_plug_{tag}", f"rt30c_help_{tag}"
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "plug" / f"{module}.py").write_text(textwrap.dedent(PLUGIN.format(pre=pre, call=call.format(h=helper))))
+    folder = tmp_path / ("work" if where == "cwd" else "plug")
+    text = "1" if suffix == ".cfg" else "VALUE = 1\n"
+    (folder / f"{helper}{suffix}").write_text(text)
+    if where == "cwd":
+        (tmp_path / "plug" / f"{helper}{suffix}").write_text(text)  # a same-named file beside the plugin: not the one run
+    monkeypatch.syspath_prepend(str(tmp_path / "plug"))
+    monkeypatch.chdir(tmp_path / "work")
+    try:
+        cls = __import__(module).P
+        first = plugin_code(cls)
+        assert plugin_code(cls) == first
+        (folder / f"{helper}{suffix}").write_text(text.replace("1", "2"))
+        assert plugin_code(cls) != first
+    finally:
+        sys.modules.pop(module, None)
+
+
+def test_a_data_file_named_outside_exec_leaves_the_key_alone(tmp_path, monkeypatch):
+    """A file the plugin reads as data (not code) is an input the key does not cover (stated in safety.md)."""
+    (tmp_path / "rt30c_data.py").write_text(textwrap.dedent(PLUGIN.format(
+        pre="", call="open('notes.txt').read()")))
+    (tmp_path / "notes.txt").write_text("one")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        cls = __import__("rt30c_data").P
+        first = plugin_code(cls)
+        (tmp_path / "notes.txt").write_text("two")
+        assert plugin_code(cls) == first
+    finally:
+        sys.modules.pop("rt30c_data", None)
+
+
+# --- R1 / R2: a LongRoPE's long set -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def longrope_dir(tmp_path_factory) -> Path:
+    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
+
+    factors = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    model, _ = tiny_model("phi3", max_position_embeddings=64, original_max_position_embeddings=16,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 1.0, "original_max_position_embeddings": 16,
+                                           **factors})
+    path = tmp_path_factory.mktemp("long") / "m"
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("lengths", [(40,), (40, 8), (8, 40)])
+def test_a_half_precision_longrope_passes_a_plain_long_forward(longrope_dir, dtype, lengths):
+    h = mk.load_model(str(longrope_dir), dtype=dtype)
+    run = mk.run(edit_plugin(forwards(*lengths), "rt30c-fw"), model=h, write=False)
+    assert all(run.report["checks"].values())
+
+
+def test_a_half_precision_longrope_edit_is_still_refused(longrope_dir):
+    h = mk.load_model(str(longrope_dir), dtype="bfloat16")
+
+    def edit(m):
+        forwards(40)(m)
+        m.model.model.rotary_emb.inv_freq.mul_(1.5)
+
+    with pytest.raises(MechkitError, match="rotary_emb.inv_freq holds other values"):
+        mk.run(edit_plugin(edit, "rt30c-edit"), model=h, write=False)
+
+
+@pytest.mark.parametrize("supplied", ["property", "tensor", "None"])
+def test_anything_on_the_rotary_class_under_the_long_sets_name_is_refused(longrope_dir, supplied):
+    h = mk.load_model(str(longrope_dir))
+    forwards(40)(h)
+    rope_class = type(h.model.model.rotary_emb)
+    value = {"property": property(lambda s: torch.full((8,), 0.5), lambda s, v: None),
+             "tensor": torch.ones(8), "None": None}[supplied]
+
+    def edit(m):
+        rope_class.long_inv_freq = value
+
+    try:
+        with pytest.raises(MechkitError, match="long_inv_freq was set on the class Phi3RotaryEmbedding"):
+            mk.run(edit_plugin(edit, "rt30c-class"), model=h, write=False)
+    finally:
+        del rope_class.long_inv_freq
+
+
+# --- M1: one line, and a path shown as it is ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("/tmp/a\u00a0dir", "/tmp/a\u00a0dir"), ("/tmp/caf\u00e9", "/tmp/caf\u00e9"), ("/tmp/x\u200dy", "/tmp/x\u200dy"),
+    ("a\nb", "a\\nb"), ("a\rb", "a\\rb"), ("a\x1b[2Jb", "a\\x1b[2Jb"), ("a\u2028b", "a\\u2028b"), ("a\x85b", "a\\x85b"),
+])
+def test_one_line_escapes_only_what_breaks_the_line(text, shown):
+    assert one_line(text) == shown
+    assert str(MechkitError(f"cannot write {text}", "fix")) == f"cannot write {shown} — fix"
+
+
+def test_a_fix_naming_a_path_with_a_no_break_space_can_be_used_as_shown(tmp_path):
+    from tests.conftest import cli_in_process
+
+    out = tmp_path / "lk\u00a0dir"
+    os.symlink(tmp_path / "nowhere", tmp_path / ".lk\u00a0dir.mechkit-lock")
+    result = cli_in_process("detect", "--model", "tiny:llama", "--out", str(out), "--force")
+    assert result.returncode == 2
+    assert str(tmp_path / ".lk\u00a0dir.mechkit-lock") in result.stderr
