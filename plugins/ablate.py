@@ -41,7 +41,7 @@ class AblatePlugin(Plugin):
         Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from",
                parse=ExistingPath("detect report (a run directory or its report.json)")),
         Option("n_seqs", int, 50, "Random sequences for head detection (when scores are computed).", min=1),
-        Option("seg_len", int, 25, "Segment length for head detection.", min=1),
+        Option("seg_len", int, 25, "Segment length for head detection (at least 2).", min=2),
         Option("batch_size", int, 16, "Prompts per forward pass.", min=1),
         *EXECUTION,  # the conditions (clean, target, each random draw at each k) can run on Ray workers
     )
@@ -64,12 +64,14 @@ class AblatePlugin(Plugin):
         # k is how many heads a ranked spec takes (each checked now, before scores are computed);
         # an explicit spec (17.3,layer:2) ablates what it names
         ks = selection.ks(n_layers, n_heads, opts["sweep"], top_k, ctx.seed)
-        if opts["baseline"] == "random":
-            selection.check_baseline(n_layers, n_heads, ks, ctx.seed, other=", or --baseline none",
-                                     flag="--sweep" if opts["sweep"] else "--top-k")
+        baseline = {"other": ", or --baseline none", "flag": "--sweep" if opts["sweep"] else "--top-k"}
+        if opts["baseline"] == "random":  # where it fails whatever the scores pick: now; else once they are known
+            selection.check_baseline(n_layers, n_heads, ks, ctx.seed, **baseline)
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"])
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
+        if opts["baseline"] == "random":
+            selection.check_baseline(n_layers, n_heads, ks, ctx.seed, scores=scores, late=True, **baseline)
         reference = None
         if opts["mode"] != "zero":
             reference = reference_tokens(model, task_prompts(tasks, 8, opts["shots"], ctx.seed + 10_000, opts["setting"]))

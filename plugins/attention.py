@@ -32,7 +32,7 @@ class AttentionPlugin(Plugin):
         Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from",
                parse=ExistingPath("detect report (a run directory or its report.json)")),
         Option("n_seqs", int, 20, "Random sequences for head scores (when they are computed).", min=1),
-        Option("seg_len", int, 25, "Segment length for head scores.", min=1),
+        Option("seg_len", int, 25, "Segment length for head scores (at least 2).", min=2),
     )
 
     @classmethod

@@ -36,7 +36,7 @@ class DetectPlugin(Plugin):
     options = (
         Option("kind", str, "all", "Which scores to rank and plot.", choices=KIND_CHOICES),
         Option("n_seqs", int, 50, "Number of random sequences.", min=1),
-        Option("seg_len", int, 25, "Length of the repeated segment.", min=1),
+        Option("seg_len", int, 25, "Length of the repeated segment (at least 2).", min=2),
         Option("top_k", int, 10, "How many top heads to list per kind.", min=1),
         Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
         Option("reference", str, "none", "Also run this detector on the same sequences and record the agreement "

@@ -41,7 +41,7 @@ class ShufflePlugin(Plugin):
         Option("setting", str, None, "For composite tasks (a+b): simple, composite or composite-in-context.",
                choices=("simple", "composite", "composite-in-context")),
         Option("n_seqs", int, 50, "Repeated random sequences for detection and for the loss.", min=1),
-        Option("seg_len", int, 25, "Length of the repeated segment.", min=1),
+        Option("seg_len", int, 25, "Length of the repeated segment (at least 2).", min=2),
         Option("from_report", str, None, "Read head scores from this detect report.", cli_name="from",
                parse=ExistingPath("detect report (a run directory or its report.json)")),
         Option("batch_size", int, 16, "Sequences per forward pass.", min=1),
@@ -79,6 +79,7 @@ class ShufflePlugin(Plugin):
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
         target = selection.resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=ctx.seed)
+        selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed, scores=scores, late=True)  # as picked
         # Held-out sequences: never the ones the heads were selected on.
         tokens = repeated_tokens(model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed + 1)
         plan = shuffle_conditions(target, n_layers, n_heads, opts["seeds"], ctx.seed)

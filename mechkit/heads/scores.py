@@ -13,6 +13,7 @@ as they are computed, so no pattern is ever stored: scoring costs one forward pa
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from mechkit.errors import MechkitError
 from mechkit.hooking.core import hooks
 from mechkit.model.checks.identity import config_sha256
 from mechkit.model.modules.linear import weight_out_in
@@ -103,6 +105,11 @@ def head_scores(handle: ModelHandle, tokens: torch.Tensor, seg_len: int, batch_s
     ``step(key, compute)`` (a plugin's ``ctx.step``) keeps each batch's sums, so an interrupted run
     resumes at the first unfinished batch with identical scores.
     """
+    if isinstance(seg_len, bool) or not isinstance(seg_len, numbers.Integral) or seg_len < 2:
+        # a token after its earlier copy needs a segment of 2: with 1 the "induction" stripe is the diagonal
+        # (self-attention) and the copy loss a mean of nothing (NaN), blamed on the weights after all the work
+        raise MechkitError(f"seg_len must be a whole number of at least 2, not {seg_len!r}: induction is read "
+                           "from the token after an earlier copy", "pass --seg-len 2 or more (seg_len= in Python)")
     a = handle.anatomy
     step = step or (lambda _key, compute: compute())
     total = tokens.shape[1]

@@ -108,6 +108,11 @@ def random_heads(n_layers: int, n_heads: HeadCounts, k: int, seed: int = 0, excl
     excluded = set(exclude)
     pool = [h for h in all_heads(n_layers, n_heads) if h not in excluded]
     if k > len(pool):
+        if excluded:  # the baseline of a selection: lowering k to len(pool) would not leave len(pool) others
+            total = len(pool) + len(excluded & set(all_heads(n_layers, n_heads)))
+            raise HeadSpecError(f"cannot draw {k} random heads: only {len(pool)} remain beside the "
+                                f"{total - len(pool)} selected", f"select at most {total // 2} of the model's "
+                                f"{total} heads (a lower --top-k, or fewer heads in --heads)")
         raise HeadSpecError(f"cannot draw {k} random heads: only {len(pool)} remain after exclusions",
                             f"lower --top-k (top_k= in Python) to at most {len(pool)}")
     return sorted(_random.Random(seed).sample(pool, k))
@@ -162,31 +167,66 @@ class HeadSelection:
         return len(self.resolve(n_layers, n_heads, scores=placeholder, top_k=top_k, seed=seed))
 
     def check_baseline(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0,
-                       other: str = "", flag: str = "--top-k") -> None:
-        """Refuse now, before scores are computed, a k whose random baseline (as many heads, none of the
-        selected) cannot be drawn: on a small model the default k can name half its heads or more, and the
-        draw failed only after the scores, with a fix that did not say how far to lower k. ``flag`` is the
-        option the ks came from: a k of ``--sweep`` is lowered there (``--top-k`` beside ``--sweep`` is
-        refused, so a fix naming it did not run)."""
+                       other: str = "", flag: str = "--top-k", scores: Any = None, late: bool = False) -> None:
+        """Refuse a k whose random baseline (as many heads, none of the selected) cannot be drawn: on a small
+        model the default k can name half its heads or more. Early (before the scores are computed) only where
+        it fails whatever the scores pick: the fewest heads the spec can name (two ranked items may pick the
+        same heads, or the heads it names); ``late`` (with the ``scores``, before the draws), where the heads
+        it resolves to leave too few. The fix is a k that holds whatever the scores pick
+        (each ranked item's k heads apart from the rest): the k of the draw's failure ("at most 3") was often
+        the one given. ``flag`` is the option the ks came from: a k of ``--sweep`` is lowered there
+        (``--top-k`` beside ``--sweep`` is refused, so a fix naming it did not run)."""
         total = sum(per_layer(n_layers, n_heads))
         for k in ks:
-            named = self.count(n_layers, n_heads, k, seed)
+            if not late:
+                self.count(n_layers, n_heads, k, seed)  # ranges and k, before scores
+                named, least = self._fewest(n_layers, n_heads, k, seed), " at least" if self.needs_scores else ""
+            else:
+                named, least = len(self.resolve(n_layers, n_heads, scores=scores, top_k=k, seed=seed)), ""
             if named > total - named:
-                raise HeadSpecError(f"--heads {self.spec} names {named} of the model's {total} heads, leaving "
+                raise HeadSpecError(f"--heads {self.spec} names{least} {named} of the model's {total} heads, leaving "
                                     f"{total - named} to draw a random baseline of {named} other heads from",
-                                    self._baseline_fix(total // 2, ks, other, flag))
+                                    self._baseline_fix(n_layers, n_heads, ks, other, flag))
 
-    def _baseline_fix(self, most: int, ks: Sequence[int], other: str, flag: str) -> str:
-        """What lets the baseline be drawn: at most ``most`` heads named, said where the count comes from (an
-        explicit spec names its heads itself: ``--top-k`` changed nothing), and only ``other`` where no count
-        can (a one-head model: ``--top-k 0`` was suggested, below its minimum)."""
+    def _explicit(self, n_layers: int, n_heads: HeadCounts) -> set[Head]:
+        """The heads it names one by one (pairs and whole layers), whatever k and the scores."""
+        fixed = [i for i in self.items if i[0] in ("pair", "layer")]
+        return set(HeadSelection(self.spec, tuple(fixed)).resolve(n_layers, n_heads)) if fixed else set()
+
+    def _fewest(self, n_layers: int, n_heads: HeadCounts, k: int, seed: int) -> int:
+        """The fewest heads it can name with ``k``: what needs no scores (explicit heads, a seeded random draw),
+        or k where a score's top k may all fall among them (and among each other's)."""
+        known = [i for i in self.items if i[0] != "score"]
+        named = len(HeadSelection(self.spec, tuple(known)).resolve(n_layers, n_heads, top_k=k, seed=seed)) \
+            if known else 0
+        return max(named, min(k, sum(per_layer(n_layers, n_heads)))) if self.needs_scores else named
+
+    def safe_top_k(self, n_layers: int, n_heads: HeadCounts) -> int:
+        """The largest k whose selection leaves a random baseline whatever the scores pick: its explicit heads
+        and each distinct ranked item's k heads, all apart, at most half the model's heads (0: none does).
+
+        >>> parse_spec("induction,previous-token").safe_top_k(2, 4), parse_spec("0.0,induction").safe_top_k(2, 4)
+        (2, 3)
+        """
+        ranked = len({i for i in self.items if i[0] in ("score", "random")})
+        room = sum(per_layer(n_layers, n_heads)) // 2 - len(self._explicit(n_layers, n_heads))
+        return max(0, room // ranked) if ranked else 0
+
+    def _baseline_fix(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int], other: str, flag: str) -> str:
+        """What lets the baseline be drawn: at most half the heads named, said where the count comes from (an
+        explicit spec names its heads itself: ``--top-k`` changed nothing; a ranked one, a k that holds for
+        all its ranked items), and only ``other`` where no count can (a one-head model: ``--top-k 0`` was
+        suggested, below its minimum)."""
+        most = sum(per_layer(n_layers, n_heads)) // 2
         if most == 0:
             return (f"{other.removeprefix(', or ')} (a random baseline needs a model of 2 heads or more)" if other
                     else "use a model of 2 heads or more: a random baseline needs heads the selection leaves")
-        if not self.ranked:
-            return f"name at most {most} heads in --heads{other}"
-        lower = (f"--top-k {most}" if flag == "--top-k" else
-                 f"{flag} values of at most {most}, e.g. {flag} {_sweep_example(ks, most)}")
+        safe = self.safe_top_k(n_layers, n_heads)
+        if not self.ranked or safe == 0:
+            what = "in --heads" if not self.ranked else "one by one in --heads, or drop a ranked item"
+            return f"name at most {most} heads {what}{other}"
+        lower = (f"--top-k {safe}" if flag == "--top-k" else
+                 f"{flag} values of at most {safe}, e.g. {flag} {_sweep_example(ks, safe)}")
         return f"name at most {most} heads ({lower}){other}"
 
     def check(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0) -> None:

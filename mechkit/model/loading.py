@@ -230,23 +230,48 @@ def refuse_invalid_hub_id(text: str) -> None:
                              "check the spelling: a model directory, a .gguf file or a hub id like org/name") from None
 
 
+class UnreadableFiles(ModelLoadError):
+    """transformers could not read a directory's weights or tokenizer files (damage, or files another version
+    wrote): the one load failure a GGUF's cache entry is rebuilt for. mechkit's own refusals of what the files
+    say (a vocab_size the weights disagree with...) are not: the conversion would write the same files again."""
+
+
 def load_gguf_cached(gguf: Path, torch_dtype=None, label: str | None = None, placed: Dispatch | None = None):
     """``(cache directory, model, tokenizer)`` for a GGUF file: dequantized on first use of its content,
     read back from the safetensors cache (converted to ``torch_dtype``, into ``placed``'s device map) ever after.
 
     The first load also reads the freshly written cache, so every load of a file gives the same model.
-    An entry that passes the cheap checks but still fails to load is rebuilt once.
+    An entry that passes the checksums but that transformers still cannot read is rebuilt once; a refusal of
+    the conversion's content is not (rebuilding wrote the same files on every load), and names the GGUF file,
+    not the cache entry: editing the entry's files only makes the next load convert again.
     """
     cached, built = cached_gguf(gguf, label=label)
     try:
         return cached, *load_directory(cached, torch_dtype, placed=placed)
     except DispatchError:
         raise  # the device map or memory limits, not the cache
-    except ModelLoadError:
+    except UnreadableFiles as err:
         if built:
-            raise
+            raise _conversion_refused(gguf, cached, err) from err
+    except ModelLoadError as err:
+        raise _conversion_refused(gguf, cached, err) from err
     cached, _ = cached_gguf(gguf, label=label, rebuild=True)
-    return cached, *load_directory(cached, torch_dtype, placed=placed)
+    try:
+        return cached, *load_directory(cached, torch_dtype, placed=placed)
+    except DispatchError:
+        raise
+    except ModelLoadError as err:
+        raise _conversion_refused(gguf, cached, err) from err
+
+
+def _conversion_refused(gguf: Path, cached: Path, err: ModelLoadError) -> ModelLoadError:
+    """A refusal of a GGUF's converted model, told of the GGUF file: the cache entry is mechkit's copy, checked
+    by checksum, so the fix a plain directory's refusal gives (edit its config.json) cannot work there."""
+    problem = err.problem.replace(f"{cached}/", "its ").replace(str(cached), "its conversion")
+    return ModelLoadError(f"the model converted from {gguf} is refused: {problem}",
+                          "the GGUF file's metadata disagrees with its tensors: convert the original model to "
+                          "GGUF again (llama.cpp's convert_hf_to_gguf.py), or pass the original model's directory "
+                          "instead")
 
 
 def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None):
@@ -308,7 +333,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
             raise ModelLoadError(f"could not load the model in {path}: its config.json sets {unknown[0]} to "
                                  f"{err.args[0]!r}, which transformers does not know",
                                  f"fix {unknown[0]} in config.json (the value the weights were made with)") from err
-        raise ModelLoadError(f"could not load the model in {path}: {first_line(err)}",
+        raise UnreadableFiles(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)
 
@@ -428,7 +453,7 @@ def _tokenizer(path: Path):
         present = [name for name in TOKENIZER_FILES if (path / name).is_file()]
         if not present:
             return None
-        raise ModelLoadError(f"the tokenizer files in {path} ({', '.join(present)}) do not load: {first_line(err)}",
+        raise UnreadableFiles(f"the tokenizer files in {path} ({', '.join(present)}) do not load: {first_line(err)}",
                              "re-save the model's tokenizer there (tokenizer.save_pretrained), or remove those "
                              "files for token-level analyses only") from err
 

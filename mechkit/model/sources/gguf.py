@@ -33,7 +33,7 @@ from pathlib import Path
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
 from mechkit.io import atomic_dir, write_atomic
-from mechkit.io.disk_cache import cache_root, refuse_foreign_entry
+from mechkit.io.disk_cache import cache_root, is_entry, refuse_foreign_entry
 
 CACHE_FORMAT = 3  # bump when the entry layout or the conversion changes meaning
 META = "mechkit-cache.json"
@@ -101,12 +101,16 @@ def _slug(stem: str) -> str:
 
 
 def entry_dir(path: Path, sha: str) -> Path:
-    """Where the conversion of this content lives: an existing entry with the same hash, whoever named
-    it, else ``gguf/<stem>-<sha256[:16]>``."""
+    """Where the conversion of this content lives: an existing entry with the same hash (one holding
+    ``mechkit-cache.json``), whoever named it, else ``gguf/<stem>-<sha256[:16]>``. A user's folder of a
+    matching name that sorts first is passed over, not refused as "in the way" of the entry beside it."""
     group = cache_root() / "gguf"
     same = sorted(group.glob(f"*-{sha[:KEY_HEX]}")) if group.is_dir() else []
     same = [p for p in same if not p.name.startswith(".")]
-    return same[0] if same else group / f"{_slug(Path(path).stem)}-{sha[:KEY_HEX]}"
+    own = group / f"{_slug(Path(path).stem)}-{sha[:KEY_HEX]}"
+    whole = [p for p in same if (p / META).is_file()]
+    ours = [p for p in same if is_entry("gguf", p)]  # a damaged entry of mechkit's: rebuilt where it is
+    return (whole or ours or [own])[0]
 
 
 def read_entry(target: Path, sha: str) -> dict | None:
