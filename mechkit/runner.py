@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from mechkit.errors import MechkitError, PluginError, first_line
 from mechkit.executors import check_execution
 from mechkit.io.fs_errors import one_line_errors, refuse_over_file_size_limit
+from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
@@ -300,6 +301,8 @@ def run_plugin(
                     raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
                 out_dir = Path(out)
                 check_run_out(out_dir, force, (*model_inputs(model), *input_paths(cls, parsed)), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
+                if cls.writes(params):  # it prepares what it saves in $TMPDIR: not inside --out or the cache
+                    refuse_tmpdir_inside(out_dir)
                 stack.enter_context(out_lock(out_dir))
                 check_run_out(out_dir, force, plugin=cls.name, writes=cls.writes(params))  # again under the lock: a run that finished there meanwhile wrote a report
             else:
@@ -469,7 +472,8 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
     a mount inside chmod'ed through: :func:`mechkit.io.returned.odd_entry`). A ``Path`` that is ``out`` (``--out``), holds it or lies
     inside it or inside mechkit's cache is refused too, and dropped from ``files`` so that nothing removes it
     (a folder holding ``--out`` was deleted whole, the user's files in it, after its rename into itself
-    failed); so is one returned twice (the second move found it gone, a misleading "removed by a cleaner")."""
+    failed); so is one returned twice, or inside another returned one (the second move found it gone, a
+    misleading "removed by a cleaner", and the first, a user's folder, was lost when the write then failed)."""
     fix = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
            "files={name: bytes, text or a Path of a file or directory it prepared})")
     if not isinstance(result, Result):
@@ -529,6 +533,13 @@ def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) 
                               f"and files[{name!r}]: a prepared file can be moved into the report only once",
                               f"return each prepared path under one name; {fix}")
         seen[key] = name
+    paths = [(name, value) for name, value in result.files.items() if isinstance(value, Path)]
+    for name, value in paths:  # moving the outer one took the inner along: its move then found it gone
+        inner = next((other for other in paths if other[0] != name and relation(other[1], value) == "is inside"), None)
+        if inner is not None:
+            raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as the path {value}, which holds "
+                              f"files[{inner[0]!r}] ({inner[1]}): a prepared path can be moved into the report only "
+                              "once", f"return the folder or the paths inside it, not both; {fix}")
 
 
 def _identity(path: Path) -> Any:

@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError
@@ -162,13 +162,16 @@ def temp_dir_beside(target: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterator[Path]:
+def atomic_dir(target: str | os.PathLike[str], replace: bool = False,
+               on_fail: Callable[[], None] | None = None) -> Iterator[Path]:
     """Build a directory in a hidden temporary directory beside ``target``; on success it is flushed
     and becomes ``target`` in one rename, on any error (Ctrl-C included) it is removed.
 
     An existing ``target`` is swapped out and deleted only when ``replace`` is true; otherwise
     :class:`~mechkit.errors.MechkitError` is raised before the build when it already exists, and at
     the rename when another writer created it meanwhile (one wins whole, the other is told).
+    ``on_fail`` is called on any failure, the final rename's included, before the temporary directory is
+    removed: the report writer puts back there a user's file a plugin returned (it was deleted with the folder).
 
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "model"
@@ -190,6 +193,8 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
         umask_modes(tmp, fsync=True)
         _rename_dir(tmp, target, replace)
     except BaseException as err:
+        if on_fail is not None:
+            on_fail()
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_naming(err, target)
         raise
@@ -206,7 +211,8 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     device = os.lstat(folder).st_dev
 
     def own(path: str, info: os.stat_result) -> bool:  # not through a mount, of a folder or a file
-        return info.st_dev == device and os.path.realpath(path) not in points
+        # a file's own device may differ from its folder's (overlayfs with xino=off): its mount is in the list
+        return (info.st_dev == device or not stat.S_ISDIR(info.st_mode)) and os.path.realpath(path) not in points
 
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if own(os.path.join(root, d), os.lstat(os.path.join(root, d)))]

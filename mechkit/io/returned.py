@@ -38,8 +38,8 @@ def path_kind(path: Path) -> str:
 def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
     """``(path, words)`` for the first thing at or under ``path`` the writer may not move as the plugin's own:
     anything but a regular file or a directory, a file with another hard link (its other name is someone's),
-    a mount point, of a folder or a file (a removal or chmod would go through it), a folder it cannot list
-    (what it holds would be checked and copied in part), or a folder past ``limit`` entries (default
+    a mount point, of a folder or a file (a removal or chmod would go through it), a file or folder it cannot
+    read (what it holds would be checked and copied in part; the copy failed naming the report's folder), or a folder past ``limit`` entries (default
     :data:`WALK_LIMIT`: what lies past the bound is unchecked); else None."""
     from mechkit.io.read import mount_points
 
@@ -73,11 +73,29 @@ def _own(path: Path, points: frozenset[str], device: int | None) -> tuple[Path, 
     if kind not in ("file", "directory"):
         return path, kind
     info = os.lstat(path)
-    if os.path.realpath(path) in points or (device is not None and info.st_dev != device) or (
-            kind == "directory" and os.path.ismount(path)):  # a file bind-mounted over another is one too
+    if os.path.realpath(path) in points or (kind == "directory" and (
+            (device is not None and info.st_dev != device) or os.path.ismount(path))):
+        # a file bind-mounted over another is in the mount list; its device alone says nothing (overlayfs
+        # with xino=off gives a file another device than its folder: every file was "a mount point")
         return path, "a mount point"
     if kind == "file" and info.st_nlink > 1:
         return path, f"a file with {info.st_nlink - 1} other hard link(s), another name of the same data"
+    return _unreadable(path, kind)
+
+
+def _unreadable(path: Path, kind: str) -> tuple[Path, str] | None:
+    """``(path, words)`` where this process cannot read ``path`` (a file it cannot open, a folder it cannot
+    list): its copy across file systems failed half-way, naming the report's temporary folder, not the file."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    if kind == "directory":
+        flags |= getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        return path, f"a {'folder' if kind == 'directory' else 'file'} that cannot be read ({err.strerror})"
+    os.close(fd)
+    if kind == "directory" and not os.access(path, os.R_OK | os.X_OK):
+        return path, "a folder that cannot be read (permission denied)"
     return None
 
 

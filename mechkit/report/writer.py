@@ -10,6 +10,7 @@ files the user keeps there are left alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -77,7 +78,7 @@ def write_report(
     figures = {_png_name(k): v for k, v in (figures or {}).items()}
     files = dict(files or {})
     names = list(figures) + list(files)
-    _check_names(names)
+    _check_names(names, out)
     clash = [n for n in ("report.html", *names) if not force and os.path.lexists(out / n)]
     if clash:  # without --force none of the run's files replaces one there (another writer's, made meanwhile)
         raise ReportExistsError(f"{out / clash[0]} already exists", "pass --force to overwrite it or choose another --out")
@@ -92,11 +93,13 @@ def write_report(
     check_out(out, force=True, kind="dir")  # a file there, or a read-only place: one line, before rendering
 
     created_parents = _missing_ancestors(out.parent)
+    moves = _Moves()
     try:
         writer = str(final.get("plugin"))  # a model another plugin saved there is refused
-        with replacing_dir(out, writer=writer, force=True) as tmp:  # new: one rename; else one set, with a manifest
-            _render(tmp, final, figures, files, tables)
+        with replacing_dir(out, writer=writer, force=True, on_fail=moves.put_back) as tmp:  # new: one rename; else one set
+            _render(tmp, final, figures, files, tables, moves)
     except BaseException as err:  # Ctrl-C included: never leave a half-written run behind
+        moves.put_back()  # a failure before the temporary folder was made: nothing moved; else done already
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
                 parent.rmdir()
@@ -108,20 +111,55 @@ def write_report(
         if found is not None and found is not err:  # a full disk seen by write() names no file: name --out
             raise found from err
         raise
+    moves.commit()  # the report is in place: a user's path copied in (another file system) goes only now
     return out
 
 
+class _Moves:
+    """The returned paths that are not mechkit's prepared folders (a user's own file or folder a plugin returned),
+    as the writer moved them into the report's temporary folder: each renamed one is put back where it was on any
+    failure (a full disk, Ctrl-C, the final rename), and each copied one is removed only once the report is in
+    place. They were deleted with the temporary folder, though the run promised to leave them where they are."""
+
+    def __init__(self) -> None:
+        self.renamed: list[tuple[Path, Path]] = []
+        self.copied: list[Path] = []
+
+    def put_back(self) -> None:
+        """Rename each moved path back to where it was, leaving an empty stand-in of its kind in the temporary
+        folder: a set's roll-back (:func:`mechkit.io.journal.recover`) takes a name missing there for one that
+        was moved into ``--out`` and deletes what ``--out`` holds under it (the previous run's model)."""
+        for src, dst in reversed(self.renamed):
+            if os.path.lexists(dst) and not os.path.lexists(src):
+                folder = os.path.isdir(dst) and not os.path.islink(dst)
+                try:
+                    os.rename(dst, src)
+                except OSError:
+                    continue
+                with contextlib.suppress(OSError):
+                    os.mkdir(dst) if folder else os.close(os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        self.renamed.clear()
+
+    def commit(self) -> None:
+        from mechkit.io.leftovers import discard_prepared
+
+        self.renamed.clear()
+        for src in self.copied:
+            discard_prepared(src)  # a complete, synced copy is in the report
+        self.copied.clear()
+
+
 def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
-            tables: list[Table] | None = None) -> None:
-    """Write the figures, the files, ``report.html`` and ``report.json`` (last) of the checked report
-    ``final`` into ``tmp``."""
+            tables: list[Table] | None = None, moves: _Moves | None = None) -> None:
+    """Write the figures, the files, ``report.html`` and ``report.json`` of the checked report ``final`` into
+    ``tmp``, and move the returned paths in last: a failure of anything else (a full disk, a name too long)
+    then never finds a user's path in the temporary folder, which is removed."""
     images: dict[str, bytes] = {}
     for name, fig in figures.items():
         fig.savefig(tmp / name, dpi=PNG_DPI, format="png", bbox_inches="tight")
         images[name] = (tmp / name).read_bytes()
     for name, content in files.items():
-        if isinstance(content, Path):  # a file or directory the plugin prepared (e.g. a saved model)
-            move_prepared(content, tmp / name)
+        if isinstance(content, Path):  # a file or directory the plugin prepared (e.g. a saved model): last
             continue
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         (tmp / name).write_bytes(data)
@@ -131,30 +169,37 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
     text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
     (tmp / REPORT_HTML).write_text(render_html(final, images, tables), encoding="utf-8")
     (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
+    for name, content in files.items():
+        if isinstance(content, Path):
+            move_prepared(content, tmp / name, moves)
 
 
-def move_prepared(src: Path, dst: Path) -> None:
+def move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     """Move the file or directory a plugin prepared into the report: renamed where it can be, else copied (another
     file system: ``$TMPDIR`` on a tmpfs, a file in ``/dev/shm``), each file synced before the source goes, so a
     full disk is the plain OSError the writer names in one line, not shutil.move's ``shutil.Error`` (a
     traceback). The prepared path is the writer's: moved in, or removed if it cannot be (a failed copy left a
     ``/tmp/mechkit-pruned-*`` behind on every try), and its lock let go after
     (:func:`mechkit.io.leftovers.release_prepared`). One that vanished before or while it was moved (a tmp
-    cleaner) is one line naming it: the report is then not written at all."""
+    cleaner) is one line naming it: the report is then not written at all. A path that is not a prepared folder
+    (a user's own) is recorded in ``moves``: renamed back on a failure, its source removed only after the commit."""
     from mechkit.io.leftovers import release_prepared
 
     try:
-        _move_prepared(src, dst)
+        _move_prepared(src, dst, moves)
     finally:
         release_prepared(src)
 
 
-def _move_prepared(src: Path, dst: Path) -> None:
+def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     import errno
 
     from mechkit.io.leftovers import discard_prepared
 
+    keep = None if _in_scratch(src) else moves  # a user's path: put back on a failure, not removed before the commit
     try:
+        if keep is not None:
+            keep.renamed.append((src, dst))  # before the rename: a Ctrl-C right after it is put back too
         os.rename(src, dst)
         return
     except OSError as err:
@@ -180,7 +225,9 @@ def _move_prepared(src: Path, dst: Path) -> None:
             raise _vanished(src)
         done = True
     finally:
-        if done:
+        if done and keep is not None:
+            keep.copied.append(src)  # a user's: removed once the report is committed, not before
+        elif done:
             discard_prepared(src)  # moved: a complete, synced copy is in the report
         else:  # the report is not written: its partial copy goes, and the source only from the temporary folder
             if dst.is_dir() and not dst.is_symlink():
@@ -276,9 +323,16 @@ def _png_name(name: str) -> str:
     return name if name.lower().endswith(".png") else f"{name}.png"
 
 
-def _check_names(names: list[str]) -> None:
+def _check_names(names: list[str], out: Path | None = None) -> None:
+    """Refuse (one line, naming the artifact) a name that is no plain file name, one given twice, or one longer
+    than ``out``'s file system allows: written, it failed after the work with "choose a shorter --out", though
+    no --out could help, and a user's path a plugin returned beside it was lost with the temporary folder."""
     seen: set[str] = set()
+    limit = _name_max(out)
     for name in names:
+        if name and len(os.fsencode(name)) > limit:
+            raise MechkitError(f"artifact name {name[:40]!r}... is {len(os.fsencode(name))} bytes long, more than "
+                               f"the {limit} a file name may have", "give that figure or file a shorter name")
         if (
             not name
             or "/" in name
@@ -294,6 +348,17 @@ def _check_names(names: list[str]) -> None:
                 f"artifact name {name!r} is given twice", "give each figure and file its own name"
             )
         seen.add(name)
+
+
+def _name_max(out: Path | None) -> int:
+    """The longest file name (in bytes) the file system of ``out`` (its nearest existing folder) takes; 255."""
+    for place in (() if out is None else (out, *out.parents)):
+        if os.path.isdir(place):
+            try:
+                return int(os.pathconf(place, "PC_NAME_MAX"))
+            except (OSError, ValueError, AttributeError):
+                break
+    return 255
 
 
 def _missing_ancestors(path: Path) -> list[Path]:
