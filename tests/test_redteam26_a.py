@@ -131,7 +131,11 @@ def _full_disk(monkeypatch, src: Path) -> None:
         Path(b).write_bytes(Path(a).read_bytes()[:3])
         raise OSError(errno.ENOSPC, "No space left on device", str(a))
 
+    def link(a, b, *args, **kwargs):  # a user's path is linked, not renamed (pass 30): across devices it cannot be
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(a))
+
     monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "link", link)
     monkeypatch.setattr(shutil, "copy2", copy2)
 
 

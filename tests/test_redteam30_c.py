@@ -160,3 +160,59 @@ def test_a_fix_naming_a_path_with_a_no_break_space_can_be_used_as_shown(tmp_path
     result = cli_in_process("detect", "--model", "tiny:llama", "--out", str(out), "--force")
     assert result.returncode == 2
     assert str(tmp_path / ".lk\u00a0dir.mechkit-lock") in result.stderr
+
+
+# --- W1: a user's returned path is linked, never moved, until the report is in place ------------------------------
+
+KILLED = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    import mechkit as mk
+    import mechkit.io.atomic as atomic
+    from tests.conftest import returning_files
+    real = atomic.umask_modes
+    def die(folder, fsync=False):  # the commit's last step before the rename: kill -9 here
+        os.kill(os.getpid(), 9)
+    atomic.umask_modes = die
+    mk.run(returning_files({"m": Path(sys.argv[1])}, "rt30c-kill"), out=Path(sys.argv[2]))
+""")
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_users_path_survives_a_kill_during_the_write_and_the_next_clean_up(tmp_path, kind):
+    import subprocess
+
+    src = tmp_path / "mine"
+    if kind == "folder":
+        (src / "sub").mkdir(parents=True)
+        (src / "sub" / "thesis.txt").write_text("precious")
+    else:
+        src.write_text("precious")
+    os.chmod(src / "sub" / "thesis.txt" if kind == "folder" else src, 0o600)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MECHKIT_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", KILLED, str(src), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, cwd=str(Path(__file__).parent.parent), timeout=300)
+    assert done.returncode == -9, done.stderr
+    held = src / "sub" / "thesis.txt" if kind == "folder" else src
+    assert held.read_text() == "precious" and (held.stat().st_mode & 0o777) == 0o600
+    from mechkit.io.leftovers import clean_leftovers
+
+    clean_leftovers(tmp_path)  # the killed writer's temporary folder beside --out goes; the user's path stays
+    assert held.read_text() == "precious"
+    assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_after_the_commit_the_source_is_gone_and_the_reports_copy_has_the_umasks_mode(tmp_path):
+    from mechkit.io.atomic import file_mode
+
+    src = tmp_path / "mine"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(b"w")
+    os.chmod(src / "sub" / "w.bin", 0o600)
+    from tests.conftest import returning_files
+
+    out = mk.run(returning_files({"m": src}, "rt30c-commit"), out=tmp_path / "out").out_dir
+    assert not src.exists()
+    copied = out / "m" / "sub" / "w.bin"
+    assert copied.read_bytes() == b"w" and (copied.stat().st_mode & 0o777) == file_mode()
+    assert copied.stat().st_nlink == 1

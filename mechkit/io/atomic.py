@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError
@@ -162,16 +162,13 @@ def temp_dir_beside(target: str | os.PathLike[str]) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike[str], replace: bool = False,
-               on_fail: Callable[[], None] | None = None) -> Iterator[Path]:
+def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterator[Path]:
     """Build a directory in a hidden temporary directory beside ``target``; on success it is flushed
     and becomes ``target`` in one rename, on any error (Ctrl-C included) it is removed.
 
     An existing ``target`` is swapped out and deleted only when ``replace`` is true; otherwise
     :class:`~mechkit.errors.MechkitError` is raised before the build when it already exists, and at
     the rename when another writer created it meanwhile (one wins whole, the other is told).
-    ``on_fail`` is called on any failure, the final rename's included, before the temporary directory is
-    removed: the report writer puts back there a user's file a plugin returned (it was deleted with the folder).
 
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "model"
@@ -193,8 +190,6 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False,
         umask_modes(tmp, fsync=True)
         _rename_dir(tmp, target, replace)
     except BaseException as err:
-        if on_fail is not None:
-            on_fail()
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_naming(err, target)
         raise
@@ -221,10 +216,12 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
                 _umask_mode(Path(root, name), folder_mode)
         for name in files:
             info = os.lstat(os.path.join(root, name))
-            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and own(os.path.join(root, name), info):
-                _umask_mode(Path(root, name), mode)  # a hard link's other name is someone's: left as it is
-                if fsync:
-                    _fsync(Path(root, name))
+            if not stat.S_ISREG(info.st_mode) or not own(os.path.join(root, name), info):
+                continue
+            if info.st_nlink == 1:  # a hard link's other name is someone's (a user's file the report links to)
+                _umask_mode(Path(root, name), mode)
+            if fsync:
+                _fsync(Path(root, name))
         if fsync:
             _fsync(Path(root), directory=True)
 

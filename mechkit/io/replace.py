@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mechkit.errors import MechkitError
@@ -231,14 +231,11 @@ def _special(path: Path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode)
 
 
-def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = True, writer: str | None = None,
-                on_fail: Callable[[], None] | None = None) -> None:
+def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = True, writer: str | None = None) -> None:
     """Move ``names`` from ``tmp`` into the existing directory ``out`` as one set (see the module doc), with
     a manifest listing them when ``manifest``; the old files of the set end up in ``tmp/.previous`` and
     ``tmp`` is removed afterwards by the caller. ``writer`` (``prune``, ``taskvec apply``) is recorded in the
-    manifest and checked against the set it replaces (:func:`refuse_foreign_model`). On a failure the new files
-    already moved in go back into ``tmp`` and ``on_fail`` is called, both before the roll-back, which deletes
-    what was moved in: a user's file a plugin returned is put back where it was (the report writer's callback)."""
+    manifest and checked against the set it replaces (:func:`refuse_foreign_model`)."""
     recover(out)
     new = [n for n in dict.fromkeys(names) if n != MANIFEST]
     if writer is not None:
@@ -262,21 +259,13 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
     from mechkit.io.atomic import write_atomic
 
     write_atomic(journal, json.dumps({"tmp": tmp.name, "install": new, "remove": stale}))
-    moved: list[str] = []
     try:
         for name in reversed(_ordered([*new, *stale])):  # key file first
             if (out / name).exists() or (out / name).is_symlink():
                 os.replace(out / name, backup / name)
         for name in new:  # key file last
-            moved.append(name)
             os.replace(tmp / name, out / name)
     except BaseException:
-        if on_fail is not None:
-            for name in reversed(moved):
-                if os.path.lexists(out / name) and not os.path.lexists(tmp / name):
-                    with contextlib.suppress(OSError):
-                        os.replace(out / name, tmp / name)
-            on_fail()
         recover(out)
         raise
     journal.unlink()  # the commit
@@ -287,8 +276,8 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
 
 
 @contextlib.contextmanager
-def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = False, manifest: bool = True,
-                  on_fail: Callable[[], None] | None = None) -> Iterator[Path]:
+def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = False, manifest: bool = True
+                  ) -> Iterator[Path]:
     """Build a user's output directory in a temporary directory; on success it becomes ``target``.
 
     A new ``target`` appears in one rename (:func:`mechkit.io.atomic_dir`). An existing one, empty or (only
@@ -296,8 +285,7 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
     for the run) and gets the new files as one set (:func:`install_set`): the
     files this write and the previous mechkit write made are replaced, every other file is kept, and a
     model another ``writer`` saved there is refused (:func:`refuse_foreign_model`). On any error (Ctrl-C
-    included) ``target`` is left as it was and the temporary directory removed, ``on_fail`` called first (the
-    report writer puts a user's returned file back where it was: it was deleted with the temporary directory).
+    included) ``target`` is left as it was and the temporary directory removed.
 
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp())
@@ -312,7 +300,7 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
     target = Path(os.path.realpath(target))  # a symlinked --out: the directory it names, not the link
     recover(target)
     if not target.is_dir():
-        with _naming(target), atomic_dir(target, replace=False, on_fail=on_fail) as tmp:
+        with _naming(target), atomic_dir(target, replace=False) as tmp:
             yield tmp
             if manifest:
                 _write_manifest(tmp, [p.name for p in tmp.iterdir()], writer)
@@ -326,12 +314,7 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
     try:
         with _naming(target):
             yield tmp
-            install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest, writer=writer,
-                        on_fail=on_fail)
-    except BaseException:
-        if on_fail is not None:
-            on_fail()
-        raise
+            install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest, writer=writer)
     finally:
         if not journal_path(target).exists():  # else it holds the old files the journal's roll-back needs
             shutil.rmtree(tmp, ignore_errors=True)

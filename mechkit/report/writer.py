@@ -96,10 +96,9 @@ def write_report(
     moves = _Moves()
     try:
         writer = str(final.get("plugin"))  # a model another plugin saved there is refused
-        with replacing_dir(out, writer=writer, force=True, on_fail=moves.put_back) as tmp:  # new: one rename; else one set
+        with replacing_dir(out, writer=writer, force=True) as tmp:  # new: one rename; else one set, with a manifest
             _render(tmp, final, figures, files, tables, moves)
     except BaseException as err:  # Ctrl-C included: never leave a half-written run behind
-        moves.put_back()  # a failure before the temporary folder was made: nothing moved; else done already
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
                 parent.rmdir()
@@ -111,42 +110,68 @@ def write_report(
         if found is not None and found is not err:  # a full disk seen by write() names no file: name --out
             raise found from err
         raise
-    moves.commit()  # the report is in place: a user's path copied in (another file system) goes only now
+    moves.commit(out)  # the report is in place: a user's path linked or copied in goes only now
     return out
 
 
 class _Moves:
     """The returned paths that are not mechkit's prepared folders (a user's own file or folder a plugin returned),
-    as the writer moved them into the report's temporary folder: each renamed one is put back where it was on any
-    failure (a full disk, Ctrl-C, the final rename), and each copied one is removed only once the report is in
-    place. They were deleted with the temporary folder, though the run promised to leave them where they are."""
+    as the writer brought them into the report's temporary folder: never moved, but hard-linked file by file
+    (same file system) or copied, so the user's path stays where it is until the report is in place, whatever
+    ends the write (a full disk, a name too long, the final rename, Ctrl-C, kill -9: a renamed path was deleted
+    with the temporary folder). :meth:`commit` then removes the sources and gives the report's copies the umask's
+    modes (a linked file kept the mode the user's file had, which the writer must not change while it was
+    theirs)."""
 
     def __init__(self) -> None:
-        self.renamed: list[tuple[Path, Path]] = []
-        self.copied: list[Path] = []
+        self.sources: list[Path] = []
+        self.linked: list[str] = []
 
-    def put_back(self) -> None:
-        """Rename each moved path back to where it was, leaving an empty stand-in of its kind in the temporary
-        folder: a set's roll-back (:func:`mechkit.io.journal.recover`) takes a name missing there for one that
-        was moved into ``--out`` and deletes what ``--out`` holds under it (the previous run's model)."""
-        for src, dst in reversed(self.renamed):
-            if os.path.lexists(dst) and not os.path.lexists(src):
-                folder = os.path.isdir(dst) and not os.path.islink(dst)
-                try:
-                    os.rename(dst, src)
-                except OSError:
-                    continue
-                with contextlib.suppress(OSError):
-                    os.mkdir(dst) if folder else os.close(os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        self.renamed.clear()
-
-    def commit(self) -> None:
+    def commit(self, out: Path) -> None:
+        from mechkit.io.atomic import file_mode, umask_modes
         from mechkit.io.leftovers import discard_prepared
 
-        self.renamed.clear()
-        for src in self.copied:
-            discard_prepared(src)  # a complete, synced copy is in the report
-        self.copied.clear()
+        for src in self.sources:
+            discard_prepared(src)  # a complete, synced copy or a second name of each file is in the report
+        for name in self.linked:
+            path = out / name
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    umask_modes(path)
+                elif path.is_file() and path.stat().st_nlink == 1:
+                    os.chmod(path, file_mode())
+        self.sources.clear()
+        self.linked.clear()
+
+
+def _linked(src: Path, dst: Path) -> bool:
+    """Give each file of ``src`` a second name under ``dst`` (its folders made anew), so nothing of the user's
+    is moved before the report is in place; False (nothing left at ``dst``) where the file system cannot link
+    (another device, no hard links), for a copy instead."""
+    import errno
+
+    try:
+        if not src.is_dir() or src.is_symlink():
+            os.link(src, dst, follow_symlinks=False)
+            return True
+        dst.mkdir()
+        for path in _tree(src):
+            target = dst / path.relative_to(src)
+            if path.is_dir() and not path.is_symlink():
+                target.mkdir()
+            else:
+                os.link(path, target, follow_symlinks=False)
+        return True
+    except OSError as err:
+        if dst.is_dir() and not dst.is_symlink():
+            shutil.rmtree(dst, ignore_errors=True)
+        elif os.path.lexists(dst):
+            dst.unlink()
+        if err.errno == errno.ENOENT and not os.path.lexists(src):
+            raise _vanished(src) from err
+        if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP):
+            return False
+        raise
 
 
 def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
@@ -182,7 +207,7 @@ def move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     ``/tmp/mechkit-pruned-*`` behind on every try), and its lock let go after
     (:func:`mechkit.io.leftovers.release_prepared`). One that vanished before or while it was moved (a tmp
     cleaner) is one line naming it: the report is then not written at all. A path that is not a prepared folder
-    (a user's own) is recorded in ``moves``: renamed back on a failure, its source removed only after the commit."""
+    (a user's own) is linked or copied, never moved, and recorded in ``moves``: its source goes after the commit."""
     from mechkit.io.leftovers import release_prepared
 
     try:
@@ -196,12 +221,15 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
 
     from mechkit.io.leftovers import discard_prepared
 
-    keep = None if _in_scratch(src) else moves  # a user's path: put back on a failure, not removed before the commit
-    try:
-        if keep is not None:
-            keep.renamed.append((src, dst))  # before the rename: a Ctrl-C right after it is put back too
-        os.rename(src, dst)
+    keep = None if _in_scratch(src) else moves  # a user's path: never moved before the commit
+    if keep is not None and _linked(src, dst):
+        keep.sources.append(src)
+        keep.linked.append(dst.name)
         return
+    try:
+        if keep is None:
+            os.rename(src, dst)
+            return
     except OSError as err:
         if err.errno == errno.ENOENT and not os.path.lexists(src):
             raise _vanished(src) from err
@@ -226,7 +254,7 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
         done = True
     finally:
         if done and keep is not None:
-            keep.copied.append(src)  # a user's: removed once the report is committed, not before
+            keep.sources.append(src)  # a user's: removed once the report is committed, not before
         elif done:
             discard_prepared(src)  # moved: a complete, synced copy is in the report
         else:  # the report is not written: its partial copy goes, and the source only from the temporary folder
