@@ -248,6 +248,10 @@ class Plugin:
     # knows why it cannot (a method that needs every layer to have as many heads, say).
     pruned: ClassVar[frozenset[str]] = frozenset()
     pruned_why: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Which of the names ``writes`` gives the run prepares in ``$TMPDIR`` for its report to move in
+    # (:func:`mechkit.io.leftovers.make_prepared_dir`: ``prune --save-model``'s ``model``): for such a run a
+    # ``$TMPDIR`` inside ``--out`` or mechkit's cache is refused before the model loads, not after the work.
+    prepared: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: RunContext) -> Result:  # pragma: no cover - abstract
         raise NotImplementedError

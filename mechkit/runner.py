@@ -301,12 +301,14 @@ def run_plugin(
                     raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
                 out_dir = Path(out)
                 check_run_out(out_dir, force, (*model_inputs(model), *input_paths(cls, parsed)), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
-                if cls.writes(params):  # it prepares what it saves in $TMPDIR: not inside --out or the cache
+                if set(cls.writes(params)) & set(cls.prepared):  # saved in $TMPDIR first: not inside --out or the cache
                     refuse_tmpdir_inside(out_dir)
                 stack.enter_context(out_lock(out_dir))
                 check_run_out(out_dir, force, plugin=cls.name, writes=cls.writes(params))  # again under the lock: a run that finished there meanwhile wrote a report
             else:
                 out_dir = stack.enter_context(locked_default_out(cls.name))
+                if set(cls.writes(params)) & set(cls.prepared):
+                    refuse_tmpdir_inside(out_dir, "the run's folder")
             return _run(cls, params, parsed, out_dir, setup, console)
 
 

@@ -36,6 +36,7 @@ class PrunePlugin(Plugin):
     version = "0.1.0"
     needs = frozenset({"weight_writes", "weight_reads", "module_calls", "gradients", "generation"})
     pruned = frozenset({"layers"})  # docs/analyses/prune.md
+    prepared = ("model",)  # --save-model's model, in $TMPDIR until the report moves it in
     pruned_why = {kind: ("it ranks units in layers × neurons and layers × heads grids and records what it keeps in the "
                          "dense model's numbering, so it cannot prune again a model pruned that way",
                          "prune the dense model with a higher --sparsity or a lower --budget")

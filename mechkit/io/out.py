@@ -278,7 +278,7 @@ def _probe_writable(path: Path) -> None:
                            "choose an --out in a writable directory") from err
 
 
-def refuse_tmpdir_inside(out: str | os.PathLike[str]) -> None:
+def refuse_tmpdir_inside(out: str | os.PathLike[str], label: str = "--out") -> None:
     """One line where the temporary directory (``$TMPDIR``) is ``out`` or inside it, or inside mechkit's cache,
     for a run that saves files there before its report moves them in (``prune --save-model``): the saved model
     would lie inside the report it is moved into, or in the cache that ``cache clear`` deletes, and the run was
@@ -288,7 +288,7 @@ def refuse_tmpdir_inside(out: str | os.PathLike[str]) -> None:
     from mechkit.io.disk_cache import cache_root
 
     tmp = _real(tempfile.gettempdir())
-    for what, place in (("--out " + str(out), _real(out)), ("mechkit's cache", _real(cache_root()))):
+    for what, place in ((f"{label} {out}", _real(out)), ("mechkit's cache", _real(cache_root()))):
         if _within(tmp, place):
             raise MechkitError(f"the temporary directory TMPDIR ({tmp}) is inside {what} ({place}), where this run "
                                "prepares what it saves before moving it into the report",

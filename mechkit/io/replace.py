@@ -357,6 +357,15 @@ def _write_manifest(tmp: Path, names: Sequence[str], writer: str | None) -> None
     (tmp / MANIFEST).write_text(json.dumps({"writer": writer, "files": files, "dirs": dirs}), encoding="utf-8")
 
 
+def write_folder_manifest(folder: Path, writer: str | None) -> None:
+    """List what a folder a run returned for its report holds (a plugin's prepared folder, moved in whole), where
+    it lists nothing yet: a later ``--force`` then knows the folder's files as mechkit's and replaces them as a
+    set. Without a list they counted as the user's, so a rerun left the first run's files beside the second's
+    and refused its own subfolders."""
+    if not os.path.lexists(folder / MANIFEST):
+        _write_manifest(folder, sorted(p.name for p in folder.iterdir()), writer)
+
+
 def owned_folders(out: Path) -> set[str] | None:
     """The names the last mechkit write in ``out`` made as folders (its manifest's ``dirs``); ``None`` where the
     manifest is older than that list (or absent), so it cannot say."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError, ReportExistsError
 from mechkit.io import check_out
-from mechkit.io.replace import replacing_dir
+from mechkit.io.replace import replacing_dir, write_folder_manifest
 from mechkit.report.html import render_html
 from mechkit.report.schema import to_jsonable, validate_report
 from mechkit.report.views import views_of
@@ -110,68 +110,38 @@ def write_report(
         if found is not None and found is not err:  # a full disk seen by write() names no file: name --out
             raise found from err
         raise
-    moves.commit(out)  # the report is in place: a user's path linked or copied in goes only now
+    moves.commit()  # the report is in place: what was copied of a user's path goes only now
     return out
 
 
 class _Moves:
     """The returned paths that are not mechkit's prepared folders (a user's own file or folder a plugin returned),
-    as the writer brought them into the report's temporary folder: never moved, but hard-linked file by file
-    (same file system) or copied, so the user's path stays where it is until the report is in place, whatever
-    ends the write (a full disk, a name too long, the final rename, Ctrl-C, kill -9: a renamed path was deleted
-    with the temporary folder). :meth:`commit` then removes the sources and gives the report's copies the umask's
-    modes (a linked file kept the mode the user's file had, which the writer must not change while it was
-    theirs)."""
+    as the writer brought them into the report: copied and synced, never moved, so the user's path stays where
+    it is until the report is in place, whatever ends the write (a full disk, a name too long, the final rename,
+    Ctrl-C, kill -9: a renamed path was deleted with the temporary folder, and a hard-linked one shared its data
+    with the report after a kill). :meth:`commit` then removes of the source only what was copied, each file
+    as it was when copied (device, inode, size, mtime) and each folder once empty: a file the user wrote or
+    replaced there meanwhile stays."""
 
     def __init__(self) -> None:
-        self.sources: list[Path] = []
-        self.linked: list[str] = []
+        self.taken: list[tuple[Path, tuple]] = []
+        self.folders: list[Path] = []
 
-    def commit(self, out: Path) -> None:
-        from mechkit.io.atomic import file_mode, umask_modes
-        from mechkit.io.leftovers import discard_prepared
-
-        for src in self.sources:
-            discard_prepared(src)  # a complete, synced copy or a second name of each file is in the report
-        for name in self.linked:
-            path = out / name
+    def commit(self) -> None:
+        for path, signature in self.taken:
             with contextlib.suppress(OSError):
-                if path.is_dir() and not path.is_symlink():
-                    umask_modes(path)
-                elif path.is_file() and path.stat().st_nlink == 1:
-                    os.chmod(path, file_mode())
-        self.sources.clear()
-        self.linked.clear()
+                if _signature(path) == signature:
+                    path.unlink()
+        for folder in sorted(self.folders, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only once empty: what the user added meanwhile keeps it
+        self.taken.clear()
+        self.folders.clear()
 
 
-def _linked(src: Path, dst: Path) -> bool:
-    """Give each file of ``src`` a second name under ``dst`` (its folders made anew), so nothing of the user's
-    is moved before the report is in place; False (nothing left at ``dst``) where the file system cannot link
-    (another device, no hard links), for a copy instead."""
-    import errno
-
-    try:
-        if not src.is_dir() or src.is_symlink():
-            os.link(src, dst, follow_symlinks=False)
-            return True
-        dst.mkdir()
-        for path in _tree(src):
-            target = dst / path.relative_to(src)
-            if path.is_dir() and not path.is_symlink():
-                target.mkdir()
-            else:
-                os.link(path, target, follow_symlinks=False)
-        return True
-    except OSError as err:
-        if dst.is_dir() and not dst.is_symlink():
-            shutil.rmtree(dst, ignore_errors=True)
-        elif os.path.lexists(dst):
-            dst.unlink()
-        if err.errno == errno.ENOENT and not os.path.lexists(src):
-            raise _vanished(src) from err
-        if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP):
-            return False
-        raise
+def _signature(path: Path) -> tuple:
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode
 
 
 def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
@@ -197,6 +167,8 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
     for name, content in files.items():
         if isinstance(content, Path):
             move_prepared(content, tmp / name, moves)
+            if (tmp / name).is_dir() and not (tmp / name).is_symlink():
+                write_folder_manifest(tmp / name, str(final.get("plugin")))
 
 
 def move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
@@ -207,7 +179,7 @@ def move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     ``/tmp/mechkit-pruned-*`` behind on every try), and its lock let go after
     (:func:`mechkit.io.leftovers.release_prepared`). One that vanished before or while it was moved (a tmp
     cleaner) is one line naming it: the report is then not written at all. A path that is not a prepared folder
-    (a user's own) is linked or copied, never moved, and recorded in ``moves``: its source goes after the commit."""
+    (a user's own) is copied, never moved, and recorded in ``moves``: what was copied goes after the commit."""
     from mechkit.io.leftovers import release_prepared
 
     try:
@@ -221,11 +193,7 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
 
     from mechkit.io.leftovers import discard_prepared
 
-    keep = None if _in_scratch(src) else moves  # a user's path: never moved before the commit
-    if keep is not None and _linked(src, dst):
-        keep.sources.append(src)
-        keep.linked.append(dst.name)
-        return
+    keep = None if _in_scratch(src) else moves  # a user's path: copied, never moved, its source gone after the commit
     try:
         if keep is None:
             os.rename(src, dst)
@@ -239,22 +207,26 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     done = False
     try:
         if not src.is_dir() or src.is_symlink():  # a file: copied whole and synced, then the source goes
-            _copy_synced(src, dst, src)
+            _copy_synced(src, dst, src, keep)
             done = True
             return
         dst.mkdir()
+        if keep is not None:
+            keep.folders.append(src)
         for path in _tree(src):
             target = dst / path.relative_to(src)
             if path.is_dir() and not path.is_symlink():
                 target.mkdir(exist_ok=True)
+                if keep is not None:
+                    keep.folders.append(path)
             else:
-                _copy_synced(path, target, src)
+                _copy_synced(path, target, src, keep)
         if not src.is_dir():  # removed while it was copied: what was copied is not the whole model
             raise _vanished(src)
         done = True
     finally:
         if done and keep is not None:
-            keep.sources.append(src)  # a user's: removed once the report is committed, not before
+            pass  # a user's: what was copied is removed once the report is committed, not before
         elif done:
             discard_prepared(src)  # moved: a complete, synced copy is in the report
         else:  # the report is not written: its partial copy goes, and the source only from the temporary folder
@@ -297,13 +269,21 @@ def _discard_if_scratch(src: Path) -> None:
         discard_prepared(src)
 
 
-def _copy_synced(path: Path, target: Path, src: Path) -> None:
+def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None) -> None:
     """Copy one file of prepared ``src`` to ``target`` (a link as a link) and sync it to disk: only then may the
-    source go (a crash after the source went lost a copy still in the page cache)."""
+    source go (a crash after the source went lost a copy still in the page cache). With ``keep`` (a user's
+    path), the file as it was copied is recorded for :meth:`_Moves.commit`, and one changed while it was
+    copied is refused: the copy would be of no version the user had."""
     import errno
 
     try:
+        before = _signature(path) if keep is not None else None
         shutil.copy2(path, target, follow_symlinks=False)
+        if keep is not None:
+            if _signature(path) != before:
+                raise MechkitError(f"{path} changed while it was copied into the report",
+                                   "run it again when nothing writes to it")
+            keep.taken.append((path, before))
         if not target.is_symlink():
             fd = os.open(target, os.O_RDONLY)
             try:
@@ -348,7 +328,17 @@ def figure_png(fig: Figure) -> bytes:
 
 
 def _png_name(name: str) -> str:
+    if not isinstance(name, str):  # refused by _check_names, named as given
+        return name
     return name if name.lower().endswith(".png") else f"{name}.png"
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the report's JSON and page cannot hold it
+        return False
+    return True
 
 
 def _check_names(names: list[str], out: Path | None = None) -> None:
@@ -358,6 +348,9 @@ def _check_names(names: list[str], out: Path | None = None) -> None:
     seen: set[str] = set()
     limit = _name_max(out)
     for name in names:
+        if not isinstance(name, str) or "\0" in name or not _utf8(name):  # failed as a raw TypeError/ValueError
+            raise MechkitError(f"artifact name {name!r} is not a file name (text with no NUL byte, encodable as "
+                               "UTF-8)", "name each figure and file with plain text such as heatmap.png")
         if name and len(os.fsencode(name)) > limit:
             raise MechkitError(f"artifact name {name[:40]!r}... is {len(os.fsencode(name))} bytes long, more than "
                                f"the {limit} a file name may have", "give that figure or file a shorter name")
