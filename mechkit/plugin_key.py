@@ -170,7 +170,8 @@ def _scripts(value: Any, folders: list[Path], any_name: bool = False) -> list[st
     """The user's own files a string constant names: absolute, or relative to the plugin's folder or to the
     working directory (``runpy.run_path``, ``open`` and ``spec_from_file_location`` resolve a relative name
     against the latter). A ``.py`` name anywhere in the code (``run_path``, ``spec_from_file_location``), and any
-    name inside a call of ``exec``, ``eval`` or ``compile`` (``any_name``: ``exec(open("helpers.txt").read())``).
+    name in code that calls ``exec``, ``eval`` or ``compile`` (``any_name``: ``exec(open("helpers.txt").read())``,
+    or the name in a constant: ``HELPER = "helpers.txt"``).
     A name built at run time from pieces none of which names the file is not known before the run
     (docs/guides/safety.md)."""
     if not isinstance(value, str) or not (any_name or value.endswith(".py")) or "\n" in value or not value \
@@ -186,7 +187,11 @@ RUNS_CODE = frozenset({"exec", "eval", "compile"})  # a string literal inside th
 def _runs_code(node: Any) -> bool:
     import ast
 
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in RUNS_CODE
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None) \
+        in RUNS_CODE
 
 
 def _installed_file(path: Any) -> bool:
@@ -538,6 +543,8 @@ class _Reach:
             return
         package = (name if Path(path).name == "__init__.py" else (name or "").rpartition(".")[0]) or None
         folders = [Path(path).parent, Path.cwd()]
+        runs_code = any(_runs_code(node) for node in ast.walk(tree))  # exec/eval/compile (builtins.exec too):
+        # then a constant naming any file of the user's may be code it runs (HELPER = "helpers.txt"; exec(...))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -550,14 +557,9 @@ class _Reach:
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
             elif isinstance(node, ast.Call) and _imports_by_name(node):
                 targets = [_named_module(node, package)]
-            elif isinstance(node, ast.Constant) and (found := _scripts(node.value, folders)):
-                for script in found:  # run_path, spec_from_file_location: a file by its name
+            elif isinstance(node, ast.Constant) and (found := _scripts(node.value, folders, runs_code)):
+                for script in found:  # run_path, spec_from_file_location, what exec reads: a file by its name
                     self.file(script, None, any_name=True)
-                continue
-            elif _runs_code(node):  # exec(open("helpers.txt").read()): any file a literal inside names
-                for inner in ast.walk(node):
-                    for script in _scripts(getattr(inner, "value", None), folders, any_name=True):
-                        self.file(script, None, any_name=True)
                 continue
             else:
                 continue

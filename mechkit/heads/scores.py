@@ -40,8 +40,10 @@ def repeated_tokens(handle: ModelHandle, n_seqs: int = 50, seg_len: int = 25, se
     special = tuple(getattr(tok, "all_special_ids", ()) or ()) if tok is not None else ()
     config = handle.model.config
     vocab = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size  # multimodal
+    from mechkit.model.checks.token_ids import position_rows
+
     arr = repeated_random_tokens(vocab, n_seqs=n_seqs, seg_len=seg_len, seed=seed,
-                                 bos_id=handle.bos_id, exclude_ids=special)
+                                 bos_id=handle.bos_id, exclude_ids=special, n_positions=position_rows(handle.model))
     return torch.as_tensor(arr, dtype=torch.long)
 
 

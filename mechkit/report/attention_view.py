@@ -141,6 +141,12 @@ def show_attention(model: Any, text: str, heads: str | HeadSelection | Sequence 
     if ids.shape[1] > MAX_TOKENS:
         raise MechkitError(f"the prompt has {ids.shape[1]} tokens; a view holds at most {MAX_TOKENS}",
                            "shorten the prompt")
+    from mechkit.model.checks.token_ids import position_rows
+
+    rows = position_rows(model.model)
+    if rows is not None and ids.shape[1] > rows:  # the first forward said "truncate or split the text", naming no option
+        raise MechkitError(f"the prompt has {ids.shape[1]} tokens, more than the model's {rows} positions (it learned "
+                           "one embedding per position)", f"pass a prompt of at most {rows} tokens (--prompt, prompt=)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise MechkitError(f"top_k must be a whole number of at least 1, not {top_k!r}",
                            "pass top_k=4, say, or leave it out (10, at most half the model's heads)")

@@ -23,12 +23,15 @@ def repeated_random_tokens(
     seed: int = 0,
     bos_id: int | None = None,
     exclude_ids: Iterable[int] = (),
+    n_positions: int | None = None,
 ) -> np.ndarray:
     """``int64 [n_seqs, (1 if bos) + 2*seg_len]``: a random segment, the same segment again.
 
     Tokens are drawn without replacement within a segment (so "the token after its earlier
     occurrence" is unique) from ``range(vocab_size)`` minus ``exclude_ids`` and ``bos_id`` — pass a
-    tokenizer's special ids there so no EOS/PAD sits in the middle of a sequence.
+    tokenizer's special ids there so no EOS/PAD sits in the middle of a sequence. ``n_positions``, a model's
+    learned positions, bounds the length: past it the first forward refused "truncate or split the text",
+    a fix for no text the user gave.
     """
     for name, value, minimum in (("vocab_size", vocab_size, 1), ("n_seqs", n_seqs, 1),
                                  ("seg_len", seg_len, 1)):
@@ -38,6 +41,13 @@ def repeated_random_tokens(
     if bos_id is not None and not 0 <= bos_id < vocab_size:
         raise TaskOptionError(f"bos_id {bos_id} is outside the vocabulary (size {vocab_size})",
                               "pass the tokenizer's bos_token_id, or None for no BOS")
+    length = (bos_id is not None) + 2 * int(seg_len)
+    if n_positions is not None and length > n_positions:
+        raise TaskOptionError(
+            f"a repeated segment of {seg_len} tokens (--seg-len, seg_len=) makes sequences of {length} tokens, more "
+            f"than the model's {n_positions} positions",
+            f"lower --seg-len (seg_len=) to {(n_positions - (bos_id is not None)) // 2} or less",
+        )
     excluded = {int(i) for i in exclude_ids}
     if bos_id is not None:
         excluded.add(int(bos_id))

@@ -129,8 +129,9 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
             else layers
         raise ModelLoadError(
             f"the weights in {path} lack {len(missing)} tensor(s) its config.json needs (first: {missing[0]}); "
-            "they would be random", "re-export the model with all its weights, or fix config.json "
-            f"(e.g. {field}) to match the weights")
+            "they would be random", "re-export the model with all its weights" + (
+                f", or set {field}" if missing == ["lm_head.weight"] else
+                f"; where the config asks for more layers than the weights hold, set {field} to the layers they hold"))
     if mismatched:
         raise ModelLoadError(
             f"{len(mismatched)} tensor(s) in {path} have another shape than config.json says (first: {mismatched[0]})",
@@ -139,7 +140,8 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
         raise ModelLoadError(
             f"the weights in {path} hold {len(unexpected)} tensor(s) its config.json has no place for "
             f"(first: {unexpected[0]}); they would be ignored",
-            f"fix config.json (e.g. {layers}) to match the weights, or re-export the model")
+            f"re-export the model; where the weights hold more layers than the config asks for, set {layers} to "
+            "the layers they hold")
 
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FN", "F8_E5M2FNUZ", "F8_E4M3FNUZ")
