@@ -177,6 +177,12 @@ def foreign_in_folder(folder: Path) -> list[str]:
         names = sorted(p.name for p in folder.iterdir())
     except OSError:
         return []
+    listed = _read_json(folder / MANIFEST)
+    if isinstance(listed, dict) and isinstance(listed.get("tree"), list):  # a returned folder: every file listed
+        try:
+            return [f for f in _tree_files(folder) if f not in set(listed["tree"])]
+        except OSError:
+            return []
     if (folder / MANIFEST).is_file():
         owned = set(owned_names(folder)) | {MANIFEST}
         return [n for n in names if n not in owned]
@@ -199,6 +205,10 @@ def _inside_kept_folders(tmp: Path, out: Path, new: list[str], stale: list[str])
                 raise MechkitError(f"--out {out} holds {folder}, a folder mechkit wrote that now holds "
                                    f"{foreign_in_folder(folder)[0]}, which mechkit did not write, and the new set "
                                    f"writes a file {name} there", "move that file out of the folder first")
+            nested = [f for f in foreign_in_folder(folder) if "/" in f]
+            if nested:  # its subfolder is replaced whole: the user's file there would go with it
+                raise MechkitError(f"--out {out} holds {folder / nested[0]}, which mechkit did not write, inside a "
+                                   f"subfolder of {name} the new set replaces", f"move it out of {folder} first")
             ours = [n for n in owned_names(folder) if os.path.lexists(folder / n)] if (folder / MANIFEST).is_file() \
                 else [n for n in os.listdir(folder) if _model_file(n)]
             fresh = sorted(p.name for p in (tmp / name).iterdir()) if name in new else []
@@ -358,12 +368,26 @@ def _write_manifest(tmp: Path, names: Sequence[str], writer: str | None) -> None
 
 
 def write_folder_manifest(folder: Path, writer: str | None) -> None:
-    """List what a folder a run returned for its report holds (a plugin's prepared folder, moved in whole), where
-    it lists nothing yet: a later ``--force`` then knows the folder's files as mechkit's and replaces them as a
-    set. Without a list they counted as the user's, so a rerun left the first run's files beside the second's
-    and refused its own subfolders."""
-    if not os.path.lexists(folder / MANIFEST):
-        _write_manifest(folder, sorted(p.name for p in folder.iterdir()), writer)
+    """List what a folder a run returned for its report holds, where it lists nothing yet (a prepared model's own
+    list is kept): its names, and under ``tree`` every file below it, so a later ``--force`` knows them all as
+    mechkit's and replaces them as a set, and knows a file the user added anywhere inside as theirs. Without a
+    list they counted as the user's, so a rerun left the first run's files beside the second's; with one of
+    the top level only, a note the user put in a subfolder went with that subfolder."""
+    if os.path.lexists(folder / MANIFEST):
+        return
+    _write_manifest(folder, sorted(p.name for p in folder.iterdir()), writer)
+    listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    listed["tree"] = _tree_files(folder)
+    (folder / MANIFEST).write_text(json.dumps(listed), encoding="utf-8")
+
+
+def _tree_files(folder: Path) -> list[str]:
+    """Every file (and link) below ``folder`` but its list, as a path relative to it, links not followed."""
+    found = []
+    for root, _, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        found += [(rel / n).as_posix() for n in files]
+    return sorted(f for f in found if f != MANIFEST)
 
 
 def owned_folders(out: Path) -> set[str] | None:

@@ -48,7 +48,9 @@ def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
     top = _own(path, points, None)
     if top is not None or path_kind(path) != "directory":
         return top
-    device = os.lstat(path).st_dev
+    from mechkit.io.leftovers import made_here
+
+    device, prepared = os.lstat(path).st_dev, made_here(path)
     count = 0
     unreadable: list[OSError] = []
     for root, dirs, files in os.walk(path, onerror=unreadable.append):  # links are not followed
@@ -59,12 +61,26 @@ def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
             count += 1
             if count > limit:
                 return path, f"a folder holding more than {limit} entries, too many to check"
-            found = _own(Path(root) / name, points, device)
+            found = _own(Path(root) / name, points, device) or _listed(Path(root) / name, name, prepared)
             if found is not None:
                 return found
     if unreadable:
         err = unreadable[0]
         return Path(err.filename or path), f"a folder that cannot be read ({err.strerror})"
+    return None
+
+
+def _listed(path: Path, name: str, prepared: bool) -> tuple[Path, str] | None:
+    """A name inside a returned folder the report's list of that folder cannot hold as it is (a ``--force`` rerun
+    then took the file for the user's and left it beside the next run's): one with a backslash or a lone
+    surrogate, or the list's own name in a folder mechkit did not prepare (a user's file of that name was
+    overwritten, or a copied list of another set trusted)."""
+    from mechkit.io.replace import MANIFEST
+
+    if "\\" in name or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return path, "a name with a backslash or an undecodable byte, which the report's list of the folder cannot hold"
+    if name == MANIFEST and not prepared:
+        return path, f"a file named {MANIFEST}, the name of the list mechkit keeps of a folder's files"
     return None
 
 

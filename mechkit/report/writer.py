@@ -79,6 +79,7 @@ def write_report(
     files = dict(files or {})
     names = list(figures) + list(files)
     _check_names(names, out)
+    _check_paths(files, out)
     clash = [n for n in ("report.html", *names) if not force and os.path.lexists(out / n)]
     if clash:  # without --force none of the run's files replaces one there (another writer's, made meanwhile)
         raise ReportExistsError(f"{out / clash[0]} already exists", "pass --force to overwrite it or choose another --out")
@@ -140,8 +141,9 @@ class _Moves:
 
 
 def _signature(path: Path) -> tuple:
+    """What says a file is still the one copied: an in-place rewrite that restores its mtime still moves ctime."""
     info = os.lstat(path)
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
 
 
 def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
@@ -325,6 +327,27 @@ def figure_png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, dpi=PNG_DPI, format="png", bbox_inches="tight")
     return buf.getvalue()
+
+
+def _check_paths(files: Mapping[str, object], out: Path) -> None:
+    """Refuse (one line) a ``Path`` in ``files`` that is no plain file or folder of the caller's own
+    (:func:`mechkit.io.returned.odd_entry`) or that is, holds or lies inside ``out``: ``mk.run`` checks these
+    before the writer (with the cache, temporary, working and home directories), and a direct call of this
+    public function copied its own temporary folder into the report, or failed on a FIFO as a raw OSError."""
+    from mechkit.io.returned import odd_entry, relation
+
+    for name, value in files.items():
+        if not isinstance(value, Path):
+            continue
+        how = relation(value, out)
+        if how is not None:
+            raise MechkitError(f"files[{name!r}] is the path {value}, which {how} the report folder {out}",
+                               "pass a file or folder prepared outside the report folder")
+        odd = odd_entry(value)
+        if odd is not None:
+            where = f"the path {value}" if odd[0] == value else f"the path {value}, which holds {odd[0]}"
+            raise MechkitError(f"files[{name!r}] is {where}, which is {odd[1]}, not a regular file or a directory "
+                               "of its own to move into the report", "pass a plain file or folder prepared for it")
 
 
 def _png_name(name: str) -> str:
