@@ -181,17 +181,36 @@ def _scripts(value: Any, folders: list[Path], any_name: bool = False) -> list[st
     return sorted({f for f in found if _users_file(f, any_name)})
 
 
-RUNS_CODE = frozenset({"exec", "eval", "compile"})  # a string literal inside their call may name a code file
+RUNS_CODE = frozenset({"exec", "eval", "compile"})  # the builtins that run code: a constant may name its file
+# The loaders that take a file of code by its name, whatever its suffix: a literal among their arguments names one.
+LOADS_FILE = frozenset({"SourceFileLoader", "SourcelessFileLoader", "spec_from_file_location", "run_path",
+                        "load_source"})
 
 
 def _runs_code(node: Any) -> bool:
+    """``exec(...)``, ``eval(...)``, ``compile(...)``, or ``builtins.exec(...)``: not any ``.compile`` or ``.eval``
+    (``re.compile``, ``model.eval()`` made every constant naming a file of the user's, a log it writes or a data
+    file of gigabytes, part of the key: read whole, and changed by every run)."""
+    import ast
+
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id in RUNS_CODE
+    return isinstance(func, ast.Attribute) and func.attr in RUNS_CODE and isinstance(func.value, ast.Name) \
+        and func.value.id == "builtins"
+
+
+def _loads_file(node: Any) -> bool:
+    """A call of a loader that runs a file of code by its name (``SourceFileLoader("h", "helpers.txt")``)."""
     import ast
 
     if not isinstance(node, ast.Call):
         return False
     func = node.func
     return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None) \
-        in RUNS_CODE
+        in LOADS_FILE
 
 
 def _installed_file(path: Any) -> bool:
@@ -434,7 +453,8 @@ class _Reach:
             if IMPORTERS & set(c.co_names):  # ``importlib.import_module("myhelpers")``: a module named by a string
                 imported |= {k for k in c.co_consts if isinstance(k, str) and _MODULE_NAME.fullmatch(k)
                              and _users_file(_module_file(k))}
-            everything = bool(RUNS_CODE & set(c.co_names))
+            everything = any(i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval in RUNS_CODE
+                             for i in dis.get_instructions(c))  # the builtin itself, not re.compile or .eval()
             scripts |= {f for k in c.co_consts for f in _scripts(k, [Path.cwd()], everything)}
             todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         for name in sorted(read):
@@ -532,6 +552,12 @@ class _Reach:
             self.put("…")
             return
         try:
+            size = os.path.getsize(path)
+            if size > self.bytes:  # past the bound, read by its size and time, never loaded whole
+                stat_ = os.stat(path)
+                self.put("file", Path(path).name, size, stat_.st_mtime_ns)
+                self.bytes = 0
+                return
             source = Path(path).read_bytes()
         except OSError:
             return
@@ -560,6 +586,11 @@ class _Reach:
             elif isinstance(node, ast.Constant) and (found := _scripts(node.value, folders, runs_code)):
                 for script in found:  # run_path, spec_from_file_location, what exec reads: a file by its name
                     self.file(script, None, any_name=True)
+                continue
+            elif _loads_file(node):  # SourceFileLoader("h", "helpers.txt"): its literal arguments, any suffix
+                for inner in ast.walk(node):
+                    for script in _scripts(getattr(inner, "value", None), folders, any_name=True):
+                        self.file(script, None, any_name=True)
                 continue
             else:
                 continue

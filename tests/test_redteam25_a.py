@@ -216,7 +216,8 @@ def test_a_prepared_path_on_another_file_system_is_copied_synced_then_removed(ki
     mk.run(_returning({"f.txt": src}), out=tmp_path / "out")
     got = tmp_path / "out" / "f.txt"
     if kind == "folder":
-        assert {p.relative_to(got).as_posix(): p.read_bytes() for p in got.rglob("*") if p.is_file()} == expect
+        assert {p.relative_to(got).as_posix(): p.read_bytes() for p in got.rglob("*")
+                if p.is_file() and p.name != ".mechkit-files"} == expect  # its list, written since pass 31
     else:
         assert got.read_bytes() == expect
     first = {}  # each copied file's first sync (the writer syncs its files again before its rename)

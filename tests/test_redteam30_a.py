@@ -221,6 +221,7 @@ def _saving_plugin(calls: list):
         version = "0.1"
         summary = "saves a model"
         needs_model = False
+        prepared = ("model",)  # prepared in $TMPDIR (pass 31: only such a run is refused for it)
 
         def run(self, ctx):
             calls.append(1)

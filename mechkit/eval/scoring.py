@@ -96,7 +96,8 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
 
 
 def check_context(handle: ModelHandle, longest: int,
-                  fix: str = "use fewer --shots (demonstrations) or shorter prompts") -> None:
+                  fix: str = "use fewer --shots (demonstrations) or shorter prompts, or a model with a longer "
+                             "context (where the fewest shots a command takes already do not fit)") -> None:
     """Refuse, with one line, a sequence longer than the model's context: past it positions are
     meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound."""
     limit = handle.context_length

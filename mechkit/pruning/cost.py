@@ -178,7 +178,13 @@ def calibration_text(n_chunks: int, chunk_chars: int = 600, heldout_chars: int =
 
 def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float | None:
     """exp(mean next-token NLL) over non-overlapping windows of ``text``; ``None`` where it overflows or
-    the model's logits are not finite (a report holds no infinity, and "too large to say" is not a number)."""
+    the model's logits are not finite (a report holds no infinity, and "too large to say" is not a number). The
+    window never passes a learned position table (a 40-position model could never be pruned: its first window was
+    refused, naming no option)."""
+    from mechkit.model.checks.token_ids import position_rows
+
+    rows = position_rows(handle.model)
+    window = min(window, rows) if rows is not None else window
     ids = handle.tokenizer(text, return_tensors="pt")["input_ids"][0]
     nll, count = 0.0, 0
     with torch.no_grad():

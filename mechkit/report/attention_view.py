@@ -116,8 +116,14 @@ def select_heads(handle: ModelHandle, heads: str | HeadSelection | Sequence | No
         return [Head(layer, h) for layer in range(a.n_layers) for h in range(a.heads_in(layer))]
     if isinstance(heads, str | HeadSelection) and needs_scores(heads) and scores is None:
         from mechkit.heads.scores import compute_scores
+        from mechkit.model.checks.token_ids import position_rows
 
-        scores = compute_scores(handle, n_seqs=20, seg_len=25, seed=seed)
+        rows = position_rows(handle.model)  # segments that fit a learned position table (it has no seg_len option)
+        seg_len = 25 if rows is None else min(25, (rows - (handle.bos_id is not None)) // 2)
+        if seg_len < 2:
+            raise MechkitError(f"the model's {rows} positions are too few to rank heads on repeated tokens",
+                               'name the heads to show, e.g. heads="0.1,1.2", or pass scores= from a detect report')
+        scores = compute_scores(handle, n_seqs=20, seg_len=seg_len, seed=seed)
     return parse_heads(heads, a.n_layers, a.head_counts, scores=scores, top_k=top_k, seed=seed)
 
 

@@ -192,6 +192,11 @@ def finetune(handle: ModelHandle, recipe: Recipe,
 
     for ids, _ in rows:  # the training forward skips the handle's own id check: an id past the embedding was an IndexError
         checked_ids(ids, vocab_rows(handle.model), handle.tokenizer)
+    from mechkit.eval.scoring import check_context
+
+    # and its position check: a row past a learned position table was an IndexError from inside torch
+    check_context(handle, max(len(ids) for ids, _ in rows),
+                  "use fewer --shots (demonstrations per training row), or a model with a longer context")
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
     if recipe.method == "lora" and recipe.rank < 1:

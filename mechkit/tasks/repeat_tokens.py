@@ -43,10 +43,12 @@ def repeated_random_tokens(
                               "pass the tokenizer's bos_token_id, or None for no BOS")
     length = (bos_id is not None) + 2 * int(seg_len)
     if n_positions is not None and length > n_positions:
+        most = (n_positions - (bos_id is not None)) // 2
         raise TaskOptionError(
             f"a repeated segment of {seg_len} tokens (--seg-len, seg_len=) makes sequences of {length} tokens, more "
             f"than the model's {n_positions} positions",
-            f"lower --seg-len (seg_len=) to {(n_positions - (bos_id is not None)) // 2} or less",
+            f"lower --seg-len (seg_len=) to {most} or less" if most >= 2 else
+            "use a model with more positions: a segment of 2 tokens, the least that shows induction, does not fit",
         )
     excluded = {int(i) for i in exclude_ids}
     if bos_id is not None:
@@ -83,6 +85,7 @@ class RepeatTokensTask:
                 setting: str | None = None) -> list[Prompt]:
         raise TaskOptionError(
             "'repeat-tokens' is a token-level task and has no text prompts",
-            "use mechkit.tasks.repeated_random_tokens(vocab_size, n_seqs, seg_len, seed, bos_id) "
-            "to get its token ids",
+            "pick a text task for --tasks (`mechkit tasks` lists them; repeat-tokens is what detect and --seg-len "
+            "score heads on); from Python, mechkit.tasks.repeated_random_tokens(vocab_size, n_seqs, seg_len) "
+            "gives its token ids",
         )

@@ -122,8 +122,9 @@ def check_forward_inputs(ids: torch.Tensor, n_positions: int | None, kwargs: dic
         held = f" after the {past} cached" if past else ""
         raise MechkitError(f"{ids.shape[1]} tokens{held} are more than the model's {n_positions} positions "
                            "(it learned one embedding per position)",
-                           f"pass at most {n_positions} tokens per sequence, cache included (truncate or split "
-                           "the text)")
+                           f"pass at most {n_positions} tokens per sequence, cache included: shorter text, fewer "
+                           "--shots or a shorter --prompt/--clean where a command builds it, or a model with a "
+                           "longer context")
     positions = kwargs.get("position_ids")
     if isinstance(positions, torch.Tensor) and positions.numel() and not positions.is_floating_point():
         low, high = (int(v) for v in torch.aminmax(positions))
