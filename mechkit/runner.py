@@ -25,7 +25,7 @@ from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
-from mechkit.io.returned import odd_entry, relation
+from mechkit.io.returned import odd_entry, place_problem, protected, relation
 from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
@@ -405,7 +405,7 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         with _handed_over() as returned:  # what the plugin prepared and the report did not move in: removed
             with _said_if_changed(cls, handle, before, sums, state):
                 returned.append(_call(cls, ctx, handle, console))
-                result = check_result(cls, returned[0], out_dir)
+                result = check_result(cls, returned[0], out_dir, (*model_inputs(setup.model), *input_paths(cls, parsed)))
             run_s = time.perf_counter() - t1
             _check_unchanged(cls, handle, before, sums, state)
             report = _report(cls, params, setup, handle, result,
@@ -466,7 +466,7 @@ def _resume(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: 
         yield resume
 
 
-def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Result:
+def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs: tuple = ()) -> Result:
     """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
     plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
     AttributeError; a ``Path`` that is missing, a link or a FIFO failed there after the work, as "removed
@@ -488,7 +488,7 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
         if bad is not None:
             raise PluginError(f"plugin {cls.name!r} returned {what}[{bad!r}] as a "
                               f"{type(values[bad]).__name__}", fix)
-    _check_paths(cls, result, out, fix)
+    _check_paths(cls, result, out, fix, inputs)
     for name, value in result.files.items():
         odd = odd_entry(value) if isinstance(value, Path) else None  # moved, chmod'ed and synced file by file
         if odd is not None:
@@ -498,31 +498,19 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None) -> Res
     return result
 
 
-def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str) -> None:
+def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str, inputs: tuple = ()) -> None:
     """Refuse (one line) a returned ``Path`` that the writer's move would wreck or that is no prepared file:
     ``out`` itself, a folder holding it, one inside it or inside the cache, one that is or holds the temporary,
     working or home directory, or one path returned twice; each by resolved path and by device and inode
     (:func:`mechkit.io.returned.relation`: the home directory reached through a bind mount of its parent was
     moved into a report and deleted)."""
-    import tempfile
-
-    from mechkit.io.disk_cache import cache_root
-
-    places = [("the report folder --out", Path(os.path.realpath(out)))] if out is not None else []
-    places.append(("mechkit's cache", Path(os.path.realpath(cache_root()))))
-    shared = [("the temporary directory", tempfile.gettempdir()), ("the working directory", os.getcwd()),
-              ("your home directory", os.path.expanduser("~"))]  # moved whole into a report: only inside them
-    shared_places = [(what, Path(os.path.realpath(place))) for what, place in shared]
+    places = protected(out, inputs)
     seen: dict[Any, str] = {}
     for name, value in result.files.items():
         if not isinstance(value, Path):
             continue
         real = Path(os.path.realpath(value))
-        found = [(how, what, place) for what, place in places if (how := relation(real, place)) is not None]
-        found += [(how, what, place) for what, place in shared_places
-                  if (how := relation(real, place)) in ("is", "holds")]  # a file of its own there is fine
-        found.sort(key=lambda f: ("is", "holds", "is inside").index(f[0]))  # the nearest named first
-        why = f"{found[0][0]} {found[0][1]} ({found[0][2]})" if found else None
+        why = place_problem(real, places)
         if why is not None:
             result.files = {k: v for k, v in result.files.items() if not isinstance(v, Path)
                             or relation(v, real) != "is"}  # the user's: nothing may remove it

@@ -205,7 +205,8 @@ def _inside_kept_folders(tmp: Path, out: Path, new: list[str], stale: list[str])
                 raise MechkitError(f"--out {out} holds {folder}, a folder mechkit wrote that now holds "
                                    f"{foreign_in_folder(folder)[0]}, which mechkit did not write, and the new set "
                                    f"writes a file {name} there", "move that file out of the folder first")
-            nested = [f for f in foreign_in_folder(folder) if "/" in f]
+            foreign = foreign_in_folder(folder)  # inside a top-level folder of the user's: kept with it
+            nested = [f for f in foreign if "/" in f.rstrip("/") and f.split("/")[0] + "/" not in foreign]
             if nested:  # its subfolder is replaced whole: the user's file there would go with it
                 raise MechkitError(f"--out {out} holds {folder / nested[0]}, which mechkit did not write, inside a "
                                    f"subfolder of {name} the new set replaces", f"move it out of {folder} first")
@@ -382,11 +383,13 @@ def write_folder_manifest(folder: Path, writer: str | None) -> None:
 
 
 def _tree_files(folder: Path) -> list[str]:
-    """Every file (and link) below ``folder`` but its list, as a path relative to it, links not followed."""
+    """Every entry below ``folder`` but its list, as a path relative to it, a folder's (or a link to one) with a
+    trailing ``/``, links not followed: a user's empty folder or link to a folder there was in no list, and went
+    with the folder it sat in."""
     found = []
-    for root, _, files in os.walk(folder):
+    for root, dirs, files in os.walk(folder):
         rel = Path(root).relative_to(folder)
-        found += [(rel / n).as_posix() for n in files]
+        found += [(rel / n).as_posix() for n in files] + [(rel / n).as_posix() + "/" for n in dirs]
     return sorted(f for f in found if f != MANIFEST)
 
 

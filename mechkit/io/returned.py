@@ -148,3 +148,31 @@ def _identities(path: Path) -> list[tuple[int, int]]:
             continue
         found.append((info.st_dev, info.st_ino))
     return found
+
+
+def protected(out: Path | None, inputs: tuple = ()) -> list[tuple[str, Path, bool]]:
+    """``(words, place, whole)`` for each place a returned path must not take: ``--out``, mechkit's cache and the
+    run's inputs (its ``--model`` folder: returned by a plugin, it was moved into the report and gone), where a
+    path inside is refused too (``whole``); the temporary, working and home directories, where only a path that
+    is or holds one is (a file of the plugin's own there is fine). One list for ``mk.run`` and the public
+    :func:`mechkit.report.write_report`: the latter moved the working directory into a report."""
+    import tempfile
+
+    from mechkit.io.disk_cache import cache_root
+
+    places = [("the report folder --out", out, True)] if out is not None else []
+    places += [("mechkit's cache", cache_root(), True)]
+    places += [(f"an input of the run ({p})", Path(p), True) for p in inputs if isinstance(p, (str, Path))]
+    places += [("the temporary directory", Path(tempfile.gettempdir()), False),
+               ("the working directory", Path(os.getcwd()), False),
+               ("your home directory", Path(os.path.expanduser("~")), False)]
+    return [(what, Path(os.path.realpath(place)), whole) for what, place, whole in places]
+
+
+def place_problem(value: Path, places: list[tuple[str, Path, bool]]) -> str | None:
+    """How ``value`` stands to the nearest place of :func:`protected` it may not take (``"is the working
+    directory (/home/u)"``), else None."""
+    found = [(how, what, place) for what, place, whole in places
+             if (how := relation(value, place)) is not None and (whole or how != "is inside")]
+    found.sort(key=lambda f: ("is", "holds", "is inside").index(f[0]))  # the nearest named first
+    return f"{found[0][0]} {found[0][1]} ({found[0][2]})" if found else None

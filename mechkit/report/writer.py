@@ -68,7 +68,17 @@ def write_report(
     holds a report and ``force`` is false, and :class:`MechkitError` naming the key path when a
     value is NaN or infinite (:func:`~mechkit.report.schema.validate_report`); nothing is written then.
     """
-    out = Path(out_dir)
+    _check_arguments(out_dir, report, figures, files, force, tables)
+    from mechkit.io.locks import HELD, lock_path
+    from mechkit.io.outlock import out_lock
+
+    out = Path(out_dir)  # one writer per directory: a direct call takes the lock a run holds already
+    with contextlib.nullcontext() if lock_path(out) in HELD else out_lock(out):
+        return _write_locked(out, report, figures, files, force, tables)
+
+
+def _write_locked(out: Path, report: dict, figures: Mapping[str, Figure] | None,
+                  files: Mapping[str, bytes | str | Path] | None, force: bool, tables: list[Table] | None) -> Path:
     target = out / REPORT_JSON
     if target.exists() and not force:
         raise ReportExistsError(
@@ -329,20 +339,44 @@ def figure_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _check_arguments(out_dir: object, report: object, figures: object, files: object, force: object,
+                     tables: object) -> None:
+    """One line for what this public function would otherwise take wrongly or fail on deep inside: ``mk.run``
+    checks a plugin's result before it comes here, a direct caller got an int written as NUL bytes, a
+    ``force="no"`` that replaced a report, and raw AttributeErrors for a figure that is no figure."""
+    fix = "write_report(out, report: dict, figures={name: matplotlib figure}, files={name: bytes, text or Path})"
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise MechkitError(f"out_dir must be a path, not {type(out_dir).__name__}", fix)
+    if not isinstance(report, dict):
+        raise MechkitError(f"report must be a dict (build_report gives one), not {type(report).__name__}", fix)
+    if not isinstance(force, bool):
+        raise MechkitError(f"force must be True or False, not {force!r}", "pass force=True to replace a report")
+    for what, values, ok in (("figures", figures, lambda v: hasattr(v, "savefig")),
+                             ("files", files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
+        if values is not None and not isinstance(values, Mapping):
+            raise MechkitError(f"{what} must be a dict, not {type(values).__name__}", fix)
+        bad = next((k for k, v in (values or {}).items() if not ok(v)), None)
+        if bad is not None:
+            raise MechkitError(f"{what}[{bad!r}] is a {type(values[bad]).__name__}", fix)
+    if tables is not None and (not isinstance(tables, list) or not all(hasattr(t, "columns") for t in tables)):
+        raise MechkitError("tables must be a list of mechkit.report.Table", "pass tables=None for the generic ones")
+
+
 def _check_paths(files: Mapping[str, object], out: Path) -> None:
     """Refuse (one line) a ``Path`` in ``files`` that is no plain file or folder of the caller's own
-    (:func:`mechkit.io.returned.odd_entry`) or that is, holds or lies inside ``out``: ``mk.run`` checks these
-    before the writer (with the cache, temporary, working and home directories), and a direct call of this
-    public function copied its own temporary folder into the report, or failed on a FIFO as a raw OSError."""
-    from mechkit.io.returned import odd_entry, relation
+    (:func:`mechkit.io.returned.odd_entry`) or that takes a place no report may take (``out``, the cache, the
+    temporary, working or home directory: :func:`mechkit.io.returned.protected`): ``mk.run`` checks these before
+    the writer, and a direct call of this public function moved the working directory into a report."""
+    from mechkit.io.returned import odd_entry, place_problem, protected
 
+    places = protected(out)
     for name, value in files.items():
         if not isinstance(value, Path):
             continue
-        how = relation(value, out)
-        if how is not None:
-            raise MechkitError(f"files[{name!r}] is the path {value}, which {how} the report folder {out}",
-                               "pass a file or folder prepared outside the report folder")
+        why = place_problem(value, places)
+        if why is not None:
+            raise MechkitError(f"files[{name!r}] is the path {value}, which {why}: moving it into the report "
+                               "would destroy it", "pass a file or folder prepared in a folder of its own")
         odd = odd_entry(value)
         if odd is not None:
             where = f"the path {value}" if odd[0] == value else f"the path {value}, which holds {odd[0]}"
