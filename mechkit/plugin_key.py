@@ -187,30 +187,59 @@ LOADS_FILE = frozenset({"SourceFileLoader", "SourcelessFileLoader", "spec_from_f
                         "load_source"})
 
 
-def _runs_code(node: Any) -> bool:
-    """``exec(...)``, ``eval(...)``, ``compile(...)``, or ``builtins.exec(...)``: not any ``.compile`` or ``.eval``
-    (``re.compile``, ``model.eval()`` made every constant naming a file of the user's, a log it writes or a data
-    file of gigabytes, part of the key: read whole, and changed by every run)."""
+def _runners(tree: Any) -> tuple[set[str], set[str], set[str]]:
+    """The names a file calls the builtin ``exec``/``eval``/``compile`` by, the names of the ``builtins`` module
+    in it, and the names it calls a file loader by, aliases included (``import builtins as b``, ``from builtins
+    import exec as run``, ``from importlib.machinery import SourceFileLoader as L``); a name the file binds
+    otherwise is not the builtin (``from re import compile``: every constant naming a file, a log the plugin
+    writes, became part of the key, which then changed on every run)."""
+    import ast
+
+    runs, modules, loaders, bound = set(RUNS_CODE), {"builtins", "__builtins__"}, set(LOADS_FILE), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name == "builtins" and a.asname}
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                name = a.asname or a.name
+                if node.module == "builtins" and a.name in RUNS_CODE:
+                    runs.add(name)
+                elif a.name in LOADS_FILE:
+                    loaders.add(name)
+                else:
+                    bound.add(name)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    return runs - (bound & RUNS_CODE), modules, loaders
+
+
+def _runs_code(node: Any, runners: tuple[set[str], set[str], set[str]]) -> bool:
+    """A call of the builtin ``exec``/``eval``/``compile`` by any of its names (:func:`_runners`), not any
+    ``.compile`` or ``.eval`` (``re.compile``, ``model.eval()``)."""
     import ast
 
     if not isinstance(node, ast.Call):
         return False
+    runs, modules, _ = runners
     func = node.func
     if isinstance(func, ast.Name):
-        return func.id in RUNS_CODE
+        return func.id in runs
+    if isinstance(func, ast.Subscript):  # __builtins__["exec"](...)
+        return isinstance(func.value, ast.Name) and func.value.id in modules
     return isinstance(func, ast.Attribute) and func.attr in RUNS_CODE and isinstance(func.value, ast.Name) \
-        and func.value.id == "builtins"
+        and func.value.id in modules
 
 
-def _loads_file(node: Any) -> bool:
-    """A call of a loader that runs a file of code by its name (``SourceFileLoader("h", "helpers.txt")``)."""
+def _loads_file(node: Any, runners: tuple[set[str], set[str], set[str]]) -> bool:
+    """A call of a loader that runs a file of code by its name (``SourceFileLoader("h", "helpers.txt")``), by
+    any of its names."""
     import ast
 
     if not isinstance(node, ast.Call):
         return False
     func = node.func
-    return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None) \
-        in LOADS_FILE
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    return name in runners[2] or name in LOADS_FILE
 
 
 def _installed_file(path: Any) -> bool:
@@ -433,6 +462,7 @@ class _Reach:
             self.feed(fn.__dict__["__wrapped__"], depth)
 
     def code(self, code: Any, names: dict, depth: int) -> None:
+        import builtins
         import dis
         import marshal
         import types
@@ -454,6 +484,7 @@ class _Reach:
                 imported |= {k for k in c.co_consts if isinstance(k, str) and _MODULE_NAME.fullmatch(k)
                              and _users_file(_module_file(k))}
             everything = any(i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval in RUNS_CODE
+                             and names.get(i.argval, getattr(builtins, i.argval)) is getattr(builtins, i.argval)
                              for i in dis.get_instructions(c))  # the builtin itself, not re.compile or .eval()
             scripts |= {f for k in c.co_consts for f in _scripts(k, [Path.cwd()], everything)}
             todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
@@ -553,10 +584,9 @@ class _Reach:
             return
         try:
             size = os.path.getsize(path)
-            if size > self.bytes:  # past the bound, read by its size and time, never loaded whole
-                stat_ = os.stat(path)
-                self.put("file", Path(path).name, size, stat_.st_mtime_ns)
-                self.bytes = 0
+            if size > self.bytes:  # past the bound, read by its size and time, never loaded whole; the bound is
+                stat_ = os.stat(path)  # left for the files after it (it ended the key's reading of every later one)
+                self.put("file", Path(path).name, size, stat_.st_mtime_ns, stat_.st_ctime_ns)
                 return
             source = Path(path).read_bytes()
         except OSError:
@@ -569,8 +599,9 @@ class _Reach:
             return
         package = (name if Path(path).name == "__init__.py" else (name or "").rpartition(".")[0]) or None
         folders = [Path(path).parent, Path.cwd()]
-        runs_code = any(_runs_code(node) for node in ast.walk(tree))  # exec/eval/compile (builtins.exec too):
-        # then a constant naming any file of the user's may be code it runs (HELPER = "helpers.txt"; exec(...))
+        runners = _runners(tree)  # exec/eval/compile or a file loader, by any name: then a constant naming any
+        # file of the user's may be code it runs (HELPER = "helpers.txt"; exec(...) or SourceFileLoader("h", HELPER))
+        runs_code = any(_runs_code(node, runners) or _loads_file(node, runners) for node in ast.walk(tree))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -587,7 +618,7 @@ class _Reach:
                 for script in found:  # run_path, spec_from_file_location, what exec reads: a file by its name
                     self.file(script, None, any_name=True)
                 continue
-            elif _loads_file(node):  # SourceFileLoader("h", "helpers.txt"): its literal arguments, any suffix
+            elif _loads_file(node, runners):  # SourceFileLoader("h", "helpers.txt"): its literal arguments
                 for inner in ast.walk(node):
                     for script in _scripts(getattr(inner, "value", None), folders, any_name=True):
                         self.file(script, None, any_name=True)

@@ -166,9 +166,11 @@ def _probe_logits(handle):
     import torch
 
     from mechkit.model.checks.rope import ropes_as_loaded
+    from mechkit.model.checks.token_ids import position_rows
 
     gen = torch.Generator().manual_seed(1234)
-    ids = torch.randint(0, handle.model.config.vocab_size, (1, 16), generator=gen)
+    length = min(16, position_rows(handle.model) or 16)  # a 12-position table took no 16-token probe: every run refused
+    ids = torch.randint(0, handle.model.config.vocab_size, (1, length), generator=gen)
     with torch.no_grad(), ropes_as_loaded(handle.model):
         return handle(ids).float().cpu()
 

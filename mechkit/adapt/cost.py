@@ -116,8 +116,9 @@ def resolve_clock(handle: ModelHandle, clock: str = "auto") -> str:
 def time_forward(handle: ModelHandle, ids: torch.Tensor, clock: str = "wall") -> float:
     """Seconds of one forward of ``ids`` (no cache, last-position logits): what answering costs, by
     ``clock`` (see :func:`resolve_clock`)."""
-    from mechkit.eval.scoring import last_logits_only
+    from mechkit.eval.scoring import check_context, last_logits_only
 
+    check_context(handle, ids.shape[-1])  # a direct forward skips the handle's checks: past a learned table, IndexError
     extra = last_logits_only(handle)
     now = time.thread_time if clock == "cpu" else time.perf_counter
     if ids.device.type == "cuda":

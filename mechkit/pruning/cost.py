@@ -183,7 +183,8 @@ def perplexity(handle: ModelHandle, text: str, window: int = 256) -> float | Non
     refused, naming no option)."""
     from mechkit.model.checks.token_ids import position_rows
 
-    rows = position_rows(handle.model)
+    model = getattr(handle, "model", None)
+    rows = position_rows(model) if model is not None else None
     window = min(window, rows) if rows is not None else window
     ids = handle.tokenizer(text, return_tensors="pt")["input_ids"][0]
     nll, count = 0.0, 0

@@ -367,12 +367,13 @@ def _check_paths(files: Mapping[str, object], out: Path) -> None:
     (:func:`mechkit.io.returned.odd_entry`) or that takes a place no report may take (``out``, the cache, the
     temporary, working or home directory: :func:`mechkit.io.returned.protected`): ``mk.run`` checks these before
     the writer, and a direct call of this public function moved the working directory into a report."""
+    from mechkit.io.leftovers import made_here
     from mechkit.io.returned import odd_entry, place_problem, protected
 
     places = protected(out)
     for name, value in files.items():
-        if not isinstance(value, Path):
-            continue
+        if not isinstance(value, Path) or (made_here(value) and not os.path.lexists(value)):
+            continue  # a prepared folder a cleaner removed: its move names it, with the fix for $TMPDIR
         why = place_problem(value, places)
         if why is not None:
             raise MechkitError(f"files[{name!r}] is the path {value}, which {why}: moving it into the report "

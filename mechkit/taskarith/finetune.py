@@ -196,7 +196,8 @@ def finetune(handle: ModelHandle, recipe: Recipe,
 
     # and its position check: a row past a learned position table was an IndexError from inside torch
     check_context(handle, max(len(ids) for ids, _ in rows),
-                  "use fewer --shots (demonstrations per training row), or a model with a longer context")
+                  "use fewer --shots (demonstrations per training row), or a model with a longer context"
+                  if any(recipe.shots) else "use a model with a longer context: a 0-shot training row does not fit")
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
     if recipe.method == "lora" and recipe.rank < 1:

@@ -41,6 +41,10 @@ def repeated_random_tokens(
     if bos_id is not None and not 0 <= bos_id < vocab_size:
         raise TaskOptionError(f"bos_id {bos_id} is outside the vocabulary (size {vocab_size})",
                               "pass the tokenizer's bos_token_id, or None for no BOS")
+    if n_positions is not None and (isinstance(n_positions, bool) or not isinstance(n_positions, (int, np.integer))
+                                    or n_positions < 1):
+        raise TaskOptionError(f"n_positions must be a whole number of at least 1, got {n_positions!r}",
+                              "pass the model's learned positions, or None where it has no such table")
     length = (bos_id is not None) + 2 * int(seg_len)
     if n_positions is not None and length > n_positions:
         most = (n_positions - (bos_id is not None)) // 2
