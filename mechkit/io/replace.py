@@ -106,6 +106,9 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
                            f"{writer} would replace it", "choose another --out, or move those files away first")
     folders = [n for n in dict.fromkeys([*names, *owned]) if n != MANIFEST and _real_dir(out / n)
                and not _our_folder(out, n, owned)]  # an owned name is replaced or removed: each is checked
+    for name in owned:  # a returned folder of the set: the user's entries inside, before any work
+        if name != MANIFEST and _our_folder(out, name, owned):
+            refuse_user_entries(out, name)
     if folders:
         raise MechkitError(f"--out {out} holds a folder {folders[0]}, which mechkit did not write, where {writer} would "
                            "write; --force would delete the folder with all it holds",
@@ -205,11 +208,7 @@ def _inside_kept_folders(tmp: Path, out: Path, new: list[str], stale: list[str])
                 raise MechkitError(f"--out {out} holds {folder}, a folder mechkit wrote that now holds "
                                    f"{foreign_in_folder(folder)[0]}, which mechkit did not write, and the new set "
                                    f"writes a file {name} there", "move that file out of the folder first")
-            foreign = foreign_in_folder(folder)  # inside a top-level folder of the user's: kept with it
-            nested = [f for f in foreign if "/" in f.rstrip("/") and f.split("/")[0] + "/" not in foreign]
-            if nested:  # its subfolder is replaced whole: the user's file there would go with it
-                raise MechkitError(f"--out {out} holds {folder / nested[0]}, which mechkit did not write, inside a "
-                                   f"subfolder of {name} the new set replaces", f"move it out of {folder} first")
+            refuse_user_entries(out, name)
             ours = [n for n in owned_names(folder) if os.path.lexists(folder / n)] if (folder / MANIFEST).is_file() \
                 else [n for n in os.listdir(folder) if _model_file(n)]
             fresh = sorted(p.name for p in (tmp / name).iterdir()) if name in new else []
@@ -223,6 +222,27 @@ def _inside_kept_folders(tmp: Path, out: Path, new: list[str], stale: list[str])
             else:
                 names_stale += [f"{name}/{n}" for n in ours]
     return names_new, names_stale
+
+
+def refuse_user_entries(out: Path, name: str) -> None:
+    """Refuse (one line) an owned folder ``out/name`` that lists its whole tree (a returned folder's) and holds
+    an entry of the user's a ``--force`` rerun would take with what it replaces: inside a subfolder of it, or a
+    folder the user put where mechkit's file was (``m/a.txt`` made a folder: it was moved aside with the set's
+    old files and deleted). Known before any work (:func:`refuse_foreign_model` runs it): the outcome does not
+    depend on what the new set holds."""
+    folder = out / name
+    listed = _read_json(folder / MANIFEST)
+    if not (_real_dir(folder) and isinstance(listed, dict) and isinstance(listed.get("tree"), list)):
+        return
+    foreign = foreign_in_folder(folder)  # inside a top-level folder of the user's: kept with it
+    nested = [f for f in foreign if "/" in f.rstrip("/") and f.split("/")[0] + "/" not in foreign]
+    if nested:  # its subfolder is replaced whole: the user's file there would go with it
+        raise MechkitError(f"--out {out} holds {folder / nested[0]}, which mechkit did not write, inside a "
+                           f"subfolder of {name} the new set replaces", f"move it out of {folder} first")
+    replaced = [n for n in owned_names(folder) if n + "/" in foreign]
+    if replaced:
+        raise MechkitError(f"--out {out} holds a folder {name}/{replaced[0]}, which mechkit did not write, where "
+                           "it wrote a file of the set a rerun replaces", f"move it out of {folder} first")
 
 
 def _real_dir(path: Path) -> bool:

@@ -162,7 +162,8 @@ def protected(out: Path | None, inputs: tuple = ()) -> list[tuple[str, Path, boo
 
     places = [("the report folder --out", out, True)] if out is not None else []
     places += [("mechkit's cache", cache_root(), True)]
-    places += [(f"an input of the run ({p})", Path(p), True) for p in inputs if isinstance(p, (str, Path))]
+    places += [(f"an input of the run ({p})", Path(os.path.expanduser(p)), True) for p in inputs
+               if isinstance(p, (str, Path))]  # "~/md" is the home's md, as the loader reads it
     places += [("the temporary directory", Path(tempfile.gettempdir()), False),
                ("the working directory", Path(os.getcwd()), False),
                ("your home directory", Path(os.path.expanduser("~")), False)]

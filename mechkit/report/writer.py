@@ -120,6 +120,12 @@ def _write_locked(out: Path, report: dict, figures: Mapping[str, Figure] | None,
         found = os_error_of(err, out) if isinstance(err, Exception) else None
         if found is not None and found is not err:  # a full disk seen by write() names no file: name --out
             raise found from err
+        if isinstance(err, OSError):  # one naming a file already: still one line (a direct call has no runner)
+            from mechkit.io.fs_errors import describe
+
+            said = describe(err)
+            if said is not None:
+                raise said from err
         raise
     moves.commit()  # the report is in place: what was copied of a user's path goes only now
     return out
