@@ -206,10 +206,15 @@ def _runners(tree: Any) -> tuple[set[str], set[str], set[str]]:
                     runs.add(name)
                 elif a.name in LOADS_FILE:
                     loaders.add(name)
-                else:
+                else:  # from re import compile: not the builtin, in whatever scope
                     bound.add(name)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    for node in tree.body:  # what the module itself binds under a builtin's name (a method of a class does not:
+        # a Helper.eval hid every eval call of the file, and a helper it ran was left out of the key)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):  # compile = re.compile
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
     return runs - (bound & RUNS_CODE), modules, loaders
 
 
@@ -238,8 +243,10 @@ def _loads_file(node: Any, runners: tuple[set[str], set[str], set[str]]) -> bool
     if not isinstance(node, ast.Call):
         return False
     func = node.func
-    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-    return name in runners[2] or name in LOADS_FILE
+    if isinstance(func, ast.Name):
+        return func.id in runners[2]
+    return isinstance(func, ast.Attribute) and func.attr in LOADS_FILE and not (
+        isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"))  # a method of the user's own
 
 
 def _installed_file(path: Any) -> bool:

@@ -95,3 +95,55 @@ def test_write_report_on_a_full_disk_is_one_line_and_keeps_the_source(tmp_path, 
         write_report(tmp_path / "out", rep, files={"data": src})
     monkeypatch.setattr(shutil, "copy2", real)
     assert (src / "sub" / "f.bin").read_text() == "x" * 100 and not (tmp_path / "out").exists()
+
+
+# --- pass 34 (b): the resume key's reading of builtins ------------------------------------------------------------
+
+KEY_PLUGIN = """
+{pre}
+import mechkit as mk
+HELPER = "h.txt"
+LOG = "run.log"
+class P(mk.Plugin):
+    name, version, summary = "rt34b-key", "0.1", "t"
+    def run(self, ctx):
+        return mk.Result(results={{"v": ctx.step("a", lambda: {call})}}, finding="ok")
+"""
+
+
+def _key_of(tmp_path, monkeypatch, module, pre, call):
+    import sys
+    import textwrap
+
+    from mechkit.plugin_key import plugin_code
+
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(KEY_PLUGIN.format(pre=pre, call=call)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        cls = __import__(module).P
+        return lambda: plugin_code(cls)
+    finally:
+        sys.modules.pop(module, None)
+
+
+@pytest.mark.parametrize("method", ["eval", "exec"])
+def test_a_method_named_like_the_builtin_does_not_hide_it(tmp_path, monkeypatch, method):
+    (tmp_path / "h.txt").write_text("1")
+    call = "eval(open(HELPER).read())" if method == "eval" else "(exec(open(HELPER).read()), 1)[1]"
+    key = _key_of(tmp_path, monkeypatch, f"rt34b_m_{method}",
+                  f"class Helper:\n    def {method}(self):\n        return 0", call)
+    first = key()
+    (tmp_path / "h.txt").write_text("2")
+    assert key() != first
+
+
+@pytest.mark.parametrize("pre", ["import re\ncompile = re.compile", "import re\nclass Q:\n    def load_source(self, p):\n        return p"])
+def test_a_name_bound_otherwise_is_not_a_runner(tmp_path, monkeypatch, pre):
+    (tmp_path / "run.log").write_text("one\n")
+    tag = "assign" if "=" in pre.splitlines()[1] else "method"
+    key = _key_of(tmp_path, monkeypatch, f"rt34b_b_{tag}", pre, "compile('[0-9]+') and 1" if tag == "assign"
+                  else "(lambda self: self.load_source(LOG))(Q()) and 1")
+    first = key()
+    (tmp_path / "run.log").write_text("one\ntwo\n")
+    assert key() == first

@@ -355,7 +355,10 @@ def _check_arguments(out_dir: object, report: object, figures: object, files: ob
         raise MechkitError(f"out_dir must be a path, not {type(out_dir).__name__}", fix)
     if not isinstance(report, dict):
         raise MechkitError(f"report must be a dict (build_report gives one), not {type(report).__name__}", fix)
-    if not isinstance(force, bool):
+    import numpy as np
+
+    if not (isinstance(force, (bool, np.bool_)) or (isinstance(force, np.ndarray) and force.shape == ()
+                                                    and force.dtype == np.bool_)):  # what mk.run takes as a switch
         raise MechkitError(f"force must be True or False, not {force!r}", "pass force=True to replace a report")
     for what, values, ok in (("figures", figures, lambda v: hasattr(v, "savefig")),
                              ("files", files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
