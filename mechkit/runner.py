@@ -286,6 +286,9 @@ def run_plugin(
         cls = registry.get(plugin) if isinstance(plugin, str) else plugin
         params, parsed = resolve_options(cls, options, seed=seed)  # every check that needs no model, before it loads
         check_config(parsed, model)
+        from mechkit.io.fs_errors import refuse_missing_cwd
+
+        refuse_missing_cwd()  # before anything reads a model: a deleted working directory was a traceback
         check_pruned_before_load(cls, model)
         runs_on = check_backend_for(cls, backend, remote, model)
         check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster

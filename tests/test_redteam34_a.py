@@ -33,7 +33,7 @@ def test_a_users_folder_where_mechkits_file_was_is_refused_not_deleted(tmp_path,
     mk.run(returning_files({"m": _folder(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt34a"), out=out)
     os.remove(out / "m" / "a.txt")
     _folder(out / "m" / "a.txt", {"data.csv": "precious"})
-    with pytest.raises(MechkitError, match="where it wrote a file of the set"):
+    with pytest.raises(MechkitError, match="where it wrote another of the set"):
         mk.run(returning_files({"m": _folder(tmp_path / "g", second)}, "rt34a"), out=out, force=True)
     assert (out / "m" / "a.txt" / "data.csv").read_text() == "precious"
 

@@ -240,9 +240,10 @@ def refuse_user_entries(out: Path, name: str) -> None:
         raise MechkitError(f"--out {out} holds {folder / nested[0]}, which mechkit did not write, inside a "
                            f"subfolder of {name} the new set replaces", f"move it out of {folder} first")
     replaced = [n for n in owned_names(folder) if n + "/" in foreign]
+    replaced += [f for f in foreign if f + "/" in listed["tree"]]  # a file of the user's where its folder was
     if replaced:
-        raise MechkitError(f"--out {out} holds a folder {name}/{replaced[0]}, which mechkit did not write, where "
-                           "it wrote a file of the set a rerun replaces", f"move it out of {folder} first")
+        raise MechkitError(f"--out {out} holds {name}/{replaced[0]}, which mechkit did not write, where it wrote "
+                           "another of the set a rerun replaces", f"move it out of {folder} first")
 
 
 def _real_dir(path: Path) -> bool:

@@ -355,6 +355,9 @@ def refuse_vocab_mismatch(path: Path) -> None:
         data = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
+    except RecursionError:  # a crafted config nested 100 000 deep: a traceback from the JSON decoder
+        raise ModelLoadError(f"{path / 'config.json'} is nested too deeply to read",
+                             "write config.json again as save_pretrained does (a flat JSON object)") from None
     config = data.get("text_config") if isinstance(data, dict) and isinstance(data.get("text_config"), dict) else data
     if not isinstance(config, dict):
         return

@@ -355,6 +355,9 @@ def _check_arguments(out_dir: object, report: object, figures: object, files: ob
         raise MechkitError(f"out_dir must be a path, not {type(out_dir).__name__}", fix)
     if not isinstance(report, dict):
         raise MechkitError(f"report must be a dict (build_report gives one), not {type(report).__name__}", fix)
+    if not isinstance(report.get("artifacts", []), list):  # a str was split into letters, an int a TypeError
+        raise MechkitError(f"report['artifacts'] must be a list of file names, not "
+                           f"{type(report['artifacts']).__name__}", fix)
     import numpy as np
 
     if not (isinstance(force, (bool, np.bool_)) or (isinstance(force, np.ndarray) and force.shape == ()
