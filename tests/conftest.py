@@ -136,6 +136,23 @@ def logits_of(handle, ids):
         return handle(ids)
 
 
+def tiny_model_dir(path, family: str = "llama", **overrides):
+    """A tiny model of ``family`` (config ``overrides``: a LongRoPE, a short learned position table) saved with
+    the byte tokenizer as a model directory; returns ``path``."""
+    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
+
+    model, _ = tiny_model(family, **overrides)
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+LONGROPE = dict(max_position_embeddings=64, original_max_position_embeddings=16,
+                rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                                 "original_max_position_embeddings": 16, "short_factor": [1.0] * 8,
+                                 "long_factor": [2.0] * 8})  # a phi3 whose long set switches in past 16 positions
+
+
 def noisy_model_dir(path, family: str = "llama", seed: int = 1, base_seed: int = 0, **overrides):
     """A "fine-tuned" tiny model: the family's base (``base_seed``) plus seeded noise, as a model directory."""
     from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
@@ -214,11 +231,12 @@ def run_folder(root, *scratch: str, key: str = "0123456789abcdef"):
     return folder
 
 
-def put_files(folder, files: dict) -> None:
-    """Write ``{relative name: text}`` under ``folder``, making the folders between."""
+def put_files(folder, files: dict):
+    """Write ``{relative name: text}`` under ``folder``, making the folders between; return ``folder``."""
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
+    return folder
 
 
 def temp_dir_in(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.conftest import edit_plugin, forwards
+from tests.conftest import LONGROPE, edit_plugin, forwards, tiny_model_dir
 
 
 def _run(edit, handle):
@@ -29,17 +29,7 @@ def _refusal(edit, handle) -> str:
 
 @pytest.fixture(scope="module")
 def longrope_dir(tmp_path_factory) -> Path:
-    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
-
-    factors = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
-    model, _ = tiny_model("phi3", max_position_embeddings=64, original_max_position_embeddings=16,
-                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                                           "partial_rotary_factor": 1.0, "original_max_position_embeddings": 16,
-                                           **factors})
-    path = tmp_path_factory.mktemp("long") / "m"
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp("long") / "m", "phi3", **LONGROPE)
 
 
 def _rope(h):

@@ -24,7 +24,7 @@ from mechkit.errors import MechkitError
 from mechkit.model.sources import gguf as gguf_mod
 from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
 from mechkit.plugin_key import plugin_code
-from tests.conftest import cli_in_process, edit_plugin, forwards
+from tests.conftest import LONGROPE, cli_in_process, edit_plugin, forwards, tiny_model_dir
 
 # --- F1 / F2a: a GGUF cache entry holds only what was written -----------------------------------------------------
 
@@ -77,15 +77,7 @@ def test_a_whole_entry_is_read_without_a_rebuild(fake_gguf):
 
 @pytest.fixture(scope="module")
 def longrope_dir(tmp_path_factory) -> Path:
-    factors = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
-    model, _ = tiny_model("phi3", max_position_embeddings=64, original_max_position_embeddings=16,
-                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                                           "partial_rotary_factor": 1.0, "original_max_position_embeddings": 16,
-                                           **factors})
-    path = tmp_path_factory.mktemp("long") / "m"
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp("long") / "m", "phi3", **LONGROPE)
 
 
 def _run(edit, handle):

@@ -21,7 +21,7 @@ import torch
 import mechkit as mk
 from mechkit.errors import MechkitError, one_line
 from mechkit.plugin_key import plugin_code
-from tests.conftest import edit_plugin, forwards
+from tests.conftest import LONGROPE, edit_plugin, forwards, tiny_model_dir
 
 # --- K1 / K2: files a plugin runs by name -----------------------------------------------------------------------------
 
@@ -90,17 +90,7 @@ def test_a_data_file_named_outside_exec_leaves_the_key_alone(tmp_path, monkeypat
 
 @pytest.fixture(scope="module")
 def longrope_dir(tmp_path_factory) -> Path:
-    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
-
-    factors = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
-    model, _ = tiny_model("phi3", max_position_embeddings=64, original_max_position_embeddings=16,
-                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                                           "partial_rotary_factor": 1.0, "original_max_position_embeddings": 16,
-                                           **factors})
-    path = tmp_path_factory.mktemp("long") / "m"
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp("long") / "m", "phi3", **LONGROPE)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -18,18 +18,12 @@ import pytest
 import mechkit as mk
 from mechkit.errors import MechkitError
 from mechkit.plugin_key import plugin_code
-from tests.conftest import cli_in_process
+from tests.conftest import cli_in_process, tiny_model_dir
 
 
 @pytest.fixture(scope="module")
 def short_gpt2(tmp_path_factory):
-    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
-
-    model, _ = tiny_model("gpt2", n_positions=100)
-    path = tmp_path_factory.mktemp("g100") / "m"
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp("g100") / "m", "gpt2", n_positions=100)
 
 
 @pytest.mark.parametrize("plugin", ["detect", "attention", "ablate"])

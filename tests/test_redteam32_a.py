@@ -18,7 +18,7 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.conftest import returning_files
+from tests.conftest import put_files, returning_files
 
 
 def _tree(folder: Path) -> dict[str, str]:
@@ -26,36 +26,30 @@ def _tree(folder: Path) -> dict[str, str]:
             if p.is_file() and p.name != ".mechkit-files"}
 
 
-def _folder(path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    return path
-
 
 @pytest.mark.parametrize("second", [{"sub/x.txt": "x2"}, {"a.txt": "a2"}])
 @pytest.mark.parametrize("note", ["sub/NOTES.md", "sub/mydir/data.csv"])
 def test_a_users_file_in_a_subfolder_of_a_returned_folder_is_never_deleted(tmp_path, second, note):
     out = tmp_path / "out"
-    mk.run(returning_files({"m": _folder(tmp_path / "f", {"sub/x.txt": "x1"})}, "rt32a"), out=out)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"sub/x.txt": "x1"})}, "rt32a"), out=out)
     (out / "m" / note).parent.mkdir(parents=True, exist_ok=True)
     (out / "m" / note).write_text("my thesis")
     with pytest.raises(MechkitError, match="which mechkit did not write, inside a subfolder"):
-        mk.run(returning_files({"m": _folder(tmp_path / "g", second)}, "rt32a"), out=out, force=True)
+        mk.run(returning_files({"m": put_files(tmp_path / "g", second)}, "rt32a"), out=out, force=True)
     assert (out / "m" / note).read_text() == "my thesis" and (out / "m" / "sub" / "x.txt").read_text() == "x1"
 
 
 def test_a_top_level_note_stays_and_the_old_runs_subfolder_goes(tmp_path):
     out = tmp_path / "out"
-    mk.run(returning_files({"m": _folder(tmp_path / "f", {"sub/x.txt": "x1", "a.txt": "a1"})}, "rt32a"), out=out)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"sub/x.txt": "x1", "a.txt": "a1"})}, "rt32a"), out=out)
     (out / "m" / "NOTES.md").write_text("mine")
-    mk.run(returning_files({"m": _folder(tmp_path / "g", {"a.txt": "a2"})}, "rt32a"), out=out, force=True)
+    mk.run(returning_files({"m": put_files(tmp_path / "g", {"a.txt": "a2"})}, "rt32a"), out=out, force=True)
     assert _tree(out / "m") == {"a.txt": "a2", "NOTES.md": "mine"}
 
 
 @pytest.mark.parametrize("content", ["MY NOTES", '{"writer": "prune", "files": ["a.txt"]}'])
 def test_a_returned_folder_holding_a_list_of_its_own_is_refused_and_kept(tmp_path, content):
-    f = _folder(tmp_path / "f", {"a.txt": "run1", ".mechkit-files": content})
+    f = put_files(tmp_path / "f", {"a.txt": "run1", ".mechkit-files": content})
     with pytest.raises(MechkitError, match="a file named .mechkit-files"):
         mk.run(returning_files({"m": f}, "rt32a"), out=tmp_path / "out")
     assert (f / ".mechkit-files").read_text() == content and not (tmp_path / "out").exists()
@@ -63,7 +57,7 @@ def test_a_returned_folder_holding_a_list_of_its_own_is_refused_and_kept(tmp_pat
 
 @pytest.mark.parametrize("name", ["w\\old", "bad\udcffname"])
 def test_a_name_the_folders_list_cannot_hold_is_refused(tmp_path, name):
-    f = _folder(tmp_path / "f", {"a.txt": "1"})
+    f = put_files(tmp_path / "f", {"a.txt": "1"})
     try:
         (f / name).write_text("run1 only")
     except (UnicodeEncodeError, OSError):
@@ -88,10 +82,10 @@ def test_write_report_refuses_a_fifo_in_one_line(tmp_path):
     assert not (tmp_path / "o1").exists()
 
 
-def test_write_report_refuses_a_folder_holding_the_report_folder(tmp_path):
+def test_write_report_refuses_a_folder_holding_the_reportput_files(tmp_path):
     from mechkit.report import write_report
 
-    h = _folder(tmp_path / "hold", {"a.txt": "A"})
+    h = put_files(tmp_path / "hold", {"a.txt": "A"})
     with pytest.raises(MechkitError, match="which holds the report folder"):
         write_report(h / "out", _report(), files={"m": h})
     assert (h / "a.txt").read_text() == "A" and not (h / "out").exists()

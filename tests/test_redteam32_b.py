@@ -19,18 +19,12 @@ import pytest
 import mechkit as mk
 from mechkit.errors import MechkitError
 from mechkit.plugin_key import plugin_code
-from tests.conftest import cli_in_process
+from tests.conftest import cli_in_process, tiny_model_dir
 
 
 @pytest.fixture(scope="module")
 def gpt2_40(tmp_path_factory):
-    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
-
-    model, _ = tiny_model("gpt2", n_positions=40)
-    path = tmp_path_factory.mktemp("g40") / "m"
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp("g40") / "m", "gpt2", n_positions=40)
 
 
 def test_finetune_rows_past_the_position_table_are_one_line(tmp_path):

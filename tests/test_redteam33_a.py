@@ -19,20 +19,13 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.conftest import returning_files
-
-
-def _folder(path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    return path
+from tests.conftest import put_files, returning_files
 
 
 @pytest.mark.parametrize("made", ["empty folder", "link to a folder", "folder holding a link"])
 def test_a_users_folder_entry_inside_a_returned_folder_is_refused_not_deleted(tmp_path, made):
     out = tmp_path / "out"
-    mk.run(returning_files({"m": _folder(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt33a"), out=out)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt33a"), out=out)
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "d.csv").write_text("p")
     entry = out / "m" / "sub" / "mine"
@@ -44,15 +37,15 @@ def test_a_users_folder_entry_inside_a_returned_folder_is_refused_not_deleted(tm
         entry.mkdir()
         os.symlink(tmp_path / "precious", entry / "l")
     with pytest.raises(MechkitError, match="which mechkit did not write, inside a subfolder"):
-        mk.run(returning_files({"m": _folder(tmp_path / "g", {"sub/x.txt": "2"})}, "rt33a"), out=out, force=True)
+        mk.run(returning_files({"m": put_files(tmp_path / "g", {"sub/x.txt": "2"})}, "rt33a"), out=out, force=True)
     assert os.path.lexists(entry) and (tmp_path / "precious" / "d.csv").read_text() == "p"
 
 
 def test_a_users_top_level_folder_in_a_returned_folder_stays_with_what_it_holds(tmp_path):
     out = tmp_path / "out"
-    mk.run(returning_files({"m": _folder(tmp_path / "f", {"a.txt": "1"})}, "rt33a"), out=out)
-    _folder(out / "m" / "top", {"notes/n.md": "mine"})
-    mk.run(returning_files({"m": _folder(tmp_path / "g", {"a.txt": "2"})}, "rt33a"), out=out, force=True)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"a.txt": "1"})}, "rt33a"), out=out)
+    put_files(out / "m" / "top", {"notes/n.md": "mine"})
+    mk.run(returning_files({"m": put_files(tmp_path / "g", {"a.txt": "2"})}, "rt33a"), out=out, force=True)
     assert (out / "m" / "top" / "notes" / "n.md").read_text() == "mine" and (out / "m" / "a.txt").read_text() == "2"
 
 
@@ -69,7 +62,7 @@ def test_write_report_refuses_the_places_mk_run_refuses(tmp_path, monkeypatch, p
 
     from mechkit.report import write_report
 
-    where = _folder(tmp_path / "place", {"keep.txt": "k"})
+    where = put_files(tmp_path / "place", {"keep.txt": "k"})
     if place == "cwd":
         monkeypatch.chdir(where)
     elif place == "home":

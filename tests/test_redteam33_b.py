@@ -16,17 +16,11 @@ import textwrap
 import pytest
 
 from mechkit.plugin_key import plugin_code
-from tests.conftest import cli_in_process
+from tests.conftest import cli_in_process, tiny_model_dir
 
 
 def _short(tmp_path_factory, n):
-    from mechkit.model.sources.tiny import byte_tokenizer, tiny_model
-
-    model, _ = tiny_model("gpt2", n_positions=n)
-    path = tmp_path_factory.mktemp(f"g{n}") / "m"
-    model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-    return path
+    return tiny_model_dir(tmp_path_factory.mktemp(f"g{n}") / "m", "gpt2", n_positions=n)
 
 
 @pytest.fixture(scope="module")

@@ -17,24 +17,17 @@ import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.conftest import returning_files
-
-
-def _folder(path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    return path
+from tests.conftest import put_files, returning_files
 
 
 @pytest.mark.parametrize("second", [{"sub/x.txt": "2", "a.txt": "2"}, {"sub/x.txt": "2"}])
 def test_a_users_folder_where_mechkits_file_was_is_refused_not_deleted(tmp_path, second):
     out = tmp_path / "out"
-    mk.run(returning_files({"m": _folder(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt34a"), out=out)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt34a"), out=out)
     os.remove(out / "m" / "a.txt")
-    _folder(out / "m" / "a.txt", {"data.csv": "precious"})
+    put_files(out / "m" / "a.txt", {"data.csv": "precious"})
     with pytest.raises(MechkitError, match="where it wrote another of the set"):
-        mk.run(returning_files({"m": _folder(tmp_path / "g", second)}, "rt34a"), out=out, force=True)
+        mk.run(returning_files({"m": put_files(tmp_path / "g", second)}, "rt34a"), out=out, force=True)
     assert (out / "m" / "a.txt" / "data.csv").read_text() == "precious"
 
 
@@ -66,7 +59,7 @@ def test_a_users_file_in_a_returned_subfolder_is_refused_before_the_work(tmp_pat
 
         def run(self, ctx):
             calls.append(1)
-            return mk.Result(results={"a": 1}, files={"m": _folder(tmp_path / f"p{len(calls)}", {"sub/x.txt": "1"})})
+            return mk.Result(results={"a": 1}, files={"m": put_files(tmp_path / f"p{len(calls)}", {"sub/x.txt": "1"})})
 
     out = tmp_path / "out"
     mk.run(Works, out=out)
@@ -81,7 +74,7 @@ def test_write_report_on_a_full_disk_is_one_line_and_keeps_the_source(tmp_path, 
 
     from mechkit.report import build_report, write_report
 
-    src = _folder(tmp_path / "src", {"sub/f.bin": "x" * 100})
+    src = put_files(tmp_path / "src", {"sub/f.bin": "x" * 100})
     real = shutil.copy2
 
     def full(a, b, **kwargs):

@@ -13,30 +13,22 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import mechkit as mk
 from mechkit.errors import MechkitError
-from tests.conftest import returning_files
-
-
-def _folder(path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    return path
+from tests.conftest import put_files, returning_files
 
 
 @pytest.mark.parametrize("second", [{"sub/x.txt": "2", "a.txt": "2"}, {"a.txt": "2"}])
 def test_a_users_file_where_mechkits_folder_was_is_refused_not_deleted(tmp_path, second):
     out = tmp_path / "out"
-    mk.run(returning_files({"m": _folder(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt35a"), out=out)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"sub/x.txt": "1", "a.txt": "1"})}, "rt35a"), out=out)
     shutil.rmtree(out / "m" / "sub")
     (out / "m" / "sub").write_text("USER PRECIOUS")
     with pytest.raises(MechkitError, match="where it wrote another of the set"):
-        mk.run(returning_files({"m": _folder(tmp_path / "g", second)}, "rt35a"), out=out, force=True)
+        mk.run(returning_files({"m": put_files(tmp_path / "g", second)}, "rt35a"), out=out, force=True)
     assert (out / "m" / "sub").read_text() == "USER PRECIOUS"
 
 
