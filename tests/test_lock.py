@@ -100,7 +100,7 @@ def test_a_held_lock_refuses_a_second_run_before_the_model_loads(tmp_path, no_mo
         assert path == lock_path(out) and path.parent == out.parent and path.read_text().strip() == str(os.getpid())
         with pytest.raises(OutInUseError) as info:
             mk.run("inspect", model="tiny:llama", out=out)
-        assert str(info.value) == f"--out {out} " + IN_USE.format(pid=os.getpid())
+        assert str(info.value) == f"--out {out} " + IN_USE.format(pid=f"{os.getpid()}, this very process")
         with pytest.raises(OutInUseError):  # --force does not take over a running run's --out
             mk.run("inspect", model="tiny:llama", out=out, force=True)
     assert not out.exists() and not lock_path(out).exists()

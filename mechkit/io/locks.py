@@ -8,6 +8,7 @@ Apart from :mod:`mechkit.io.outlock`, which takes and holds the lock for a run, 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -47,8 +48,34 @@ def holder(fd: int) -> str:
     return ""
 
 
-HELD: set[Path] = set()
-"""The lock files this process holds: a writer inside a directory its own process is writing is no conflict."""
+def whose(pid: str) -> str:
+    """`` (pid N)`` for a lock's holder, saying so where that is this very process (another thread's run)."""
+    if not pid:
+        return ""
+    return f" (pid {pid}, this very process)" if pid == str(os.getpid()) else f" (pid {pid})"
+
+
+class _HeldHere(threading.local):
+    """The lock files this thread holds: a writer inside a directory its own run is writing is no conflict.
+
+    Per thread, not per process: ``write_report`` from a second thread took a lock that ``mk.run`` in another
+    thread held as its own, wrote the report, and the run failed after its work. Another thread's lock is
+    another run's, and refused like one (its ``flock`` is taken on another open file)."""
+
+    def __init__(self) -> None:
+        self.paths: set[Path] = set()
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.paths
+
+    def add(self, path: Path) -> None:
+        self.paths.add(path)
+
+    def discard(self, path: Path) -> None:
+        self.paths.discard(path)
+
+
+HELD = _HeldHere()
 
 
 def refuse_in_use(out: str | os.PathLike[str]) -> None:
@@ -60,7 +87,7 @@ def refuse_in_use(out: str | os.PathLike[str]) -> None:
     lock = lock_path(real)
     pid = _lock_taken(lock) if lock not in HELD else None
     if pid is not None:
-        raise OutInUseError(f"--out {out} is in use by another mechkit run" + (f" (pid {pid})" if pid else ""),
+        raise OutInUseError(f"--out {out} is in use by another mechkit run" + whose(pid),
                             "wait for it or choose another --out")
     refuse_locked_ancestor(real, out)
 
@@ -108,7 +135,7 @@ def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
         except BlockingIOError:
             pid = holder(fd)
             raise OutInUseError(f"--out {out} is inside {folder}, which another mechkit run is writing"
-                                + (f" (pid {pid})" if pid else ""), "wait for it or choose another --out") from None
+                                + whose(pid), "wait for it or choose another --out") from None
         except OSError:
             pass
         finally:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError, ReportExistsError
-from mechkit.io.locks import HELD, OutInUseError, holder, lock_path, refuse_locked_ancestor
+from mechkit.io.locks import HELD, OutInUseError, holder, lock_path, refuse_locked_ancestor, whose
 from mechkit.io.out import check_out
 
 
@@ -40,7 +40,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     ...             pass
     ...     except OutInUseError as err:
     ...         print(str(err).replace(str(out), "OUT").replace(str(os.getpid()), "N"))
-    --out OUT is in use by another mechkit run (pid N) — wait for it or choose another --out
+    --out OUT is in use by another mechkit run (pid N, this very process) — wait for it or choose another --out
     >>> lock_path(out).exists()
     False
     """
@@ -67,7 +67,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
                 pid = holder(fd)
                 os.close(fd)
                 raise OutInUseError(f"--out {out_dir} is in use by another mechkit run"
-                                    + (f" (pid {pid})" if pid else ""),
+                                    + whose(pid),
                                     "wait for it or choose another --out") from None
             except BaseException:
                 os.close(fd)

@@ -106,6 +106,12 @@ def refuse_foreign_model(out: Path, writer: str, names: Sequence[str] = ()) -> N
                            f"{writer} would replace it", "choose another --out, or move those files away first")
     folders = [n for n in dict.fromkeys([*names, *owned]) if n != MANIFEST and _real_dir(out / n)
                and not _our_folder(out, n, owned)]  # an owned name is replaced or removed: each is checked
+    dirs = owned_folders(out) or set()
+    swapped = [n for n in owned if n in dirs and os.path.lexists(out / n) and not _real_dir(out / n)]
+    if swapped:  # the user's file or link where mechkit's folder was: replaced by name, it was deleted
+        raise MechkitError(f"--out {out} holds {swapped[0]}, which mechkit did not write (it wrote a folder of that "
+                           f"name there), and {writer}'s --force would delete it",
+                           f"move {out / swapped[0]} away first, or choose another --out")
     for name in owned:  # a returned folder of the set: the user's entries inside, before any work
         if name != MANIFEST and _our_folder(out, name, owned):
             refuse_user_entries(out, name)

@@ -46,6 +46,28 @@ _REQUIRED: dict[str, tuple[type, ...]] = {
 NONFINITE = ("null", "keep")
 
 
+MAX_REPORT_BYTES = 32 * 2**20  # a run's largest report is about 1 MB: the writer refuses more, a reader too
+MAX_DEPTH = 100  # containers inside containers a report may hold: a run's deepest (views) is 4; past it, no report
+
+
+class UnstorableError(MechkitError, TypeError):
+    """A value a report cannot hold, named by its key path: a type JSON has no form for, a container that holds
+    itself, or one nested past :data:`MAX_DEPTH` (these raised a RecursionError traceback from ``mk.run`` and
+    ``write_report``). A :class:`TypeError` too, as the unstorable-type refusal always was."""
+
+
+class _Bad(Exception):
+    """Raised inside the walk, the key path prepended on the way out (no path is built on the way down)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why, self.path = why, ""
+
+    def under(self, key: str) -> _Bad:
+        self.path = key + self.path
+        return self
+
+
 def to_jsonable(obj: Any, nonfinite: str = "null") -> Any:
     """Return ``obj`` as plain JSON data (dict/list/str/int/float/bool/None).
 
@@ -54,15 +76,40 @@ def to_jsonable(obj: Any, nonfinite: str = "null") -> Any:
     they are (what :func:`build_report` and the report writer do: a NaN metric is never silently
     written as ``null``). numpy scalars and arrays and torch tensors all offer ``.tolist()``, which
     is used without importing either library. Tuple keys such as ``(17, 3)`` become ``"17.3"``, the
-    layer.head name grammar.
+    layer.head name grammar. A value no report can hold raises :class:`UnstorableError` naming its key path.
 
     >>> to_jsonable({"acc": float("nan"), (17, 3): (1, 2)})
     {'acc': None, '17.3': [1, 2]}
     >>> to_jsonable({"acc": float("nan")}, nonfinite="keep")
     {'acc': nan}
+    >>> loop = {"a": [1]}
+    >>> loop["a"].append(loop)
+    >>> try:
+    ...     to_jsonable(loop)
+    ... except UnstorableError as err:
+    ...     print(err.problem)
+    report value a[1] holds itself (a container that contains itself has no JSON form)
     """
+    return _jsonable_at("", obj, nonfinite)
+
+
+def _jsonable_at(name: str, obj: Any, nonfinite: str) -> Any:
+    """:func:`to_jsonable` of the report key ``name`` (``"results"``), which leads the path a refusal names and
+    counts as one level, as it is in the whole report the writer converts again."""
     if nonfinite not in NONFINITE:
         raise ValueError(f"nonfinite must be one of {NONFINITE}, not {nonfinite!r}")
+    try:
+        return _plain(obj, nonfinite, 1 if name else 0, set())
+    except _Bad as bad:
+        path = (name + bad.path).lstrip(".")
+        if len(path) > 120:  # a path 100 containers deep is no line to read
+            path = f"{path[:60]}…{path[-40:]}"
+        where = f"report value {path}" if path else "the report value"
+        raise UnstorableError(f"{where} {bad.why}", "store numbers, text, lists and dicts (keep large or nested "
+                              "data in a file of the run)") from None
+
+
+def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -70,40 +117,72 @@ def to_jsonable(obj: Any, nonfinite: str = "null") -> Any:
     if isinstance(obj, float):
         return float(obj) if math.isfinite(obj) or nonfinite == "keep" else None
     if isinstance(obj, enum.Enum):
-        return to_jsonable(obj.value, nonfinite)
-    if isinstance(obj, Mapping):
-        return {_key(k): to_jsonable(v, nonfinite) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v, nonfinite) for v in obj]
-    if isinstance(obj, (set, frozenset)):
-        items = [to_jsonable(v, nonfinite) for v in obj]
-        try:
-            return sorted(items)
-        except TypeError:
-            return items
+        return _plain(obj.value, nonfinite, depth, seen)
     if isinstance(obj, PurePath):
         return str(obj)
     if isinstance(obj, (datetime, date)):
         return obj.isoformat()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name), nonfinite) for f in dataclasses.fields(obj)}
-    if isinstance(obj, bytes):
-        return obj.decode("utf-8", errors="replace")
+    if isinstance(obj, (bytes, bytearray)):
+        return bytes(obj).decode("utf-8", errors="replace")
+    if isinstance(obj, (Mapping, list, tuple, set, frozenset)) or dataclasses.is_dataclass(obj):
+        return _container(obj, nonfinite, depth, seen)
     tolist = getattr(obj, "tolist", None)  # numpy arrays/scalars, torch tensors
     if callable(tolist):
         detach = getattr(obj, "detach", None)  # a tensor that requires grad refuses .tolist()
         if callable(detach):
             obj = detach()
-        return to_jsonable(obj.tolist(), nonfinite)
-    raise TypeError(f"cannot store a {type(obj).__qualname__} in a report: convert it to numbers or text")
+        if depth >= MAX_DEPTH:  # a .tolist() that returns itself, or another such object
+            raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
+        return _plain(obj.tolist(), nonfinite, depth + 1, seen)
+    raise _Bad(f"is of type {type(obj).__qualname__}, which a report cannot store: convert it to numbers or text")
+
+
+def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
+    """A dict, list, tuple, set or dataclass, each member converted; itself refused if it is on the path that
+    led here (a cycle) or nested past :data:`MAX_DEPTH`."""
+    if isinstance(obj, type):
+        raise _Bad(f"is the class {obj.__qualname__}, which a report cannot store: convert it to numbers or text")
+    if depth >= MAX_DEPTH:
+        raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
+    if id(obj) in seen:
+        raise _Bad("holds itself (a container that contains itself has no JSON form)")
+    seen.add(id(obj))
+    try:
+        if isinstance(obj, Mapping):
+            items = list(obj.items())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            items = list(enumerate(obj))
+        else:
+            items = [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+        keyed = isinstance(obj, Mapping) or not isinstance(obj, (list, tuple, set, frozenset))
+        out = []
+        for k, v in items:
+            key = _key(k) if keyed else k
+            try:
+                out.append((key, _plain(v, nonfinite, depth + 1, seen)))
+            except _Bad as bad:
+                raise bad.under(f".{key}" if keyed else f"[{key}]") from None
+    finally:
+        seen.discard(id(obj))
+    if keyed:
+        return dict(out)
+    values = [v for _, v in out]
+    if isinstance(obj, (set, frozenset)):
+        try:
+            return sorted(values)
+        except TypeError:
+            return values
+    return values
 
 
 def _key(k: Any) -> str:
     if isinstance(k, str):
         return k
     if isinstance(k, tuple):
-        return ".".join(str(to_jsonable(p)) for p in k)
-    return str(to_jsonable(k))
+        return ".".join(_key(p) for p in k)
+    if k is None or isinstance(k, (bool, int, float, enum.Enum, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
+        return str(_plain(k, "null", MAX_DEPTH - 1, set()))
+    raise _Bad(f"has the key {type(k).__qualname__}, which a report cannot store: use text or numbers as keys")
 
 
 def _dist_version(name: str) -> str | None:
@@ -162,18 +241,18 @@ def build_report(
         "plugin_version": str(plugin_version),
         "mechkit_version": __version__,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": to_jsonable(model, keep),
-        "params": to_jsonable(params, keep),
+        "model": _jsonable_at("model", model, keep),
+        "params": _jsonable_at("params", params, keep),
         "seed": int(seed),
-        "results": to_jsonable(results, keep),
+        "results": _jsonable_at("results", results, keep),
         "artifacts": [str(a) for a in artifacts],
-        "timings": to_jsonable(timings, keep),
+        "timings": _jsonable_at("timings", timings, keep),
         "environment": environment(),
     }
     if finding is not None:
         report["finding"] = str(finding)
     if views:
-        report["views"] = to_jsonable(views)
+        report["views"] = _jsonable_at("views", views, "null")
     validate_report(report)
     return report
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import MechkitError, first_line
 from mechkit.report import values
-from mechkit.report.schema import validate_report
+from mechkit.report.schema import MAX_REPORT_BYTES, validate_report
 from mechkit.report.table import Table as ReportTable
 from mechkit.report.table import cell_text, generic_tables, is_value
 
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 MAX_ROWS = 40
-MAX_REPORT_BYTES = 32 * 2**20  # the largest report a run writes is about 1 MB; a larger file is not one of ours
 MAX_TEXT = 4000  # characters of one report string shown in a terminal (a finding is a paragraph)
 
 

@@ -223,7 +223,11 @@ def plugin_tables(plugin: Any, results: dict, console: Any = None) -> list[Table
     that hook fails on these results: a report written by another version, or a third-party hook's bug,
     must not cost a run its report nor a reader its page."""
     try:
-        return list(plugin.tables(results))
+        tables = list(plugin.tables(results))
+        odd = next((t for t in tables if not isinstance(t, Table)), None)
+        if odd is not None:  # a duck-typed table failed deep inside the page's rendering, after the work
+            raise TypeError(f"it returned a {type(odd).__name__}, not a mechkit.report.Table")
+        return tables
     except Exception as err:
         if console is not None:
             console.print(f"mechkit: warning: the tables of plugin {plugin.name!r} failed ({type(err).__name__}: "

@@ -23,7 +23,7 @@ from mechkit.errors import MechkitError, ReportExistsError
 from mechkit.io import check_out
 from mechkit.io.replace import replacing_dir, write_folder_manifest
 from mechkit.report.html import render_html
-from mechkit.report.schema import to_jsonable, validate_report
+from mechkit.report.schema import MAX_REPORT_BYTES, to_jsonable, validate_report
 from mechkit.report.views import views_of
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def _write_locked(out: Path, report: dict, figures: Mapping[str, Figure] | None,
         if views:
             final["views"] = views
     validate_report(final)  # before anything is rendered or written
+    text = _report_text(final)
 
     check_out(out, force=True, kind="dir")  # a file there, or a read-only place: one line, before rendering
 
@@ -108,7 +109,7 @@ def _write_locked(out: Path, report: dict, figures: Mapping[str, Figure] | None,
     try:
         writer = str(final.get("plugin"))  # a model another plugin saved there is refused
         with replacing_dir(out, writer=writer, force=True) as tmp:  # new: one rename; else one set, with a manifest
-            _render(tmp, final, figures, files, tables, moves)
+            _render(tmp, final, text, figures, files, tables, moves)
     except BaseException as err:  # Ctrl-C included: never leave a half-written run behind
         for parent in created_parents:  # deepest first; only the ones this call created
             try:
@@ -162,7 +163,22 @@ def _signature(path: Path) -> tuple:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
 
 
-def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
+def _report_text(final: dict) -> str:
+    """``report.json``'s text, refused (one line) past the size every reader takes (``report show`` refused a
+    42 MB report a run had just written, telling the user to pass one a run wrote)."""
+    text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_REPORT_BYTES:
+        biggest = max((k for k in ("results", "views", "params", "model")),
+                      key=lambda k: len(json.dumps(final.get(k), ensure_ascii=False)))
+        raise MechkitError(f"report.json would be {size / 2**20:.0f} MB, more than a report's limit of "
+                           f"{MAX_REPORT_BYTES // 2**20} MB (its largest part is '{biggest}')",
+                           "keep summaries in results and return large data as a file (files={name: bytes or a "
+                           "Path}); nothing was written")
+    return text
+
+
+def _render(tmp: Path, final: dict, text: str, figures: Mapping[str, Figure], files: Mapping[str, bytes | str | Path],
             tables: list[Table] | None = None, moves: _Moves | None = None) -> None:
     """Write the figures, the files, ``report.html`` and ``report.json`` of the checked report ``final`` into
     ``tmp``, and move the returned paths in last: a failure of anything else (a full disk, a name too long)
@@ -179,7 +195,6 @@ def _render(tmp: Path, final: dict, figures: Mapping[str, Figure], files: Mappin
         if name.lower().endswith(".png"):
             images[name] = data
 
-    text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
     (tmp / REPORT_HTML).write_text(render_html(final, images, tables), encoding="utf-8")
     (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
     for name, content in files.items():
@@ -351,8 +366,13 @@ def _check_arguments(out_dir: object, report: object, figures: object, files: ob
     checks a plugin's result before it comes here, a direct caller got an int written as NUL bytes, a
     ``force="no"`` that replaced a report, and raw AttributeErrors for a figure that is no figure."""
     fix = "write_report(out, report: dict, figures={name: matplotlib figure}, files={name: bytes, text or Path})"
-    if not isinstance(out_dir, (str, os.PathLike)):
+    if not isinstance(out_dir, (str, os.PathLike)) or not isinstance(os.fspath(out_dir), str):
         raise MechkitError(f"out_dir must be a path, not {type(out_dir).__name__}", fix)
+    if "\0" in os.fspath(out_dir):  # a raw ValueError from every file call
+        raise MechkitError(f"out_dir {os.fspath(out_dir)!r} holds a NUL byte, which no path can", "pass a plain path")
+    from mechkit.io.fs_errors import refuse_missing_cwd
+
+    refuse_missing_cwd()  # every path check below asks getcwd: a FileNotFoundError traceback
     if not isinstance(report, dict):
         raise MechkitError(f"report must be a dict (build_report gives one), not {type(report).__name__}", fix)
     if not isinstance(report.get("artifacts", []), list):  # a str was split into letters, an int a TypeError
@@ -370,7 +390,9 @@ def _check_arguments(out_dir: object, report: object, figures: object, files: ob
         bad = next((k for k, v in (values or {}).items() if not ok(v)), None)
         if bad is not None:
             raise MechkitError(f"{what}[{bad!r}] is a {type(values[bad]).__name__}", fix)
-    if tables is not None and (not isinstance(tables, list) or not all(hasattr(t, "columns") for t in tables)):
+    from mechkit.report.table import Table
+
+    if tables is not None and (not isinstance(tables, list) or not all(isinstance(t, Table) for t in tables)):
         raise MechkitError("tables must be a list of mechkit.report.Table", "pass tables=None for the generic ones")
 
 
