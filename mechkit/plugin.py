@@ -43,6 +43,14 @@ class Result:
 STEP_MAX_BYTES = 2**34  # a stored step larger than this is no step mechkit wrote
 
 
+def _reads_so_far() -> list:
+    """The files the recorded run read so far, with what they held (:mod:`mechkit.io.reads`); none unrecorded."""
+    from mechkit.io.reads import current
+
+    reads = current()
+    return reads.signatures() if reads is not None else []
+
+
 @dataclass
 class RunContext:
     """Everything a plugin run needs, handed to ``Plugin.run``.
@@ -117,6 +125,7 @@ class RunContext:
         The file is opened without following a link and without blocking, and read only as a plain file
         (:func:`mechkit.io.read.read_plain`); anything else at its name is never removed."""
         from mechkit.io.read import not_regular, read_plain
+        from mechkit.io.reads import changed
 
         try:
             stored = json.loads(read_plain(path, STEP_MAX_BYTES).decode("utf-8"))
@@ -124,6 +133,11 @@ class RunContext:
                 problem = "not a stored step"
             elif stored.get("key") != key:
                 problem = "written for another step"
+            elif (read := changed(stored.get("reads", []))) is not None:  # a file the run read holds another now
+                self._warn(f"not resuming step {key!r}: " + ("its record of the files the run read is damaged"
+                           if read == "?" else f"{read}, which the run read, has changed since the step was kept")
+                           + "; computing it again")
+                return False, None
             else:
                 return True, stored["value"]
         except UnicodeDecodeError:
@@ -154,7 +168,7 @@ class RunContext:
             return
         try:
             mark_run_dir(self.resume_dir)  # marked as mechkit's: `cache clear` deletes only marked folders
-            write_atomic(path, json.dumps({"key": key, "value": value}))
+            write_atomic(path, json.dumps({"key": key, "value": value, "reads": _reads_so_far()}))
         except OSError as err:
             if not self._unsaved:
                 why = err.strerror or type(err).__name__

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mechkit.io.reads import library_dirs
+
 if TYPE_CHECKING:
     from mechkit.plugin import Plugin
 
@@ -78,24 +80,6 @@ def package_code(roots: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    """The folders whose code is not the user's own: the standard library, site-packages (their versions are
-    in the key: :meth:`_Reach.installed`) and mechkit's package (:func:`package_code` covers it), symlinked
-    parts of a development checkout included."""
-    import site
-    import sys
-    import sysconfig
-
-    dirs = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs |= {*site.getsitepackages(), site.getusersitepackages()}
-    for root in getattr(sys.modules.get("mechkit"), "__path__", []):
-        dirs.add(root)
-        with contextlib.suppress(OSError):
-            dirs |= {str(child) for child in Path(root).iterdir() if child.is_symlink()}
-    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
-
-
 def _users_file(path: Any, any_name: bool = False) -> bool:
     """Whether ``path`` is a source file of the user's own (not the standard library's, an installed
     package's or mechkit's): a ``.py`` file, or any file with ``any_name`` (code ``exec`` reads from a
@@ -104,7 +88,7 @@ def _users_file(path: Any, any_name: bool = False) -> bool:
         return False
     real = os.path.realpath(path)
     parts = Path(real).parts
-    return "site-packages" not in parts and "dist-packages" not in parts and not real.startswith(_library_dirs())
+    return "site-packages" not in parts and "dist-packages" not in parts and not real.startswith(library_dirs())
 
 
 def _module_file(name: str) -> str | None:

@@ -409,7 +409,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         t1 = time.perf_counter()
         with _handed_over() as returned:  # what the plugin prepared and the report did not move in: removed
             with _said_if_changed(cls, handle, before, sums, state):
-                returned.append(_call(cls, ctx, handle, console))
+                returned.append(_call(cls, ctx, handle, console, skip=(
+                    out_dir, *model_inputs(setup.model), *model_inputs(handle), *input_paths(cls, parsed))))
                 result = check_result(cls, returned[0], out_dir, (*model_inputs(setup.model), *input_paths(cls, parsed)))
             run_s = time.perf_counter() - t1
             _check_unchanged(cls, handle, before, sums, state)
@@ -692,12 +693,18 @@ def _load(cls: type[Plugin], setup: RunSetup):
                               backend=setup.runs_on[0], remote=setup.runs_on[1])
 
 
-def _call(cls: type[Plugin], ctx: RunContext, handle, console):
+def _call(cls: type[Plugin], ctx: RunContext, handle, console, skip: tuple = ()):
     """``cls().run(ctx)`` with a remote model's jobs shown live, the executor's workers stopped however it ends;
-    third-party chatter off (:mod:`mechkit.io.quiet`) and a plain line every 30 s off a terminal."""
+    third-party chatter off (:mod:`mechkit.io.quiet`) and a plain line every 30 s off a terminal. A run that
+    keeps steps records the files it reads (:mod:`mechkit.io.reads`), but those under ``skip`` (``--out``, the
+    model, the files options name: keyed otherwise) and mechkit's cache, so a resumed step checks them."""
+    from mechkit.io.disk_cache import cache_root
+    from mechkit.io.reads import recording
     from mechkit.report.remote import remote_progress
 
-    with remote_progress(handle, console), quiet(), heartbeat(console, f"{cls.name}: running"):
+    recorded = recording((cache_root(), *(p for p in skip if isinstance(p, (str, Path))))) \
+        if ctx.resume_dir is not None else contextlib.nullcontext()
+    with remote_progress(handle, console), quiet(), heartbeat(console, f"{cls.name}: running"), recorded:
         try:
             return cls().run(ctx)
         finally:

@@ -76,7 +76,8 @@ def test_a_damaged_step_is_discarded_with_one_warning_and_recomputed(tmp_path, c
     lines = log.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mechkit: warning: discarded the damaged resume step 'first'")
     assert lines[0].endswith("computing it again")
-    assert json.loads(path.read_text()) == {"key": "first", "value": {"value": 1}}  # sound again
+    kept = json.loads(path.read_text())
+    assert (kept["key"], kept["value"]) == ("first", {"value": 1})  # sound again
     log = io.StringIO()
     with pytest.raises(KeyboardInterrupt):
         mk.run(Steps, out=tmp_path / "run", stop=True, console=Console(file=log))

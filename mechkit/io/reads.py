@@ -1,0 +1,181 @@
+"""The files a plugin's run reads, recorded as its process opens them, so a resumed step is one they still make.
+
+The resume key reads a plugin's source (:mod:`mechkit.plugin_key`), and a source cannot tell all that its run
+reads: a data file (``open("notes.txt")``), code run through an alias (``run = exec``) or ``builtins.__dict__``,
+a module whose name is computed. What the process opens it cannot hide: an audit hook (PEP 578) sees every
+``open``, ``io.open_code`` and import. While a run is recorded (:func:`recording`), each file of the user's it
+opens is noted; a step is kept with what those files held then (:meth:`Reads.signatures`), and a resumed run
+takes the step only while they still hold it (:func:`changed`): an edited notes file starts the step afresh.
+
+Not recorded: the standard library, installed packages and mechkit (their versions are in the key), the places
+the runner names (the model, mechkit's cache, ``--out``), ``/proc``, ``/sys`` and ``/dev``, and files the run
+itself wrote. Files read in another process (a Ray worker) are not seen.
+
+>>> import pathlib, tempfile
+>>> notes = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"
+>>> _ = notes.write_text("alpha")
+>>> with recording() as reads:
+...     _ = notes.read_text()
+>>> kept = reads.signatures()
+>>> changed(kept) is None
+True
+>>> _ = notes.write_text("beta")
+>>> changed(kept) == str(notes)
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import stat
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_SYSTEM = ("/proc/", "/sys/", "/dev/")
+
+_ACTIVE: list[Reads] = []
+_GUARD = threading.Lock()
+_HOOKED = False
+
+
+class Reads:
+    """The files one recorded run opened for reading (in order) and those it wrote, by real path."""
+
+    def __init__(self, skip: Iterable[str | os.PathLike[str]] = ()) -> None:
+        places = [*library_dirs(), *(os.path.realpath(p) for p in skip if p is not None)]
+        self.skip = tuple(p.rstrip(os.sep) + os.sep for p in places)
+        self.read: dict[str, None] = {}
+        self.written: set[str] = set()
+
+    def note(self, path: str, writes: bool) -> None:
+        real = os.path.realpath(path)
+        if real.startswith(self.skip):
+            return
+        if writes:
+            self.written.add(real)
+        elif real not in self.written:
+            self.read.setdefault(_source_of(real))
+
+    def signatures(self) -> list[list[str]]:
+        """``[path, what it holds]`` for each file read so far, as a step keeps them."""
+        return [[path, signature(path)] for path in list(self.read) if path not in self.written]
+
+
+def _source_of(path: str) -> str:
+    """A module's cached bytecode stands for its source: a source edited after the run is seen before Python
+    compiles it again (``pkg/__pycache__/m.cpython-311.pyc`` is ``pkg/m.py``)."""
+    folder, name = os.path.split(path)
+    if os.path.basename(folder) == "__pycache__" and name.endswith(".pyc"):
+        source = os.path.join(os.path.dirname(folder), name.split(".", 1)[0] + ".py")
+        if os.path.isfile(source):
+            return source
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def library_dirs() -> tuple[str, ...]:
+    """The folders whose files are not the user's own: the standard library, site-packages (their versions are
+    in the resume key) and mechkit's package (its code is keyed whole), symlinked parts of a development
+    checkout included."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs |= {*site.getsitepackages(), site.getusersitepackages()}
+    for root in getattr(sys.modules.get("mechkit"), "__path__", []):
+        dirs.add(root)
+        with contextlib.suppress(OSError):
+            dirs |= {str(child) for child in Path(root).iterdir() if child.is_symlink()}
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
+_MEMO: dict[tuple, str] = {}
+
+
+def signature(path: str) -> str:
+    """What the file at ``path`` holds: its sha256, by size and modification time past :data:`HASH_LIMIT`,
+    else ``missing`` or the kind of thing there; hashed once per process while its stat is unchanged."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return "missing"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_size > HASH_LIMIT:
+        return f"size {info.st_size} modified {info.st_mtime_ns}"
+    memo = (path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    if memo not in _MEMO:
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(2**20), b""):
+                    digest.update(block)
+        except OSError:
+            return "unreadable"
+        _MEMO[memo] = digest.hexdigest()
+    return _MEMO[memo]
+
+
+def changed(kept: object) -> str | None:
+    """The first file of ``kept`` (:meth:`Reads.signatures`) that no longer holds what it held, else ``None``;
+    a list that is not one mechkit wrote counts as changed (``"?"``)."""
+    if not isinstance(kept, list):
+        return "?"
+    for item in kept:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, str) for v in item)):
+            return "?"
+        if signature(item[0]) != item[1]:
+            return item[0]
+    return None
+
+
+def current() -> Reads | None:
+    """The record of the run now recorded in this process, else ``None``."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextlib.contextmanager
+def recording(skip: Iterable[str | os.PathLike[str]] = ()) -> Iterator[Reads]:
+    """Record the files this process opens until the block ends, but those under ``skip`` and the libraries'."""
+    _hook_once()
+    reads = Reads(skip)
+    _ACTIVE.append(reads)
+    try:
+        yield reads
+    finally:
+        _ACTIVE.remove(reads)
+
+
+def _hook_once() -> None:
+    global _HOOKED
+    with _GUARD:
+        if not _HOOKED:
+            sys.addaudithook(_audit)  # never removed (Python cannot): it returns at once while nothing records
+            _HOOKED = True
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event != "open" or not _ACTIVE:
+        return
+    try:  # an exception here would be raised in the plugin's own open()
+        path, mode, flags = args
+        if path is None or isinstance(path, int):
+            return
+        path = os.path.abspath(os.fsdecode(path))
+        if path.startswith(_SYSTEM):
+            return
+        writes = bool(isinstance(flags, int) and flags & _WRITES) or (isinstance(mode, str) and any(c in mode for c in "wax+"))
+        for reads in list(_ACTIVE):
+            reads.note(path, writes)
+    except Exception:  # noqa: BLE001 - a file the hook cannot place is one it does not record
+        return
+
+
+__all__ = ["HASH_LIMIT", "Reads", "changed", "current", "library_dirs", "recording", "signature"]

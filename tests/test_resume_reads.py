@@ -1,0 +1,143 @@
+"""A resumed step is one the files its run read still make (:mod:`mechkit.io.reads`).
+
+The resume key reads the plugin's source, which cannot tell all that the run reads (pass 35 b): a data file,
+code run through ``run = exec`` or ``builtins.__dict__``, a module whose name is computed. The run records the
+files its process opens; a kept step is taken only while they hold what they held, else it is computed again
+with one warning line naming the file.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import io
+import json
+import os
+import sys
+
+import pytest
+from rich.console import Console
+
+import mechkit as mk
+
+CALLS: list[str] = []
+STOP: list[bool] = []
+
+
+def _read(how: str, path: str) -> str:
+    if how == "open":
+        with open(path) as f:
+            return f.read()
+    if how == "exec-alias":
+        run, names = exec, {}
+        with open(path) as f:
+            run(f.read(), names)
+        return str(names["X"])
+    if how == "builtins-dict":
+        names = {}
+        with open(path) as f:
+            builtins.__dict__["exec"](f.read(), names)
+        return str(names["X"])
+    if how == "computed-import":
+        folder, name = os.path.split(path)
+        sys.path.insert(0, folder)
+        try:
+            return str(importlib.import_module(name.removesuffix(".py")).X)
+        finally:
+            sys.path.remove(folder)
+    if how == "own-file":  # a file the run writes, then reads back: derived, never an input
+        mine = path + ".mine"
+        with open(mine, "w") as f:
+            f.write(str(len(CALLS)))
+        with open(mine) as f:
+            return f.read()
+    raise AssertionError(how)
+
+
+class ReadsFiles(mk.Plugin):
+    name, version, summary = "rt-reads", "0.1", "a step that reads a file"
+    needs_model = False
+    options = (mk.Option("how", str, "open"), mk.Option("path", str, ""))
+
+    def run(self, ctx):
+        first = ctx.step("first", lambda: CALLS.append("first") or _read(ctx.params["how"], ctx.params["path"]))
+        if STOP:  # not an option: the options are in the resume key
+            raise KeyboardInterrupt
+        return mk.Result(results={"text": first})
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _stopped(tmp_path, log=None, **options):
+    STOP.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(ReadsFiles, out=tmp_path / "run", console=Console(file=log or io.StringIO(), width=400), **options)
+    finally:
+        STOP.clear()
+
+
+@pytest.mark.parametrize(("how", "first", "second"), [
+    ("open", "alpha", "beta"),
+    ("exec-alias", "X = 1", "X = 2"),
+    ("builtins-dict", "X = 1", "X = 2"),
+    ("computed-import", "X = 1", "X = 2"),
+])
+def test_a_file_the_run_read_and_then_changed_starts_the_step_afresh(tmp_path, cache, how, first, second):
+    CALLS.clear()
+    name = f"rt_reads_helper_{how.replace('-', '_')}"
+    data = tmp_path / (f"{name}.py" if how == "computed-import" else "data.txt")
+    data.write_text(first)
+    _stopped(tmp_path, how=how, path=str(data))
+    data.write_text(second)
+    sys.modules.pop(name, None)
+    os.utime(data, ns=(10**18, 10**18))  # a source edited in the same second still counts as newer than its .pyc
+    log = io.StringIO()
+    run = mk.run(ReadsFiles, out=tmp_path / "run", how=how, path=str(data), console=Console(file=log, width=400))
+    assert CALLS == ["first", "first"]
+    assert run.report["results"]["text"] == ("beta" if how == "open" else "2")
+    assert f"not resuming step 'first': {data}, which the run read, has changed since the step was kept" \
+        in log.getvalue()
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("how", ["open", "computed-import", "own-file"])
+def test_a_file_the_run_read_unchanged_resumes_the_step(tmp_path, cache, how):
+    CALLS.clear()
+    name = "rt_reads_same_helper"
+    data = tmp_path / (f"{name}.py" if how == "computed-import" else "data.txt")
+    data.write_text("X = 1")
+    _stopped(tmp_path, how=how, path=str(data))
+    log = io.StringIO()
+    mk.run(ReadsFiles, out=tmp_path / "run", how=how, path=str(data), console=Console(file=log, width=400))
+    assert CALLS == ["first"] and log.getvalue() == ""
+    sys.modules.pop(name, None)
+
+
+def test_a_step_keeps_what_it_read_and_not_what_it_wrote(tmp_path, cache):
+    CALLS.clear()
+    data = tmp_path / "data.txt"
+    data.write_text("alpha")
+    _stopped(tmp_path, how="own-file", path=str(data))
+    (step,) = [f for f in (cache / "runs").glob("*/*.json") if json.loads(f.read_text()).get("key") == "first"]
+    reads = [path for path, _ in json.loads(step.read_text())["reads"]]
+    assert str(data) + ".mine" not in reads
+    assert not any(path.startswith(str(cache)) for path in reads)  # the step files themselves
+
+
+@pytest.mark.parametrize("damage", ["nope", [["a"]], [[1, 2]]])
+def test_a_damaged_record_of_the_reads_recomputes_the_step(tmp_path, cache, damage):
+    CALLS.clear()
+    data = tmp_path / "data.txt"
+    data.write_text("alpha")
+    _stopped(tmp_path, path=str(data))
+    (step,) = [f for f in (cache / "runs").glob("*/*.json") if json.loads(f.read_text()).get("key") == "first"]
+    stored = json.loads(step.read_text())
+    step.write_text(json.dumps({**stored, "reads": damage}))
+    log = io.StringIO()
+    mk.run(ReadsFiles, out=tmp_path / "run", path=str(data), console=Console(file=log, width=400))
+    assert CALLS == ["first", "first"] and "its record of the files the run read is damaged" in log.getvalue()
