@@ -25,7 +25,7 @@ from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
-from mechkit.io.returned import odd_entry, place_problem, protected, relation
+from mechkit.io.returned import mark_checked, odd_entry, place_problem, protected, relation
 from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
@@ -421,8 +421,10 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
             if out_dir is not None:
                 from mechkit.report import write_report
 
+                tables = report_tables(report, cls, console)
+                mark_checked(result.files)  # by check_result above: the writer does not walk them again
                 write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
-                             tables=report_tables(report, cls, console))
+                             tables=tables)
         if resume is not None:
             _finish_steps(resume, console)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
@@ -486,14 +488,11 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs
            "files={name: bytes, text or a Path of a file or directory it prepared})")
     if not isinstance(result, Result):
         raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
-    for what, values, ok in (("figures", result.figures, lambda v: hasattr(v, "savefig")),
-                             ("files", result.files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
-        if not isinstance(values, dict):
-            raise PluginError(f"plugin {cls.name!r} returned {what} as a {type(values).__name__}, not a dict", fix)
-        bad = next((name for name, value in values.items() if not ok(value)), None)
-        if bad is not None:
-            raise PluginError(f"plugin {cls.name!r} returned {what}[{bad!r}] as a "
-                              f"{type(values[bad]).__name__}", fix)
+    from mechkit.report.writer import outputs_problem
+
+    problem = outputs_problem(result.figures, result.files)
+    if problem is not None:
+        raise PluginError(f"plugin {cls.name!r} returned {problem}", fix)
     _check_paths(cls, result, out, fix, inputs)
     for name, value in result.files.items():
         odd = odd_entry(value) if isinstance(value, Path) else None  # moved, chmod'ed and synced file by file

@@ -195,3 +195,37 @@ def test_write_report_in_a_deleted_working_directory_is_one_line(tmp_path):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stdout.startswith("ONE the working directory no longer exists")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_runs_returned_folder_is_walked_once_and_a_direct_call_in_full(tmp_path, monkeypatch):
+    from mechkit.io import returned
+
+    walks: list = []
+    real = returned.odd_entry
+
+    def counting(path, limit=None):
+        walks.append(path)
+        return real(path, limit)
+
+    monkeypatch.setattr(returned, "odd_entry", counting)
+    import mechkit.runner as runner
+
+    monkeypatch.setattr(runner, "odd_entry", counting)
+    mk.run(returning_files({"m": put_files(tmp_path / "f", {"a.txt": "1"})}, "rt36w"), out=tmp_path / "o")
+    assert len(walks) == 1
+    files = {"m": put_files(tmp_path / "g", {"a.txt": "1"})}
+    returned.mark_checked(files)
+    files["n"] = put_files(tmp_path / "h", {"b.txt": "1"})  # changed since the mark: checked in full
+    write_report(tmp_path / "p", _report(), files=files)
+    assert len(walks) == 3
+
+
+def test_figures_and_files_are_checked_by_one_rule(tmp_path):
+    from mechkit.report.writer import outputs_problem
+
+    assert outputs_problem({"a": 3}, {}) == "figures['a'] as a int"
+    assert outputs_problem({}, [1]) == "files as a list, not a dict"
+    with pytest.raises(MechkitError, match=r"^files\['a.txt'\] is a int"):
+        write_report(tmp_path / "o", _report(), files={"a.txt": 3})
+    with pytest.raises(MechkitError, match=r"returned files\['a.txt'\] as a int"):
+        mk.run(returning_files({"a.txt": 3}, "rt36w"), out=tmp_path / "p")

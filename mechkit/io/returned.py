@@ -15,6 +15,8 @@ import os
 import stat
 from pathlib import Path
 
+from mechkit.io.replace import MANIFEST
+
 WALK_LIMIT = 100_000  # entries a returned folder may hold: past it, it is refused, not checked in part
 
 
@@ -45,7 +47,8 @@ def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
 
     limit = WALK_LIMIT if limit is None else limit
     points = mount_points()
-    top = _own(path, points, None)
+    real = os.path.realpath(path)
+    top = _own(path, points, None, real)
     if top is not None or path_kind(path) != "directory":
         return top
     from mechkit.io.leftovers import made_here
@@ -57,11 +60,14 @@ def odd_entry(path: Path, limit: int | None = None) -> tuple[Path, str] | None:
         if unreadable:  # a folder it cannot list: checked (and copied) only in part
             err = unreadable[0]
             return Path(err.filename or root), f"a folder that cannot be read ({err.strerror})"
+        real_root = os.path.join(real, os.path.relpath(root, path))  # no link below: each entry's real path
         for name in dirs + files:
             count += 1
             if count > limit:
                 return path, f"a folder holding more than {limit} entries, too many to check"
-            found = _own(Path(root) / name, points, device) or _listed(Path(root) / name, name, prepared)
+            entry = Path(root) / name
+            found = _own(entry, points, device, os.path.normpath(os.path.join(real_root, name))) \
+                or _listed(entry, name, prepared)
             if found is not None:
                 return found
     if unreadable:
@@ -75,8 +81,6 @@ def _listed(path: Path, name: str, prepared: bool) -> tuple[Path, str] | None:
     then took the file for the user's and left it beside the next run's): one with a backslash or a lone
     surrogate, or the list's own name in a folder mechkit did not prepare (a user's file of that name was
     overwritten, or a copied list of another set trusted)."""
-    from mechkit.io.replace import MANIFEST
-
     if "\\" in name or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
         return path, "a name with a backslash or an undecodable byte, which the report's list of the folder cannot hold"
     if name == MANIFEST and not prepared:
@@ -84,12 +88,12 @@ def _listed(path: Path, name: str, prepared: bool) -> tuple[Path, str] | None:
     return None
 
 
-def _own(path: Path, points: frozenset[str], device: int | None) -> tuple[Path, str] | None:
+def _own(path: Path, points: frozenset[str], device: int | None, real: str) -> tuple[Path, str] | None:
     kind = path_kind(path)
     if kind not in ("file", "directory"):
         return path, kind
     info = os.lstat(path)
-    if os.path.realpath(path) in points or (kind == "directory" and (
+    if real in points or (kind == "directory" and (
             (device is not None and info.st_dev != device) or os.path.ismount(path))):
         # a file bind-mounted over another is in the mount list; its device alone says nothing (overlayfs
         # with xino=off gives a file another device than its folder: every file was "a mount point")
@@ -177,3 +181,19 @@ def place_problem(value: Path, places: list[tuple[str, Path, bool]]) -> str | No
              if (how := relation(value, place)) is not None and (whole or how != "is inside")]
     found.sort(key=lambda f: ("is", "holds", "is inside").index(f[0]))  # the nearest named first
     return f"{found[0][0]} {found[0][1]} ({found[0][2]})" if found else None
+
+
+_CHECKED: dict[int, tuple] = {}
+
+
+def mark_checked(files: dict) -> None:
+    """Say that ``mk.run`` has checked the returned paths of ``files`` (:func:`odd_entry`, the protected places
+    with the run's inputs), so that the writer it hands them to does not walk each folder again."""
+    _CHECKED[id(files)] = (files, tuple(files.items()))
+
+
+def was_checked(files: object) -> bool:
+    """Whether ``files`` is the very mapping :func:`mark_checked` marked, unchanged since; the mark is used once
+    (a direct ``write_report`` call, or a dict changed since, is checked in full)."""
+    found = _CHECKED.pop(id(files), None)
+    return found is not None and found[0] is files and isinstance(files, dict) and tuple(files.items()) == found[1]

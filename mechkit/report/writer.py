@@ -85,11 +85,11 @@ def _write_locked(out: Path, report: dict, figures: Mapping[str, Figure] | None,
             f"{target} already exists", "pass --force to overwrite it or choose another --out"
         )
 
+    _check_paths(files or {}, out)
     figures = {_png_name(k): v for k, v in (figures or {}).items()}
     files = dict(files or {})
     names = list(figures) + list(files)
     _check_names(names, out)
-    _check_paths(files, out)
     clash = [n for n in ("report.html", *names) if not force and os.path.lexists(out / n)]
     if clash:  # without --force none of the run's files replaces one there (another writer's, made meanwhile)
         raise ReportExistsError(f"{out / clash[0]} already exists", "pass --force to overwrite it or choose another --out")
@@ -360,6 +360,23 @@ def figure_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def outputs_problem(figures: object, files: object) -> str | None:
+    """What is wrong with a report's ``figures`` and ``files`` (``"files['x'] as a int"``), else ``None``: the one
+    check of their types for ``mk.run`` (a plugin's result) and a direct :func:`write_report` call.
+
+    >>> outputs_problem({}, {"a.txt": 3})
+    "files['a.txt'] as a int"
+    """
+    for what, values, ok in (("figures", figures, lambda v: hasattr(v, "savefig")),
+                             ("files", files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
+        if not isinstance(values, Mapping):
+            return f"{what} as a {type(values).__name__}, not a dict"
+        bad = next((k for k, v in values.items() if not ok(v)), None)
+        if bad is not None:
+            return f"{what}[{bad!r}] as a {type(values[bad]).__name__}"
+    return None
+
+
 def _check_arguments(out_dir: object, report: object, figures: object, files: object, force: object,
                      tables: object) -> None:
     """One line for what this public function would otherwise take wrongly or fail on deep inside: ``mk.run``
@@ -383,13 +400,9 @@ def _check_arguments(out_dir: object, report: object, figures: object, files: ob
     if not (isinstance(force, (bool, np.bool_)) or (isinstance(force, np.ndarray) and force.shape == ()
                                                     and force.dtype == np.bool_)):  # what mk.run takes as a switch
         raise MechkitError(f"force must be True or False, not {force!r}", "pass force=True to replace a report")
-    for what, values, ok in (("figures", figures, lambda v: hasattr(v, "savefig")),
-                             ("files", files, lambda v: isinstance(v, (bytes, bytearray, str, Path)))):
-        if values is not None and not isinstance(values, Mapping):
-            raise MechkitError(f"{what} must be a dict, not {type(values).__name__}", fix)
-        bad = next((k for k, v in (values or {}).items() if not ok(v)), None)
-        if bad is not None:
-            raise MechkitError(f"{what}[{bad!r}] is a {type(values[bad]).__name__}", fix)
+    problem = outputs_problem(figures or {}, files or {})
+    if problem is not None:
+        raise MechkitError(problem.replace(" as a ", " is a ", 1), fix)
     from mechkit.report.table import Table
 
     if tables is not None and (not isinstance(tables, list) or not all(isinstance(t, Table) for t in tables)):
@@ -402,8 +415,10 @@ def _check_paths(files: Mapping[str, object], out: Path) -> None:
     temporary, working or home directory: :func:`mechkit.io.returned.protected`): ``mk.run`` checks these before
     the writer, and a direct call of this public function moved the working directory into a report."""
     from mechkit.io.leftovers import made_here
-    from mechkit.io.returned import odd_entry, place_problem, protected
+    from mechkit.io.returned import odd_entry, place_problem, protected, was_checked
 
+    if was_checked(files):  # mk.run's own, checked with the run's inputs as protected places: not walked again
+        return
     places = protected(out)
     for name, value in files.items():
         if not isinstance(value, Path) or (made_here(value) and not os.path.lexists(value)):
@@ -484,4 +499,4 @@ def _missing_ancestors(path: Path) -> list[Path]:
     return missing
 
 
-__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "write_report"]
+__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "outputs_problem", "write_report"]
