@@ -43,6 +43,17 @@ class Result:
 STEP_MAX_BYTES = 2**34  # a stored step larger than this is no step mechkit wrote
 
 
+def _why_not(read: str) -> str:
+    """Why a kept step is not taken, from :func:`mechkit.io.reads.changed`'s answer."""
+    from mechkit.io.reads import MAX_READS, TOO_MANY
+
+    if read == "?":
+        return "its record of the files the run read is damaged"
+    if read == TOO_MANY:
+        return f"the run read more than {MAX_READS} files before it, too many to check"
+    return f"{read}, which the run read, has changed since the step was kept"
+
+
 def _reads_so_far() -> list:
     """The files the recorded run read so far, with what they held (:mod:`mechkit.io.reads`); none unrecorded."""
     from mechkit.io.reads import current
@@ -134,9 +145,7 @@ class RunContext:
             elif stored.get("key") != key:
                 problem = "written for another step"
             elif (read := changed(stored.get("reads", []))) is not None:  # a file the run read holds another now
-                self._warn(f"not resuming step {key!r}: " + ("its record of the files the run read is damaged"
-                           if read == "?" else f"{read}, which the run read, has changed since the step was kept")
-                           + "; computing it again")
+                self._warn(f"not resuming step {key!r}: " + _why_not(read) + "; computing it again")
                 return False, None
             else:
                 return True, stored["value"]

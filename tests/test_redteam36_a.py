@@ -229,3 +229,45 @@ def test_figures_and_files_are_checked_by_one_rule(tmp_path):
         write_report(tmp_path / "o", _report(), files={"a.txt": 3})
     with pytest.raises(MechkitError, match=r"returned files\['a.txt'\] as a int"):
         mk.run(returning_files({"a.txt": 3}, "rt36w"), out=tmp_path / "p")
+
+
+class _Unreadable(dict):
+    def items(self):
+        raise ValueError("boom")
+
+
+def _deep_key():
+    key: tuple = ()
+    for _ in range(100_000):
+        key = (key,)
+    return {key: 1}
+
+
+@pytest.mark.parametrize(("results", "finding", "said"), [
+    ({"s": "\udc80"}, None, "report value results.s is text with a character UTF-8 cannot hold"),
+    ({"\udc80": 1}, None, "report value results has a key with a character UTF-8 cannot hold"),
+    ({}, "found \udc80", "report value finding is text with a character UTF-8 cannot hold"),
+    ({"n": 10**5000}, None, "report value results.n is an integer too large"),
+    ({"n": -(10**400)}, None, "report value results.n is an integer too large"),  # written, no reader took it
+    ({"m": _Unreadable(a=1)}, None, "report value results.m could not be read (ValueError: boom)"),
+    (_deep_key(), None, "has a key nested more than 100 tuples deep"),
+])
+def test_text_numbers_and_members_no_report_can_hold_are_one_line(tmp_path, results, finding, said):
+    class Odd(mk.Plugin):
+        name, version, summary, needs_model = "rt36odd", "0.1", "odd values", False
+
+        def run(self, ctx):
+            return mk.Result(results=results, finding=finding)
+
+    with pytest.raises(MechkitError) as info:
+        mk.run(Odd, out=tmp_path / "o")
+    assert said in str(info.value)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_largest_integer_a_report_holds_is_read_back(tmp_path):
+    from mechkit.report.schema import MAX_INT
+    from mechkit.report.show import load_report
+
+    mk.run(_results_plugin({"n": MAX_INT}), out=tmp_path / "o")
+    assert load_report(tmp_path / "o")["results"]["n"] == MAX_INT

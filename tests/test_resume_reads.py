@@ -141,3 +141,33 @@ def test_a_damaged_record_of_the_reads_recomputes_the_step(tmp_path, cache, dama
     log = io.StringIO()
     mk.run(ReadsFiles, out=tmp_path / "run", path=str(data), console=Console(file=log, width=400))
     assert CALLS == ["first", "first"] and "its record of the files the run read is damaged" in log.getvalue()
+
+
+def test_a_step_after_too_many_files_read_is_kept_but_not_resumed(tmp_path, cache, monkeypatch):
+    from mechkit.io import reads
+
+    monkeypatch.setattr(reads, "MAX_READS", 3)
+    CALLS.clear()
+    files = []
+    for i in range(5):
+        files.append(tmp_path / f"d{i}.txt")
+        files[-1].write_text(str(i))
+
+    class ReadsMany(mk.Plugin):
+        name, version, summary, needs_model = "rt-reads-many", "0.1", "reads five files", False
+
+        def run(self, ctx):
+            value = ctx.step("first", lambda: CALLS.append("first") or sum(int(f.read_text()) for f in files))
+            if STOP:
+                raise KeyboardInterrupt
+            return mk.Result(results={"sum": value})
+
+    STOP.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(ReadsMany, out=tmp_path / "run")
+    finally:
+        STOP.clear()
+    log = io.StringIO()
+    assert mk.run(ReadsMany, out=tmp_path / "run", console=Console(file=log, width=400)).report["results"]["sum"] == 10
+    assert CALLS == ["first", "first"] and "the run read more than 3 files before it, too many to check" in log.getvalue()

@@ -9,7 +9,8 @@ takes the step only while they still hold it (:func:`changed`): an edited notes 
 
 Not recorded: the standard library, installed packages and mechkit (their versions are in the key), the places
 the runner names (the model, mechkit's cache, ``--out``), ``/proc``, ``/sys`` and ``/dev``, and files the run
-itself wrote. Files read in another process (a Ray worker) are not seen.
+itself wrote. Files read in another process (a Ray worker) or by native code that opens them itself (a tokenizer's
+Rust, a C library) are not seen.
 
 >>> import pathlib, tempfile
 >>> notes = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"
@@ -36,6 +37,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+MAX_READS = 10_000  # files a run's step keeps the state of: past it, the step is never resumed
+TOO_MANY = "*"  # the path of the one entry a step past MAX_READS keeps
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
@@ -60,12 +63,16 @@ class Reads:
             return
         if writes:
             self.written.add(real)
-        elif real not in self.written:
+        elif real not in self.written and len(self.read) <= MAX_READS:
             self.read.setdefault(_source_of(real))
 
     def signatures(self) -> list[list[str]]:
-        """``[path, what it holds]`` for each file read so far, as a step keeps them."""
-        return [[path, signature(path)] for path in list(self.read) if path not in self.written]
+        """``[path, what it holds]`` for each file read so far, as a step keeps them; past :data:`MAX_READS` files
+        one entry saying so, which no rerun takes (a step is computed again rather than checked in part)."""
+        paths = [path for path in list(self.read) if path not in self.written]
+        if len(paths) > MAX_READS:
+            return [[TOO_MANY, f"more than {MAX_READS} files"]]
+        return [[path, signature(path)] for path in paths]
 
 
 def _source_of(path: str) -> str:
@@ -125,13 +132,13 @@ def signature(path: str) -> str:
 
 def changed(kept: object) -> str | None:
     """The first file of ``kept`` (:meth:`Reads.signatures`) that no longer holds what it held, else ``None``;
-    a list that is not one mechkit wrote counts as changed (``"?"``)."""
+    a list that is not one mechkit wrote counts as changed (``"?"``), one of too many files too (:data:`TOO_MANY`)."""
     if not isinstance(kept, list):
         return "?"
     for item in kept:
         if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, str) for v in item)):
             return "?"
-        if signature(item[0]) != item[1]:
+        if item[0] == TOO_MANY or signature(item[0]) != item[1]:
             return item[0]
     return None
 
@@ -178,4 +185,4 @@ def _audit(event: str, args: tuple) -> None:
         return
 
 
-__all__ = ["HASH_LIMIT", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]

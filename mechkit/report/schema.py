@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import math
 import platform
+import sys
 from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from importlib import metadata
@@ -47,6 +48,7 @@ NONFINITE = ("null", "keep")
 
 
 MAX_REPORT_BYTES = 32 * 2**20  # a run's largest report is about 1 MB: the writer refuses more, a reader too
+MAX_INT = int(sys.float_info.max)  # the largest integer a reader takes: each turns numbers into floats
 MAX_DEPTH = 100  # containers inside containers a report may hold: a run's deepest (views) is 4; past it, no report
 
 
@@ -110,14 +112,18 @@ def _jsonable_at(name: str, obj: Any, nonfinite: str) -> Any:
 
 
 def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
-    if obj is None or isinstance(obj, (bool, str)):
+    if obj is None or isinstance(obj, bool):
         return obj
+    if isinstance(obj, str):
+        return _text(obj)
     if isinstance(obj, int):
+        if abs(obj) > MAX_INT:  # written, it was a report no reader takes (or past 4300 digits, a ValueError)
+            raise _Bad("is an integer too large for a number in a report (past 1.8e308)")
         return int(obj)  # IntEnum and other int subclasses become plain ints
     if isinstance(obj, float):
         return float(obj) if math.isfinite(obj) or nonfinite == "keep" else None
     if isinstance(obj, enum.Enum):
-        return _plain(obj.value, nonfinite, depth, seen)
+        return _plain(obj.value, nonfinite, depth + 1, seen)
     if isinstance(obj, PurePath):
         return str(obj)
     if isinstance(obj, (datetime, date)):
@@ -133,7 +139,7 @@ def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
             obj = detach()
         if depth >= MAX_DEPTH:  # a .tolist() that returns itself, or another such object
             raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
-        return _plain(obj.tolist(), nonfinite, depth + 1, seen)
+        return _plain(_read(lambda: obj.tolist()), nonfinite, depth + 1, seen)
     raise _Bad(f"is of type {type(obj).__qualname__}, which a report cannot store: convert it to numbers or text")
 
 
@@ -149,15 +155,15 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     seen.add(id(obj))
     try:
         if isinstance(obj, Mapping):
-            items = list(obj.items())
+            items = _read(lambda: list(obj.items()))
         elif isinstance(obj, (list, tuple, set, frozenset)):
-            items = list(enumerate(obj))
+            items = _read(lambda: list(enumerate(obj)))
         else:
-            items = [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+            items = _read(lambda: [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)])
         keyed = isinstance(obj, Mapping) or not isinstance(obj, (list, tuple, set, frozenset))
         out = []
         for k, v in items:
-            key = _key(k) if keyed else k
+            key = _key(k, depth) if keyed else k
             try:
                 out.append((key, _plain(v, nonfinite, depth + 1, seen)))
             except _Bad as bad:
@@ -175,11 +181,37 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     return values
 
 
-def _key(k: Any) -> str:
+def _read(members: Any) -> Any:
+    """``members()``, the values of a container or array, or :class:`_Bad` naming what it raised (a mapping whose
+    ``items()`` raises was a traceback from ``mk.run``, after the work)."""
+    try:
+        return members()
+    except _Bad:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever it raises, it is one line naming where
+        raise _Bad(f"could not be read ({type(err).__name__}: {str(err)[:80]})") from None
+
+
+def _text(text: str) -> str:
+    """``text`` where UTF-8 holds it; a lone surrogate (a file name decoded with ``surrogateescape``) failed the
+    write of report.json with a UnicodeEncodeError, after the work."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _Bad(f"is text with a character UTF-8 cannot hold ({text[err.start]!r} at {err.start})") from None
+    return text
+
+
+def _key(k: Any, depth: int = 0) -> str:
     if isinstance(k, str):
-        return k
+        try:
+            return _text(k)
+        except _Bad as bad:
+            raise _Bad(bad.why.replace("is text", "has a key", 1)) from None
     if isinstance(k, tuple):
-        return ".".join(_key(p) for p in k)
+        if depth >= MAX_DEPTH:
+            raise _Bad(f"has a key nested more than {MAX_DEPTH} tuples deep")
+        return ".".join(_key(p, depth + 1) for p in k)
     if k is None or isinstance(k, (bool, int, float, enum.Enum, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
         return str(_plain(k, "null", MAX_DEPTH - 1, set()))
     raise _Bad(f"has the key {type(k).__qualname__}, which a report cannot store: use text or numbers as keys")
@@ -238,7 +270,7 @@ def build_report(
     report = {
         "schema": SCHEMA,
         "plugin": plugin,
-        "plugin_version": str(plugin_version),
+        "plugin_version": _jsonable_at("plugin_version", str(plugin_version), "null"),
         "mechkit_version": __version__,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "model": _jsonable_at("model", model, keep),
@@ -250,7 +282,7 @@ def build_report(
         "environment": environment(),
     }
     if finding is not None:
-        report["finding"] = str(finding)
+        report["finding"] = _jsonable_at("finding", str(finding), "null")
     if views:
         report["views"] = _jsonable_at("views", views, "null")
     validate_report(report)

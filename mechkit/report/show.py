@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechkit.errors import MechkitError, first_line
 from mechkit.report import values
-from mechkit.report.schema import MAX_REPORT_BYTES, validate_report
+from mechkit.report.schema import MAX_INT, MAX_REPORT_BYTES, validate_report
 from mechkit.report.table import Table as ReportTable
 from mechkit.report.table import cell_text, generic_tables, is_value
 
@@ -38,12 +37,10 @@ def _float_sized_int(text: str) -> int:
     """An integer of a report, refused (ValueError) where no float holds it: mechkit writes none, and every
     reader that draws or sums numbers (tables, grids) raised OverflowError on a crafted one."""
     value = int(text)
-    if abs(value) > _FLOAT_MAX:
+    if abs(value) > MAX_INT:
         raise ValueError(f"the integer {text[:20]}… is too large for a number in a report")
     return value
 
-
-_FLOAT_MAX = int(sys.float_info.max)
 
 
 def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
