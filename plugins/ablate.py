@@ -53,6 +53,7 @@ class AblatePlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import ablation_conditions, ablation_units
         from mechkit.eval.evaluation import reference_tokens, task_prompts
+        from mechkit.eval.lengths import check_run_lengths
         from mechkit.heads.scores import load_scores
         from mechkit.model.headspec import default_top_k
         from mechkit.report import load_report
@@ -67,6 +68,7 @@ class AblatePlugin(Plugin):
         baseline = {"other": ", or --baseline none", "flag": "--sweep" if opts["sweep"] else "--top-k"}
         if opts["baseline"] == "random":  # where it fails whatever the scores pick: now; else once they are known
             selection.check_baseline(n_layers, n_heads, ks, ctx.seed, **baseline)
+        check_run_lengths(model, opts, ctx.seed, seg_len=selection.needs_scores and not opts["from_report"])  # at once
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"])
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None

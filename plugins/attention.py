@@ -54,12 +54,15 @@ class AttentionPlugin(Plugin):
 
     def run(self, ctx: RunContext) -> Result:
         import mechkit as mk
+        from mechkit.eval.lengths import check_run_lengths
         from mechkit.heads.scores import load_scores
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
         selection = opts["heads"]
         selection.check(model.anatomy.n_layers, model.anatomy.head_counts, [opts["top_k"]], ctx.seed)
+        scored = selection.needs_scores and opts["from_report"] is None  # --seg-len and --prompt: refused together
+        check_run_lengths(model, opts, ctx.seed, seg_len=scored, prompt=True)
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
         view = mk.show_attention(model, opts["prompt"], heads=selection, seed=ctx.seed, scores=scores,

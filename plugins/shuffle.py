@@ -59,6 +59,7 @@ class ShufflePlugin(Plugin):
     def run(self, ctx: RunContext) -> Result:
         from mechkit.eval.conditions import check_shuffle_heads, shuffle_conditions
         from mechkit.eval.evaluation import task_prompts
+        from mechkit.eval.lengths import check_run_lengths
         from mechkit.heads.scores import load_scores, repeated_tokens
         from mechkit.heads.shuffled import shuffle_metrics
         from mechkit.model.headspec import default_top_k, per_layer
@@ -75,6 +76,7 @@ class ShufflePlugin(Plugin):
         total = sum(per_layer(n_layers, n_heads))
         check_shuffle_heads(total, named, selection.spec)
         selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed)  # the random-heads comparison
+        check_run_lengths(model, opts, ctx.seed, seg_len=True)  # held-out segments, scores and tasks: said at once
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]) if tasks else {}
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None

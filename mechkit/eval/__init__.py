@@ -7,6 +7,8 @@
   ablation-style analyses share.
 - :mod:`~mechkit.eval.conditions` — the conditions of a head experiment (selected vs random heads) and
   the accuracy table over them.
+- :mod:`~mechkit.eval.lengths` — every sequence length a head run feeds the model (``--seg-len``,
+  ``--prompt``, ``--shots``), checked at once so one refusal names each change.
 
 >>> import mechkit as mk
 >>> from mechkit.eval import score_prompts

@@ -35,6 +35,7 @@ class Encoded:
     prompt_index: int
     continuation: str = ""
     distractor: int | None = None  # first token of a competing answer (IOI's subject), for logit difference
+    demos: int | None = None  # demonstrations in the prompt (:func:`demonstrations`): whether fewer --shots shorten it
 
 
 @dataclass
@@ -91,19 +92,38 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
             if rival:
                 rival_ids, rival_start = encode(tokenizer, p.text, rival, "")
                 rival_id = rival_ids[rival_start]
-            rows.append(Encoded(ids, start, i, answer + end, rival_id))
+            rows.append(Encoded(ids, start, i, answer + end, rival_id, demonstrations(p.text)))
     return rows
 
 
-def check_context(handle: ModelHandle, longest: int,
-                  fix: str = "use fewer --shots (demonstrations) or shorter prompts, or a model with a longer "
-                             "context (where the fewest shots a command takes already do not fit)") -> None:
+def demonstrations(text: str) -> int:
+    """How many ``input: X / output: Y`` demonstrations a prompt holds before its query (0 for a zero-shot or
+    an IOI prompt, or text of another form): where it is 0, fewer ``--shots`` cannot shorten it.
+
+    >>> demonstrations("input: a\\noutput: A\\ninput: b\\noutput:"), demonstrations("input: b\\noutput:")
+    (1, 0)
+    """
+    return max(0, sum(line.startswith("input: ") for line in text.split("\n")) - 1)
+
+
+def context_fix(demos: int | None) -> str:
+    """The fix for prompts past the context, only with what can help: fewer ``--shots`` where the longest
+    holds demonstrations, else a longer context (or shorter prompts, which a caller from Python writes)."""
+    if demos == 0:
+        return "use a model with a longer context, or shorter prompts (the longest holds no demonstrations to drop)"
+    if demos is None:
+        return "use shorter prompts (fewer --shots, where they hold demonstrations) or a model with a longer context"
+    return f"use fewer --shots (the longest prompt holds {demos} demonstrations), or a model with a longer context"
+
+
+def check_context(handle: ModelHandle, longest: int, fix: str | None = None, demos: int | None = None) -> None:
     """Refuse, with one line, a sequence longer than the model's context: past it positions are
-    meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound."""
+    meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound. Without a
+    ``fix`` the caller's own, :func:`context_fix` of the longest prompt's ``demos``."""
     limit = handle.context_length
     if limit is not None and longest > limit:
         raise MechkitError(f"a sequence of {longest} tokens is longer than the model's context ({limit} tokens)",
-                           fix)
+                           fix or context_fix(demos))
 
 
 def supports_logits_to_keep(model) -> bool:
@@ -148,7 +168,7 @@ def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Bat
     check_batch_size(batch_size)
     rows = sorted(encode_rows(handle.text_tokenizer(), prompts, None), key=lambda r: len(r.ids))
     if rows:
-        check_context(handle, len(rows[-1].ids))
+        check_context(handle, len(rows[-1].ids), demos=rows[-1].demos)
     pad = pad_id(handle.text_tokenizer())
     return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
 
@@ -179,7 +199,8 @@ def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
     """Token ids of each prompt's text (no answer), checked against the model's context."""
     ids = [handle.text_tokenizer()(p.text)["input_ids"] for p in prompts]
     if ids:
-        check_context(handle, max(len(i) for i in ids))
+        longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+        check_context(handle, len(ids[longest]), demos=demonstrations(prompts[longest].text))
     return ids
 
 
@@ -261,7 +282,7 @@ def score_rows(handle: ModelHandle, rows: Sequence[Encoded], batch_size: int = 1
     pad = pad_id(tok)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
     if rows:
-        check_context(handle, len(rows[order[-1]].ids))
+        check_context(handle, len(rows[order[-1]].ids), demos=rows[order[-1]].demos)
     out: list[tuple] = [()] * len(rows)
     decoded = 0
     with torch.no_grad():

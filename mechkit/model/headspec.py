@@ -222,12 +222,29 @@ class HeadSelection:
             return (f"{other.removeprefix(', or ')} (a random baseline needs a model of 2 heads or more)" if other
                     else "use a model of 2 heads or more: a random baseline needs heads the selection leaves")
         safe = self.safe_top_k(n_layers, n_heads)
-        if not self.ranked or safe == 0:
-            what = "in --heads" if not self.ranked else "one by one in --heads, or drop a ranked item"
-            return f"name at most {most} heads {what}{other}"
+        if not self.ranked:
+            return f"name at most {most} heads in --heads{other}"
+        if safe == 0:
+            return self._fewer_ranked_fix(n_layers, n_heads, most, flag) + other
         lower = (f"--top-k {safe}" if flag == "--top-k" else
                  f"{flag} values of at most {safe}, e.g. {flag} {_sweep_example(ks, safe)}")
         return f"name at most {most} heads ({lower}){other}"
+
+    def _fewer_ranked_fix(self, n_layers: int, n_heads: HeadCounts, most: int, flag: str) -> str:
+        """Where no k holds with every ranked item (each takes k heads apart from the rest and the named ones): the
+        spec with as many ranked items as the room left by its named heads allows, at k = 1, or with none. "drop a
+        ranked item" kept a k that still named more than half the heads."""
+        explicit = [i for i in self.items if i[0] in ("pair", "layer")]
+        ranked = list(dict.fromkeys(i for i in self.items if i[0] in ("score", "random")))
+        room = most - len(self._explicit(n_layers, n_heads))
+        if room >= 1:
+            kept = ranked[:room]
+            lower = f"{flag} 1"
+            return (f"keep at most {room} ranked item{'s' if room > 1 else ''} in --heads, each at {lower} "
+                    f"(e.g. --heads {_spec_text(explicit + kept)} {lower})")
+        if room < 0 or not explicit:
+            return f"name at most {most} heads one by one in --heads, without its ranked items (and {flag})"
+        return f"drop the ranked items from --heads and drop {flag}: --heads {_spec_text(explicit)}"
 
     def check(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0) -> None:
         """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""
@@ -255,6 +272,12 @@ class HeadSelection:
 
     def __str__(self) -> str:
         return self.spec
+
+
+def _spec_text(items: Sequence[tuple]) -> str:
+    """Parsed spec items as ``--heads`` text again: ``0.1,layer:2,induction,random``."""
+    return ",".join(f"{i[1]}.{i[2]}" if i[0] == "pair" else i[2] if i[0] == "layer" else
+                    "random" if i[0] == "random" else i[1] for i in items)
 
 
 def _sweep_example(ks: Sequence[int], most: int) -> str:

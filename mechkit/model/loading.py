@@ -22,12 +22,14 @@ from mechkit.model.checks.forward_args import named_outputs
 from mechkit.model.checks.integrity import (
     load_report_muted,
     refuse_adapter_beside,
+    refuse_deep_side_files,
     refuse_invalid_config,
     refuse_load_gaps,
     refuse_meta_weights,
     refuse_more_layers_than_weights,
     refuse_non_finite_weights,
     refuse_non_float_weights,
+    refuse_nonpositive_sizes,
     refuse_pickle_only,
     refuse_shard_gaps,
     refuse_special_files,
@@ -296,6 +298,8 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
     refuse_adapter_beside(path)  # transformers would apply a PEFT adapter found there, silently
     refuse_vocab_mismatch(path)  # vocab_size and the token ids: named in config.json, not "corrupt weights"
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
+    refuse_nonpositive_sizes(path)  # n_positions -1: the field and its range, not "corrupt weights"
+    refuse_deep_side_files(path)  # a generation_config.json nested past the decoder's limit: that file named
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
     refuse_shard_gaps(path)  # a shard missing, or a second weight set beside the shards
     safe = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True,

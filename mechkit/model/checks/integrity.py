@@ -72,6 +72,73 @@ def refuse_invalid_config(path: Path) -> None:
                              "(e.g. num_hidden_layers and the length of layer_types)") from None
 
 
+SIDE_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+              "model.safetensors.index.json", "added_tokens.json")  # the JSON beside config.json transformers reads
+_MAX_SIDE_BYTES = 4_000_000  # a larger one is left to the load and its checks
+
+
+def refuse_deep_side_files(path: Path) -> None:
+    """A JSON file of the directory's that transformers parses while loading (``generation_config.json``, the
+    tokenizer's), nested past the decoder's recursion limit (a crafted 100 000 ``[``): the load's RecursionError
+    was reported as corrupt weights and a re-export, though the weights are fine. Named here with its file."""
+    for name in SIDE_FILES:
+        file = path / name
+        try:
+            if not file.is_file() or file.stat().st_size > _MAX_SIDE_BYTES:
+                continue
+            json.loads(file.read_bytes().decode("utf-8", errors="replace"))
+        except RecursionError:
+            also = " or delete it (the model loads without one)" if name == "generation_config.json" else ""
+            raise ModelLoadError(f"{file} is nested too deeply to read (the weights are not at fault)",
+                                 f"write {name} again as save_pretrained does (a flat JSON object){also}") from None
+        except (OSError, ValueError):
+            continue  # unreadable or not JSON: the load and its own checks say so
+
+
+# config fields that size a tensor or a loop of the model: a value below 1 (GPT-2's n_positions -1) made the build
+# fail with "negative dimension", reported as corrupt weights
+SIZE_FIELDS = ("n_positions", "n_ctx", "max_position_embeddings", "hidden_size", "n_embd", "num_attention_heads",
+               "n_head", "intermediate_size", "n_inner", "num_key_value_heads", "head_dim")
+_POSITION_FIELDS = ("n_positions", "n_ctx", "max_position_embeddings")
+_POSITION_TABLES = ("wpe.weight", "embed_positions.weight", "position_embeddings.weight")
+
+
+def refuse_nonpositive_sizes(path: Path) -> None:
+    """A ``config.json`` size field (:data:`SIZE_FIELDS`) that is a whole number below 1: named with its valid
+    range (and, for a learned position table, the rows the weights hold) instead of "the weights may be
+    corrupt". Files this cannot read are left to the load and its checks."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except Exception:
+        return
+    for where, part in (("", config), ("text_config.", config.get("text_config") if isinstance(config, dict) else None)):
+        if not isinstance(part, dict):
+            continue
+        for field in SIZE_FIELDS:
+            value = part.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                rows = _position_rows_held(path) if field in _POSITION_FIELDS else None
+                to = f"{rows}, the rows of the weights' position table" if rows else \
+                    "a whole number of at least 1, the value the weights were made with"
+                raise ModelLoadError(f"{path / 'config.json'} gives {where}{field} {value}, but it must be a whole "
+                                     f"number of at least 1", f'set "{field}" in config.json to {to}')
+
+
+def _position_rows_held(path: Path) -> int | None:
+    """The rows of the learned position table in the directory's safetensors headers, where it has one."""
+    try:
+        from safetensors import safe_open
+
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                    if key.endswith(_POSITION_TABLES) and len(shape := f.get_slice(key).get_shape()) == 2:
+                        return int(shape[0])
+    except Exception:  # an unreadable header: the load reports it
+        return None
+    return None
+
+
 def layer_fields(path: Path) -> str:
     """The config.json fields that count layers, as a fix names them: ``num_hidden_layers`` and, where the
     config lists one entry per layer, ``layer_types`` too (changing one alone is refused by transformers)."""
@@ -108,11 +175,29 @@ def refuse_more_layers_than_weights(path: Path) -> None:
                 held.update(int(m.group(1)) for key in f.keys() if (m := _LAYER_KEY.search(key)))  # noqa: SIM118
     except Exception:  # an unreadable config or header: the load reports it
         return
+    gaps = sorted(set(range(max(held) + 1)) - held) if held else []
+    if gaps:  # no layer count skips a layer: one inside the held ones is missing from the weights themselves
+        past = f", and config.json asks for {wanted:,} layers" if wanted is not None and wanted > max(held) + 1 else ""
+        raise ModelLoadError(
+            f"the weights in {path} lack layer{'s' if len(gaps) > 1 else ''} {_numbers(gaps)} (they hold layers "
+            f"{_numbers(sorted(held))}{past}); those would be random", "re-export the model with all its weights: "
+            f"layer {gaps[0]}'s tensors are missing from the safetensors, which no layer count in config.json can fill")
     if held and wanted > max(held) + 1:
         raise ModelLoadError(
             f"the weights in {path} lack layers {max(held) + 1}–{wanted - 1}: config.json asks for {wanted:,} layers "
             f"and they hold {max(held) + 1}; those would be random", "re-export the model with all its weights, "
             f"or set {layer_fields(path)} in config.json to the {max(held) + 1} layers the weights hold")
+
+
+def _numbers(values: list[int], limit: int = 8) -> str:
+    """``[0, 1, 3]`` as "0, 1, 3"; runs of three or more as ranges ("0–5, 7"), at most ``limit`` parts."""
+    parts, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[i - 1] + 1:
+            run = values[start:i]
+            parts += [f"{run[0]}–{run[-1]}"] if len(run) > 2 else [str(v) for v in run]
+            start = i
+    return ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
 
 
 def refuse_load_gaps(info: dict, path: Any) -> None:
