@@ -25,7 +25,7 @@ from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
-from mechkit.io.returned import mark_checked, odd_entry, place_problem, protected, relation
+from mechkit.io.returned import mark_checked, odd_entry, place_problem, protected, relation, was_checked
 from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
 from mechkit.model.checks.integrity import changed_weight, weights_checksums
@@ -423,8 +423,11 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
 
                 tables = report_tables(report, cls, console)
                 mark_checked(result.files)  # by check_result above: the writer does not walk them again
-                write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
-                             tables=tables)
+                try:
+                    write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
+                                 tables=tables)
+                finally:
+                    was_checked(result.files)  # the mark is let go where the writer refused before reading it
         if resume is not None:
             _finish_steps(resume, console)  # the run finished: its resumable steps are done with
     return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
