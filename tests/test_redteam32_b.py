@@ -125,7 +125,7 @@ def test_a_huge_file_a_constant_names_is_keyed_by_size_not_read(tmp_path, monkey
                 return mk.Result(results={"v": 1}, finding="ok")
     """))
     (tmp_path / "big.bin").write_bytes(b"\0" * 4096)
-    monkeypatch.setattr(pk._Reach, "BYTES", 1024)
+    monkeypatch.setattr(pk.reach.Reach, "BYTES", 1024)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     read = []

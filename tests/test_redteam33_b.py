@@ -142,7 +142,7 @@ def test_a_file_past_the_bound_leaves_later_files_keyed_by_their_bytes(tmp_path,
     (tmp_path / "big.bin").write_bytes(b"\\0" * 4096)
     (tmp_path / "h.txt").write_text("VALUE = 1\n")
     (tmp_path / "rt33b_hm.py").write_text("X = 1\n")
-    monkeypatch.setattr(pk._Reach, "BYTES", 1024)
+    monkeypatch.setattr(pk.reach.Reach, "BYTES", 1024)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     try:

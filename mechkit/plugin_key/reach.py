@@ -1,10 +1,4 @@
-"""A plugin's code as part of its resume key: what decides the steps it keeps, so an edit between an interrupt
-and the rerun starts fresh instead of resuming on steps the old code computed.
-
-A plugin in a file is keyed by that file, its package, the user's own modules it imports and mechkit's code; a
-plugin with no source file (a notebook cell, ``exec``) by what its code reaches (:class:`_Reach`), bounded.
-The runner puts :func:`plugin_code` into the key beside the plugin's name, version, options, seed and model.
-"""
+"""The walk over what a plugin's code reaches, fed to its resume key's digest (:class:`Reach`), bounded."""
 
 from __future__ import annotations
 
@@ -14,270 +8,27 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mechkit.io.reads import library_dirs
-
-if TYPE_CHECKING:
-    from mechkit.plugin import Plugin
-
-
-def plugin_code(cls: type[Plugin]) -> str:
-    """SHA-256 of the plugin's code: the file that defines it, every ``.py`` file of the top-level package it
-    lives in (a plugin's helper module), the user's own modules it imports (:class:`_Reach`: a single-file
-    plugin's ``import myhelpers`` from its folder had no package to cover it) and mechkit's own code (which
-    every plugin computes through: a third-party plugin's key covered only its own package, so mechkit edited
-    under the same version between a kill and the rerun resumed on steps the old code computed). A plugin
-    edited between a kill and the rerun without a version bump (a third-party one in development, say), in its
-    own file or a module it imports, starts fresh instead of resuming on steps its old code computed; where the
-    source cannot be read (a notebook cell), what its code reaches stands in (:func:`_compiled_code`)."""
-    import inspect
-    import sys
-
-    try:
-        own = Path(inspect.getsourcefile(cls) or "")
-        digest = hashlib.sha256(own.read_bytes())
-    except (OSError, TypeError):  # a class defined in a notebook cell or by exec: no file to read
-        return _compiled_code(cls)
-    top = sys.modules.get(cls.__module__.partition(".")[0])
-    roots = [Path(p) for p in getattr(top, "__path__", [])] if top is not None else []
-    if cls.__module__.partition(".")[0] == "mechkit":  # built-in plugins live beside mechkit's package
-        roots.append(own.parent)
-    mechkit_root = sys.modules.get("mechkit")  # a third-party plugin computes through mechkit's code too
-    roots += [Path(p) for p in getattr(mechkit_root, "__path__", [])]
-    digest.update(package_code(tuple(sorted({str(r) for r in roots}))).encode())
-    _Reach(digest).file(str(own), cls.__module__)  # the user's modules it imports (none for a built-in plugin)
-    return digest.hexdigest()
+from mechkit.plugin_key.source import (
+    IMPORTERS,
+    MODULE_NAME,
+    RUNS_CODE,
+    distributions,
+    imports_by_name,
+    installed_file,
+    loads_file,
+    module_file,
+    named_module,
+    python_written,
+    runners,
+    runs_code,
+    scripts,
+    users_file,
+)
 
 
-def _compiled_code(cls: type[Plugin]) -> str:
-    """SHA-256 of what a plugin class's code reaches, where its source file cannot be read (a notebook cell,
-    exec), and of mechkit's own code: its key was the name and version alone, so a cell edited between an
-    interrupt and the rerun resumed on steps the old code computed. The class's functions counted by their
-    bytecode alone missed a default argument, a closure's value, a ``@property``'s body, and the cell's globals
-    and helper functions the code reads: :class:`_Reach` follows all of these."""
-    import sys
-
-    digest = hashlib.sha256()
-    _Reach(digest).plugin_class(cls)
-    mechkit_root = sys.modules.get("mechkit")
-    roots = tuple(sorted(str(p) for p in getattr(mechkit_root, "__path__", [])))
-    digest.update(package_code(roots).encode())
-    return digest.hexdigest()
-
-
-@functools.lru_cache(maxsize=8)
-def package_code(roots: tuple[str, ...]) -> str:
-    """SHA-256 of every ``.py`` file under ``roots`` (names and bytes), read once per process: the code of a
-    process does not change while it runs."""
-    digest = hashlib.sha256()
-    for root in roots:
-        for path in sorted(Path(root).rglob("*.py")):
-            try:
-                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-            except OSError:
-                continue
-    return digest.hexdigest()
-
-
-def _users_file(path: Any, any_name: bool = False) -> bool:
-    """Whether ``path`` is a source file of the user's own (not the standard library's, an installed
-    package's or mechkit's): a ``.py`` file, or any file with ``any_name`` (code ``exec`` reads from a
-    ``helpers.txt``)."""
-    if not isinstance(path, str) or not (any_name or path.endswith(".py")) or not os.path.isfile(path):
-        return False
-    real = os.path.realpath(path)
-    parts = Path(real).parts
-    return "site-packages" not in parts and "dist-packages" not in parts and not real.startswith(library_dirs())
-
-
-def _module_file(name: str) -> str | None:
-    """The source file of module ``name``, found without importing it (a key must not run the user's code)."""
-    import importlib.machinery
-    import sys
-
-    module = sys.modules.get(name)
-    if module is not None:
-        return getattr(module, "__file__", None)
-    path, spec = None, None
-    parts = name.split(".")
-    for i in range(len(parts)):
-        parent = sys.modules.get(".".join(parts[:i + 1])) if i < len(parts) - 1 else None
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), path)
-        except (ImportError, ValueError, AttributeError):
-            return None
-        if spec is None:
-            return None
-        path = getattr(parent, "__path__", None) or spec.submodule_search_locations
-        if path is None and i < len(parts) - 1:
-            return None
-    return spec.origin if spec is not None and spec.has_location else None
-
-
-# The functions that import or run a module named by a string, and the keyword that names it.
-IMPORTERS = frozenset({"import_module", "__import__", "run_module"})
-_NAME_KEYWORDS = ("name", "mod_name")
-_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-
-
-def _imports_by_name(node: Any) -> bool:
-    """``node`` (an ``ast.Call``) is ``importlib.import_module(...)``, ``import_module(...)`` or
-    ``__import__(...)``: a helper loaded so is as much the plugin's code as one loaded by ``import``, and an
-    edit of it between a kill and the rerun mixed two versions' steps."""
-    import ast
-
-    func = node.func
-    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-    return name in IMPORTERS and (bool(node.args) or any(k.arg in _NAME_KEYWORDS for k in node.keywords))
-
-
-def _named_module(node: Any, package: str | None) -> str | None:
-    """The module an import-by-name call names with a string literal (a relative one resolved against its
-    ``package`` argument, or the file's own package), else None: a name computed at run time is not known
-    before the run (docs/guides/safety.md says so)."""
-    import ast
-    import importlib.util
-
-    first = node.args[0] if node.args else next(k.value for k in node.keywords if k.arg in _NAME_KEYWORDS)
-    if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
-        return None
-    given = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "package"), None)
-    anchor = given.value if isinstance(given, ast.Constant) and isinstance(given.value, str) else package
-    try:
-        return importlib.util.resolve_name(first.value, anchor) if first.value.startswith(".") else first.value
-    except (ImportError, ValueError):
-        return None
-
-
-def _scripts(value: Any, folders: list[Path], any_name: bool = False) -> list[str]:
-    """The user's own files a string constant names: absolute, or relative to the plugin's folder or to the
-    working directory (``runpy.run_path``, ``open`` and ``spec_from_file_location`` resolve a relative name
-    against the latter). A ``.py`` name anywhere in the code (``run_path``, ``spec_from_file_location``), and any
-    name in code that calls ``exec``, ``eval`` or ``compile`` (``any_name``: ``exec(open("helpers.txt").read())``,
-    or the name in a constant: ``HELPER = "helpers.txt"``).
-    A name built at run time from pieces none of which names the file is not known before the run
-    (docs/guides/safety.md)."""
-    if not isinstance(value, str) or not (any_name or value.endswith(".py")) or "\n" in value or not value \
-            or len(value) > 4096 or "\0" in value:
-        return []
-    found = [value] if os.path.isabs(value) else [str(folder / value) for folder in folders]
-    return sorted({f for f in found if _users_file(f, any_name)})
-
-
-RUNS_CODE = frozenset({"exec", "eval", "compile"})  # the builtins that run code: a constant may name its file
-# The loaders that take a file of code by its name, whatever its suffix: a literal among their arguments names one.
-LOADS_FILE = frozenset({"SourceFileLoader", "SourcelessFileLoader", "spec_from_file_location", "run_path",
-                        "load_source"})
-
-
-def _runners(tree: Any) -> tuple[set[str], set[str], set[str]]:
-    """The names a file calls the builtin ``exec``/``eval``/``compile`` by, the names of the ``builtins`` module
-    in it, and the names it calls a file loader by, aliases included (``import builtins as b``, ``from builtins
-    import exec as run``, ``from importlib.machinery import SourceFileLoader as L``); a name the file binds
-    otherwise is not the builtin (``from re import compile``: every constant naming a file, a log the plugin
-    writes, became part of the key, which then changed on every run)."""
-    import ast
-
-    runs, modules, loaders, bound = set(RUNS_CODE), {"builtins", "__builtins__"}, set(LOADS_FILE), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules |= {a.asname for a in node.names if a.name == "builtins" and a.asname}
-        elif isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                name = a.asname or a.name
-                if node.module == "builtins" and a.name in RUNS_CODE:
-                    runs.add(name)
-                elif a.name in LOADS_FILE:
-                    loaders.add(name)
-                else:  # from re import compile: not the builtin, in whatever scope
-                    bound.add(name)
-    for node in tree.body:  # what the module itself binds under a builtin's name (a method of a class does not:
-        # a Helper.eval hid every eval call of the file, and a helper it ran was left out of the key)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):  # compile = re.compile
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
-    return runs - (bound & RUNS_CODE), modules, loaders
-
-
-def _runs_code(node: Any, runners: tuple[set[str], set[str], set[str]]) -> bool:
-    """A call of the builtin ``exec``/``eval``/``compile`` by any of its names (:func:`_runners`), not any
-    ``.compile`` or ``.eval`` (``re.compile``, ``model.eval()``)."""
-    import ast
-
-    if not isinstance(node, ast.Call):
-        return False
-    runs, modules, _ = runners
-    func = node.func
-    if isinstance(func, ast.Name):
-        return func.id in runs
-    if isinstance(func, ast.Subscript):  # __builtins__["exec"](...)
-        return isinstance(func.value, ast.Name) and func.value.id in modules
-    return isinstance(func, ast.Attribute) and func.attr in RUNS_CODE and isinstance(func.value, ast.Name) \
-        and func.value.id in modules
-
-
-def _loads_file(node: Any, runners: tuple[set[str], set[str], set[str]]) -> bool:
-    """A call of a loader that runs a file of code by its name (``SourceFileLoader("h", "helpers.txt")``), by
-    any of its names."""
-    import ast
-
-    if not isinstance(node, ast.Call):
-        return False
-    func = node.func
-    if isinstance(func, ast.Name):
-        return func.id in runners[2]
-    return isinstance(func, ast.Attribute) and func.attr in LOADS_FILE and not (
-        isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"))  # a method of the user's own
-
-
-def _installed_file(path: Any) -> bool:
-    """Whether ``path`` lies in an installed package (a site-packages folder): neither the user's own file
-    nor the standard library's (Python's version is in the key: ``runner.library_versions``)."""
-    if not isinstance(path, str) or not path:
-        return False
-    parts = Path(os.path.realpath(path)).parts
-    return "site-packages" in parts or "dist-packages" in parts
-
-
-@functools.lru_cache(maxsize=4)
-def _distributions(search_path: tuple[str, ...]) -> dict[str, list[str]]:
-    """The distributions that installed each top-level module, found once per search path (reading every
-    installed package's records takes a fifth of a second)."""
-    from importlib import metadata
-
-    del search_path  # the cache's key: a folder added to sys.path holds other packages
-    return metadata.packages_distributions()
-
-
-def _python_written(cls: type) -> bool:
-    """Whether ``cls`` is written in Python (its instances' state lies in ``__dict__`` and ``__slots__``), not in
-    C (a ``SimpleNamespace``'s, a ``datetime``'s, a compiled pattern's: its state is read through pickling's
-    reduce). A heap type alone said "Python" of C types made by ``PyType_FromSpec`` (``re.Pattern``,
-    ``operator.itemgetter``, ``array.array``, ``struct.Struct``), whose state no ``__dict__`` holds, so two
-    patterns gave one key: a class of its own whose attributes include a descriptor that C code defines for
-    it (a method, a member, a getset other than ``__dict__``/``__weakref__``, not one of its ``__slots__``)
-    is C's."""
-    import types
-
-    if not cls.__flags__ & (1 << 9):  # Py_TPFLAGS_HEAPTYPE: a static type is C's
-        return False
-    own = vars(cls)
-    for name, value in own.items():
-        kind = type(value)
-        if kind not in (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
-                        types.MemberDescriptorType, types.GetSetDescriptorType):
-            continue
-        if getattr(value, "__objclass__", None) is not cls or name in ("__dict__", "__weakref__") or (
-                kind is types.MemberDescriptorType and "__slots__" in own):
-            continue  # another type's descriptor kept as an attribute (f = str.upper), or Python's own
-        return False
-    return True
-
-
-class _Reach:
+class Reach:
     """What a plugin's code reaches, fed to one digest for its resume key, bounded: its functions' code
     (nested code objects in it), their defaults and keyword defaults, the values their closures hold, the
     functions under ``property``/``staticmethod``/``classmethod``/``functools.partial``/``__wrapped__``, and
@@ -412,7 +163,7 @@ class _Reach:
             if data is not None:
                 places.append(b"\0" + hashlib.sha256(data).digest())
                 continue
-            alone = _Reach(hashlib.sha256())
+            alone = Reach(hashlib.sha256())
             alone.objects, alone.bytes, alone.FILES = objects, size, 0
             alone.feed(value, depth)
             self.objects -= objects - alone.objects
@@ -426,13 +177,13 @@ class _Reach:
         key already."""
         code = fn.__code__
         if str(fn.__module__ or "").partition(".")[0] == "mechkit" or code.co_filename.startswith("<frozen ") or (
-                os.path.isfile(code.co_filename) and not _users_file(code.co_filename)):
+                os.path.isfile(code.co_filename) and not users_file(code.co_filename)):
             self.put("function", fn.__module__, fn.__qualname__)
             self.installed(fn.__module__, code.co_filename)
             self.held(fn, depth)  # a library's wrapper (@torch.no_grad()) holds the user's function
             return
         self.put("function", fn.__qualname__)
-        if _users_file(code.co_filename):
+        if users_file(code.co_filename):
             self.file(code.co_filename, fn.__module__ if isinstance(fn.__module__, str) else None)
         self.code(code, fn.__globals__, depth)
         self.feed(fn.__defaults__, depth)
@@ -466,26 +217,26 @@ class _Reach:
             self.put(marshal.dumps(portable(code)))  # a frozenset constant: marshal writes it sorted
         except ValueError:  # a constant marshal cannot write: its repr stands in
             self.put(self.shown(code.co_consts), code.co_code)
-        read, imported, scripts, todo = set(), set(), set(), [code]
+        read, imported, run_files, todo = set(), set(), set(), [code]
         while todo:
             c = todo.pop()
             read |= set(c.co_names)
             imported |= {i.argval for i in dis.get_instructions(c) if i.opname == "IMPORT_NAME"}
             if IMPORTERS & set(c.co_names):  # ``importlib.import_module("myhelpers")``: a module named by a string
-                imported |= {k for k in c.co_consts if isinstance(k, str) and _MODULE_NAME.fullmatch(k)
-                             and _users_file(_module_file(k))}
+                imported |= {k for k in c.co_consts if isinstance(k, str) and MODULE_NAME.fullmatch(k)
+                             and users_file(module_file(k))}
             everything = any(i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and i.argval in RUNS_CODE
                              and names.get(i.argval, getattr(builtins, i.argval)) is getattr(builtins, i.argval)
                              for i in dis.get_instructions(c))  # the builtin itself, not re.compile or .eval()
-            scripts |= {f for k in c.co_consts for f in _scripts(k, [Path.cwd()], everything)}
+            run_files |= {f for k in c.co_consts for f in scripts(k, [Path.cwd()], everything)}
             todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
         for name in sorted(read):
             if name in names and not name.startswith("__"):
                 self.put("global", name)
                 self.feed(names[name], depth)
         for name in sorted(n for n in imported if isinstance(n, str) and n):
-            self.file(_module_file(name), name)  # ``import myhelpers`` inside the function
-        for script in sorted(scripts):
+            self.file(module_file(name), name)  # ``import myhelpers`` inside the function
+        for script in sorted(run_files):
             self.file(script, None, any_name=True)
 
     def klass(self, cls: type, depth: int) -> None:
@@ -497,13 +248,13 @@ class _Reach:
         found = module
         for part in cls.__qualname__.split("."):  # read, not ``getattr``: a lazy module's ``__getattr__`` imports
             found = vars(found).get(part) if issubclass(type(found), type | types.ModuleType) else None
-        if cls.__module__.partition(".")[0] == "mechkit" or (where and not _users_file(where)) or (
+        if cls.__module__.partition(".")[0] == "mechkit" or (where and not users_file(where)) or (
                 found is cls and not where and cls.__module__ != "__main__"):
             self.put("class", cls.__module__, cls.__qualname__)  # mechkit's, a library's or a built-in type
             self.installed(cls.__module__, where)
             return
         self.put("class", cls.__qualname__)  # a cell's, whatever module it names (exec's say "builtins")
-        if _users_file(where):
+        if users_file(where):
             self.file(where, cls.__module__)
         for base in cls.__bases__:
             self.feed(base, depth)
@@ -521,7 +272,7 @@ class _Reach:
     def module(self, module: Any) -> None:
         where = getattr(module, "__file__", None)
         self.put("module", module.__name__)
-        if module.__name__.partition(".")[0] != "mechkit" and _users_file(where):
+        if module.__name__.partition(".")[0] != "mechkit" and users_file(where):
             self.file(where, module.__name__)
         else:
             self.installed(module.__name__, where)
@@ -541,9 +292,9 @@ class _Reach:
         root = sys.modules.get(top)
         where = path if isinstance(path, str) and path else getattr(root, "__file__", None)
         where = where or next(iter(getattr(root, "__path__", None) or []), None)
-        if not _installed_file(where):
+        if not installed_file(where):
             return  # the standard library's, a built-in module's: Python's version is in the key
-        names = sorted(set(_distributions(tuple(sys.path)).get(top, ())))
+        names = sorted(set(distributions(tuple(sys.path)).get(top, ())))
         for dist in names:
             try:
                 self.put("installed", dist, metadata.version(dist))
@@ -564,7 +315,7 @@ class _Reach:
         import ast
         import importlib.util
 
-        if not _users_file(path, any_name):
+        if not users_file(path, any_name):
             self.installed(name, path)
             return
         if os.path.realpath(path) in self.files:
@@ -590,9 +341,9 @@ class _Reach:
             return
         package = (name if Path(path).name == "__init__.py" else (name or "").rpartition(".")[0]) or None
         folders = [Path(path).parent, Path.cwd()]
-        runners = _runners(tree)  # exec/eval/compile or a file loader, by any name: then a constant naming any
+        named = runners(tree)  # exec/eval/compile or a file loader, by any name: then a constant naming any
         # file of the user's may be code it runs (HELPER = "helpers.txt"; exec(...) or SourceFileLoader("h", HELPER))
-        runs_code = any(_runs_code(node, runners) or _loads_file(node, runners) for node in ast.walk(tree))
+        any_code = any(runs_code(node, named) or loads_file(node, named) for node in ast.walk(tree))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -603,22 +354,22 @@ class _Reach:
                 except (ImportError, ValueError):
                     continue
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
-            elif isinstance(node, ast.Call) and _imports_by_name(node):
-                targets = [_named_module(node, package)]
-            elif isinstance(node, ast.Constant) and (found := _scripts(node.value, folders, runs_code)):
+            elif isinstance(node, ast.Call) and imports_by_name(node):
+                targets = [named_module(node, package)]
+            elif isinstance(node, ast.Constant) and (found := scripts(node.value, folders, any_code)):
                 for script in found:  # run_path, spec_from_file_location, what exec reads: a file by its name
                     self.file(script, None, any_name=True)
                 continue
-            elif _loads_file(node, runners):  # SourceFileLoader("h", "helpers.txt"): its literal arguments
+            elif loads_file(node, named):  # SourceFileLoader("h", "helpers.txt"): its literal arguments
                 for inner in ast.walk(node):
-                    for script in _scripts(getattr(inner, "value", None), folders, any_name=True):
+                    for script in scripts(getattr(inner, "value", None), folders, any_name=True):
                         self.file(script, None, any_name=True)
                 continue
             else:
                 continue
             for target in targets:
                 if target:
-                    self.file(_module_file(target), target)
+                    self.file(module_file(target), target)
 
     def container(self, value: Any, depth: int) -> None:
         """A dict, list, tuple, set or deque by its items (a subclass's own methods never run: a user's
@@ -689,7 +440,7 @@ class _Reach:
             self.tensor(value, depth)
         elif numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic):
             self.array(numpy.asarray(value), depth)
-        elif all(_python_written(cls) for cls in kind.__mro__[:-1]):
+        elif all(python_written(cls) for cls in kind.__mro__[:-1]):
             self.state(value, depth)
         else:
             try:
@@ -718,7 +469,7 @@ class _Reach:
         import types
 
         for cls in type(value).__mro__[:-1]:
-            if _python_written(cls):
+            if python_written(cls):
                 continue
             for name, member in sorted(vars(cls).items()):
                 if type(member) not in (types.GetSetDescriptorType, types.MemberDescriptorType) or name.startswith("__") \
