@@ -109,9 +109,10 @@ class Run:
 
         if self.out_dir is not None:
             return report_images(self.out_dir, self.report)
+        from mechkit.report.views import png_name
         from mechkit.report.writer import figure_png
 
-        return {(n if n.endswith(".png") else f"{n}.png"): figure_png(f) for n, f in self.figures.items()}
+        return {png_name(n): figure_png(f) for n, f in self.figures.items()}
 
     def show(self, console=None) -> None:
         """Print the summary the CLI prints after a run: finding, tables, timings, where the report is."""
@@ -418,11 +419,12 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
                              {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
             report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None,
                                 "modules_unchanged": state is not None}
+            tables = report_tables(report, cls, console) if out_dir is not None else None
+            check_returned(cls, result)  # after the plugin's last code, its tables hook
             if out_dir is not None:
                 from mechkit.report import write_report
 
-                tables = report_tables(report, cls, console)
-                mark_checked(result.files)  # by check_result above: the writer does not walk them again
+                mark_checked(result.files)  # by check_returned just now: the writer does not walk them again
                 try:
                     write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
                                  tables=tables)
@@ -477,6 +479,10 @@ def _resume(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: 
         yield resume
 
 
+_FIX = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
+        "files={name: bytes, text or a Path of a file or directory it prepared})")
+
+
 def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs: tuple = ()) -> Result:
     """A plugin's return value as the report writer needs it, else one line naming the plugin (a third-party
     plugin returning None, or a figure that is not a matplotlib figure, failed in the writer as an
@@ -487,8 +493,7 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs
     (a folder holding ``--out`` was deleted whole, the user's files in it, after its rename into itself
     failed); so is one returned twice, or inside another returned one (the second move found it gone, a
     misleading "removed by a cleaner", and the first, a user's folder, was lost when the write then failed)."""
-    fix = ("return mechkit.Result(results={...}, figures={name: matplotlib figure}, "
-           "files={name: bytes, text or a Path of a file or directory it prepared})")
+    fix = _FIX
     if not isinstance(result, Result):
         raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
     from mechkit.report.writer import outputs_problem
@@ -497,13 +502,20 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs
     if problem is not None:
         raise PluginError(f"plugin {cls.name!r} returned {problem}", fix)
     _check_paths(cls, result, out, fix, inputs)
+    return result
+
+
+def check_returned(cls: type[Plugin], result: Result) -> None:
+    """Refuse (one line) a returned ``Path`` that is or holds anything but the plugin's own plain files and
+    folders (:func:`mechkit.io.returned.odd_entry`). Made after the last of the plugin's code (its ``tables``
+    hook) and before the writer, which then does not walk them again: a hook that added a hard link to a
+    user's file inside a folder already checked got it into the report."""
     for name, value in result.files.items():
         odd = odd_entry(value) if isinstance(value, Path) else None  # moved, chmod'ed and synced file by file
         if odd is not None:
             where = f"the path {value}" if odd[0] == value else f"the path {value}, which holds {odd[0]}"
             raise PluginError(f"plugin {cls.name!r} returned files[{name!r}] as {where}, which is {odd[1]}, not "
-                              "a regular file or a directory of its own to move into the report", fix)
-    return result
+                              "a regular file or a directory of its own to move into the report", _FIX)
 
 
 def _check_paths(cls: type[Plugin], result: Result, out: Path | None, fix: str, inputs: tuple = ()) -> None:
@@ -718,13 +730,13 @@ def _report(cls: type[Plugin], params: dict, setup: RunSetup, handle, result, ti
     from mechkit.report import build_report
     from mechkit.report.memory import memory_peaks
     from mechkit.report.remote import remote_timings
-    from mechkit.report.views import views_of
+    from mechkit.report.views import png_name, views_of
 
     return build_report(
         plugin=cls.name, plugin_version=cls.version,
         model=handle.info() if handle is not None else {"spec": str(setup.model)},
         params=params, seed=setup.seed, results=result.results,
-        artifacts=[f"{n}.png" for n in result.figures] + list(result.files),
+        artifacts=[png_name(n) for n in result.figures] + list(result.files),
         timings={**timings, **remote_timings(handle), **memory_peaks()},
         nonfinite="error",  # a NaN metric is refused naming its key, never written as null
         finding=result.finding,

@@ -62,7 +62,7 @@ class _Self:
     (lambda: _deep(100_000), "is nested more than 100 containers deep"),
     (lambda: {"x": object()}, "report value results.x is of type object"),
     (lambda: {"t": _Self()}, "is nested more than 100 containers deep"),
-    (lambda: {object(): 1}, "has the key object"),
+    (lambda: {object(): 1}, "has a key that is of type object"),
 ])
 def test_a_result_no_report_can_hold_is_one_line_naming_its_path(tmp_path, results, said):
     with pytest.raises(MechkitError, match="") as info:
@@ -245,7 +245,7 @@ def _deep_key():
 
 @pytest.mark.parametrize(("results", "finding", "said"), [
     ({"s": "\udc80"}, None, "report value results.s is text with a character UTF-8 cannot hold"),
-    ({"\udc80": 1}, None, "report value results has a key with a character UTF-8 cannot hold"),
+    ({"\udc80": 1}, None, "report value results has a key that is text with a character UTF-8 cannot hold"),
     ({}, "found \udc80", "report value finding is text with a character UTF-8 cannot hold"),
     ({"n": 10**5000}, None, "report value results.n is an integer too large"),
     ({"n": -(10**400)}, None, "report value results.n is an integer too large"),  # written, no reader took it

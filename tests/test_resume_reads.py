@@ -171,3 +171,65 @@ def test_a_step_after_too_many_files_read_is_kept_but_not_resumed(tmp_path, cach
     log = io.StringIO()
     assert mk.run(ReadsMany, out=tmp_path / "run", console=Console(file=log, width=400)).report["results"]["sum"] == 10
     assert CALLS == ["first", "first"] and "the run read more than 3 files before it, too many to check" in log.getvalue()
+
+
+class ReadsEnv(mk.Plugin):
+    name, version, summary, needs_model = "rt-reads-env", "0.1", "a step that reads the environment", False
+    options = (mk.Option("how", str, "get"),)
+
+    def run(self, ctx):
+        def compute():
+            CALLS.append("first")
+            how = ctx.params["how"]
+            if how == "get":
+                return os.environ.get("RT_READS_SCALE", "1")
+            if how == "getenv":
+                return os.getenv("RT_READS_SCALE") or "unset"
+            if how == "item":
+                return os.environ["RT_READS_SCALE"]
+            return str("RT_READS_SCALE" in os.environ)
+
+        first = ctx.step("first", compute)
+        if STOP:
+            raise KeyboardInterrupt
+        return mk.Result(results={"scale": first})
+
+
+@pytest.mark.parametrize(("how", "before", "after"), [
+    ("get", "1", "2"), ("getenv", None, "2"), ("item", "1", "2"), ("contains", "1", None),
+])
+def test_an_environment_variable_the_run_read_and_then_changed_starts_the_step_afresh(tmp_path, cache, monkeypatch,
+                                                                                     how, before, after):
+    CALLS.clear()
+    for value in (before,):
+        monkeypatch.setenv("RT_READS_SCALE", value) if value is not None else monkeypatch.delenv("RT_READS_SCALE",
+                                                                                                 raising=False)
+    STOP.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(ReadsEnv, out=tmp_path / "run", how=how)
+    finally:
+        STOP.clear()
+    monkeypatch.setenv("RT_READS_SCALE", after) if after is not None else monkeypatch.delenv("RT_READS_SCALE")
+    log = io.StringIO()
+    mk.run(ReadsEnv, out=tmp_path / "run", how=how, console=Console(file=log, width=400))
+    assert CALLS == ["first", "first"]
+    assert "the environment variable RT_READS_SCALE, which the run read, has changed" in log.getvalue()
+
+
+def test_an_environment_variable_unchanged_resumes_and_environ_is_restored(tmp_path, cache, monkeypatch):
+    CALLS.clear()
+    before = type(os.environ).__getitem__
+    monkeypatch.setenv("RT_READS_SCALE", "3")
+    STOP.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(ReadsEnv, out=tmp_path / "run")
+    finally:
+        STOP.clear()
+    assert type(os.environ).__getitem__ is before
+    log = io.StringIO()
+    assert mk.run(ReadsEnv, out=tmp_path / "run", console=Console(file=log, width=400)).report["results"] == \
+        {"scale": "3"}
+    assert CALLS == ["first"] and log.getvalue() == ""
+    assert type(os.environ).__getitem__ is before

@@ -6,6 +6,8 @@ a module whose name is computed. What the process opens it cannot hide: an audit
 ``open``, ``io.open_code`` and import. While a run is recorded (:func:`recording`), each file of the user's it
 opens is noted; a step is kept with what those files held then (:meth:`Reads.signatures`), and a resumed run
 takes the step only while they still hold it (:func:`changed`): an edited notes file starts the step afresh.
+Environment variables the run reads through ``os.environ`` (``os.getenv`` too) are recorded the same way, with
+the value each had.
 
 Not recorded: the standard library, installed packages and mechkit (their versions are in the key), the places
 the runner names (the model, mechkit's cache, ``--out``), ``/proc``, ``/sys`` and ``/dev``, and files the run
@@ -39,6 +41,7 @@ from pathlib import Path
 
 MAX_READS = 10_000  # files a run's step keeps the state of: past it, the step is never resumed
 TOO_MANY = "*"  # the path of the one entry a step past MAX_READS keeps
+ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
@@ -56,6 +59,11 @@ class Reads:
         self.skip = tuple(p.rstrip(os.sep) + os.sep for p in places)
         self.read: dict[str, None] = {}
         self.written: set[str] = set()
+        self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
+
+    def note_env(self, name: str, value: str | None) -> None:
+        if len(self.env) <= MAX_READS:
+            self.env.setdefault(name, value)
 
     def note(self, path: str, writes: bool) -> None:
         real = os.path.realpath(path)
@@ -70,9 +78,9 @@ class Reads:
         """``[path, what it holds]`` for each file read so far, as a step keeps them; past :data:`MAX_READS` files
         one entry saying so, which no rerun takes (a step is computed again rather than checked in part)."""
         paths = [path for path in list(self.read) if path not in self.written]
-        if len(paths) > MAX_READS:
+        if len(paths) > MAX_READS or len(self.env) > MAX_READS:
             return [[TOO_MANY, f"more than {MAX_READS} files"]]
-        return [[path, signature(path)] for path in paths]
+        return [[path, signature(path)] for path in paths] + [[ENV + k, v] for k, v in list(self.env.items())]
 
 
 def _source_of(path: str) -> str:
@@ -136,9 +144,13 @@ def changed(kept: object) -> str | None:
     if not isinstance(kept, list):
         return "?"
     for item in kept:
-        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, str) for v in item)):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and (isinstance(item[1], str) or (item[1] is None and item[0].startswith(ENV)))):
             return "?"
-        if item[0] == TOO_MANY or signature(item[0]) != item[1]:
+        if item[0].startswith(ENV):
+            if _ORIGINAL[0](os.environ, item[0][len(ENV):]) != item[1]:
+                return item[0]
+        elif item[0] == TOO_MANY or signature(item[0]) != item[1]:
             return item[0]
     return None
 
@@ -153,11 +165,40 @@ def recording(skip: Iterable[str | os.PathLike[str]] = ()) -> Iterator[Reads]:
     """Record the files this process opens until the block ends, but those under ``skip`` and the libraries'."""
     _hook_once()
     reads = Reads(skip)
-    _ACTIVE.append(reads)
+    with _GUARD:
+        if not _ACTIVE:
+            type(os.environ).__getitem__ = _environ_item  # type: ignore[method-assign]
+        _ACTIVE.append(reads)
     try:
         yield reads
     finally:
-        _ACTIVE.remove(reads)
+        with _GUARD:
+            _ACTIVE.remove(reads)
+            if not _ACTIVE:
+                type(os.environ).__getitem__ = _ORIGINAL[1]  # type: ignore[method-assign]
+
+
+def _get(environ: object, name: str) -> str | None:
+    """``os.environ``'s value of ``name`` (``None`` where unset), read without recording it."""
+    try:
+        return _ORIGINAL[1](environ, name)
+    except KeyError:
+        return None
+
+
+_ORIGINAL = (_get, type(os.environ).__getitem__)
+
+
+def _environ_item(environ: object, name: str) -> str:
+    """``os.environ[name]`` (behind ``os.getenv`` and ``os.environ.get`` too), recorded while a run is: a variable
+    the plugin reads decides its steps as a file does (a kill, ``SCALE=2``, a rerun: steps of both mixed)."""
+    value = _get(environ, name)
+    if environ is os.environ and isinstance(name, str):
+        for reads in list(_ACTIVE):
+            reads.note_env(name, value)
+    if value is None:
+        raise KeyError(name)
+    return value
 
 
 def _hook_once() -> None:
@@ -185,4 +226,4 @@ def _audit(event: str, args: tuple) -> None:
         return
 
 
-__all__ = ["HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["ENV", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]

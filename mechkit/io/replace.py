@@ -30,6 +30,7 @@ from pathlib import Path
 from mechkit.errors import MechkitError
 from mechkit.io.journal import journal_path, plain_name, recover
 
+LINK = "\0"  # what ends a link's entry in a folder's walk (_tree_files): no file name holds it
 MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
 KEY_FILES = ("report.json", "config.json")  # the file that says "this set is whole": out first, in last
 REPORT_SCHEMA = "mechkit.report/"  # a report.json whose schema starts so is mechkit's (mechkit.report.schema.SCHEMA)
@@ -212,7 +213,7 @@ def _inside_kept_folders(tmp: Path, out: Path, new: list[str], stale: list[str])
                 continue
             if name in new and not _real_dir(tmp / name):
                 raise MechkitError(f"--out {out} holds {folder}, a folder mechkit wrote that now holds "
-                                   f"{foreign_in_folder(folder)[0]}, which mechkit did not write, and the new set "
+                                   f"{foreign_in_folder(folder)[0].rstrip(LINK)}, which mechkit did not write, and the new set "
                                    f"writes a file {name} there", "move that file out of the folder first")
             refuse_user_entries(out, name)
             ours = [n for n in owned_names(folder) if os.path.lexists(folder / n)] if (folder / MANIFEST).is_file() \
@@ -243,10 +244,12 @@ def refuse_user_entries(out: Path, name: str) -> None:
     foreign = foreign_in_folder(folder)  # inside a top-level folder of the user's: kept with it
     nested = [f for f in foreign if "/" in f.rstrip("/") and f.split("/")[0] + "/" not in foreign]
     if nested:  # its subfolder is replaced whole: the user's file there would go with it
-        raise MechkitError(f"--out {out} holds {folder / nested[0]}, which mechkit did not write, inside a "
-                           f"subfolder of {name} the new set replaces", f"move it out of {folder} first")
+        raise MechkitError(f"--out {out} holds {folder / nested[0].rstrip(LINK)}, which mechkit did not write, "
+                           f"inside a subfolder of {name} the new set replaces", f"move it out of {folder} first")
+    tree = set(listed["tree"])
     replaced = [n for n in owned_names(folder) if n + "/" in foreign]
-    replaced += [f for f in foreign if f + "/" in listed["tree"]]  # a file of the user's where its folder was
+    replaced += [f for f in foreign if f + "/" in tree]  # a file of the user's where its folder was
+    replaced += [f[:-1] for f in foreign if f.endswith(LINK) and {f[:-1], f[:-1] + "/"} & tree]  # a link there
     if replaced:
         raise MechkitError(f"--out {out} holds {name}/{replaced[0]}, which mechkit did not write, where it wrote "
                            "another of the set a rerun replaces", f"move it out of {folder} first")
@@ -410,13 +413,18 @@ def write_folder_manifest(folder: Path, writer: str | None) -> None:
 
 
 def _tree_files(folder: Path) -> list[str]:
-    """Every entry below ``folder`` but its list, as a path relative to it, a folder's (or a link to one) with a
-    trailing ``/``, links not followed: a user's empty folder or link to a folder there was in no list, and went
-    with the folder it sat in."""
+    """Every entry below ``folder`` but its list, as a path relative to it with its kind: a folder's with a
+    trailing ``/``, a link's (to anything) with a trailing NUL (:data:`LINK`, in no file name), links not followed. A user's empty folder or
+    link to a folder there was in no list, and went with the folder it sat in; a user's link put where
+    mechkit's folder was read as that folder, and went with the rerun. A returned folder holds no links
+    (:func:`mechkit.io.returned.odd_entry` refuses them), so a link is always the user's."""
     found = []
     for root, dirs, files in os.walk(folder):
         rel = Path(root).relative_to(folder)
-        found += [(rel / n).as_posix() for n in files] + [(rel / n).as_posix() + "/" for n in dirs]
+        for name in [*files, *dirs]:
+            path = (rel / name).as_posix()
+            kind = LINK if os.path.islink(os.path.join(root, name)) else "/" if name in dirs else ""
+            found.append(path + kind)
     return sorted(f for f in found if f != MANIFEST)
 
 

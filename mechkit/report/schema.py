@@ -125,21 +125,18 @@ def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     if isinstance(obj, enum.Enum):
         return _plain(obj.value, nonfinite, depth + 1, seen)
     if isinstance(obj, PurePath):
-        return str(obj)
+        return _text(str(obj))
     if isinstance(obj, (datetime, date)):
         return obj.isoformat()
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj).decode("utf-8", errors="replace")
     if isinstance(obj, (Mapping, list, tuple, set, frozenset)) or dataclasses.is_dataclass(obj):
         return _container(obj, nonfinite, depth, seen)
-    tolist = getattr(obj, "tolist", None)  # numpy arrays/scalars, torch tensors
-    if callable(tolist):
-        detach = getattr(obj, "detach", None)  # a tensor that requires grad refuses .tolist()
-        if callable(detach):
-            obj = detach()
+    listed = _read(lambda: _tolist(obj))  # numpy arrays/scalars, torch tensors
+    if listed is not _NO_LIST:
         if depth >= MAX_DEPTH:  # a .tolist() that returns itself, or another such object
             raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
-        return _plain(_read(lambda: obj.tolist()), nonfinite, depth + 1, seen)
+        return _plain(listed, nonfinite, depth + 1, seen)
     raise _Bad(f"is of type {type(obj).__qualname__}, which a report cannot store: convert it to numbers or text")
 
 
@@ -155,15 +152,18 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     seen.add(id(obj))
     try:
         if isinstance(obj, Mapping):
-            items = _read(lambda: list(obj.items()))
+            items = _read(lambda: [(k, v) for k, v in obj.items()])  # unpacked inside: a 3-tuple is one line
         elif isinstance(obj, (list, tuple, set, frozenset)):
             items = _read(lambda: list(enumerate(obj)))
         else:
             items = _read(lambda: [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)])
         keyed = isinstance(obj, Mapping) or not isinstance(obj, (list, tuple, set, frozenset))
-        out = []
+        out, given = [], {}
         for k, v in items:
             key = _key(k, depth) if keyed else k
+            if keyed and key in given:  # {1: a, "1": b}: the JSON object keeps one, the other was lost unsaid
+                raise _Bad(f"has two keys that are both {key!r} in JSON ({given[key]!r} and {k!r})")
+            given[key] = k
             try:
                 out.append((key, _plain(v, nonfinite, depth + 1, seen)))
             except _Bad as bad:
@@ -181,6 +181,18 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     return values
 
 
+_NO_LIST = object()
+
+
+def _tolist(obj: Any) -> Any:
+    """``obj.tolist()`` (detached first: a tensor that requires grad refuses it), else :data:`_NO_LIST`."""
+    tolist = getattr(obj, "tolist", None)
+    if not callable(tolist):
+        return _NO_LIST
+    detach = getattr(obj, "detach", None)
+    return detach().tolist() if callable(detach) else tolist()
+
+
 def _read(members: Any) -> Any:
     """``members()``, the values of a container or array, or :class:`_Bad` naming what it raised (a mapping whose
     ``items()`` raises was a traceback from ``mk.run``, after the work)."""
@@ -189,32 +201,46 @@ def _read(members: Any) -> Any:
     except _Bad:
         raise
     except Exception as err:  # noqa: BLE001 - whatever it raises, it is one line naming where
-        raise _Bad(f"could not be read ({type(err).__name__}: {str(err)[:80]})") from None
+        try:
+            said = str(err)[:80]
+        except Exception:  # noqa: BLE001 - an exception whose own text raises
+            said = "?"
+        raise _Bad(f"could not be read ({type(err).__name__}: {said})") from None
 
 
 def _text(text: str) -> str:
     """``text`` where UTF-8 holds it; a lone surrogate (a file name decoded with ``surrogateescape``) failed the
     write of report.json with a UnicodeEncodeError, after the work."""
+    text = str.__str__(text)  # a str subclass's own encode() or __str__ is never asked
     try:
-        text.encode("utf-8")
+        str.encode(text, "utf-8")
     except UnicodeEncodeError as err:
         raise _Bad(f"is text with a character UTF-8 cannot hold ({text[err.start]!r} at {err.start})") from None
     return text
 
 
 def _key(k: Any, depth: int = 0) -> str:
+    """The text of the dict key ``k`` (``(17, 3)`` is ``"17.3"``); what it cannot be is said as the key's."""
+    try:
+        return _read(lambda: _key_text(k, depth))
+    except _Bad as bad:
+        if bad.why.startswith("has a key"):
+            raise
+        raise _Bad(f"has a key that {bad.why}") from None
+
+
+def _key_text(k: Any, depth: int) -> str:
     if isinstance(k, str):
-        try:
-            return _text(k)
-        except _Bad as bad:
-            raise _Bad(bad.why.replace("is text", "has a key", 1)) from None
+        return _text(k)
     if isinstance(k, tuple):
         if depth >= MAX_DEPTH:
             raise _Bad(f"has a key nested more than {MAX_DEPTH} tuples deep")
         return ".".join(_key(p, depth + 1) for p in k)
-    if k is None or isinstance(k, (bool, int, float, enum.Enum, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
-        return str(_plain(k, "null", MAX_DEPTH - 1, set()))
-    raise _Bad(f"has the key {type(k).__qualname__}, which a report cannot store: use text or numbers as keys")
+    if isinstance(k, float):
+        return str(k)  # nan, inf and -inf as such: all were "None", one key for three values
+    if k is None or isinstance(k, (bool, int, enum.Enum, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
+        return _text(str(_plain(k, "keep", MAX_DEPTH - 1, set())))
+    raise _Bad(f"is of type {type(k).__qualname__}, which a report cannot store: use text or numbers as keys")
 
 
 def _dist_version(name: str) -> str | None:

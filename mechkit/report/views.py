@@ -68,6 +68,17 @@ class HeadGrid:
         return {**out, "text": True} if self.text else out
 
 
+def png_name(name: str) -> str:
+    """The file a figure named ``name`` is saved as: ``heat`` and ``heat.png`` are both ``heat.png``.
+
+    >>> png_name("heat"), png_name("heat.PNG")
+    ('heat.png', 'heat.PNG')
+    """
+    if not isinstance(name, str):  # refused by the writer's name check, named as given
+        return name
+    return name if name.lower().endswith(".png") else f"{name}.png"
+
+
 def views_of(figures: Mapping[str, Any]) -> dict | None:
     """The ``views`` of a report from its figures (those that carry a :class:`HeadGrid` as
     ``mechkit_grid``); patterns shared by several grids are stored once. ``None`` when there are none."""
@@ -83,7 +94,7 @@ def views_of(figures: Mapping[str, Any]) -> dict | None:
             key = keys.setdefault(id(grid.patterns), f"p{len(keys)}")
             patterns.setdefault(key, grid.patterns.to_json())
             entry["patterns"] = key
-        grids[name if name.lower().endswith(".png") else f"{name}.png"] = entry
+        grids[png_name(name)] = entry
     return {"grids": grids, "patterns": patterns} if grids else None
 
 
@@ -189,5 +200,5 @@ def script_html() -> str:
     return f"<script>{viewer_js()}</script>"
 
 
-__all__ = ["CSS", "MAX_CELLS", "HeadGrid", "data_html", "grid_html", "json_script", "sane", "script_html", "view_html",
-           "views_of", "viewer_js"]
+__all__ = ["CSS", "MAX_CELLS", "HeadGrid", "data_html", "grid_html", "json_script", "png_name", "sane", "script_html",
+           "view_html", "views_of", "viewer_js"]

@@ -24,7 +24,7 @@ from mechkit.io import check_out
 from mechkit.io.replace import replacing_dir, write_folder_manifest
 from mechkit.report.html import render_html
 from mechkit.report.schema import MAX_REPORT_BYTES, to_jsonable, validate_report
-from mechkit.report.views import views_of
+from mechkit.report.views import png_name, views_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -86,7 +86,7 @@ def _write_locked(out: Path, report: dict, figures: Mapping[str, Figure] | None,
         )
 
     _check_paths(files or {}, out)
-    figures = {_png_name(k): v for k, v in (figures or {}).items()}
+    figures = {png_name(k): v for k, v in (figures or {}).items()}
     files = dict(files or {})
     names = list(figures) + list(files)
     _check_names(names, out)
@@ -166,7 +166,7 @@ def _signature(path: Path) -> tuple:
 def _report_text(final: dict) -> str:
     """``report.json``'s text, refused (one line) past the size every reader takes (``report show`` refused a
     42 MB report a run had just written, telling the user to pass one a run wrote)."""
-    text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False)
+    text = json.dumps(final, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # as written: the newline too
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_REPORT_BYTES:
         biggest = max((k for k in ("results", "views", "params", "model")),
@@ -196,7 +196,7 @@ def _render(tmp: Path, final: dict, text: str, figures: Mapping[str, Figure], fi
             images[name] = data
 
     (tmp / REPORT_HTML).write_text(render_html(final, images, tables), encoding="utf-8")
-    (tmp / REPORT_JSON).write_text(text + "\n", encoding="utf-8")
+    (tmp / REPORT_JSON).write_text(text, encoding="utf-8")
     for name, content in files.items():
         if isinstance(content, Path):
             move_prepared(content, tmp / name, moves)
@@ -374,6 +374,10 @@ def outputs_problem(figures: object, files: object) -> str | None:
         bad = next((k for k, v in values.items() if not ok(v)), None)
         if bad is not None:
             return f"{what}[{bad!r}] as a {type(values[bad]).__name__}"
+    names = [png_name(k) for k in figures] + list(files)  # type: ignore[union-attr]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:  # figures "heat" and "heat.png" were one file: one figure lost without a word
+        return f"two figures or files that are both the file {twice!r}"
     return None
 
 
@@ -432,12 +436,6 @@ def _check_paths(files: Mapping[str, object], out: Path) -> None:
             where = f"the path {value}" if odd[0] == value else f"the path {value}, which holds {odd[0]}"
             raise MechkitError(f"files[{name!r}] is {where}, which is {odd[1]}, not a regular file or a directory "
                                "of its own to move into the report", "pass a plain file or folder prepared for it")
-
-
-def _png_name(name: str) -> str:
-    if not isinstance(name, str):  # refused by _check_names, named as given
-        return name
-    return name if name.lower().endswith(".png") else f"{name}.png"
 
 
 def _utf8(name: str) -> bool:
@@ -499,4 +497,4 @@ def _missing_ancestors(path: Path) -> list[Path]:
     return missing
 
 
-__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "outputs_problem", "write_report"]
+__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "outputs_problem", "png_name", "write_report"]
