@@ -7,7 +7,7 @@ a module whose name is computed. What the process opens it cannot hide: an audit
 opens is noted; a step is kept with what those files held then (:meth:`Reads.signatures`), and a resumed run
 takes the step only while they still hold it (:func:`changed`): an edited notes file starts the step afresh.
 Environment variables the run reads through ``os.environ`` (``os.getenv`` too) are recorded the same way, with
-the value each had.
+the value each had, but those that only say how a terminal shows output (:data:`DISPLAY`).
 
 Not recorded: the standard library, installed packages and mechkit (their versions are in the key), the places
 the runner names (the model, mechkit's cache, ``--out``), ``/proc``, ``/sys`` and ``/dev``, and files the run
@@ -41,6 +41,9 @@ from pathlib import Path
 
 MAX_READS = 10_000  # files a run's step keeps the state of: past it, the step is never resumed
 TOO_MANY = "*"  # the path of the one entry a step past MAX_READS keeps
+DISPLAY = frozenset({  # how a terminal shows output (rich, tqdm and shutil read them as a bar draws): no result
+    "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TERM_PROGRAM",
+    "TERM_PROGRAM_VERSION", "JUPYTER_COLUMNS", "JUPYTER_LINES", "TTY_COMPATIBLE", "TTY_INTERACTIVE"})
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -62,7 +65,7 @@ class Reads:
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
 
     def note_env(self, name: str, value: str | None) -> None:
-        if len(self.env) <= MAX_READS:
+        if name not in DISPLAY and len(self.env) <= MAX_READS:
             self.env.setdefault(name, value)
 
     def note(self, path: str, writes: bool) -> None:
@@ -226,4 +229,4 @@ def _audit(event: str, args: tuple) -> None:
         return
 
 
-__all__ = ["ENV", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["DISPLAY", "ENV", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
