@@ -25,6 +25,7 @@ from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
+from mechkit.io.reads import recording
 from mechkit.io.returned import mark_checked, odd_entry, place_problem, protected, relation, was_checked
 from mechkit.model.checks.code import changed_code, code_state
 from mechkit.model.checks.identity import model_key as identity_key
@@ -61,6 +62,7 @@ class RunSetup:
     dtype: str | None
     dispatch: Dispatch
     runs_on: tuple[str, str | None]
+    reads: Any = None  # what the option checks read (mechkit.io.reads.Reads): carried into the run's record
 
 
 @dataclass(repr=False)
@@ -285,7 +287,8 @@ def run_plugin(
             raise MechkitError(f"plugin must be a plugin name or a Plugin subclass, not {type(plugin).__name__}",
                                "pass a name such as \"inspect\" (see `mechkit plugins list`) or your Plugin class")
         cls = registry.get(plugin) if isinstance(plugin, str) else plugin
-        params, parsed = resolve_options(cls, options, seed=seed)  # every check that needs no model, before it loads
+        with recording() as early:  # what its option checks read: a step rests on it as on what the run reads
+            params, parsed = resolve_options(cls, options, seed=seed)  # every check that needs no model, before it loads
         check_config(parsed, model)
         from mechkit.io.fs_errors import refuse_missing_cwd
 
@@ -294,7 +297,7 @@ def run_plugin(
         runs_on = check_backend_for(cls, backend, remote, model)
         check_execution(params, *runs_on)  # --workers without --executor ray, ray with nnsight, an unreachable cluster
         setup = RunSetup(model=model, seed=seed, force=force, device=device, dtype=dtype,
-                         dispatch=Dispatch(device_map, max_memory, offload_folder), runs_on=runs_on)
+                         dispatch=Dispatch(device_map, max_memory, offload_folder), runs_on=runs_on, reads=early)
         if not write:
             if out is not None:  # it would be silently ignored: the caller expects files there
                 raise MechkitError(f"out={str(out)!r} with write=False: nothing would be written there",
@@ -410,8 +413,8 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
         t1 = time.perf_counter()
         with _handed_over() as returned:  # what the plugin prepared and the report did not move in: removed
             with _said_if_changed(cls, handle, before, sums, state):
-                returned.append(_call(cls, ctx, handle, console, skip=(
-                    out_dir, *model_inputs(setup.model), *model_inputs(handle), *input_paths(cls, parsed))))
+                returned.append(_call(cls, ctx, handle, console, setup.reads, skip=(
+                    out_dir, *model_inputs(setup.model), *model_inputs(handle), *_input_files(cls, parsed))))
                 result = check_result(cls, returned[0], out_dir, (*model_inputs(setup.model), *input_paths(cls, parsed)))
             run_s = time.perf_counter() - t1
             _check_unchanged(cls, handle, before, sums, state)
@@ -707,16 +710,21 @@ def _load(cls: type[Plugin], setup: RunSetup):
                               backend=setup.runs_on[0], remote=setup.runs_on[1])
 
 
-def _call(cls: type[Plugin], ctx: RunContext, handle, console, skip: tuple = ()):
+def _input_files(cls: type[Plugin], parsed: dict) -> list:
+    """The files options name, whose bytes are in the resume key (:func:`input_digests`): not recorded again. A
+    folder an option names is keyed by its top level only, so what the run reads inside it is recorded."""
+    return [p for p in input_paths(cls, parsed) if not os.path.isdir(p)]
+
+
+def _call(cls: type[Plugin], ctx: RunContext, handle, console, before=None, skip: tuple = ()):
     """``cls().run(ctx)`` with a remote model's jobs shown live, the executor's workers stopped however it ends;
     third-party chatter off (:mod:`mechkit.io.quiet`) and a plain line every 30 s off a terminal. A run that
     keeps steps records the files it reads (:mod:`mechkit.io.reads`), but those under ``skip`` (``--out``, the
     model, the files options name: keyed otherwise) and mechkit's cache, so a resumed step checks them."""
     from mechkit.io.disk_cache import cache_root
-    from mechkit.io.reads import recording
     from mechkit.report.remote import remote_progress
 
-    recorded = recording((cache_root(), *(p for p in skip if isinstance(p, (str, Path))))) \
+    recorded = recording((cache_root(), *(p for p in skip if isinstance(p, (str, Path)))), before) \
         if ctx.resume_dir is not None else contextlib.nullcontext()
     with remote_progress(handle, console), quiet(), heartbeat(console, f"{cls.name}: running"), recorded:
         try:

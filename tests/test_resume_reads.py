@@ -14,6 +14,7 @@ import io
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -233,3 +234,108 @@ def test_an_environment_variable_unchanged_resumes_and_environ_is_restored(tmp_p
         {"scale": "3"}
     assert CALLS == ["first"] and log.getvalue() == ""
     assert type(os.environ).__getitem__ is before
+
+
+def _stop_then_rerun(tmp_path, plugin, change, **options):
+    CALLS.clear()
+    STOP.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(plugin, out=tmp_path / "run", console=Console(file=io.StringIO(), width=400), **options)
+    finally:
+        STOP.clear()
+    change()
+    log = io.StringIO()
+    run = mk.run(plugin, out=tmp_path / "run", console=Console(file=log, width=400), **options)
+    return run.report["results"], log.getvalue()
+
+
+def _stepping(name, compute, options=(), check=None):
+    class Stepping(mk.Plugin):
+        version, summary, needs_model = "0.1", "one step", False
+
+        def run(self, ctx):
+            value = ctx.step("first", lambda: CALLS.append("first") or compute(ctx))
+            if STOP:
+                raise KeyboardInterrupt
+            return mk.Result(results={"v": value})
+
+    Stepping.name, Stepping.options = name, options
+    if check is not None:
+        Stepping.check_options = classmethod(lambda cls, params: check(params))
+    return Stepping
+
+
+def test_a_link_repointed_between_the_runs_starts_the_step_afresh(tmp_path, cache):
+    (tmp_path / "v1").write_text("one")
+    (tmp_path / "v2").write_text("two")
+    (tmp_path / "cur").symlink_to(tmp_path / "v1")
+
+    def repoint():
+        (tmp_path / "cur").unlink()
+        (tmp_path / "cur").symlink_to(tmp_path / "v2")
+
+    plugin = _stepping("rt-reads-link", lambda ctx: (tmp_path / "cur").read_text())
+    results, log = _stop_then_rerun(tmp_path, plugin, repoint)
+    assert results == {"v": "two"} and CALLS == ["first", "first"] and "cur, which the run read" in log
+
+
+@pytest.mark.parametrize("how", ["r+", "memmap"])
+def test_a_file_opened_for_reading_and_writing_but_only_read_is_recorded(tmp_path, cache, how):
+    import numpy as np
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\x01\x02")
+
+    def read(ctx):
+        if how == "r+":
+            with open(data, "r+b") as f:
+                return list(f.read())
+        return np.memmap(data, dtype=np.uint8).tolist()
+
+    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-{how}", read), lambda: data.write_bytes(b"\x03\x04"))
+    assert results == {"v": [3, 4]} and "which the run read, has changed" in log
+
+
+def test_a_file_inside_a_folder_an_option_names_is_recorded(tmp_path, cache):
+    folder = tmp_path / "dir"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "x.txt").write_text("one")
+    plugin = _stepping("rt-reads-dir", lambda ctx: Path(ctx.params["dir"], "sub", "x.txt").read_text(),
+                       (mk.Option("dir", str, None, files=True),))
+    results, log = _stop_then_rerun(tmp_path, plugin, lambda: (folder / "sub" / "x.txt").write_text("two"),
+                                    dir=str(folder))
+    assert results == {"v": "two"} and "x.txt, which the run read, has changed" in log
+
+
+def test_what_the_option_checks_read_is_recorded_with_the_steps(tmp_path, cache):
+    data = tmp_path / "limits.txt"
+    data.write_text("one")
+    seen: list = []
+    plugin = _stepping("rt-reads-check", lambda ctx: seen[-1], check=lambda params: seen.append(data.read_text()))
+    results, log = _stop_then_rerun(tmp_path, plugin, lambda: data.write_text("two"))
+    assert results == {"v": "two"} and "limits.txt, which the run read, has changed" in log
+
+
+@pytest.mark.parametrize("how", ["listdir", "glob", "iterdir", "walk"])
+def test_a_folder_the_run_listed_and_that_changed_starts_the_step_afresh(tmp_path, cache, how):
+    import glob
+
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name in "AB":
+        (folder / name).write_text(name)
+    lists = {"listdir": lambda: os.listdir(folder), "glob": lambda: [os.path.basename(p) for p in glob.glob(f"{folder}/*")],
+             "iterdir": lambda: [p.name for p in folder.iterdir()], "walk": lambda: next(os.walk(folder))[2]}
+    plugin = _stepping(f"rt-reads-{how}", lambda ctx: ",".join(sorted(lists[how]())))
+    results, log = _stop_then_rerun(tmp_path, plugin, lambda: (folder / "C").write_text("C"))
+    assert results == {"v": "A,B,C"} and "which the run listed, holds other names" in log
+
+
+def test_an_unchanged_folder_listing_resumes(tmp_path, cache):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    (folder / "A").write_text("A")
+    plugin = _stepping("rt-reads-same-listing", lambda ctx: os.listdir(folder))
+    results, log = _stop_then_rerun(tmp_path, plugin, lambda: None)
+    assert results == {"v": ["A"]} and CALLS == ["first"] and log == ""

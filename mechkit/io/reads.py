@@ -9,9 +9,11 @@ takes the step only while they still hold it (:func:`changed`): an edited notes 
 Environment variables the run reads through ``os.environ`` (``os.getenv`` too) are recorded the same way, with
 the value each had, but those that only say how a terminal shows output (:data:`DISPLAY`).
 
+Folders the run lists (``os.listdir``, ``os.scandir``, and ``glob``, ``os.walk`` and ``pathlib`` through them) are
+recorded by the names they hold, and a file by the path it was opened by (a link repointed later counts).
 Not recorded: the standard library, installed packages and mechkit (their versions are in the key), the places
 the runner names (the model, mechkit's cache, ``--out``), ``/proc``, ``/sys`` and ``/dev``, and files the run
-itself wrote. Files read in another process (a Ray worker) or by native code that opens them itself (a tokenizer's
+itself wrote; a file's existence or size asked without opening it (``os.path.exists``, ``os.stat``). Files read in another process (a Ray worker) or by native code that opens them itself (a tokenizer's
 Rust, a C library) are not seen.
 
 >>> import pathlib, tempfile
@@ -44,9 +46,11 @@ TOO_MANY = "*"  # the path of the one entry a step past MAX_READS keeps
 DISPLAY = frozenset({  # how a terminal shows output (rich, tqdm and shutil read them as a bar draws): no result
     "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TERM_PROGRAM",
     "TERM_PROGRAM_VERSION", "JUPYTER_COLUMNS", "JUPYTER_LINES", "TTY_COMPATIBLE", "TTY_INTERACTIVE"})
+LISTED = "#"  # what leads a listed folder's entry
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
-_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_WRITES = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
 
 _ACTIVE: list[Reads] = []
@@ -55,14 +59,26 @@ _HOOKED = False
 
 
 class Reads:
-    """The files one recorded run opened for reading (in order) and those it wrote, by real path."""
+    """What one recorded run read: the files it opened for reading (by the path it opened, in order), the folders
+    it listed, the environment variables it read, and the files it wrote (by real path, never counted as read)."""
 
     def __init__(self, skip: Iterable[str | os.PathLike[str]] = ()) -> None:
         places = [*library_dirs(), *(os.path.realpath(p) for p in skip if p is not None)]
         self.skip = tuple(p.rstrip(os.sep) + os.sep for p in places)
-        self.read: dict[str, None] = {}
+        self.read: dict[str, str] = {}  # path opened -> its real path then (a link repointed later: the path counts)
+        self.listed: dict[str, None] = {}
         self.written: set[str] = set()
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
+
+    def take(self, other: Reads) -> None:
+        """Add what ``other`` (the same run's record before its model loaded: its option checks) read."""
+        for path, real in other.read.items():
+            if not real.startswith(self.skip):
+                self.read.setdefault(path, real)
+        for path in other.listed:
+            self.listed.setdefault(path)
+        for name, value in other.env.items():
+            self.env.setdefault(name, value)
 
     def note_env(self, name: str, value: str | None) -> None:
         if name not in DISPLAY and len(self.env) <= MAX_READS:
@@ -75,15 +91,22 @@ class Reads:
         if writes:
             self.written.add(real)
         elif real not in self.written and len(self.read) <= MAX_READS:
-            self.read.setdefault(_source_of(real))
+            source = _source_of(path)
+            self.read.setdefault(source, real if source == path else os.path.realpath(source))
+
+    def note_listing(self, path: str) -> None:
+        if not os.path.realpath(path).startswith(self.skip) and len(self.listed) <= MAX_READS:
+            self.listed.setdefault(path)
 
     def signatures(self) -> list[list[str]]:
-        """``[path, what it holds]`` for each file read so far, as a step keeps them; past :data:`MAX_READS` files
-        one entry saying so, which no rerun takes (a step is computed again rather than checked in part)."""
-        paths = [path for path in list(self.read) if path not in self.written]
-        if len(paths) > MAX_READS or len(self.env) > MAX_READS:
+        """``[path, what it holds]`` for each file read and folder listed so far, and ``[$NAME, value]`` for each
+        variable, as a step keeps them; past :data:`MAX_READS` of one kind one entry saying so, which no rerun
+        takes (a step is computed again rather than checked in part)."""
+        paths = [path for path, real in list(self.read.items()) if real not in self.written]
+        if max(len(paths), len(self.listed), len(self.env)) > MAX_READS:
             return [[TOO_MANY, f"more than {MAX_READS} files"]]
-        return [[path, signature(path)] for path in paths] + [[ENV + k, v] for k, v in list(self.env.items())]
+        return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
+                + [[ENV + k, v] for k, v in list(self.env.items())])
 
 
 def _source_of(path: str) -> str:
@@ -141,6 +164,17 @@ def signature(path: str) -> str:
     return _MEMO[memo]
 
 
+def listing(path: str) -> str:
+    """What the folder at ``path`` lists: the sha256 of its sorted names, else ``missing`` or ``unreadable``."""
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return "unreadable"
+    return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def changed(kept: object) -> str | None:
     """The first file of ``kept`` (:meth:`Reads.signatures`) that no longer holds what it held, else ``None``;
     a list that is not one mechkit wrote counts as changed (``"?"``), one of too many files too (:data:`TOO_MANY`)."""
@@ -153,6 +187,9 @@ def changed(kept: object) -> str | None:
         if item[0].startswith(ENV):
             if _ORIGINAL[0](os.environ, item[0][len(ENV):]) != item[1]:
                 return item[0]
+        elif item[0].startswith(LISTED):
+            if listing(item[0][len(LISTED):]) != item[1]:
+                return item[0]
         elif item[0] == TOO_MANY or signature(item[0]) != item[1]:
             return item[0]
     return None
@@ -164,10 +201,13 @@ def current() -> Reads | None:
 
 
 @contextlib.contextmanager
-def recording(skip: Iterable[str | os.PathLike[str]] = ()) -> Iterator[Reads]:
-    """Record the files this process opens until the block ends, but those under ``skip`` and the libraries'."""
+def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None = None) -> Iterator[Reads]:
+    """Record the files this process opens until the block ends, but those under ``skip`` and the libraries',
+    after what ``before`` holds (what the same run read in its option checks, before its model loaded)."""
     _hook_once()
     reads = Reads(skip)
+    if before is not None:
+        reads.take(before)
     with _GUARD:
         if not _ACTIVE:
             type(os.environ).__getitem__ = _environ_item  # type: ignore[method-assign]
@@ -213,20 +253,25 @@ def _hook_once() -> None:
 
 
 def _audit(event: str, args: tuple) -> None:
-    if event != "open" or not _ACTIVE:
+    if not _ACTIVE or event not in _EVENTS:
         return
     try:  # an exception here would be raised in the plugin's own open()
-        path, mode, flags = args
-        if path is None or isinstance(path, int):
+        path = args[0]
+        if isinstance(path, int):
             return
-        path = os.path.abspath(os.fsdecode(path))
+        path = os.path.abspath(os.fsdecode("." if path is None else path))
         if path.startswith(_SYSTEM):
             return
-        writes = bool(isinstance(flags, int) and flags & _WRITES) or (isinstance(mode, str) and any(c in mode for c in "wax+"))
-        for reads in list(_ACTIVE):
-            reads.note(path, writes)
+        if event == "open":
+            mode, flags = args[1], args[2]  # "r+" or O_RDWR alone reads (np.memmap's default): only these write
+            writes = bool(isinstance(flags, int) and flags & _WRITES) or (isinstance(mode, str) and any(c in mode for c in "wax"))
+            for reads in list(_ACTIVE):
+                reads.note(path, writes)
+        elif "importlib" not in sys._getframe(1).f_code.co_filename:  # a listing; not the import system's caches
+            for reads in list(_ACTIVE):
+                reads.note_listing(path)
     except Exception:  # noqa: BLE001 - a file the hook cannot place is one it does not record
         return
 
 
-__all__ = ["DISPLAY", "ENV", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
