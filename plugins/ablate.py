@@ -55,7 +55,7 @@ class AblatePlugin(Plugin):
         from mechkit.eval.evaluation import reference_tokens, task_prompts
         from mechkit.eval.lengths import check_run_lengths
         from mechkit.heads.scores import load_scores
-        from mechkit.model.headspec import default_top_k
+        from mechkit.model.headspec import baseline_flags, default_top_k
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
@@ -65,7 +65,7 @@ class AblatePlugin(Plugin):
         # k is how many heads a ranked spec takes (each checked now, before scores are computed);
         # an explicit spec (17.3,layer:2) ablates what it names
         ks = selection.ks(n_layers, n_heads, opts["sweep"], top_k, ctx.seed)
-        baseline = {"other": ", or --baseline none", "flag": "--sweep" if opts["sweep"] else "--top-k"}
+        baseline = baseline_flags(self.options, opts)  # a fix names every option it leaves unread (else refused)
         if opts["baseline"] == "random":  # where it fails whatever the scores pick: now; else once they are known
             selection.check_baseline(n_layers, n_heads, ks, ctx.seed, **baseline)
         check_run_lengths(model, opts, ctx.seed, seg_len=selection.needs_scores and not opts["from_report"])  # at once

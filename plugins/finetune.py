@@ -44,19 +44,21 @@ class FinetunePlugin(Plugin):
     @classmethod
     def check_options(cls, parsed: dict) -> None:
         """LoRA's options under --method full, refused before the model loads (it was refused after the load);
-        an --lr × --weight-decay of 1 or more, which no step survives (it "diverged" after the load, blamed on --lr);
+        an --lr past AdamW's float32 step (torch's overflow error after the load); an --lr × --weight-decay of 1
+        or more, which no step survives (it "diverged" after the load, blamed on --lr);
         a --checkpoint-every the run never reaches (no checkpoint at all: a kill restarted from step 0)."""
         lora_only = [o.flag for o in cls.options if o.name in ("rank", "lora_alpha") and given(cls, parsed, o.name)]
         if parsed["method"] == "full" and lora_only:
             verb = "applies" if len(lora_only) == 1 else "apply"
             raise OptionError(f"{' and '.join(lora_only)} {verb} to --method lora, not to full fine-tuning",
                               f"drop {' and '.join(lora_only)}, or pass --method lora")
-        if parsed["weight_decay"] > 0:  # lr·decay ≥ 1: AdamW's decoupled decay wrecks the weights at the first step
-            from mechkit.taskarith.finetune import decay_problem
+        from mechkit.taskarith.finetune import decay_problem, lr_problem
 
-            problem = decay_problem(parsed["lr"], parsed["weight_decay"])
-            if problem:
-                raise OptionError(*problem)
+        # an --lr past float32 (AdamW's step overflowed inside torch, after the load); lr·decay ≥ 1: the decay
+        # wrecks the weights at the first step
+        problem = lr_problem(parsed["lr"]) or decay_problem(parsed["lr"], parsed["weight_decay"])
+        if problem:
+            raise OptionError(*problem)
         every, steps = parsed["checkpoint_every"], parsed["steps"]
         if given(cls, parsed, "checkpoint_every") and every >= steps:  # the last step writes the weights, not one
             raise OptionError(f"--checkpoint-every {every} saves a resumable checkpoint every {every} steps, and "

@@ -62,7 +62,7 @@ class ShufflePlugin(Plugin):
         from mechkit.eval.lengths import check_run_lengths
         from mechkit.heads.scores import load_scores, repeated_tokens
         from mechkit.heads.shuffled import shuffle_metrics
-        from mechkit.model.headspec import default_top_k, per_layer
+        from mechkit.model.headspec import baseline_flags, default_top_k, per_layer
         from mechkit.report import load_report
 
         opts, model = ctx.options, ctx.model
@@ -75,13 +75,14 @@ class ShufflePlugin(Plugin):
         named = selection.count(n_layers, n_heads, top_k, ctx.seed)  # before head scores are computed
         total = sum(per_layer(n_layers, n_heads))
         check_shuffle_heads(total, named, selection.spec)
-        selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed)  # the random-heads comparison
+        baseline = baseline_flags(self.options, opts, ("from_report",))  # --n-seqs, --seg-len: also the loss
+        selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed, **baseline)  # the random-heads comparison
         check_run_lengths(model, opts, ctx.seed, seg_len=True)  # held-out segments, scores and tasks: said at once
         prompts = task_prompts(tasks, opts["n"], opts["shots"], ctx.seed, opts["setting"]) if tasks else {}
         scores = load_scores(model, load_report(opts["from_report"]) if opts["from_report"] else None, opts["n_seqs"],
                              opts["seg_len"], ctx.seed, ctx.step, opts["from_report"]) if selection.needs_scores else None
         target = selection.resolve(n_layers, n_heads, scores=scores, top_k=top_k, seed=ctx.seed)
-        selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed, scores=scores, late=True)  # as picked
+        selection.check_baseline(n_layers, n_heads, [top_k], ctx.seed, scores=scores, late=True, **baseline)
         # Held-out sequences: never the ones the heads were selected on.
         tokens = repeated_tokens(model, n_seqs=opts["n_seqs"], seg_len=opts["seg_len"], seed=ctx.seed + 1)
         plan = shuffle_conditions(target, n_layers, n_heads, opts["seeds"], ctx.seed)

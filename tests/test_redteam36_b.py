@@ -79,7 +79,7 @@ def test_prompt_ids_without_demonstrations_are_not_told_fewer_shots(g12):
 
 def test_prompts_with_demonstrations_are_still_told_fewer_shots(g12):
     line = _refused(lambda: mk.score_prompts(g12, mk.build_prompts("capitalize", n=2, shots=3)))
-    assert "fewer --shots (the longest prompt holds 3 demonstrations)" in line
+    assert "even 0-shot prompts are" in line  # pass 37: on 12 positions no fewer shots fit (see test_redteam37_b)
 
 
 # F3 --------------------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class Encoded:
     continuation: str = ""
     distractor: int | None = None  # first token of a competing answer (IOI's subject), for logit difference
     demos: int | None = None  # demonstrations in the prompt (:func:`demonstrations`): whether fewer --shots shorten it
+    zero_shot: int | None = None  # tokens of the same row without its demonstrations: whether 0 --shots would fit
 
 
 @dataclass
@@ -92,8 +93,22 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
             if rival:
                 rival_ids, rival_start = encode(tokenizer, p.text, rival, "")
                 rival_id = rival_ids[rival_start]
-            rows.append(Encoded(ids, start, i, answer + end, rival_id, demonstrations(p.text)))
+            demos = demonstrations(p.text)
+            bare = len(encode(tokenizer, query_only(p.text), answer, end)[0]) if demos else len(ids)
+            rows.append(Encoded(ids, start, i, answer + end, rival_id, demos, bare))
     return rows
+
+
+def query_only(text: str) -> str:
+    """The prompt as it would be with 0 ``--shots``: its demonstrations dropped, the lines before the first
+    (an instruction) and the query kept.
+
+    >>> query_only("input: a\\noutput: A\\ninput: b\\noutput:")
+    'input: b\\noutput:'
+    """
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.startswith("input: ")]
+    return text if len(starts) < 2 else "\n".join(lines[:starts[0]] + lines[starts[-1]:])
 
 
 def demonstrations(text: str) -> int:
@@ -106,24 +121,43 @@ def demonstrations(text: str) -> int:
     return max(0, sum(line.startswith("input: ") for line in text.split("\n")) - 1)
 
 
-def context_fix(demos: int | None) -> str:
+def context_fix(demos: int | None, zero_shot: int | None = None, limit: int | None = None) -> str:
     """The fix for prompts past the context, only with what can help: fewer ``--shots`` where the longest
-    holds demonstrations, else a longer context (or shorter prompts, which a caller from Python writes)."""
+    holds demonstrations and the prompts without them (``zero_shot`` tokens, where known) fit the context's
+    ``limit``; else a longer context (or shorter prompts, which a caller from Python writes). "Fewer shots"
+    for prompts whose query alone is too long was a fix that could never work."""
     if demos == 0:
-        return "use a model with a longer context, or shorter prompts (the longest holds no demonstrations to drop)"
+        even = f" (even 0-shot prompts are {zero_shot} tokens)" if zero_shot is not None else ""
+        return f"use a model with a longer context{even}, or shorter prompts (the longest holds no demonstrations " \
+               "to drop)"
+    if zero_shot is not None and limit is not None and zero_shot > limit:
+        return f"use a model with a longer context (even 0-shot prompts are {zero_shot} tokens; it holds {limit})"
     if demos is None:
         return "use shorter prompts (fewer --shots, where they hold demonstrations) or a model with a longer context"
-    return f"use fewer --shots (the longest prompt holds {demos} demonstrations), or a model with a longer context"
+    fit = f"; 0-shot prompts are {zero_shot} tokens" if zero_shot is not None else ""
+    return f"use fewer --shots (the longest prompt holds {demos} demonstrations{fit}), or a model with a longer " \
+           "context"
 
 
-def check_context(handle: ModelHandle, longest: int, fix: str | None = None, demos: int | None = None) -> None:
+def check_context(handle: ModelHandle, longest: int, fix: str | None = None, demos: int | None = None,
+                  zero_shot: int | Callable[[], int] | None = None) -> None:
     """Refuse, with one line, a sequence longer than the model's context: past it positions are
     meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound. Without a
-    ``fix`` the caller's own, :func:`context_fix` of the longest prompt's ``demos``."""
+    ``fix`` the caller's own, :func:`context_fix` of the longest prompt's ``demos`` and of the longest
+    prompt without demonstrations (``zero_shot`` tokens, or a function that counts them, only called on a
+    refusal): fewer shots are suggested only where 0-shot prompts fit."""
     limit = handle.context_length
     if limit is not None and longest > limit:
-        raise MechkitError(f"a sequence of {longest} tokens is longer than the model's context ({limit} tokens)",
-                           fix or context_fix(demos))
+        if fix is None:
+            bare = zero_shot() if callable(zero_shot) else zero_shot
+            fix = context_fix(demos, bare, limit)
+        raise MechkitError(f"a sequence of {longest} tokens is longer than the model's context ({limit} tokens)", fix)
+
+
+def zero_shot_tokens(rows: Sequence[Encoded]) -> int | None:
+    """The most tokens a row has without its demonstrations (None where no row says)."""
+    known = [r.zero_shot for r in rows if r.zero_shot is not None]
+    return max(known) if known else None
 
 
 def supports_logits_to_keep(model) -> bool:
@@ -168,7 +202,7 @@ def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Bat
     check_batch_size(batch_size)
     rows = sorted(encode_rows(handle.text_tokenizer(), prompts, None), key=lambda r: len(r.ids))
     if rows:
-        check_context(handle, len(rows[-1].ids), demos=rows[-1].demos)
+        check_context(handle, len(rows[-1].ids), demos=rows[-1].demos, zero_shot=lambda: zero_shot_tokens(rows))
     pad = pad_id(handle.text_tokenizer())
     return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
 
@@ -200,7 +234,9 @@ def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
     ids = [handle.text_tokenizer()(p.text)["input_ids"] for p in prompts]
     if ids:
         longest = max(range(len(ids)), key=lambda i: len(ids[i]))
-        check_context(handle, len(ids[longest]), demos=demonstrations(prompts[longest].text))
+        tok = handle.text_tokenizer()
+        check_context(handle, len(ids[longest]), demos=demonstrations(prompts[longest].text),
+                      zero_shot=lambda: max(len(tok(query_only(p.text))["input_ids"]) for p in prompts))
     return ids
 
 
@@ -282,7 +318,8 @@ def score_rows(handle: ModelHandle, rows: Sequence[Encoded], batch_size: int = 1
     pad = pad_id(tok)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
     if rows:
-        check_context(handle, len(rows[order[-1]].ids), demos=rows[order[-1]].demos)
+        check_context(handle, len(rows[order[-1]].ids), demos=rows[order[-1]].demos,
+                      zero_shot=lambda: zero_shot_tokens(rows))
     out: list[tuple] = [()] * len(rows)
     decoded = 0
     with torch.no_grad():

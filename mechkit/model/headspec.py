@@ -167,7 +167,8 @@ class HeadSelection:
         return len(self.resolve(n_layers, n_heads, scores=placeholder, top_k=top_k, seed=seed))
 
     def check_baseline(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0,
-                       other: str = "", flag: str = "--top-k", scores: Any = None, late: bool = False) -> None:
+                       other: str = "", flag: str = "--top-k", scores: Any = None, late: bool = False,
+                       scoring: Sequence[str] = ()) -> None:
         """Refuse a k whose random baseline (as many heads, none of the selected) cannot be drawn: on a small
         model the default k can name half its heads or more. Early (before the scores are computed) only where
         it fails whatever the scores pick: the fewest heads the spec can name (two ranked items may pick the
@@ -175,7 +176,9 @@ class HeadSelection:
         it resolves to leave too few. The fix is a k that holds whatever the scores pick
         (each ranked item's k heads apart from the rest): the k of the draw's failure ("at most 3") was often
         the one given. ``flag`` is the option the ks came from: a k of ``--sweep`` is lowered there
-        (``--top-k`` beside ``--sweep`` is refused, so a fix naming it did not run)."""
+        (``--top-k`` beside ``--sweep`` is refused, so a fix naming it did not run). ``scoring`` are the flags
+        given that only score heads (``--n-seqs``, ``--seg-len``, ``--from``): a fix that drops every
+        score-ranked item drops them too (the run refuses them as ignored once no head is ranked by a score)."""
         total = sum(per_layer(n_layers, n_heads))
         for k in ks:
             if not late:
@@ -186,7 +189,7 @@ class HeadSelection:
             if named > total - named:
                 raise HeadSpecError(f"--heads {self.spec} names{least} {named} of the model's {total} heads, leaving "
                                     f"{total - named} to draw a random baseline of {named} other heads from",
-                                    self._baseline_fix(n_layers, n_heads, ks, other, flag))
+                                    self._baseline_fix(n_layers, n_heads, ks, other, flag, scoring))
 
     def _explicit(self, n_layers: int, n_heads: HeadCounts) -> set[Head]:
         """The heads it names one by one (pairs and whole layers), whatever k and the scores."""
@@ -212,7 +215,8 @@ class HeadSelection:
         room = sum(per_layer(n_layers, n_heads)) // 2 - len(self._explicit(n_layers, n_heads))
         return max(0, room // ranked) if ranked else 0
 
-    def _baseline_fix(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int], other: str, flag: str) -> str:
+    def _baseline_fix(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int], other: str, flag: str,
+                      scoring: Sequence[str] = ()) -> str:
         """What lets the baseline be drawn: at most half the heads named, said where the count comes from (an
         explicit spec names its heads itself: ``--top-k`` changed nothing; a ranked one, a k that holds for
         all its ranked items), and only ``other`` where no count can (a one-head model: ``--top-k 0`` was
@@ -225,26 +229,30 @@ class HeadSelection:
         if not self.ranked:
             return f"name at most {most} heads in --heads{other}"
         if safe == 0:
-            return self._fewer_ranked_fix(n_layers, n_heads, most, flag) + other
+            return self._fewer_ranked_fix(n_layers, n_heads, most, flag, scoring) + other
         lower = (f"--top-k {safe}" if flag == "--top-k" else
                  f"{flag} values of at most {safe}, e.g. {flag} {_sweep_example(ks, safe)}")
         return f"name at most {most} heads ({lower}){other}"
 
-    def _fewer_ranked_fix(self, n_layers: int, n_heads: HeadCounts, most: int, flag: str) -> str:
+    def _fewer_ranked_fix(self, n_layers: int, n_heads: HeadCounts, most: int, flag: str,
+                          scoring: Sequence[str] = ()) -> str:
         """Where no k holds with every ranked item (each takes k heads apart from the rest and the named ones): the
         spec with as many ranked items as the room left by its named heads allows, at k = 1, or with none. "drop a
-        ranked item" kept a k that still named more than half the heads."""
+        ranked item" kept a k that still named more than half the heads; and a spec left with no score-ranked
+        item drops the ``scoring`` flags too (``--n-seqs`` kept was refused as ignored, so the fix did not run)."""
         explicit = [i for i in self.items if i[0] in ("pair", "layer")]
         ranked = list(dict.fromkeys(i for i in self.items if i[0] in ("score", "random")))
         room = most - len(self._explicit(n_layers, n_heads))
         if room >= 1:
             kept = ranked[:room]
             lower = f"{flag} 1"
+            unscored = f" and drop {_listed(scoring)}" if scoring and not any(i[0] == "score" for i in kept) else ""
             return (f"keep at most {room} ranked item{'s' if room > 1 else ''} in --heads, each at {lower} "
-                    f"(e.g. --heads {_spec_text(explicit + kept)} {lower})")
+                    f"(e.g. --heads {_spec_text(explicit + kept)} {lower}){unscored}")
+        drop = _listed([flag, *scoring])
         if room < 0 or not explicit:
-            return f"name at most {most} heads one by one in --heads, without its ranked items (and {flag})"
-        return f"drop the ranked items from --heads and drop {flag}: --heads {_spec_text(explicit)}"
+            return f"name at most {most} heads one by one in --heads, without its ranked items (and drop {drop})"
+        return f"drop the ranked items from --heads and drop {drop}: --heads {_spec_text(explicit)}"
 
     def check(self, n_layers: int, n_heads: HeadCounts, ks: Sequence[int] = (10,), seed: int = 0) -> None:
         """:meth:`count` for each of ``ks``: every k a run will take holds on this model."""
@@ -278,6 +286,27 @@ def _spec_text(items: Sequence[tuple]) -> str:
     """Parsed spec items as ``--heads`` text again: ``0.1,layer:2,induction,random``."""
     return ",".join(f"{i[1]}.{i[2]}" if i[0] == "pair" else i[2] if i[0] == "layer" else
                     "random" if i[0] == "random" else i[1] for i in items)
+
+
+def baseline_flags(options: Sequence[Any], opts: Mapping[str, Any],
+                   scoring: Sequence[str] = ("from_report", "n_seqs", "seg_len")) -> dict:
+    """:meth:`HeadSelection.check_baseline`'s ``other``, ``flag`` and ``scoring`` for a run's ``options`` (the
+    plugin's :class:`~mechkit.plugin.Option` list) and their values ``opts``: a fix names every option it would
+    leave unread (``--n-seqs`` once no head is ranked by a score, ``--baseline-seeds`` under ``--baseline
+    none``), since the run refuses those as ignored and a fix that kept them did not run. ``scoring`` are the
+    option names that only score heads (``shuffle``'s ``--n-seqs`` also sets its loss: not among them)."""
+    given = {o.name: o.flag for o in options if o.name in opts and opts[o.name] != o.default}
+    other = ""
+    if "baseline" in opts:
+        other = ", or --baseline none" + (f" and drop {given['baseline_seeds']}" if "baseline_seeds" in given else "")
+    return {"other": other, "flag": "--sweep" if opts.get("sweep") else "--top-k",
+            "scoring": [given[name] for name in scoring if name in given]}
+
+
+def _listed(flags: Sequence[str]) -> str:
+    """``["--top-k", "--n-seqs", "--seg-len"]`` as "--top-k, --n-seqs and --seg-len"."""
+    flags = list(dict.fromkeys(flags))
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
 
 
 def _sweep_example(ks: Sequence[int], most: int) -> str:

@@ -296,9 +296,9 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {first_line(err)}",
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
     refuse_adapter_beside(path)  # transformers would apply a PEFT adapter found there, silently
+    refuse_nonpositive_sizes(path)  # num_attention_heads 0, n_positions 1.5: the field, before transformers' checks
     refuse_vocab_mismatch(path)  # vocab_size and the token ids: named in config.json, not "corrupt weights"
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
-    refuse_nonpositive_sizes(path)  # n_positions -1: the field and its range, not "corrupt weights"
     refuse_deep_side_files(path)  # a generation_config.json nested past the decoder's limit: that file named
     refuse_pickle_only(path)  # never torch.load: a directory with only pytorch_model.bin is refused
     refuse_shard_gaps(path)  # a shard missing, or a second weight set beside the shards

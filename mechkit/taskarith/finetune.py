@@ -110,19 +110,39 @@ def eval_prompts(recipe: Recipe, shots: int = 0) -> list:
 def training_rows(handle: ModelHandle, recipe: Recipe) -> list[tuple[list[int], int]]:
     """Token ids and answer start of ``pool`` training prompts; evaluation queries are excluded."""
     from mechkit.eval.scoring import encode
-    from mechkit.tasks import build_prompts
 
-    held_out = {p.query for p in eval_prompts(recipe)}
-    rows = []
-    per_shot = max(1, recipe.pool // len(recipe.shots))
-    for i, shots in enumerate(recipe.shots):
-        for p in build_prompts(recipe.task, n=per_shot, shots=shots, seed=recipe.data_seed + i):
-            if p.query not in held_out:
-                rows.append(encode(handle.tokenizer, p.text, p.answer, p.terminator))
+    rows = [encode(handle.tokenizer, p.text, p.answer, p.terminator) for p in training_prompts(recipe)]
     if not rows:
         raise MechkitError(f"no training prompts left for {recipe.task!r} after holding out evaluation queries",
                            "lower --eval-n or use a task with more distinct inputs")
     return rows
+
+
+def training_prompts(recipe: Recipe) -> list:
+    """The recipe's ``pool`` training prompts (its ``shots`` mix), evaluation queries excluded."""
+    from mechkit.tasks import build_prompts
+
+    held_out = {p.query for p in eval_prompts(recipe)}
+    per_shot = max(1, recipe.pool // len(recipe.shots))
+    return [p for i, shots in enumerate(recipe.shots)
+            for p in build_prompts(recipe.task, n=per_shot, shots=shots, seed=recipe.data_seed + i)
+            if p.query not in held_out]
+
+
+def _context_fix(handle: ModelHandle, recipe: Recipe, own: bool) -> str:
+    """The fix for training rows past the context: fewer ``--shots`` only where the same rows without their
+    demonstrations fit (counted from the recipe's own prompts); else a model with a longer context."""
+    if not any(recipe.shots):
+        return "use a model with a longer context: a 0-shot training row does not fit"
+    if own:
+        from mechkit.eval.scoring import encode, query_only
+
+        bare = max((len(encode(handle.tokenizer, query_only(p.text), p.answer, p.terminator)[0])
+                    for p in training_prompts(recipe)), default=0)
+        if bare > (handle.context_length or bare):
+            return (f"use a model with a longer context (even 0-shot training rows are {bare} tokens; it holds "
+                    f"{handle.context_length})")
+    return "use fewer --shots (demonstrations per training row), or a model with a longer context"
 
 
 def training_batch(rows: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -179,13 +199,13 @@ def finetune(handle: ModelHandle, recipe: Recipe,
             or recipe.lora_alpha <= 0:
         raise MechkitError(f"weight decay {recipe.weight_decay!r} and LoRA alpha {recipe.lora_alpha!r} must be "
                            "finite (decay >= 0, alpha > 0)", "pass e.g. --weight-decay 0 --lora-alpha 16")
-    problem = decay_problem(recipe.lr, recipe.weight_decay)
+    problem = lr_problem(recipe.lr) or decay_problem(recipe.lr, recipe.weight_decay)
     if problem:  # before the copy: no step can work
         raise MechkitError(*problem)
     if checkpoint_every < 0:
         raise MechkitError(f"--checkpoint-every must be 0 or more, got {checkpoint_every}",
                            "pass e.g. --checkpoint-every 50 (0 turns checkpoints off)")
-    rows = training_rows(handle, recipe) if rows is None else rows
+    given, rows = rows, training_rows(handle, recipe) if rows is None else rows
     if not rows:
         raise MechkitError("no training rows given", "pass at least one encoded training prompt")
     from mechkit.model.checks.token_ids import checked_ids, vocab_rows
@@ -195,9 +215,9 @@ def finetune(handle: ModelHandle, recipe: Recipe,
     from mechkit.eval.scoring import check_context
 
     # and its position check: a row past a learned position table was an IndexError from inside torch
-    check_context(handle, max(len(ids) for ids, _ in rows),
-                  "use fewer --shots (demonstrations per training row), or a model with a longer context"
-                  if any(recipe.shots) else "use a model with a longer context: a 0-shot training row does not fit")
+    longest, own = max(len(ids) for ids, _ in rows), given is None
+    if handle.context_length is not None and longest > handle.context_length:
+        check_context(handle, longest, _context_fix(handle, recipe, own))
     pad_id = handle.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else (handle.tokenizer.eos_token_id or 0)
     if recipe.method == "lora" and recipe.rank < 1:
@@ -223,7 +243,7 @@ def finetune(handle: ModelHandle, recipe: Recipe,
             _diverged(step, f"loss {value}", recipe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        _adam_step(opt, step, recipe)
         bad = _non_finite_params(named)
         if bad is not None:
             _diverged(step, f"weights became {bad[1]} in {bad[0]}", recipe)
@@ -259,6 +279,41 @@ def float_copy(handle: ModelHandle, recipe: Recipe) -> nn.Module:
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+_ADAM_BETA1 = 0.9  # torch's AdamW default, which the trainer uses
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def lr_problem(lr: float) -> tuple[str, str] | None:
+    """``(problem, fix)`` for an ``--lr`` AdamW cannot turn into a float32 step, else None: its first step
+    scales the update by lr/(1 − beta1) = 10·lr, a scalar torch converts to the weights' float32, and past
+    float32's range (``--lr 1e39``) it raised "value cannot be converted to type float without overflow" from
+    inside torch, after the load and the evaluation before training.
+
+    >>> lr_problem(1e-4) is None, lr_problem(1e39)[1]
+    (True, 'pass a learning rate within it, e.g. --lr 0.0001 (fine-tuning rates are about 1e-5 to 1e-3)')
+    """
+    if not lr * (1 / (1 - _ADAM_BETA1)) > _FLOAT32_MAX:
+        return None
+    return (f"--lr {lr:g} is past the range of AdamW's float32 step: its first step is lr/(1 − {_ADAM_BETA1}) = "
+            f"{lr / (1 - _ADAM_BETA1):g}, more than float32's largest value ({_FLOAT32_MAX:.3g}), so --lr is at "
+            f"most {_FLOAT32_MAX * (1 - _ADAM_BETA1):.3g}",
+            "pass a learning rate within it, e.g. --lr 0.0001 (fine-tuning rates are about 1e-5 to 1e-3)")
+
+
+def _adam_step(opt: torch.optim.Optimizer, step: int, recipe: Recipe) -> None:
+    """One optimizer step; a scalar of the update past the weights' float range (torch's RuntimeError "value
+    cannot be converted to type float without overflow", from a setting :func:`lr_problem` does not foresee)
+    is one line naming the step and the settings, as a divergence is."""
+    try:
+        opt.step()
+    except RuntimeError as err:
+        if "without overflow" not in str(err):
+            raise
+        decay = " or --weight-decay" if recipe.weight_decay > 0 else ""
+        raise MechkitError(f"the AdamW update at step {step + 1} is past the weights' float range ({first_line(err)}; "
+                           f"{_settings(recipe)})", f"lower --lr{decay}, e.g. --lr 0.0001") from None
 
 
 def decay_problem(lr: float, weight_decay: float) -> tuple[str, str] | None:

@@ -67,6 +67,7 @@ def refuse_invalid_config(path: Path) -> None:
     except Exception as err:
         lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
         reason = (lines[-1] if lines and lines[0].endswith(":") else lines[0] if lines else type(err).__name__)[:240]
+        refuse_null_size(path, str(err))  # "max_position_embeddings": null: that field named, not layer_types
         raise ModelLoadError(f"{path / 'config.json'} does not make a valid config: {reason}",
                              "fix config.json so its fields agree with each other and with the weights "
                              "(e.g. num_hidden_layers and the length of layer_types)") from None
@@ -96,32 +97,102 @@ def refuse_deep_side_files(path: Path) -> None:
 
 
 # config fields that size a tensor or a loop of the model: a value below 1 (GPT-2's n_positions -1) made the build
-# fail with "negative dimension", reported as corrupt weights
+# fail with "negative dimension", reported as corrupt weights; num_attention_heads 0 or n_positions 1.5 failed in
+# transformers' own config checks ("integer modulo by zero", "expected int") with a fix about layer_types
 SIZE_FIELDS = ("n_positions", "n_ctx", "max_position_embeddings", "hidden_size", "n_embd", "num_attention_heads",
-               "n_head", "intermediate_size", "n_inner", "num_key_value_heads", "head_dim")
+               "n_head", "intermediate_size", "n_inner", "num_key_value_heads", "head_dim", "num_hidden_layers",
+               "n_layer", "num_layers")
 _POSITION_FIELDS = ("n_positions", "n_ctx", "max_position_embeddings")
 _POSITION_TABLES = ("wpe.weight", "embed_positions.weight", "position_embeddings.weight")
+_WIDTH_FIELDS = ("hidden_size", "n_embd")
+_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
 
 
 def refuse_nonpositive_sizes(path: Path) -> None:
-    """A ``config.json`` size field (:data:`SIZE_FIELDS`) that is a whole number below 1: named with its valid
-    range (and, for a learned position table, the rows the weights hold) instead of "the weights may be
-    corrupt". Files this cannot read are left to the load and its checks."""
+    """A ``config.json`` size field (:data:`SIZE_FIELDS`) that is not a whole number of at least 1 (0, -1, 1.5,
+    ``"12"``, ``true``): named with its valid range and, where the weights' headers say, the value they were made
+    with, instead of "the weights may be corrupt" or transformers' own config error with a fix about
+    ``layer_types``. Run before the config is built, for every family. ``null`` (a default some fields take) is
+    left to :func:`refuse_invalid_config`; files this cannot read are left to the load and its checks."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except Exception:
         return
-    for where, part in (("", config), ("text_config.", config.get("text_config") if isinstance(config, dict) else None)):
-        if not isinstance(part, dict):
-            continue
+    for where, part in _config_parts(config):
         for field in SIZE_FIELDS:
             value = part.get(field)
-            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-                rows = _position_rows_held(path) if field in _POSITION_FIELDS else None
-                to = f"{rows}, the rows of the weights' position table" if rows else \
-                    "a whole number of at least 1, the value the weights were made with"
-                raise ModelLoadError(f"{path / 'config.json'} gives {where}{field} {value}, but it must be a whole "
-                                     f"number of at least 1", f'set "{field}" in config.json to {to}')
+            if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                continue
+            raise _size_error(path, where + field, value)
+
+
+def _config_parts(config: Any) -> list[tuple[str, dict]]:
+    """The config's top level and its ``text_config`` (a multimodal config's language model), as ``(prefix, dict)``."""
+    parts = [("", config)] if isinstance(config, dict) else []
+    if parts and isinstance(config.get("text_config"), dict):
+        parts.append(("text_config.", config["text_config"]))
+    return parts
+
+
+def _size_error(path: Path, field: str, value: Any) -> ModelLoadError:
+    """The one line for a size field that is not a whole number of at least 1, with the value the weights imply."""
+    name = field.rpartition(".")[2]
+    held = _implied_size(path, name)
+    to = f"{held[0]}, {held[1]}" if held else "a whole number of at least 1, the value the weights were made with"
+    shown = "null" if value is None else json.dumps(value) if isinstance(value, (bool, str)) else repr(value)
+    return ModelLoadError(f"{path / 'config.json'} gives {field} {shown[:60]}, but it must be a whole number of "
+                          "at least 1", f'set "{name}" in config.json to {to}')
+
+
+def _implied_size(path: Path, field: str) -> tuple[int, str] | None:
+    """The value of ``field`` the directory's safetensors headers imply, with where it comes from, or None."""
+    if field in _POSITION_FIELDS:
+        rows = _position_rows_held(path)
+        return (rows, "the rows of the weights' position table") if rows else None
+    if field in _WIDTH_FIELDS:
+        shapes = _header_shapes(path, _EMBEDDINGS)
+        return (shapes[0][1], "the width of the weights' embedding") if len(shapes) == 1 else None
+    if field in _LAYER_COUNT_KEYS:
+        try:
+            from safetensors import safe_open
+
+            held = set()
+            for file in sorted(path.glob("*.safetensors")):
+                with safe_open(str(file), framework="pt") as f:
+                    held.update(int(m.group(1)) for key in f.keys() if (m := _LAYER_KEY.search(key)))  # noqa: SIM118
+        except Exception:
+            return None
+        return (max(held) + 1, "the layers the weights hold") if held else None
+    return None
+
+
+def _header_shapes(path: Path, tails: tuple[str, ...]) -> list[list[int]]:
+    """The shapes of the 2-d tensors whose names end in one of ``tails``, from the safetensors headers."""
+    try:
+        from safetensors import safe_open
+
+        found = []
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                    if key.endswith(tails) and len(shape := f.get_slice(key).get_shape()) == 2:
+                        found.append([int(n) for n in shape])
+    except Exception:  # an unreadable header: the load reports it
+        return []
+    return found
+
+
+def refuse_null_size(path: Path, reason: str) -> None:
+    """A size field set to ``null`` that transformers refused (its reason names the field): the size-field line,
+    not a fix about ``layer_types``. A ``null`` it accepts (``n_inner``, ``head_dim``) never gets here."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except Exception:
+        return
+    for where, part in _config_parts(config):
+        for field in SIZE_FIELDS:
+            if field in part and part[field] is None and re.search(rf"\b{field}\b", reason):
+                raise _size_error(path, where + field, None)
 
 
 def _position_rows_held(path: Path) -> int | None:
