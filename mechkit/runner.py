@@ -14,6 +14,7 @@ import os
 import platform
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -500,6 +501,15 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs
     if not isinstance(result, Result):
         raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
     from mechkit.report.writer import outputs_problem
+
+    for what in ("figures", "files"):  # read once, as checked: a dict subclass's storage held another folder
+        values = getattr(result, what)
+        if isinstance(values, Mapping):
+            try:
+                setattr(result, what, dict(list(values.items())))
+            except Exception as err:  # noqa: BLE001 - whatever its items() raises, one line naming the plugin
+                raise PluginError(f"plugin {cls.name!r} returned {what} that cannot be read as a dict "
+                                  f"({type(err).__name__})", fix) from None
 
     problem = outputs_problem(result.figures, result.files)
     if problem is not None:

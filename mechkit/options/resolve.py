@@ -41,11 +41,25 @@ def resolve_options(cls: type[Plugin], options: dict[str, Any],
     for name, opt in known.items():
         refuse_none(opt, options)
         params[name], parsed[name] = opt.check(options.get(name, opt.default))
+        refuse_unstorable(opt, params[name])
     cls.check_options(parsed)
     seeded = getattr(cls, "check_seeded", None)
     if seed is not None and callable(seeded):
         seeded(parsed, seed)
     return params, parsed
+
+
+def refuse_unstorable(opt: Option, value: Any) -> None:
+    """Refuse (one line, before the model loads) an option value the report cannot record (``n=10**400``): it was
+    refused only when the report was built, after the work, with a fix meant for plugin authors."""
+    from mechkit.report.schema import UnstorableError, to_jsonable
+
+    try:
+        to_jsonable(value, "keep")
+    except UnstorableError as err:
+        why = err.problem.removeprefix("the report value ")
+        raise OptionError(f"{opt.flag} cannot be recorded in the report: its value {why}",
+                          f"pass {opt.flag} {opt.value_hint()}") from None
 
 
 def refuse_none(opt: Option, options: dict[str, Any]) -> None:

@@ -113,31 +113,45 @@ def _jsonable_at(name: str, obj: Any, nonfinite: str) -> Any:
 
 def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     if obj is None or isinstance(obj, bool):
-        return obj
+        return bool(obj) if obj is not None else None
     if isinstance(obj, str):
         return _text(obj)
     if isinstance(obj, int):
-        if abs(obj) > MAX_INT:  # written, it was a report no reader takes (or past 4300 digits, a ValueError)
+        value = _read(lambda: int.__index__(obj))  # the int itself: a subclass's own __abs__ or __int__ is not asked
+        if abs(value) > MAX_INT:  # written, it was a report no reader takes (or past 4300 digits, a ValueError)
             raise _Bad("is an integer too large for a number in a report (past 1.8e308)")
-        return int(obj)  # IntEnum and other int subclasses become plain ints
+        return value
     if isinstance(obj, float):
-        return float(obj) if math.isfinite(obj) or nonfinite == "keep" else None
+        value = float.__float__(obj)  # a subclass's own __float__ is not asked
+        return value if math.isfinite(value) or nonfinite == "keep" else None
     if isinstance(obj, enum.Enum):
         return _plain(obj.value, nonfinite, depth + 1, seen)
     if isinstance(obj, PurePath):
-        return _text(str(obj))
+        return _text(_read(lambda: str(obj)))
     if isinstance(obj, (datetime, date)):
-        return obj.isoformat()
+        return _text(_read(obj.isoformat))
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj).decode("utf-8", errors="replace")
+    if isinstance(obj, complex):
+        return _real(obj, nonfinite, depth, seen)
     if isinstance(obj, (Mapping, list, tuple, set, frozenset)) or dataclasses.is_dataclass(obj):
         return _container(obj, nonfinite, depth, seen)
     listed = _read(lambda: _tolist(obj))  # numpy arrays/scalars, torch tensors
     if listed is not _NO_LIST:
-        if depth >= MAX_DEPTH:  # a .tolist() that returns itself, or another such object
+        if type(listed) is type(obj):  # np.longdouble's and np.clongdouble's tolist() give themselves back
+            return _real(_read(lambda: complex(listed)), nonfinite, depth, seen)
+        if depth >= MAX_DEPTH:  # a .tolist() that returns another such object, and so on
             raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
         return _plain(listed, nonfinite, depth + 1, seen)
     raise _Bad(f"is of type {type(obj).__qualname__}, which a report cannot store: convert it to numbers or text")
+
+
+def _real(value: complex, nonfinite: str, depth: int, seen: set[int]) -> Any:
+    """A complex number with no imaginary part as its real part; JSON has no form for one that has."""
+    if value.imag != 0:
+        raise _Bad(f"is the complex number {value!r}, which JSON has no form for: store its real and imaginary "
+                   "parts as two numbers")
+    return _plain(value.real, nonfinite, depth, seen)
 
 
 def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
@@ -162,7 +176,7 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
         for k, v in items:
             key = _key(k, depth) if keyed else k
             if keyed and key in given:  # {1: a, "1": b}: the JSON object keeps one, the other was lost unsaid
-                raise _Bad(f"has two keys that are both {key!r} in JSON ({given[key]!r} and {k!r})")
+                raise _Bad(f"has two keys that are both {key!r} in JSON ({_shown(given[key])} and {_shown(k)})")
             given[key] = k
             try:
                 out.append((key, _plain(v, nonfinite, depth + 1, seen)))
@@ -182,6 +196,14 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
 
 
 _NO_LIST = object()
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` for a message, or its type's name where its own ``__repr__`` raises."""
+    try:
+        return repr(value)[:60]
+    except Exception:  # noqa: BLE001 - a value whose repr raises is named by its type
+        return f"a {type(value).__name__}"
 
 
 def _tolist(obj: Any) -> Any:
@@ -237,9 +259,11 @@ def _key_text(k: Any, depth: int) -> str:
             raise _Bad(f"has a key nested more than {MAX_DEPTH} tuples deep")
         return ".".join(_key(p, depth + 1) for p in k)
     if isinstance(k, float):
-        return str(k)  # nan, inf and -inf as such: all were "None", one key for three values
-    if k is None or isinstance(k, (bool, int, enum.Enum, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
-        return _text(str(_plain(k, "keep", MAX_DEPTH - 1, set())))
+        return float.__repr__(float.__float__(k))  # nan, inf and -inf as such: all were "None", one key for three
+    if isinstance(k, enum.Enum):
+        return _key(k.value, depth + 1)  # an Enum of (17, 3) is "17.3", as the tuple is
+    if k is None or isinstance(k, (bool, int, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
+        return _text(str(_plain(k, "keep", depth, set())))
     raise _Bad(f"is of type {type(k).__qualname__}, which a report cannot store: use text or numbers as keys")
 
 

@@ -68,6 +68,7 @@ def write_report(
     holds a report and ``force`` is false, and :class:`MechkitError` naming the key path when a
     value is NaN or infinite (:func:`~mechkit.report.schema.validate_report`); nothing is written then.
     """
+    figures, files = _snapshot("figures", figures), _snapshot("files", files)
     _check_arguments(out_dir, report, figures, files, force, tables)
     from mechkit.io.locks import HELD, lock_path
     from mechkit.io.outlock import out_lock
@@ -310,6 +311,7 @@ def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None
     import errno
 
     try:
+        _refuse_changed_kind(path)
         before = _signature(path) if keep is not None else None
         shutil.copy2(path, target, follow_symlinks=False)
         if keep is not None:
@@ -327,6 +329,22 @@ def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None
         if err.errno == errno.ENOENT and not os.path.lexists(path):
             raise _vanished(src) from err
         raise OSError(err.errno, err.strerror, str(target)) from err
+
+
+def _refuse_changed_kind(path: Path) -> None:
+    """Refuse (one line) a file of a returned path that is no longer a regular file of one link when it is copied:
+    code that ran after the check (a figure's draw callback) put a hard link to a user's key there, copied with
+    the umask's mode, or a FIFO, whose copy failed as a raw OSError."""
+    import stat
+
+    from mechkit.io.returned import path_kind
+
+    info = os.lstat(path)
+    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        return
+    what = path_kind(path) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink - 1} other hard link(s)"
+    raise MechkitError(f"{path} is {what} now, not the plain file it was when the run's result was checked",
+                       "return a folder nothing else changes while the report is written")
 
 
 def discard_unmoved(files: object) -> None:
@@ -358,6 +376,18 @@ def figure_png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, dpi=PNG_DPI, format="png", bbox_inches="tight")
     return buf.getvalue()
+
+
+def _snapshot(what: str, values: object) -> object:
+    """A plain dict of ``values``' items, read once: a mapping's ``items()`` is what is checked, and a dict subclass
+    whose ``items()`` showed a clean folder while ``dict()`` copied another from its storage got that one in."""
+    if not isinstance(values, Mapping) or type(values) is dict:  # a plain dict is what it holds (mk.run's, checked)
+        return values
+    try:
+        return dict(list(values.items()))
+    except Exception as err:  # noqa: BLE001 - whatever a mapping's items() raises, one line
+        raise MechkitError(f"{what} cannot be read as a dict ({type(err).__name__})", f"pass {what} as a plain dict") \
+            from None
 
 
 def outputs_problem(figures: object, files: object) -> str | None:
