@@ -45,12 +45,15 @@ STEP_MAX_BYTES = 2**34  # a stored step larger than this is no step mechkit wrot
 
 def _why_not(read: str) -> str:
     """Why a kept step is not taken, from :func:`mechkit.io.reads.changed`'s answer."""
-    from mechkit.io.reads import ENV, LISTED, MAX_READS, TOO_MANY
+    from mechkit.io.reads import CWD, ENV, LISTED, MAX_READS, TOO_MANY
 
     if read == "?":
         return "its record of the files the run read is damaged"
     if read == TOO_MANY:
         return f"the run read more than {MAX_READS} files before it, too many to check"
+    if read.startswith(CWD):
+        return (f"the run read files by names relative to the working directory {read[len(CWD):]}, and this run "
+                "works in another")
     if read.startswith(LISTED):
         return f"the folder {read[len(LISTED):]}, which the run listed, holds other names since the step was kept"
     if read.startswith(ENV):

@@ -339,3 +339,25 @@ def test_an_unchanged_folder_listing_resumes(tmp_path, cache):
     plugin = _stepping("rt-reads-same-listing", lambda ctx: os.listdir(folder))
     results, log = _stop_then_rerun(tmp_path, plugin, lambda: None)
     assert results == {"v": ["A"]} and CALLS == ["first"] and log == ""
+
+
+@pytest.mark.parametrize("how", ["open", "listdir"])
+def test_a_relative_name_read_in_another_working_directory_starts_the_step_afresh(tmp_path, cache, monkeypatch, how):
+    for name, text in (("A", "alpha"), ("B", "beta")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text(text)
+    (tmp_path / "B" / "more.txt").write_text("")
+    read = {"open": lambda ctx: Path("notes.txt").read_text(), "listdir": lambda ctx: sorted(os.listdir("."))}[how]
+    monkeypatch.chdir(tmp_path / "A")
+    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-rel-{how}", read),
+                                    lambda: monkeypatch.chdir(tmp_path / "B"))
+    assert results == {"v": "beta" if how == "open" else ["more.txt", "notes.txt"]}
+    assert CALLS == ["first", "first"] and f"relative to the working directory {tmp_path / 'A'}" in log
+
+
+def test_a_relative_name_read_in_the_same_working_directory_resumes(tmp_path, cache, monkeypatch):
+    (tmp_path / "notes.txt").write_text("alpha")
+    monkeypatch.chdir(tmp_path)
+    results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-rel-same", lambda ctx: Path("notes.txt").read_text()),
+                                    lambda: None)
+    assert results == {"v": "alpha"} and CALLS == ["first"] and log == ""

@@ -47,6 +47,7 @@ DISPLAY = frozenset({  # how a terminal shows output (rich, tqdm and shutil read
     "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TERM_PROGRAM",
     "TERM_PROGRAM_VERSION", "JUPYTER_COLUMNS", "JUPYTER_LINES", "TTY_COMPATIBLE", "TTY_INTERACTIVE"})
 LISTED = "#"  # what leads a listed folder's entry
+CWD = "%"  # the entry of a working directory relative paths were read from
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _WRITES = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -69,6 +70,7 @@ class Reads:
         self.listed: dict[str, None] = {}
         self.written: set[str] = set()
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
+        self.cwds: dict[str, None] = {}  # the working directories relative paths were opened or listed from
 
     def take(self, other: Reads) -> None:
         """Add what ``other`` (the same run's record before its model loaded: its option checks) read."""
@@ -79,6 +81,8 @@ class Reads:
             self.listed.setdefault(path)
         for name, value in other.env.items():
             self.env.setdefault(name, value)
+        for cwd in other.cwds:
+            self.cwds.setdefault(cwd)
 
     def note_env(self, name: str, value: str | None) -> None:
         if name not in DISPLAY and len(self.env) <= MAX_READS:
@@ -106,7 +110,7 @@ class Reads:
         if max(len(paths), len(self.listed), len(self.env)) > MAX_READS:
             return [[TOO_MANY, f"more than {MAX_READS} files"]]
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
-                + [[ENV + k, v] for k, v in list(self.env.items())])
+                + [[ENV + k, v] for k, v in list(self.env.items())] + [[CWD, c] for c in list(self.cwds)])
 
 
 def _source_of(path: str) -> str:
@@ -184,7 +188,10 @@ def changed(kept: object) -> str | None:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
                 and (isinstance(item[1], str) or (item[1] is None and item[0].startswith(ENV)))):
             return "?"
-        if item[0].startswith(ENV):
+        if item[0] == CWD:  # "notes.txt" read in another folder is another file, unchanged as it may be
+            if _cwd() != item[1]:
+                return CWD + item[1]
+        elif item[0].startswith(ENV):
             if _ORIGINAL[0](os.environ, item[0][len(ENV):]) != item[1]:
                 return item[0]
         elif item[0].startswith(LISTED):
@@ -252,6 +259,13 @@ def _hook_once() -> None:
             _HOOKED = True
 
 
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
 def _audit(event: str, args: tuple) -> None:
     if not _ACTIVE or event not in _EVENTS:
         return
@@ -259,9 +273,15 @@ def _audit(event: str, args: tuple) -> None:
         path = args[0]
         if isinstance(path, int):
             return
-        path = os.path.abspath(os.fsdecode("." if path is None else path))
+        raw = os.fsdecode("." if path is None else path)
+        path = os.path.abspath(raw)
         if path.startswith(_SYSTEM):
             return
+        if not os.path.isabs(raw):  # relative: the same name in another working directory is another file
+            cwd = _cwd()
+            for reads in list(_ACTIVE):
+                if cwd is not None and not path.startswith(reads.skip):
+                    reads.cwds.setdefault(cwd)
         if event == "open":
             mode, flags = args[1], args[2]  # "r+" or O_RDWR alone reads (np.memmap's default): only these write
             writes = bool(isinstance(flags, int) and flags & _WRITES) or (isinstance(mode, str) and any(c in mode for c in "wax"))
@@ -274,4 +294,4 @@ def _audit(event: str, args: tuple) -> None:
         return
 
 
-__all__ = ["DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["CWD", "DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
