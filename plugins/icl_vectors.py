@@ -91,6 +91,7 @@ class IclVectorsPlugin(Plugin):
         from mechkit.actvec import ActivationVector, VectorConfig
         from mechkit.actvec.findings import SHORT
         from mechkit.actvec.scan import check_before_work, layer_scan_study
+        from mechkit.eval.scoring import fewest_shots
         from mechkit.tasks import parse_tasks
 
         opts, model = ctx.options, ctx.model
@@ -104,7 +105,7 @@ class IclVectorsPlugin(Plugin):
         methods = [loaded.method] if loaded else (list(SHORT) if opts["method"] == "both" else [opts["method"]])
         check_before_work(tasks, opts["shots"], ctx.seed)
         out: dict = {}
-        with ctx.progress() as bar:
+        with ctx.progress() as bar, fewest_shots(self.options):  # a context refusal's fix: no --shots below 2
             job = bar.add_task("icl-vectors", total=len(tasks) * (len(methods) + 1))
             for task in tasks:
                 bar.update(job, description=f"{task}: baselines")

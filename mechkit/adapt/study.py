@@ -68,6 +68,7 @@ from mechkit.adapt.scheduler import Scheduler
 from mechkit.adapt.signal import SignalStage
 from mechkit.adapt.static_prune import PruneStage
 from mechkit.eval.evaluation import task_prompts
+from mechkit.eval.scoring import check_texts_context
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -95,6 +96,8 @@ class AdaptStudy(GuideStage, CostStage, MarginStage, CandidateStage, SignalStage
         self.clock = resolve_clock(handle, config.clock)
         self.select = config.select
         self._prompts(config)
+        check_texts_context(handle, [p.text + p.answer + getattr(p, "terminator", "\n") for ps in (  # as scored
+            *self.calib.values(), *self.test.values()) for p in ps] + [x for xs in self.margin_pool.values() for x in xs])
         lengths = [len(handle.tokenizer(p.text)["input_ids"]) for ps in self.calib.values() for p in ps]
         self.typical_tokens = int(statistics.median(lengths))
         self._cost: CostTable | None = None

@@ -12,8 +12,10 @@ model) at one forward pass per batch plus a few short decodes.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ class Encoded:
     distractor: int | None = None  # first token of a competing answer (IOI's subject), for logit difference
     demos: int | None = None  # demonstrations in the prompt (:func:`demonstrations`): whether fewer --shots shorten it
     zero_shot: int | None = None  # tokens of the same row without its demonstrations: whether 0 --shots would fit
+    text: str | None = None  # the prompt: a refusal measures its demonstrations (:func:`demo_tokens`)
 
 
 @dataclass
@@ -95,7 +98,7 @@ def encode_rows(tokenizer, prompts: Sequence, terminator: str | None) -> list[En
                 rival_id = rival_ids[rival_start]
             demos = demonstrations(p.text)
             bare = len(encode(tokenizer, query_only(p.text), answer, end)[0]) if demos else len(ids)
-            rows.append(Encoded(ids, start, i, answer + end, rival_id, demos, bare))
+            rows.append(Encoded(ids, start, i, answer + end, rival_id, demos, bare, p.text))
     return rows
 
 
@@ -121,11 +124,49 @@ def demonstrations(text: str) -> int:
     return max(0, sum(line.startswith("input: ") for line in text.split("\n")) - 1)
 
 
-def context_fix(demos: int | None, zero_shot: int | None = None, limit: int | None = None) -> str:
+_FEWEST_SHOTS: ContextVar[int] = ContextVar("mechkit_fewest_shots", default=0)
+
+
+@contextlib.contextmanager
+def fewest_shots(options: Sequence) -> Iterator[None]:
+    """Within the block, a context refusal (:func:`context_fix`) knows the least ``--shots`` the plugin allows:
+    the ``min`` of its ``shots`` option among ``options`` (a plugin's ``options``). ``icl-vectors --shots 2``
+    (its minimum) was told "use fewer --shots", and ``--shots 1`` was then refused as below 2."""
+    least = next((getattr(o, "min", None) for o in options if getattr(o, "name", None) == "shots"), None)
+    token = _FEWEST_SHOTS.set(int(least) if isinstance(least, (int, float)) and least > 0 else 0)
+    try:
+        yield
+    finally:
+        _FEWEST_SHOTS.reset(token)
+
+
+def demo_tokens(tokenizer: Any, texts: Sequence[str | None]) -> int | None:
+    """The most tokens one demonstration (an ``input:``/``output:`` pair, its newline included) of ``texts``
+    holds, tokenized alone: what each demonstration kept under fewer ``--shots`` may cost (None without one).
+
+    >>> from mechkit.model.sources.tiny import byte_tokenizer
+    >>> demo_tokens(byte_tokenizer(), ["input: a\\noutput: A\\ninput: bb\\noutput: BB\\ninput: c\\noutput:"])
+    21
+    """
+    most = None
+    for text in texts:
+        lines = (text or "").split("\n")
+        starts = [i for i, line in enumerate(lines) if line.startswith("input: ")]
+        for a, b in zip(starts, starts[1:], strict=False):
+            n = len(tokenizer("\n".join(lines[a:b]) + "\n", add_special_tokens=False)["input_ids"])
+            most = n if most is None else max(most, n)
+    return most
+
+
+def context_fix(demos: int | None, zero_shot: int | None = None, limit: int | None = None,
+                per_demo: int | None = None, least: int | None = None) -> str:
     """The fix for prompts past the context, only with what can help: fewer ``--shots`` where the longest
     holds demonstrations and the prompts without them (``zero_shot`` tokens, where known) fit the context's
     ``limit``; else a longer context (or shorter prompts, which a caller from Python writes). "Fewer shots"
-    for prompts whose query alone is too long was a fix that could never work."""
+    for prompts whose query alone is too long was a fix that could never work. ``least``: the fewest
+    ``--shots`` the command allows (by default the plugin's, :func:`fewest_shots`): where even that many do
+    not fit (each demonstration up to ``per_demo`` tokens), a longer context; else the most that fit."""
+    least = _FEWEST_SHOTS.get() if least is None else least
     if demos == 0:
         even = f" (even 0-shot prompts are {zero_shot} tokens)" if zero_shot is not None else ""
         return f"use a model with a longer context{even}, or shorter prompts (the longest holds no demonstrations " \
@@ -134,24 +175,56 @@ def context_fix(demos: int | None, zero_shot: int | None = None, limit: int | No
         return f"use a model with a longer context (even 0-shot prompts are {zero_shot} tokens; it holds {limit})"
     if demos is None:
         return "use shorter prompts (fewer --shots, where they hold demonstrations) or a model with a longer context"
+    if demos <= least:
+        return f"use a model with a longer context (--shots {least} is the fewest this command allows, and its " \
+               "prompts do not fit)"
+    if zero_shot is not None and limit is not None and per_demo:
+        most = min(demos - 1, (limit - zero_shot) // per_demo)
+        cost = f"0-shot prompts are {zero_shot} tokens and a demonstration up to {per_demo}; it holds {limit}"
+        if most < least:
+            return f"use a model with a longer context ({cost}: not even --shots {least}, the fewest this command " \
+                   "allows, fits)"
+        fewer = " or fewer" if most > least else ""
+        floor = f"; {least} is the fewest allowed" if least else ""
+        return f"use --shots {most}{fewer}, the most that fit ({cost}{floor}), or a model with a longer context"
     fit = f"; 0-shot prompts are {zero_shot} tokens" if zero_shot is not None else ""
-    return f"use fewer --shots (the longest prompt holds {demos} demonstrations{fit}), or a model with a longer " \
-           "context"
+    floor = f" (--shots {least} is the fewest allowed)" if least else ""
+    return f"use fewer --shots{floor} (the longest prompt holds {demos} demonstrations{fit}), or a model with a " \
+           "longer context"
 
 
 def check_context(handle: ModelHandle, longest: int, fix: str | None = None, demos: int | None = None,
-                  zero_shot: int | Callable[[], int] | None = None) -> None:
+                  zero_shot: int | Callable[[], int | None] | None = None,
+                  per_demo: int | Callable[[], int | None] | None = None) -> None:
     """Refuse, with one line, a sequence longer than the model's context: past it positions are
     meaningless (or the forward fails), and a runaway ``--shots`` would allocate without bound. Without a
-    ``fix`` the caller's own, :func:`context_fix` of the longest prompt's ``demos`` and of the longest
-    prompt without demonstrations (``zero_shot`` tokens, or a function that counts them, only called on a
-    refusal): fewer shots are suggested only where 0-shot prompts fit."""
+    ``fix`` the caller's own, :func:`context_fix` of the longest prompt's ``demos``, of the longest
+    prompt without demonstrations (``zero_shot`` tokens) and of the longest demonstration (``per_demo``
+    tokens; each a number or a function that counts it, only called on a refusal): fewer shots are
+    suggested only where 0-shot prompts fit, and only as many as the command allows."""
     limit = handle.context_length
     if limit is not None and longest > limit:
         if fix is None:
             bare = zero_shot() if callable(zero_shot) else zero_shot
-            fix = context_fix(demos, bare, limit)
+            each = per_demo() if callable(per_demo) else per_demo
+            fix = context_fix(demos, bare, limit, each)
         raise MechkitError(f"a sequence of {longest} tokens is longer than the model's context ({limit} tokens)", fix)
+
+
+def check_texts_context(handle: ModelHandle, texts: Sequence[str]) -> None:
+    """:func:`check_context` for prompts forwarded as text alone (tokenized as :func:`prompt_ids` does), before
+    any work: the longest, its demonstrations, the prompts' 0-shot length and their longest demonstration.
+    Without them a study timing its prompts said only "shorter prompts (fewer --shots, where they hold
+    demonstrations)", also to 0-shot prompts longer than the context."""
+    tok = handle.text_tokenizer()
+    texts = list(dict.fromkeys(texts))
+    if not texts or handle.context_length is None:
+        return
+    lengths = [len(tok(t)["input_ids"]) for t in texts]
+    longest = max(range(len(texts)), key=lengths.__getitem__)
+    check_context(handle, lengths[longest], demos=demonstrations(texts[longest]),
+                  zero_shot=lambda: max(len(tok(query_only(t))["input_ids"]) for t in texts),
+                  per_demo=lambda: demo_tokens(tok, texts))
 
 
 def zero_shot_tokens(rows: Sequence[Encoded]) -> int | None:
@@ -202,7 +275,8 @@ def batches(handle: ModelHandle, prompts: Sequence, batch_size: int) -> list[Bat
     check_batch_size(batch_size)
     rows = sorted(encode_rows(handle.text_tokenizer(), prompts, None), key=lambda r: len(r.ids))
     if rows:
-        check_context(handle, len(rows[-1].ids), demos=rows[-1].demos, zero_shot=lambda: zero_shot_tokens(rows))
+        check_context(handle, len(rows[-1].ids), demos=rows[-1].demos, zero_shot=lambda: zero_shot_tokens(rows),
+                      per_demo=lambda: demo_tokens(handle.text_tokenizer(), [r.text for r in rows]))
     pad = pad_id(handle.text_tokenizer())
     return [pad_batch(rows[i:i + batch_size], pad) for i in range(0, len(rows), batch_size)]
 
@@ -236,7 +310,8 @@ def prompt_ids(handle: ModelHandle, prompts: Sequence) -> list[list[int]]:
         longest = max(range(len(ids)), key=lambda i: len(ids[i]))
         tok = handle.text_tokenizer()
         check_context(handle, len(ids[longest]), demos=demonstrations(prompts[longest].text),
-                      zero_shot=lambda: max(len(tok(query_only(p.text))["input_ids"]) for p in prompts))
+                      zero_shot=lambda: max(len(tok(query_only(p.text))["input_ids"]) for p in prompts),
+                      per_demo=lambda: demo_tokens(tok, [p.text for p in prompts]))
     return ids
 
 
@@ -319,7 +394,7 @@ def score_rows(handle: ModelHandle, rows: Sequence[Encoded], batch_size: int = 1
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
     if rows:
         check_context(handle, len(rows[order[-1]].ids), demos=rows[order[-1]].demos,
-                      zero_shot=lambda: zero_shot_tokens(rows))
+                      zero_shot=lambda: zero_shot_tokens(rows), per_demo=lambda: demo_tokens(tok, [r.text for r in rows]))
     out: list[tuple] = [()] * len(rows)
     decoded = 0
     with torch.no_grad():

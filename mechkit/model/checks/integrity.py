@@ -68,6 +68,7 @@ def refuse_invalid_config(path: Path) -> None:
         lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
         reason = (lines[-1] if lines and lines[0].endswith(":") else lines[0] if lines else type(err).__name__)[:240]
         refuse_null_size(path, str(err))  # "max_position_embeddings": null: that field named, not layer_types
+        refuse_mistyped_field(path, str(err))  # "vocab_size": 1.5, "rotary_dim": "12": that field, not layer_types
         raise ModelLoadError(f"{path / 'config.json'} does not make a valid config: {reason}",
                              "fix config.json so its fields agree with each other and with the weights "
                              "(e.g. num_hidden_layers and the length of layer_types)") from None
@@ -101,11 +102,15 @@ def refuse_deep_side_files(path: Path) -> None:
 # transformers' own config checks ("integer modulo by zero", "expected int") with a fix about layer_types
 SIZE_FIELDS = ("n_positions", "n_ctx", "max_position_embeddings", "hidden_size", "n_embd", "num_attention_heads",
                "n_head", "intermediate_size", "n_inner", "num_key_value_heads", "head_dim", "num_hidden_layers",
-               "n_layer", "num_layers")
+               "n_layer", "num_layers", "vocab_size",  # vocab_size 1.5: transformers' TypeError, fixed "with layer_types"
+               # other families' (mixtral, qwen2_moe, opt, falcon, gpt-j): 0 or -1 was "corrupt weights" or a shape
+               "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "shared_expert_intermediate_size", "decoder_sparse_step", "ffn_dim", "word_embed_proj_dim",
+               "ffn_hidden_size", "num_kv_heads", "rotary_dim")
 _POSITION_FIELDS = ("n_positions", "n_ctx", "max_position_embeddings")
 _POSITION_TABLES = ("wpe.weight", "embed_positions.weight", "position_embeddings.weight")
 _WIDTH_FIELDS = ("hidden_size", "n_embd")
-_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight", "tok_embeddings.weight")
 
 
 def refuse_nonpositive_sizes(path: Path) -> None:
@@ -124,6 +129,54 @@ def refuse_nonpositive_sizes(path: Path) -> None:
             if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 continue
             raise _size_error(path, where + field, value)
+        _refuse_null_kv_heads(path, where, part)
+
+
+def _refuse_null_kv_heads(path: Path, where: str, part: dict) -> None:
+    """``"num_key_value_heads": null`` (transformers then takes ``num_attention_heads``) with weights whose key
+    projection holds fewer heads: "the weights do not have the shapes" (or a TypeError) named no field."""
+    heads, width, dim = (part.get(k) for k in ("num_attention_heads", "hidden_size", "head_dim"))
+    if "num_key_value_heads" not in part or part["num_key_value_heads"] is not None or \
+            not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (heads, width)):
+        return
+    dim = dim if isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1 else width // heads
+    if dim < 1:
+        return
+    kv = [rows // dim for rows, _ in _header_shapes(path, ("self_attn.k_proj.weight",))[:1] if rows % dim == 0]
+    kv += [(rows // dim - heads) // 2 for rows, _ in _header_shapes(path, ("self_attn.qkv_proj.weight",))[:1]
+           if rows % dim == 0 and (rows // dim - heads) % 2 == 0 and rows // dim > heads]
+    if kv and kv[0] != heads:
+        raise ModelLoadError(f"{path / 'config.json'} gives {where}num_key_value_heads null, so transformers takes "
+                             f"num_attention_heads ({heads}), but the weights' key projection holds {kv[0]} heads",
+                             f'set "num_key_value_heads" in config.json to {kv[0]}, the heads the weights hold')
+
+
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false",
+               "dict": "an object", "list": "a list"}
+
+
+def refuse_mistyped_field(path: Path, reason: str) -> None:
+    """A field transformers' config refused for its type ("Field 'X' expected int, got float"), named with the
+    type it takes: its own config error came with a fix about ``layer_types``, whatever the field. A size field
+    (:data:`SIZE_FIELDS`) gets the size-field line, with the value the weights imply."""
+    found = re.search(r"Field '(\w+)'", reason)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except Exception:
+        return
+    part = next(((w, p) for w, p in reversed(_config_parts(config)) if found and found.group(1) in p), None)
+    if part is None:
+        return
+    where, values = part
+    name = found.group(1)
+    if name in SIZE_FIELDS:
+        raise _size_error(path, where + name, values[name])
+    wanted = re.search(rf"Field '{name}' expected (\w+)", reason)
+    kind = _TYPE_WORDS.get(wanted.group(1), f"a {wanted.group(1)}") if wanted else "a value of the type it takes"
+    shown = json.dumps(values[name])[:60] if isinstance(values[name], (bool, str, type(None))) else repr(values[name])[:60]
+    raise ModelLoadError(f"{path / 'config.json'} gives {where + name} {shown}, which is not {kind}",
+                         f'set "{name}" in config.json to {kind} (the value the model was made with), or use the '
+                         "config.json saved with these weights")
 
 
 def _config_parts(config: Any) -> list[tuple[str, dict]]:
@@ -152,6 +205,9 @@ def _implied_size(path: Path, field: str) -> tuple[int, str] | None:
     if field in _WIDTH_FIELDS:
         shapes = _header_shapes(path, _EMBEDDINGS)
         return (shapes[0][1], "the width of the weights' embedding") if len(shapes) == 1 else None
+    if field == "vocab_size":
+        shapes = _header_shapes(path, _EMBEDDINGS)
+        return (shapes[0][0], "the rows the weights' embedding holds") if len(shapes) == 1 else None
     if field in _LAYER_COUNT_KEYS:
         try:
             from safetensors import safe_open
