@@ -170,3 +170,33 @@ def test_a_run_stores_them_through_mk_run(tmp_path):
 
     run = mk.run(Odd, out=tmp_path / "o")
     assert run.report["results"] == {"i": 3, "f": 2.5, "x": 0.25, "p": "a"}
+
+
+def test_a_prepared_folder_changed_while_the_report_is_written_is_refused(tmp_path, monkeypatch):
+    import tempfile
+
+    from mechkit.io.leftovers import make_prepared_dir
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    secret = tmp_path / "secret"
+    secret.write_text("KEY")
+    os.chmod(secret, 0o600)
+    made: dict = {}
+
+    def add(event):
+        if not os.path.lexists(made["d"] / "z"):
+            os.link(secret, made["d"] / "z")
+
+    class Drawing(mk.Plugin):
+        name, version, summary, needs_model = "rt37a-prep", "0.1", "links into its prepared folder", False
+
+        def run(self, ctx):
+            made["d"] = make_prepared_dir()
+            (made["d"] / "a.bin").write_bytes(b"1")
+            return mk.Result(results={"a": 1}, figures={"f": _figure_with(add)}, files={"m": made["d"]})
+
+    with pytest.raises(MechkitError, match="other hard link"):
+        mk.run(Drawing, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists() and secret.read_text() == "KEY" and secret.stat().st_nlink == 1

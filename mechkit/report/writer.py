@@ -231,6 +231,7 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     try:
         if keep is None:
             os.rename(src, dst)
+            _refuse_changed_tree(dst)  # code that ran after the check (a draw callback) may have linked into it
             return
     except OSError as err:
         if err.errno == errno.ENOENT and not os.path.lexists(src):
@@ -345,6 +346,24 @@ def _refuse_changed_kind(path: Path) -> None:
     what = path_kind(path) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink - 1} other hard link(s)"
     raise MechkitError(f"{path} is {what} now, not the plain file it was when the run's result was checked",
                        "return a folder nothing else changes while the report is written")
+
+
+def _refuse_changed_tree(folder: Path) -> None:
+    """:func:`_refuse_changed_kind` for every file of a prepared path renamed into the report whole (no copy
+    looked at each file): a hard link to a user's file put there after the check kept a second name in the
+    report. Inside the report's temporary folder, so a refusal removes that name with it, never the user's file."""
+    if not folder.is_dir() or folder.is_symlink():
+        _refuse_changed_kind(folder)
+        return
+    device = os.lstat(folder).st_dev
+    for root, dirs, files in os.walk(folder):
+        for name in files:
+            _refuse_changed_kind(Path(root) / name)
+        for name in dirs:
+            if os.path.islink(os.path.join(root, name)) or os.lstat(os.path.join(root, name)).st_dev != device:
+                raise MechkitError(f"{Path(root) / name} is a link or a mount point now, not the plain folder it was "
+                                   "when the run's result was checked",
+                                   "return a folder nothing else changes while the report is written")
 
 
 def discard_unmoved(files: object) -> None:
