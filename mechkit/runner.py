@@ -307,9 +307,12 @@ def run_plugin(
             return _run(cls, params, parsed, None, setup, console)
         with contextlib.ExitStack() as stack:
             if out is not None:
-                if not isinstance(out, (str, os.PathLike)):
+                try:
+                    out_dir = Path(os.fspath(out)) if isinstance(out, (str, os.PathLike)) else None
+                except Exception:  # noqa: BLE001 - a path object whose own __fspath__ raises
+                    out_dir = None
+                if out_dir is None:
                     raise MechkitError(f"out must be a path, not {type(out).__name__}", "pass out=\"runs/name\"")
-                out_dir = Path(out)
                 check_run_out(out_dir, force, (*model_inputs(model), *input_paths(cls, parsed)), cls.name, cls.writes(params))  # a file, a read-only place, a report without --force, another run's model: before any work
                 if set(cls.writes(params)) & set(cls.prepared):  # saved in $TMPDIR first: not inside --out or the cache
                     refuse_tmpdir_inside(out_dir)
@@ -417,26 +420,28 @@ def _run(cls: type[Plugin], params: dict, parsed: dict, out_dir: Path | None, se
                 returned.append(_call(cls, ctx, handle, console, setup.reads, skip=(
                     out_dir, *model_inputs(setup.model), *model_inputs(handle), *_input_files(cls, parsed))))
                 result = check_result(cls, returned[0], out_dir, (*model_inputs(setup.model), *input_paths(cls, parsed)))
+                checked = Result(results=result.results, figures=dict(result.figures), files=dict(result.files),
+                                 finding=result.finding)  # the runner's own: the plugin holds the other
             run_s = time.perf_counter() - t1
             _check_unchanged(cls, handle, before, sums, state)
-            report = _report(cls, params, setup, handle, result,
+            report = _report(cls, params, setup, handle, checked,
                              {"load_s": round(load_s, 4), "run_s": round(run_s, 4)})
             report["checks"] = {"logits_unchanged": before is not None, "weights_unchanged": sums is not None,
                                 "modules_unchanged": state is not None}
             tables = report_tables(report, cls, console) if out_dir is not None else None
-            check_returned(cls, result)  # after the plugin's last code, its tables hook
+            check_returned(cls, checked)  # after the plugin's last code, its tables hook
             if out_dir is not None:
                 from mechkit.report import write_report
 
-                mark_checked(result.files)  # by check_returned just now: the writer does not walk them again
+                mark_checked(checked.files)  # by check_returned just now: the writer does not walk them again
                 try:
-                    write_report(out_dir, report, figures=result.figures, files=result.files, force=setup.force,
+                    write_report(out_dir, report, figures=checked.figures, files=checked.files, force=setup.force,
                                  tables=tables)
                 finally:
-                    was_checked(result.files)  # the mark is let go where the writer refused before reading it
+                    was_checked(checked.files)  # the mark is let go where the writer refused before reading it
         if resume is not None:
             _finish_steps(resume, console)  # the run finished: its resumable steps are done with
-    return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(result.figures), plugin=cls)
+    return Run(report=report, out_dir=out_dir, figures={} if out_dir is not None else dict(checked.figures), plugin=cls)
 
 
 @contextlib.contextmanager
@@ -500,16 +505,15 @@ def check_result(cls: type[Plugin], result: Any, out: Path | None = None, inputs
     fix = _FIX
     if not isinstance(result, Result):
         raise PluginError(f"plugin {cls.name!r} returned {type(result).__name__}, not a Result", fix)
-    from mechkit.report.writer import outputs_problem
+    from mechkit.report.writer import outputs_problem, plain_outputs
 
-    for what in ("figures", "files"):  # read once, as checked: a dict subclass's storage held another folder
+    for what in ("figures", "files"):  # read once, as checked: plain names, plain absolute paths
         values = getattr(result, what)
         if isinstance(values, Mapping):
             try:
-                setattr(result, what, dict(list(values.items())))
-            except Exception as err:  # noqa: BLE001 - whatever its items() raises, one line naming the plugin
-                raise PluginError(f"plugin {cls.name!r} returned {what} that cannot be read as a dict "
-                                  f"({type(err).__name__})", fix) from None
+                setattr(result, what, plain_outputs(what, values))
+            except MechkitError as err:
+                raise PluginError(f"plugin {cls.name!r} returned {err.problem}", fix) from None
 
     problem = outputs_problem(result.figures, result.files)
     if problem is not None:

@@ -289,6 +289,18 @@ class Option:
         return extra
 
     def _typed(self, value: Any) -> Any:
+        """:meth:`_typed_value`, with whatever a hostile value raises on the way (an ``__int__``, ``__str__`` or
+        ``__fspath__`` of its own) one line naming the option: they were raw tracebacks."""
+        try:
+            return self._typed_value(value)
+        except MechkitError:
+            raise
+        except Exception as err:  # noqa: BLE001 - whatever a value's own methods raise
+            raise OptionError(f"{self.flag} was given a {type(value).__name__} that could not be read as "
+                              f"{TYPE_WORDS.get(self.type, self.type.__name__)} ({type(err).__name__})",
+                              f"pass {self.flag} {self.value_hint()}") from None
+
+    def _typed_value(self, value: Any) -> Any:
         kind = self.type
         value = scalar(value)  # np.array(3) as np.int64(3), np.array(True) as np.True_: what each option reads
         if kind in (int, float):
@@ -330,8 +342,8 @@ class Option:
             if isinstance(value, list | tuple) and all(isinstance(x, str | numbers.Real | os.PathLike | Head) and
                                                        not is_bool(x)
                                                        for x in value):
-                return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else
-                                str(x) if isinstance(x, str | Head) else number_text(x) for x in value)
+                return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else str.__str__(x) if isinstance(x, str)
+                                else str(x) if isinstance(x, Head) else number_text(x) for x in value)
             raise OptionError(f"{self.flag} {show(value)} is not text", f"pass {self.flag} {self.value_hint()}")
         try:
             return value if isinstance(value, kind) else kind(value)
@@ -364,7 +376,8 @@ class Option:
                               "a count that large is a typo that would run for days; pass a smaller one")
 
     def _example(self) -> str:
-        if self.default is not None:
+        finite = not (isinstance(self.default, float) and not math.isfinite(self.default))  # a NaN default: no example
+        if self.default is not None and finite:
             return str(self.default)
         if self.min is not None and not self.min_exclusive:
             return str(self.min)

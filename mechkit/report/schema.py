@@ -131,7 +131,7 @@ def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     if isinstance(obj, (datetime, date)):
         return _text(_read(obj.isoformat))
     if isinstance(obj, (bytes, bytearray)):
-        return bytes(obj).decode("utf-8", errors="replace")
+        return (bytes.decode if isinstance(obj, bytes) else bytearray.decode)(obj, "utf-8", "replace")
     if isinstance(obj, complex):
         return _real(obj, nonfinite, depth, seen)
     if isinstance(obj, (Mapping, list, tuple, set, frozenset)) or dataclasses.is_dataclass(obj):
@@ -139,7 +139,10 @@ def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
     listed = _read(lambda: _tolist(obj))  # numpy arrays/scalars, torch tensors
     if listed is not _NO_LIST:
         if type(listed) is type(obj):  # np.longdouble's and np.clongdouble's tolist() give themselves back
-            return _real(_read(lambda: complex(listed)), nonfinite, depth, seen)
+            value = _read(lambda: complex(listed))
+            if math.isinf(value.real) and _read(lambda: bool(abs(listed.real) < float("inf"))):
+                raise _Bad("is a number too large for a report (past 1.8e308, the largest float)")
+            return _real(value, nonfinite, depth, seen)
         if depth >= MAX_DEPTH:  # a .tolist() that returns another such object, and so on
             raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
         return _plain(listed, nonfinite, depth + 1, seen)
@@ -233,6 +236,8 @@ def _read(members: Any) -> Any:
 def _text(text: str) -> str:
     """``text`` where UTF-8 holds it; a lone surrogate (a file name decoded with ``surrogateescape``) failed the
     write of report.json with a UnicodeEncodeError, after the work."""
+    if not isinstance(text, str):  # what a date's own isoformat() or a path's __fspath__ gave back
+        raise _Bad(f"gave {type(text).__name__} where text was due (a method of its own returned no str)")
     text = str.__str__(text)  # a str subclass's own encode() or __str__ is never asked
     try:
         str.encode(text, "utf-8")

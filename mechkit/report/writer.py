@@ -240,22 +240,28 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
             _discard_if_scratch(src)
             raise
     done = False
+    from mechkit.io.read import mount_points
+
+    points = mount_points()  # read once per returned path: each entry is checked against them as it is copied
     try:
         if not src.is_dir() or src.is_symlink():  # a file: copied whole and synced, then the source goes
-            _copy_synced(src, dst, src, keep)
+            _copy_synced(src, dst, src, keep, points)
             done = True
             return
+        _refuse_changed_kind(src, points)
+        device = os.lstat(src).st_dev
         dst.mkdir()
         if keep is not None:
             keep.folders.append(src)
-        for path in _tree(src):
+        for path in _tree(src):  # sorted: a folder comes before what it holds, so a mount is refused before
             target = dst / path.relative_to(src)
             if path.is_dir() and not path.is_symlink():
+                _refuse_changed_kind(path, points, device)
                 target.mkdir(exist_ok=True)
                 if keep is not None:
                     keep.folders.append(path)
             else:
-                _copy_synced(path, target, src, keep)
+                _copy_synced(path, target, src, keep, points)
         if not src.is_dir():  # removed while it was copied: what was copied is not the whole model
             raise _vanished(src)
         done = True
@@ -304,7 +310,8 @@ def _discard_if_scratch(src: Path) -> None:
         discard_prepared(src)
 
 
-def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None) -> None:
+def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None,
+                 points: frozenset[str] = frozenset()) -> None:
     """Copy one file of prepared ``src`` to ``target`` (a link as a link) and sync it to disk: only then may the
     source go (a crash after the source went lost a copy still in the page cache). With ``keep`` (a user's
     path), the file as it was copied is recorded for :meth:`_Moves.commit`, and one changed while it was
@@ -312,7 +319,7 @@ def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None
     import errno
 
     try:
-        _refuse_changed_kind(path)
+        _refuse_changed_kind(path, points)
         before = _signature(path) if keep is not None else None
         shutil.copy2(path, target, follow_symlinks=False)
         if keep is not None:
@@ -332,18 +339,29 @@ def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None
         raise OSError(err.errno, err.strerror, str(target)) from err
 
 
-def _refuse_changed_kind(path: Path) -> None:
-    """Refuse (one line) a file of a returned path that is no longer a regular file of one link when it is copied:
-    code that ran after the check (a figure's draw callback) put a hard link to a user's key there, copied with
-    the umask's mode, or a FIFO, whose copy failed as a raw OSError."""
+def _refuse_changed_kind(path: Path, points: frozenset[str] = frozenset(), device: int | None = None) -> None:
+    """Refuse (one line) an entry of a returned path that is no longer what the check saw when it is copied: a
+    regular file of one link, or a folder on the returned path's own device. Code that ran after the check (a
+    figure's draw callback) put a hard link to a user's key there, copied with the umask's mode; a FIFO, whose
+    copy failed as a raw OSError; or a bind mount of a user's folder, copied and then removed through.
+    ``points`` are the mount points (:func:`mechkit.io.read.mount_points`), ``device`` the returned folder's."""
     import stat
 
     from mechkit.io.returned import path_kind
 
     info = os.lstat(path)
-    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+    if stat.S_ISDIR(info.st_mode):
+        if (device is None or info.st_dev == device) and not os.path.ismount(path) \
+                and os.path.realpath(path) not in points:  # ismount misses a bind mount from the same disk
+            return
+        what = "a mount point"
+    elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and os.path.realpath(path) not in points:
         return
-    what = path_kind(path) if not stat.S_ISREG(info.st_mode) else f"a file with {info.st_nlink - 1} other hard link(s)"
+    elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        what = "a mount point"
+    else:
+        what = path_kind(path) if not stat.S_ISREG(info.st_mode) else \
+            f"a file with {info.st_nlink - 1} other hard link(s)"
     raise MechkitError(f"{path} is {what} now, not the plain file it was when the run's result was checked",
                        "return a folder nothing else changes while the report is written")
 
@@ -352,18 +370,16 @@ def _refuse_changed_tree(folder: Path) -> None:
     """:func:`_refuse_changed_kind` for every file of a prepared path renamed into the report whole (no copy
     looked at each file): a hard link to a user's file put there after the check kept a second name in the
     report. Inside the report's temporary folder, so a refusal removes that name with it, never the user's file."""
+    from mechkit.io.read import mount_points
+
+    points = mount_points()
     if not folder.is_dir() or folder.is_symlink():
-        _refuse_changed_kind(folder)
+        _refuse_changed_kind(folder, points)
         return
     device = os.lstat(folder).st_dev
     for root, dirs, files in os.walk(folder):
-        for name in files:
-            _refuse_changed_kind(Path(root) / name)
-        for name in dirs:
-            if os.path.islink(os.path.join(root, name)) or os.lstat(os.path.join(root, name)).st_dev != device:
-                raise MechkitError(f"{Path(root) / name} is a link or a mount point now, not the plain folder it was "
-                                   "when the run's result was checked",
-                                   "return a folder nothing else changes while the report is written")
+        for name in [*dirs, *files]:  # a link to a folder is listed among dirs: refused as a link
+            _refuse_changed_kind(Path(root) / name, points, device)
 
 
 def discard_unmoved(files: object) -> None:
@@ -398,15 +414,35 @@ def figure_png(fig: Figure) -> bytes:
 
 
 def _snapshot(what: str, values: object) -> object:
-    """A plain dict of ``values``' items, read once: a mapping's ``items()`` is what is checked, and a dict subclass
-    whose ``items()`` showed a clean folder while ``dict()`` copied another from its storage got that one in."""
-    if not isinstance(values, Mapping) or type(values) is dict:  # a plain dict is what it holds (mk.run's, checked)
+    """``values`` as a plain dict of plain names and paths, read once (:func:`plain_outputs`): what is checked is
+    then what is written. A plain dict already so (``mk.run``'s, checked) is passed as it is."""
+    if not isinstance(values, Mapping):
         return values
+    if type(values) is dict and all(type(k) is str and (not isinstance(v, Path) or _plain_path(v))
+                                    for k, v in values.items()):
+        return values
+    return plain_outputs(what, values)
+
+
+def _plain_path(value: Path) -> bool:
+    return type(value) is type(Path()) and value.is_absolute()
+
+
+def plain_outputs(what: str, values: Mapping) -> dict:
+    """A result's ``figures`` or ``files`` read once into a plain dict: each name a plain ``str`` and each ``Path``
+    a plain absolute one, fixed now. Code that ran after the check (a figure's draw callback, a name's own
+    ``lower()``) turned a ``Path`` subclass's ``__fspath__`` to a user's file, made a relative path another
+    file by ``os.chdir``, or put the working directory in ``files``; a dict subclass's storage held another
+    folder than its ``items()`` showed. Whatever a name or path raises is one line."""
     try:
-        return dict(list(values.items()))
-    except Exception as err:  # noqa: BLE001 - whatever a mapping's items() raises, one line
-        raise MechkitError(f"{what} cannot be read as a dict ({type(err).__name__})", f"pass {what} as a plain dict") \
-            from None
+        items = list(values.items())
+        return {(str.__str__(k) if isinstance(k, str) else k):
+                (Path(os.path.abspath(os.fspath(v))) if isinstance(v, Path) else v) for k, v in items}
+    except MechkitError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever a mapping, a name or a path raises, one line
+        raise MechkitError(f"{what} cannot be read as a dict of names and contents ({type(err).__name__})",
+                           f"pass {what} as a plain dict of plain names") from None
 
 
 def outputs_problem(figures: object, files: object) -> str | None:
@@ -436,10 +472,14 @@ def _check_arguments(out_dir: object, report: object, figures: object, files: ob
     checks a plugin's result before it comes here, a direct caller got an int written as NUL bytes, a
     ``force="no"`` that replaced a report, and raw AttributeErrors for a figure that is no figure."""
     fix = "write_report(out, report: dict, figures={name: matplotlib figure}, files={name: bytes, text or Path})"
-    if not isinstance(out_dir, (str, os.PathLike)) or not isinstance(os.fspath(out_dir), str):
+    try:
+        text = os.fspath(out_dir) if isinstance(out_dir, (str, os.PathLike)) else None
+    except Exception:  # noqa: BLE001 - a path object whose own __fspath__ raises
+        text = None
+    if not isinstance(text, str):
         raise MechkitError(f"out_dir must be a path, not {type(out_dir).__name__}", fix)
-    if "\0" in os.fspath(out_dir):  # a raw ValueError from every file call
-        raise MechkitError(f"out_dir {os.fspath(out_dir)!r} holds a NUL byte, which no path can", "pass a plain path")
+    if "\0" in text:  # a raw ValueError from every file call
+        raise MechkitError(f"out_dir {text!r} holds a NUL byte, which no path can", "pass a plain path")
     from mechkit.io.fs_errors import refuse_missing_cwd
 
     refuse_missing_cwd()  # every path check below asks getcwd: a FileNotFoundError traceback
