@@ -45,8 +45,10 @@ STEP_MAX_BYTES = 2**34  # a stored step larger than this is no step mechkit wrot
 
 def _why_not(read: str) -> str:
     """Why a kept step is not taken, from :func:`mechkit.io.reads.changed`'s answer."""
-    from mechkit.io.reads import CWD, ENV, LISTED, MAX_READS, TOO_MANY
+    from mechkit.io.reads import BLIND, CWD, ENV, LISTED, MAX_READS, TOO_MANY
 
+    if read == BLIND:
+        return "the run opened a file relative to a folder descriptor (dir_fd), which no path names to check"
     if read == "?":
         return "its record of the files the run read is damaged"
     if read == TOO_MANY:

@@ -74,6 +74,7 @@ class PatchPlugin(Plugin):
                            "pairs have none", "drop --shots, or pass an ICL task (--task capitalize)")
 
     def run(self, ctx: RunContext) -> Result:
+        from mechkit.eval.scoring import check_texts_context, fewest_shots
         from mechkit.patching.pairs import PromptPair, aligned, task_pairs
         from mechkit.patching.study import run_study
 
@@ -85,6 +86,8 @@ class PatchPlugin(Plugin):
             wanted = opts["pair"] + opts["pairs"]
             pairs = task_pairs(opts["task"], 4 * wanted + 8, ctx.seed, opts["shots"], m.text_tokenizer())
         kept = aligned(m, pairs, strict=opts["clean"] is not None)[opts["pair"]:][:opts["pairs"]]
+        with fewest_shots(self.options):  # every prompt against the context before any work, --shots' least known
+            check_texts_context(m, [text for p, _ in kept for text in (p.clean, p.corrupted)])
         with ctx.progress() as bar:
             job = bar.add_task("patching prompt pairs", total=len(kept))
             study = run_study(m, [toks for _, toks in kept], opts["method"], opts["batch_size"], step=ctx.step,

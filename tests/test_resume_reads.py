@@ -361,3 +361,31 @@ def test_a_relative_name_read_in_the_same_working_directory_resumes(tmp_path, ca
     results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-rel-same", lambda ctx: Path("notes.txt").read_text()),
                                     lambda: None)
     assert results == {"v": "alpha"} and CALLS == ["first"] and log == ""
+
+
+def test_a_file_opened_relative_to_a_folder_descriptor_is_never_resumed(tmp_path, cache, monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "notes.txt").write_text("one")
+    monkeypatch.chdir(tmp_path)
+
+    def read(ctx):
+        folder = os.open(tmp_path / "data", os.O_RDONLY)
+        try:
+            fd = os.open("notes.txt", os.O_RDONLY, dir_fd=folder)
+            try:
+                return os.read(fd, 100).decode()
+            finally:
+                os.close(fd)
+        finally:
+            os.close(folder)
+
+    results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-dirfd", read),
+                                    lambda: (tmp_path / "data" / "notes.txt").write_text("two"))
+    assert results == {"v": "two"} and "relative to a folder descriptor" in log
+
+
+def test_an_environment_variable_read_as_bytes_is_recorded(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("RT_READS_BYTES", "1")
+    plugin = _stepping("rt-reads-environb", lambda ctx: (os.environb.get(b"RT_READS_BYTES") or b"").decode())
+    results, log = _stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT_READS_BYTES", "2"))
+    assert results == {"v": "2"} and "the environment variable RT_READS_BYTES" in log

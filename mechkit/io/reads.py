@@ -43,6 +43,7 @@ from pathlib import Path
 
 MAX_READS = 10_000  # files a run's step keeps the state of: past it, the step is never resumed
 TOO_MANY = "*"  # the path of the one entry a step past MAX_READS keeps
+BLIND = "?dir_fd"  # the one entry of a step after a file no path names (opened with dir_fd): never resumed
 DISPLAY = frozenset({  # how a terminal shows output (rich, tqdm and shutil read them as a bar draws): no result
     "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TERM_PROGRAM",
     "TERM_PROGRAM_VERSION", "JUPYTER_COLUMNS", "JUPYTER_LINES", "TTY_COMPATIBLE", "TTY_INTERACTIVE"})
@@ -71,6 +72,7 @@ class Reads:
         self.written: set[str] = set()
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
         self.cwds: dict[str, None] = {}  # the working directories relative paths were opened or listed from
+        self.blind = False  # a file was opened that cannot be named (relative to a folder descriptor)
 
     def take(self, other: Reads) -> None:
         """Add what ``other`` (the same run's record before its model loaded: its option checks) read."""
@@ -109,6 +111,8 @@ class Reads:
         paths = [path for path, real in list(self.read.items()) if real not in self.written]
         if max(len(paths), len(self.listed), len(self.env)) > MAX_READS:
             return [[TOO_MANY, f"more than {MAX_READS} files"]]
+        if self.blind:
+            return [[BLIND, "a file opened relative to a folder descriptor"]]
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
                 + [[ENV + k, v] for k, v in list(self.env.items())] + [[CWD, c] for c in list(self.cwds)])
 
@@ -197,7 +201,7 @@ def changed(kept: object) -> str | None:
         elif item[0].startswith(LISTED):
             if listing(item[0][len(LISTED):]) != item[1]:
                 return item[0]
-        elif item[0] == TOO_MANY or signature(item[0]) != item[1]:
+        elif item[0] in (TOO_MANY, BLIND) or signature(item[0]) != item[1]:
             return item[0]
     return None
 
@@ -246,6 +250,9 @@ def _environ_item(environ: object, name: str) -> str:
     if environ is os.environ and isinstance(name, str):
         for reads in list(_ACTIVE):
             reads.note_env(name, value)
+    elif environ is getattr(os, "environb", None) and isinstance(name, bytes):  # os.getenvb, os.environb[b"X"]
+        for reads in list(_ACTIVE):
+            reads.note_env(os.fsdecode(name), None if value is None else os.fsdecode(value))
     if value is None:
         raise KeyError(name)
     return value
@@ -282,6 +289,9 @@ def _audit(event: str, args: tuple) -> None:
             for reads in list(_ACTIVE):
                 if cwd is not None and not path.startswith(reads.skip):
                     reads.cwds.setdefault(cwd)
+            if event == "open" and not os.path.lexists(path):  # relative to a folder descriptor (dir_fd), which
+                for reads in list(_ACTIVE):  # the audit event does not carry: which file it is cannot be known
+                    reads.blind = True
         if event == "open":
             mode, flags = args[1], args[2]  # "r+" or O_RDWR alone reads (np.memmap's default): only these write
             writes = bool(isinstance(flags, int) and flags & _WRITES) or (isinstance(mode, str) and any(c in mode for c in "wax"))
@@ -294,4 +304,4 @@ def _audit(event: str, args: tuple) -> None:
         return
 
 
-__all__ = ["CWD", "DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["BLIND", "CWD", "DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
