@@ -227,12 +227,10 @@ def plugin_tables(plugin: Any, results: dict, console: Any = None) -> list[Table
         odd = next((t for t in tables if not isinstance(t, Table)), None)
         if odd is not None:  # a duck-typed table failed deep inside the page's rendering, after the work
             raise TypeError(f"it returned a {type(odd).__name__}, not a mechkit.report.Table")
-        from mechkit.report.html import table_html
-
-        for t in tables:  # drawn now as the page and the terminal draw them: a cell of no JSON form, or one whose
-            table_html(t)  # own __format__ raises, failed the report's write after the work
-            for row in t.rows:
+        for t in tables:  # each cell drawn now as the page and the terminal draw it: a cell of no JSON form, or
+            for row in t.rows:  # one whose own __format__ raises, failed the report's write after the work
                 for value in row:
+                    values.cell(value)
                     cell_text(value)
         return tables
     except Exception as err:
