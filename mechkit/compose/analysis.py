@@ -47,6 +47,7 @@ from mechkit.compose.components import (
     ranks_of,
 )
 from mechkit.compose.settings import PARTS, composite_task, study_prompts
+from mechkit.compose.stepwise import decoded_length, steps_prompts
 from mechkit.compose.strengthen import (
     TREATMENTS,
     choose_strength,
@@ -167,31 +168,42 @@ class ComposeStudy:
         K for the study: ``--shots 100`` on a 512-token model was told ``use --shots 0`` although 60 fits."""
         wanted = ([self.top] if {"study", "steps"} & set(parts) else []) + \
             ([self.effect_shots] if {"components", "strengthen"} & set(parts) else [])
+        steps = "steps" in parts
         for spec, handle in (models or {self.handle.spec: self.handle}).items():
             if handle.context_length is None:
                 continue
 
             @cache  # the fix's search and the check ask for the same K again
-            def longest(k: int, handle: ModelHandle = handle) -> int:
+            def longest(k: int, decode: bool = False, handle: ModelHandle = handle) -> int:
+                """The longest sequence at K: the prompts, and with ``decode`` the study's greedy decoding too
+                (``--words``; the steps part, counted at every K as it grows with K), which runs past the
+                prompt by an answer's tokens: ``--shots 0,2,5,8`` suggested on tiny:gpt2 was an IndexError."""
                 prompts = [p for pair in self.pairs for s in range(self.seeds)
                            for ps in study_prompts(pair, self.n, k, self.seed + s).values() for p in ps]
-                return max(len(row.ids) for row in encode_rows(handle.text_tokenizer(), prompts, None))
+                most = max(len(row.ids) for row in encode_rows(handle.text_tokenizer(), prompts, None))
+                decoded = (prompts if decode and self.words else []) + (
+                    [p for pair in self.pairs for s in range(self.seeds)
+                     for p in steps_prompts(pair, self.n, k, self.seed + s)] if decode and steps and k > 0 else [])
+                return max([most, *(decoded_length(handle, p) for p in decoded)])
 
             for k in sorted(set(wanted), reverse=True):
-                if longest(k) <= handle.context_length:
+                decode = k == self.top and bool({"study", "steps"} & set(parts))  # the study's K, not only effects'
+                if longest(k, decode) <= handle.context_length:
                     continue
-                most = _most_that_fit(k, lambda x, f=longest, limit=handle.context_length: f(x) <= limit)
+                most = _most_that_fit(k, lambda x, f=longest, d=decode, limit=handle.context_length: f(x, d) <= limit)
                 where, more = f"{spec}'s context holds {handle.context_length} tokens", ""
+                if decode and longest(k) <= handle.context_length:
+                    where += ", counting the answer tokens greedy decoding writes (steps, --word-match)"
                 if most is None:
-                    fix = f"use a model with a longer context (even 0-shot prompts are {longest(0)} tokens)"
+                    fix = f"use a model with a longer context (even 0-shot prompts are {longest(0, decode)} tokens)"
                 elif k == self.top:  # the grid's K that fit; where the largest K that does is not among them, it too
-                    grid = [x for x in self.shots if x <= most and longest(x) <= handle.context_length]
+                    grid = [x for x in self.shots if x <= most and longest(x, decode) <= handle.context_length]
                     fix = f"use --shots {','.join(map(str, grid or [most]))}"
                     if grid and most not in grid:
                         more = f" (or --shots {','.join(map(str, [*grid, most]))}: {most} is the most shots that fit)"
                 else:
                     fix = f"use --effect-shots {most} or fewer"
-                check_context(handle, longest(k), f"{fix}: {where}{more}")
+                check_context(handle, longest(k, decode), f"{fix}: {where}{more}")
 
     def run(self, parts: Sequence[str], models: dict[str, ModelHandle] | None = None,
             treatments: Sequence[str] = ("scale",)) -> dict:

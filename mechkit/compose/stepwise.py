@@ -54,7 +54,7 @@ from mechkit.tasks.words import ANTONYMS, VERB_PAST
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
 
-__all__ = ["ARROW", "STEPS", "StepsScore", "answer_budget", "chains", "greedy_line", "score_steps", "split_chain", "steps_prompts"]
+__all__ = ["ARROW", "STEPS", "StepsScore", "answer_budget", "chains", "decoded_length", "greedy_line", "score_steps", "split_chain", "steps_prompts"]
 
 ARROW = " -> "
 SETTING = "composite-steps"
@@ -187,8 +187,8 @@ def greedy_line(handle: ModelHandle, text: str, max_new_tokens: int) -> str:
         for _ in range(max_new_tokens):
             nxt = int(out.logits[0, -1].argmax())
             written.append(nxt)
-            if "\n" in tok.decode(written) or nxt == tok.eos_token_id:
-                break
+            if "\n" in tok.decode(written) or nxt == tok.eos_token_id or len(written) == max_new_tokens:
+                break  # the last token is not fed back: prompt + max_new_tokens - 1 positions (decoded_length)
             out = handle.model(input_ids=torch.tensor([[nxt]], device=handle.device),
                                **cache_kwargs(cache_of(out)), use_cache=True)
     return tok.decode(written).split("\n")[0]
@@ -197,6 +197,13 @@ def greedy_line(handle: ModelHandle, text: str, max_new_tokens: int) -> str:
 def answer_budget(handle: ModelHandle, prompt: Prompt) -> int:
     """Tokens enough for greedy decoding to write any accepted answer and its newline, with room to spare."""
     return max(len(handle.tokenizer(a + "\n", add_special_tokens=False)["input_ids"]) for a in prompt.accepted) + 8
+
+
+def decoded_length(handle: ModelHandle, prompt: Prompt) -> int:
+    """The most positions :func:`greedy_line` can reach on ``prompt`` with its :func:`answer_budget`: the prompt's
+    tokens and every written token but the last fed back. A context check counting the prompt alone let a
+    learned position table (gpt2's) be indexed past its end mid-decoding (an IndexError)."""
+    return len(handle.tokenizer(prompt.text)["input_ids"]) + answer_budget(handle, prompt) - 1
 
 
 def score_steps(handle: ModelHandle, prompts: Sequence[Prompt]) -> StepsScore:

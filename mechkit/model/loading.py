@@ -33,6 +33,7 @@ from mechkit.model.checks.integrity import (
     refuse_pickle_only,
     refuse_shard_gaps,
     refuse_special_files,
+    refuse_unsound_routing_and_rope,
 )
 from mechkit.model.handle import ModelHandle
 from mechkit.model.placement.request import Dispatch, DispatchError, check_device, request
@@ -297,6 +298,7 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
                              "config.json must be UTF-8 JSON, as save_pretrained writes it") from None
     refuse_adapter_beside(path)  # transformers would apply a PEFT adapter found there, silently
     refuse_nonpositive_sizes(path)  # num_attention_heads 0, n_positions 1.5: the field, before transformers' checks
+    refuse_unsound_routing_and_rope(path)  # 5 experts per token of 4, rope_theta "x": the field, not a traceback
     refuse_vocab_mismatch(path)  # vocab_size and the token ids: named in config.json, not "corrupt weights"
     refuse_invalid_config(path)  # fields that disagree are a config problem, not damaged weights
     refuse_deep_side_files(path)  # a generation_config.json nested past the decoder's limit: that file named

@@ -132,6 +132,75 @@ def refuse_nonpositive_sizes(path: Path) -> None:
         _refuse_null_kv_heads(path, where, part)
 
 
+# MoE routing: the experts each token picks, and the experts there are (mixtral, qwen2_moe, olmoe, dbrx's ffn_config,
+# deepseek): more picked than there are was torch's "selected index k out of range" at the first forward
+EXPERTS_PICKED = ("num_experts_per_tok", "moe_top_k", "num_selected_experts")
+EXPERTS_HELD = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def refuse_unsound_routing_and_rope(path: Path) -> None:
+    """Fields that pass the size check but cannot work together or at all, refused before the config is built:
+    more experts picked per token than the MoE layer holds (:data:`EXPERTS_PICKED` against :data:`EXPERTS_HELD`)
+    was torch's "selected index k out of range" at the first forward; a ``rope_theta`` that is not a positive
+    finite number, or a ``partial_rotary_factor`` (gpt_neox's ``rotary_pct``) outside (0, 1], was a tensor
+    size mismatch or "the weights may be corrupt". RoPE fields are read at the top level, in ``rope_parameters``
+    / ``rope_scaling`` and in their per-layer-type dicts (gemma3's ``{"full_attention": {...}, ...}``)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except Exception:
+        return
+    for where, part in _config_parts(config):
+        for inner, block in [("", part)] + [(k + ".", v) for k, v in part.items() if k == "ffn_config" and
+                                             isinstance(v, dict)]:
+            picked = next(((k, block[k]) for k in EXPERTS_PICKED if _whole(block.get(k))), None)
+            held = next(((k, block[k]) for k in EXPERTS_HELD if _whole(block.get(k))), None)
+            if picked and held and picked[1] > held[1]:
+                raise ModelLoadError(
+                    f"{path / 'config.json'} gives {where + inner + picked[0]} {picked[1]}, more experts per token "
+                    f"than {where + inner + held[0]} ({held[1]}) holds",
+                    f'set "{picked[0]}" in config.json to at most {held[1]} (the value the model was made with, '
+                    f'e.g. 2), or "{held[0]}" to the experts the weights hold')
+        _refuse_bad_rope(path, where, part)
+
+
+def _rope_blocks(where: str, part: dict) -> Iterator[tuple[str, dict]]:
+    """Every dict of RoPE fields: the config part itself, its rope_parameters / rope_scaling, and their
+    per-layer-type dicts."""
+    yield where, part
+    for key in ("rope_parameters", "rope_scaling"):
+        block = part.get(key)
+        if isinstance(block, dict):
+            yield f"{where}{key}.", block
+            for name, inner in block.items():
+                if isinstance(inner, dict):
+                    yield f"{where}{key}.{name}.", inner
+
+
+def _refuse_bad_rope(path: Path, where: str, part: dict) -> None:
+    for prefix, block in _rope_blocks(where, part):
+        theta = block.get("rope_theta")
+        if "rope_theta" in block and theta is not None and not (
+                isinstance(theta, (int, float)) and not isinstance(theta, bool) and 0 < theta < float("inf")):
+            raise _rope_error(path, prefix + "rope_theta", theta, "a positive finite number", "10000.0")
+        for name in ("partial_rotary_factor", "rotary_pct"):
+            value = block.get(name)
+            if name in block and value is not None and not (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1):
+                raise _rope_error(path, prefix + name, value, "a number in (0, 1], the share of each head rotated",
+                                  "0.5")
+
+
+def _rope_error(path: Path, field: str, value: Any, valid: str, example: str) -> ModelLoadError:
+    shown = json.dumps(value)[:60]  # as config.json writes it: NaN, "x", 1.5
+    return ModelLoadError(f"{path / 'config.json'} gives {field} {shown}, but it must be {valid}",
+                          f'set "{field.rpartition(".")[2]}" in config.json to {valid} (the value the model was '
+                          f"made with, e.g. {example})")
+
+
 def _refuse_null_kv_heads(path: Path, where: str, part: dict) -> None:
     """``"num_key_value_heads": null`` (transformers then takes ``num_attention_heads``) with weights whose key
     projection holds fewer heads: "the weights do not have the shapes" (or a TypeError) named no field."""
