@@ -254,7 +254,7 @@ def test_margin_prompts_left_to_the_study_grow_to_what_a_tiny_models_few_plans_n
     from mechkit.adapt import AdaptStudy
 
     tasks = ["capitalize", "swap", "opposite"]
-    study = AdaptStudy(gpt2, tasks, n=20)
+    study = AdaptStudy(gpt2, tasks, n=20, shots=7)  # 10 shots' prompts pass tiny:gpt2's 512 positions (refused)
     assert all(len(xs) == 4 for xs in study.margin_texts.values())  # the default on a model with 10 plans
     study.check_margin_sample()  # 3 tasks x 4 prompts x 10 plans: 120 residuals
     study._check_plan_count(3)
