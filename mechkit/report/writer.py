@@ -145,17 +145,43 @@ class _Moves:
     def __init__(self) -> None:
         self.taken: list[tuple[Path, tuple]] = []
         self.folders: list[Path] = []
+        self.ids: dict[Path, tuple[int, int]] = {}  # each copied folder's (device, inode), as it was copied
+
+    def folder(self, path: Path) -> None:
+        """Record the folder ``path`` of a user's returned tree as it is copied."""
+        info = os.lstat(path)
+        self.folders.append(path)
+        self.ids[path] = (info.st_dev, info.st_ino)
+
+    def same_tree(self, path: Path) -> bool:
+        """Whether every recorded folder above ``path`` (itself included) is still that folder, and no link: a
+        folder swapped for a link to a user's folder meanwhile (a sync tool, a plugin's thread) made the copy
+        and the removal reach the user's files through it."""
+        import stat
+
+        for folder in (path, *path.parents):
+            if folder not in self.ids:
+                continue
+            try:
+                info = os.lstat(folder)
+            except OSError:
+                return False
+            if not stat.S_ISDIR(info.st_mode) or (info.st_dev, info.st_ino) != self.ids[folder]:
+                return False
+        return True
 
     def commit(self) -> None:
         for path, signature in self.taken:
             with contextlib.suppress(OSError):
-                if _signature(path) == signature:
+                if self.same_tree(path.parent) and _signature(path) == signature:
                     path.unlink()
         for folder in sorted(self.folders, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
-                folder.rmdir()  # only once empty: what the user added meanwhile keeps it
+                if self.same_tree(folder):
+                    folder.rmdir()  # only once empty: what the user added meanwhile keeps it
         self.taken.clear()
         self.folders.clear()
+        self.ids.clear()
 
 
 def _signature(path: Path) -> tuple:
@@ -203,6 +229,9 @@ def _render(tmp: Path, final: dict, text: str, figures: Mapping[str, Figure], fi
             move_prepared(content, tmp / name, moves)
             if (tmp / name).is_dir() and not (tmp / name).is_symlink():
                 write_folder_manifest(tmp / name, str(final.get("plugin")))
+    for name, content in files.items():  # the last look before the report goes in place, each copy as written
+        if isinstance(content, Path):
+            _refuse_changed_tree(tmp / name)
 
 
 def move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
@@ -252,14 +281,14 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
         device = os.lstat(src).st_dev
         dst.mkdir()
         if keep is not None:
-            keep.folders.append(src)
+            keep.folder(src)
         for path in _tree(src):  # sorted: a folder comes before what it holds, so a mount is refused before
             target = dst / path.relative_to(src)
             if path.is_dir() and not path.is_symlink():
                 _refuse_changed_kind(path, points, device)
                 target.mkdir(exist_ok=True)
                 if keep is not None:
-                    keep.folders.append(path)
+                    keep.folder(path)
             else:
                 _copy_synced(path, target, src, keep, points)
         if not src.is_dir():  # removed while it was copied: what was copied is not the whole model
@@ -320,6 +349,9 @@ def _copy_synced(path: Path, target: Path, src: Path, keep: _Moves | None = None
 
     try:
         _refuse_changed_kind(path, points)
+        if keep is not None and not keep.same_tree(path.parent):
+            raise MechkitError(f"a folder above {path} changed while the report was written (it is no longer the "
+                               "folder that was checked)", "return a folder nothing else changes while it is written")
         before = _signature(path) if keep is not None else None
         shutil.copy2(path, target, follow_symlinks=False)
         if keep is not None:
