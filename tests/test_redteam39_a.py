@@ -66,3 +66,20 @@ def test_nothing_is_removed_through_a_folder_that_changed_after_the_copy(tmp_pat
     moves.taken[0] = (src / "a" / "f", _signature(user / "f"))  # the very file, reached through the link
     moves.commit()
     assert (user / "f").read_text() == "USER"
+
+
+def test_the_umask_mode_is_never_given_through_a_link_or_to_a_second_name(tmp_path):
+    from mechkit.io.atomic import _umask_mode
+
+    key = tmp_path / "key"
+    key.write_text("PRIVATE")
+    os.chmod(key, 0o600)
+    (tmp_path / "link").symlink_to(key)
+    os.link(key, tmp_path / "second")
+    _umask_mode(tmp_path / "link", 0o644)  # a report file swapped for a link meanwhile
+    _umask_mode(tmp_path / "second", 0o644)  # a hard link made meanwhile
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "plain").write_text("x")
+    os.chmod(tmp_path / "plain", 0o600)
+    _umask_mode(tmp_path / "plain", 0o644)
+    assert oct((tmp_path / "plain").stat().st_mode & 0o777) == "0o644"

@@ -247,8 +247,21 @@ def _umask() -> int:
 
 
 def _umask_mode(path: Path, mode: int) -> None:
-    if path.stat().st_mode & 0o777 != mode:
-        os.chmod(path, mode)
+    """Give ``path`` ``mode`` through a descriptor opened without following a link: a file swapped for a link to
+    a user's key between the caller's check and here had the key chmod'ed (a thread still running, a sync tool)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link now: not the report's file, left as it is
+            return
+        raise
+    try:
+        info = os.fstat(fd)
+        regular, folder = stat.S_ISREG(info.st_mode), stat.S_ISDIR(info.st_mode)
+        if (folder or (regular and info.st_nlink == 1)) and info.st_mode & 0o777 != mode:
+            os.fchmod(fd, mode)  # a second name of someone's file (a hard link made meanwhile) keeps its mode
+    finally:
+        os.close(fd)
 
 
 def _rename_dir(tmp: Path, target: Path, replace: bool) -> None:
