@@ -389,3 +389,55 @@ def test_an_environment_variable_read_as_bytes_is_recorded(tmp_path, cache, monk
     plugin = _stepping("rt-reads-environb", lambda ctx: (os.environb.get(b"RT_READS_BYTES") or b"").decode())
     results, log = _stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT_READS_BYTES", "2"))
     assert results == {"v": "2"} and "the environment variable RT_READS_BYTES" in log
+
+
+def test_a_variable_the_process_sets_itself_does_not_stop_a_resume(tmp_path, cache, monkeypatch):
+    monkeypatch.delenv("RT_READS_SETDEFAULT", raising=False)
+
+    def compute(ctx):
+        os.environ.setdefault("RT_READS_SETDEFAULT", "True")  # as sklearn's import does, between steps or in one
+        return os.environ["RT_READS_SETDEFAULT"]
+
+    results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-setdefault", compute),
+                                    lambda: os.environ.pop("RT_READS_SETDEFAULT", None))
+    assert results == {"v": "True"} and CALLS == ["first"] and log == ""
+
+
+@pytest.mark.parametrize("how", ["fwalk", "listdir-fd"])
+def test_a_folder_listed_by_its_descriptor_is_recorded(tmp_path, cache, how):
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    for name in "ab":
+        (folder / name).write_text(name)
+
+    def listed(ctx):
+        if how == "fwalk":
+            return sorted(next(os.fwalk(folder))[2])
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+
+    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-{how}", listed), lambda: (folder / "c").write_text("c"))
+    assert results == {"v": ["a", "b", "c"]} and "which the run listed, holds other names" in log
+
+
+@pytest.mark.parametrize("how", ["a+", "rdwr-creat"])
+def test_a_file_read_through_a_read_write_open_is_recorded(tmp_path, cache, how):
+    data = tmp_path / "f.txt"
+    data.write_text("alpha")
+
+    def read(ctx):
+        if how == "a+":
+            with open(data, "a+") as f:
+                f.seek(0)
+                return f.read()
+        fd = os.open(data, os.O_RDWR | os.O_CREAT)
+        try:
+            return os.read(fd, 100).decode()
+        finally:
+            os.close(fd)
+
+    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-{how}", read), lambda: data.write_text("beta"))
+    assert results == {"v": "beta"} and "f.txt, which the run read, has changed" in log

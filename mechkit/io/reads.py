@@ -40,6 +40,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 MAX_READS = 10_000  # files a run's step keeps the state of: past it, the step is never resumed
 TOO_MANY = "*"  # the path of the one entry a step past MAX_READS keeps
@@ -51,7 +52,6 @@ LISTED = "#"  # what leads a listed folder's entry
 CWD = "%"  # the entry of a working directory relative paths were read from
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
-_WRITES = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
 
@@ -71,6 +71,7 @@ class Reads:
         self.listed: dict[str, None] = {}
         self.written: set[str] = set()
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
+        self.env_set: set[str] = set()  # variables the process set or removed itself: its code decides them
         self.cwds: dict[str, None] = {}  # the working directories relative paths were opened or listed from
         self.blind = False  # a file was opened that cannot be named (relative to a folder descriptor)
 
@@ -87,7 +88,7 @@ class Reads:
             self.cwds.setdefault(cwd)
 
     def note_env(self, name: str, value: str | None) -> None:
-        if name not in DISPLAY and len(self.env) <= MAX_READS:
+        if name not in DISPLAY and name not in self.env_set and len(self.env) <= MAX_READS:
             self.env.setdefault(name, value)
 
     def note(self, path: str, writes: bool) -> None:
@@ -114,7 +115,8 @@ class Reads:
         if self.blind:
             return [[BLIND, "a file opened relative to a folder descriptor"]]
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
-                + [[ENV + k, v] for k, v in list(self.env.items())] + [[CWD, c] for c in list(self.cwds)])
+                + [[ENV + k, v] for k, v in list(self.env.items()) if k not in self.env_set]
+                + [[CWD, c] for c in list(self.cwds)])
 
 
 def _source_of(path: str) -> str:
@@ -219,9 +221,12 @@ def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None 
     reads = Reads(skip)
     if before is not None:
         reads.take(before)
+    environ = type(os.environ)
     with _GUARD:
         if not _ACTIVE:
-            type(os.environ).__getitem__ = _environ_item  # type: ignore[method-assign]
+            environ.__getitem__ = _environ_item  # type: ignore[method-assign]
+            environ.__setitem__ = _environ_set  # type: ignore[method-assign]
+            environ.__delitem__ = _environ_del  # type: ignore[method-assign]
         _ACTIVE.append(reads)
     try:
         yield reads
@@ -229,7 +234,7 @@ def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None 
         with _GUARD:
             _ACTIVE.remove(reads)
             if not _ACTIVE:
-                type(os.environ).__getitem__ = _ORIGINAL[1]  # type: ignore[method-assign]
+                environ.__getitem__, environ.__setitem__, environ.__delitem__ = _ORIGINAL[1:]  # type: ignore[method-assign]
 
 
 def _get(environ: object, name: str) -> str | None:
@@ -240,7 +245,28 @@ def _get(environ: object, name: str) -> str | None:
         return None
 
 
-_ORIGINAL = (_get, type(os.environ).__getitem__)
+_ORIGINAL = (_get, type(os.environ).__getitem__, type(os.environ).__setitem__, type(os.environ).__delitem__)
+
+
+def _set_here(environ: object, name: object) -> None:
+    """Note that this process itself set or removed ``name`` (sklearn's import sets KMP_DUPLICATE_LIB_OK): its
+    code, keyed already, decides the value, and a rerun that sets it again is no other input."""
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if isinstance(name, str):
+        for reads in list(_ACTIVE):
+            reads.env_set.add(name)
+            reads.env.pop(name, None)
+
+
+def _environ_set(environ: object, name: Any, value: Any) -> None:
+    _set_here(environ, name)
+    _ORIGINAL[2](environ, name, value)
+
+
+def _environ_del(environ: object, name: Any) -> None:
+    _set_here(environ, name)
+    _ORIGINAL[3](environ, name)
 
 
 def _environ_item(environ: object, name: str) -> str:
@@ -273,13 +299,28 @@ def _cwd() -> str | None:
         return None
 
 
+def _writes_only(mode: object, flags: object, path: str) -> bool:
+    """Whether an open only writes: write-only, or truncating, or creating a file not there before (the audit
+    event comes before the open). "r+", "a+" and O_RDWR on an existing file read what it holds (np.memmap's
+    default "r+" too): recorded as reads, whatever the run then writes."""
+    if isinstance(flags, int):
+        access = flags & os.O_ACCMODE
+        if access == os.O_WRONLY or flags & os.O_TRUNC:
+            return True
+        return access == os.O_RDWR and not os.path.lexists(path)
+    text = mode if isinstance(mode, str) else ""
+    return "w" in text or ("+" not in text and "r" not in text) or not os.path.lexists(path)
+
+
 def _audit(event: str, args: tuple) -> None:
     if not _ACTIVE or event not in _EVENTS:
         return
     try:  # an exception here would be raised in the plugin's own open()
         path = args[0]
-        if isinstance(path, int):
-            return
+        if isinstance(path, int):  # a folder listed by its descriptor (os.fwalk, os.listdir(fd)): named by /proc
+            if event == "open":
+                return
+            path = os.readlink(f"/proc/self/fd/{path}")
         raw = os.fsdecode("." if path is None else path)
         path = os.path.abspath(raw)
         if path.startswith(_SYSTEM):
@@ -293,8 +334,7 @@ def _audit(event: str, args: tuple) -> None:
                 for reads in list(_ACTIVE):  # the audit event does not carry: which file it is cannot be known
                     reads.blind = True
         if event == "open":
-            mode, flags = args[1], args[2]  # "r+" or O_RDWR alone reads (np.memmap's default): only these write
-            writes = bool(isinstance(flags, int) and flags & _WRITES) or (isinstance(mode, str) and any(c in mode for c in "wax"))
+            writes = _writes_only(args[1], args[2], path)
             for reads in list(_ACTIVE):
                 reads.note(path, writes)
         elif "importlib" not in sys._getframe(1).f_code.co_filename:  # a listing; not the import system's caches

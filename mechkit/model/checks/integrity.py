@@ -192,13 +192,18 @@ def _refuse_bad_rope(path: Path, where: str, part: dict) -> None:
                     isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1):
                 raise _rope_error(path, prefix + name, value, "a number in (0, 1], the share of each head rotated",
                                   "0.5")
+        factor = block.get("factor")  # linear, dynamic, yarn, longrope scaling: 0 or less computes on, wrongly
+        if prefix and "factor" in block and factor is not None and not (
+                isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < float("inf")):
+            raise _rope_error(path, prefix + "factor", factor, "a positive finite number, the context's scaling",
+                              "2.0")
 
 
 def _rope_error(path: Path, field: str, value: Any, valid: str, example: str) -> ModelLoadError:
     shown = json.dumps(value)[:60]  # as config.json writes it: NaN, "x", 1.5
     return ModelLoadError(f"{path / 'config.json'} gives {field} {shown}, but it must be {valid}",
-                          f'set "{field.rpartition(".")[2]}" in config.json to {valid} (the value the model was '
-                          f"made with, e.g. {example})")
+                          f'set "{field}" in config.json to {valid} (the value the model was made with, '
+                          f"e.g. {example})")  # the dotted path: rope_parameters.rope_theta, not a top-level key
 
 
 def _refuse_null_kv_heads(path: Path, where: str, part: dict) -> None:
