@@ -113,15 +113,24 @@ _WIDTH_FIELDS = ("hidden_size", "n_embd")
 _EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight", "tok_embeddings.weight")
 
 
+def _config_of(path: Path) -> dict | None:
+    """``path``'s ``config.json`` as a dict, or ``None`` where it cannot be read: the load and its own checks say
+    what is wrong with it then; the checks here need a readable config to name a field."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - unreadable, not UTF-8, not JSON, nested too deeply: left to the load
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def refuse_nonpositive_sizes(path: Path) -> None:
     """A ``config.json`` size field (:data:`SIZE_FIELDS`) that is not a whole number of at least 1 (0, -1, 1.5,
     ``"12"``, ``true``): named with its valid range and, where the weights' headers say, the value they were made
     with, instead of "the weights may be corrupt" or transformers' own config error with a fix about
     ``layer_types``. Run before the config is built, for every family. ``null`` (a default some fields take) is
     left to :func:`refuse_invalid_config`; files this cannot read are left to the load and its checks."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except Exception:
+    config = _config_of(path)
+    if config is None:
         return
     for where, part in _config_parts(config):
         for field in SIZE_FIELDS:
@@ -149,9 +158,8 @@ def refuse_unsound_routing_and_rope(path: Path) -> None:
     finite number, or a ``partial_rotary_factor`` (gpt_neox's ``rotary_pct``) outside (0, 1], was a tensor
     size mismatch or "the weights may be corrupt". RoPE fields are read at the top level, in ``rope_parameters``
     / ``rope_scaling`` and in their per-layer-type dicts (gemma3's ``{"full_attention": {...}, ...}``)."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except Exception:
+    config = _config_of(path)
+    if config is None:
         return
     for where, part in _config_parts(config):
         for inner, block in [("", part)] + [(k + ".", v) for k, v in part.items() if k == "ffn_config" and
@@ -234,9 +242,8 @@ def refuse_mistyped_field(path: Path, reason: str) -> None:
     type it takes: its own config error came with a fix about ``layer_types``, whatever the field. A size field
     (:data:`SIZE_FIELDS`) gets the size-field line, with the value the weights imply."""
     found = re.search(r"Field '(\w+)'", reason)
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except Exception:
+    config = _config_of(path)
+    if config is None:
         return
     part = next(((w, p) for w, p in reversed(_config_parts(config)) if found and found.group(1) in p), None)
     if part is None:
@@ -315,9 +322,8 @@ def _header_shapes(path: Path, tails: tuple[str, ...]) -> list[list[int]]:
 def refuse_null_size(path: Path, reason: str) -> None:
     """A size field set to ``null`` that transformers refused (its reason names the field): the size-field line,
     not a fix about ``layer_types``. A ``null`` it accepts (``n_inner``, ``head_dim``) never gets here."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except Exception:
+    config = _config_of(path)
+    if config is None:
         return
     for where, part in _config_parts(config):
         for field in SIZE_FIELDS:
