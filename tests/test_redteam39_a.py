@@ -48,38 +48,52 @@ def test_a_folder_swapped_for_a_link_while_it_is_copied_is_refused_and_nothing_i
     assert not (tmp_path / "out").exists()
 
 
-def test_nothing_is_removed_through_a_folder_that_changed_after_the_copy(tmp_path):
-    from mechkit.report.writer import _Moves, _signature
+def test_nothing_is_removed_through_a_folder_that_changed_after_the_copy(tmp_path, monkeypatch):
+    import mechkit.report.writer as writer
 
     user = tmp_path / "user"
     user.mkdir()
-    (user / "f").write_text("USER")
     src = tmp_path / "ret"
     (src / "a").mkdir(parents=True)
-    (src / "a" / "f").write_text("USER")
-    moves = _Moves()
-    moves.folder(src)
-    moves.folder(src / "a")
-    moves.taken.append((src / "a" / "f", _signature(src / "a" / "f")))
-    shutil.rmtree(src / "a")
-    os.symlink(user, src / "a")
-    moves.taken[0] = (src / "a" / "f", _signature(user / "f"))  # the very file, reached through the link
-    moves.commit()
-    assert (user / "f").read_text() == "USER"
+    (src / "a" / "f").write_text("RETURNED")
+    commit = writer._Moves.commit
+
+    def swap_then_commit(moves):  # the report is in place; the returned tree's folder is swapped before removal
+        os.rename(src / "a", user / "a")
+        os.symlink(user / "a", src / "a")
+        commit(moves)
+
+    monkeypatch.setattr(writer._Moves, "commit", swap_then_commit)
+
+    class Returns(mk.Plugin):
+        name, version, summary, needs_model = "rt39a-commit", "0.1", "returns a folder", False
+
+        def run(self, ctx):
+            return mk.Result(results={"a": 1}, files={"ret": src})
+
+    mk.run(Returns, out=tmp_path / "out")
+    assert (user / "a" / "f").read_text() == "RETURNED"  # the very file copied, reached through the link: kept
+    assert (tmp_path / "out" / "ret" / "a" / "f").read_text() == "RETURNED"
 
 
 def test_the_umask_mode_is_never_given_through_a_link_or_to_a_second_name(tmp_path):
-    from mechkit.io.atomic import _umask_mode
+    from mechkit.io.atomic import umask_modes
 
     key = tmp_path / "key"
     key.write_text("PRIVATE")
     os.chmod(key, 0o600)
-    (tmp_path / "link").symlink_to(key)
-    os.link(key, tmp_path / "second")
-    _umask_mode(tmp_path / "link", 0o644)  # a report file swapped for a link meanwhile
-    _umask_mode(tmp_path / "second", 0o644)  # a hard link made meanwhile
+    folder = tmp_path / "report"
+    folder.mkdir()
+    (folder / "link").symlink_to(key)
+    os.link(key, folder / "second")
+    (folder / "plain").write_text("x")
+    os.chmod(folder / "plain", 0o600)
+    umask_modes(folder)
     assert oct(key.stat().st_mode & 0o777) == "0o600"
-    (tmp_path / "plain").write_text("x")
-    os.chmod(tmp_path / "plain", 0o600)
-    _umask_mode(tmp_path / "plain", 0o644)
-    assert oct((tmp_path / "plain").stat().st_mode & 0o777) == "0o644"
+    assert (folder / "plain").stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
