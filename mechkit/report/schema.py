@@ -112,6 +112,13 @@ def _jsonable_at(name: str, obj: Any, nonfinite: str) -> Any:
 
 
 def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
+    kind = type(obj)
+    if kind is float:  # the common cases first, by exact type: a subclass's own methods are never asked below
+        return obj if nonfinite == "keep" or math.isfinite(obj) else None
+    if kind is int and -MAX_INT <= obj <= MAX_INT:
+        return obj
+    if kind is str and obj.isascii():
+        return obj
     if obj is None or isinstance(obj, bool):
         return bool(obj) if obj is not None else None
     if isinstance(obj, str):
@@ -168,34 +175,51 @@ def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
         raise _Bad("holds itself (a container that contains itself has no JSON form)")
     seen.add(id(obj))
     try:
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            values = _members(_read(lambda: list(obj)), nonfinite, depth, seen)
+            if isinstance(obj, (set, frozenset)):
+                try:
+                    return sorted(values)
+                except TypeError:
+                    return values
+            return values
         if isinstance(obj, Mapping):
             items = _read(lambda: [(k, v) for k, v in obj.items()])  # unpacked inside: a 3-tuple is one line
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            items = _read(lambda: list(enumerate(obj)))
         else:
             items = _read(lambda: [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)])
-        keyed = isinstance(obj, Mapping) or not isinstance(obj, (list, tuple, set, frozenset))
-        out, given = [], {}
-        for k, v in items:
-            key = _key(k, depth) if keyed else k
-            if keyed and key in given:  # {1: a, "1": b}: the JSON object keeps one, the other was lost unsaid
-                raise _Bad(f"has two keys that are both {key!r} in JSON ({_shown(given[key])} and {_shown(k)})")
-            given[key] = k
-            try:
-                out.append((key, _plain(v, nonfinite, depth + 1, seen)))
-            except _Bad as bad:
-                raise bad.under(f".{key}" if keyed else f"[{key}]") from None
+        return _keyed(items, nonfinite, depth, seen)
     finally:
         seen.discard(id(obj))
-    if keyed:
-        return dict(out)
-    values = [v for _, v in out]
-    if isinstance(obj, (set, frozenset)):
+
+
+def _members(values: list, nonfinite: str, depth: int, seen: set[int]) -> list:
+    """A sequence's members converted, the plain numbers and text of a long list at the cost of a type test."""
+    out = []
+    for i, v in enumerate(values):
+        kind = type(v)
+        if kind is float and (nonfinite == "keep" or math.isfinite(v)) or kind is int and -MAX_INT <= v <= MAX_INT:
+            out.append(v)
+        else:
+            try:
+                out.append(_plain(v, nonfinite, depth + 1, seen))
+            except _Bad as bad:
+                raise bad.under(f"[{i}]") from None
+    return out
+
+
+def _keyed(items: list, nonfinite: str, depth: int, seen: set[int]) -> dict:
+    """A mapping's (or dataclass's) items converted, keys as their text; two keys of one text refused."""
+    out, given = {}, {}
+    for k, v in items:
+        key = _key(k, depth)
+        if key in given:  # {1: a, "1": b}: the JSON object keeps one, the other was lost unsaid
+            raise _Bad(f"has two keys that are both {key!r} in JSON ({_shown(given[key])} and {_shown(k)})")
+        given[key] = k
         try:
-            return sorted(values)
-        except TypeError:
-            return values
-    return values
+            out[key] = _plain(v, nonfinite, depth + 1, seen)
+        except _Bad as bad:
+            raise bad.under(f".{key}") from None
+    return out
 
 
 _NO_LIST = object()

@@ -259,8 +259,7 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
     keep = None if _in_scratch(src) else moves  # a user's path: copied, never moved, its source gone after the commit
     try:
         if keep is None:
-            os.rename(src, dst)
-            _refuse_changed_tree(dst)  # code that ran after the check (a draw callback) may have linked into it
+            os.rename(src, dst)  # looked at once more, with every returned path, before the report goes in place
             return
     except OSError as err:
         if err.errno == errno.ENOENT and not os.path.lexists(src):
@@ -399,9 +398,10 @@ def _refuse_changed_kind(path: Path, points: frozenset[str] = frozenset(), devic
 
 
 def _refuse_changed_tree(folder: Path) -> None:
-    """:func:`_refuse_changed_kind` for every file of a prepared path renamed into the report whole (no copy
-    looked at each file): a hard link to a user's file put there after the check kept a second name in the
-    report. Inside the report's temporary folder, so a refusal removes that name with it, never the user's file."""
+    """:func:`_refuse_changed_kind` for every entry of a returned path as it now lies in the report's temporary
+    folder, the last look before the report goes in place: a prepared folder renamed in whole (no copy looked at
+    each file) kept a hard link to a user's file that code running after the check put there. A refusal removes
+    that name with the temporary folder, never the user's file."""
     from mechkit.io.read import mount_points
 
     points = mount_points()
@@ -491,10 +491,11 @@ def outputs_problem(figures: object, files: object) -> str | None:
         bad = next((k for k, v in values.items() if not ok(v)), None)
         if bad is not None:
             return f"{what}[{bad!r}] as a {type(values[bad]).__name__}"
-    names = [png_name(k) for k in figures] + list(files)  # type: ignore[union-attr]
-    twice = next((n for n in names if names.count(n) > 1), None)
-    if twice is not None:  # figures "heat" and "heat.png" were one file: one figure lost without a word
-        return f"two figures or files that are both the file {twice!r}"
+    seen: set = set()
+    for name in [png_name(k) for k in figures] + list(files):  # type: ignore[union-attr]
+        if name in seen:  # figures "heat" and "heat.png" were one file: one figure lost without a word
+            return f"two figures or files that are both the file {name!r}"
+        seen.add(name)
     return None
 
 
@@ -618,4 +619,4 @@ def _missing_ancestors(path: Path) -> list[Path]:
     return missing
 
 
-__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "outputs_problem", "png_name", "write_report"]
+__all__ = ["default_out_dir", "discard_unmoved", "figure_png", "outputs_problem", "plain_outputs", "write_report"]
