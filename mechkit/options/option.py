@@ -330,7 +330,7 @@ class Option:
             if isinstance(value, os.PathLike):
                 return os.fspath(value)
             if isinstance(value, numbers.Real) and not is_bool(value):
-                return number_text(value)  # np.float32(0.2) -> '0.2', as 0.2 is
+                return self._number_item(value)
             from mechkit.model.headspec import (
                 Head,  # mk.run(..., heads=[mk.Head(0, 1)]), as mk.ablate takes them
             )
@@ -343,13 +343,24 @@ class Option:
                                                        not is_bool(x)
                                                        for x in value):
                 return ",".join(os.fspath(x) if isinstance(x, os.PathLike) else str.__str__(x) if isinstance(x, str)
-                                else str(x) if isinstance(x, Head) else number_text(x) for x in value)
+                                else str(x) if isinstance(x, Head) else self._number_item(x) for x in value)
             raise OptionError(f"{self.flag} {show(value)} is not text", f"pass {self.flag} {self.value_hint()}")
         try:
             return value if isinstance(value, kind) else kind(value)
         except (TypeError, ValueError) as err:
             raise OptionError(f"{self.flag} {show(value)} is not a valid {kind.__name__}: {err}",
                               f"pass {self.flag} {self.value_hint()}") from None
+
+    def _number_item(self, value: Any) -> str:
+        """A number given for a text option, as the command line would give it (``np.float32(0.2)`` -> ``'0.2'``);
+        for a list of whole numbers an integral float is its integer, as a whole-number option takes ``n=5.0``:
+        ``sweep=[5.0]`` was refused as "'5.0' is not a whole number" while ``n=5.0`` ran."""
+        parse = getattr(self.parse, "inner", self.parse)  # OrAuto(NumberList(int))
+        if getattr(parse, "kind", None) is int:
+            plain = plain_number(value)
+            if isinstance(plain, float) and plain.is_integer() and abs(plain) <= 2**63:  # 1e301 stays as typed
+                return str(int(plain))
+        return number_text(value)
 
     def _check_utf8(self, text: str) -> None:
         """Text options hold text UTF-8 can write: bytes that are not UTF-8 on the command line (``$'\\xff'``)

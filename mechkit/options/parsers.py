@@ -216,6 +216,7 @@ class IntRanges:
 
     metavar: str = "all|A-B|I,J..."
     fix: str = "use all, a range like 12-24 or a list like 10,20"
+    kind: ClassVar[type] = int  # its items are whole numbers: mk.run(..., layers=[10.0]) is "10", as n=5.0 is 5
 
     def describe(self) -> str:
         return ""
