@@ -199,31 +199,74 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
 def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     """Give every file under ``folder`` the mode the umask gives a new file (safetensors writes 0600, so a
     saved model was private to its owner) and every folder below it a new folder's, flushing each to disk when
-    ``fsync``; links, hard-linked files and anything behind a mount point are left alone."""
-    from mechkit.io.read import mount_points
+    ``fsync``; links, hard-linked files and anything behind a mount point are left alone.
 
-    mode, folder_mode, points = file_mode(), dir_mode(), mount_points()
-    device = os.lstat(folder).st_dev
+    The walk holds a descriptor of each folder and opens what is in it relative to that descriptor, never
+    following a link: a folder of the tree swapped for a link to a user's folder while it ran (a thread still
+    running, a sync tool) had the user's key chmod'ed through it, since a name's last part alone was checked."""
+    top = os.open(folder, _DIR_FLAGS)
+    try:
+        _modes_below(top, os.fstat(top), _mount_id(top), (file_mode(), dir_mode()), fsync)
+    finally:
+        os.close(top)
 
-    def own(path: str, info: os.stat_result) -> bool:  # not through a mount, of a folder or a file
-        # a file's own device may differ from its folder's (overlayfs with xino=off): its mount is in the list
-        return (info.st_dev == device or not stat.S_ISDIR(info.st_mode)) and os.path.realpath(path) not in points
 
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if own(os.path.join(root, d), os.lstat(os.path.join(root, d)))]
-        for name in dirs:  # mkdtemp's 0700 kept a plugin's prepared folder private to its owner
-            if not os.path.islink(os.path.join(root, name)):
-                _umask_mode(Path(root, name), folder_mode)
-        for name in files:
-            info = os.lstat(os.path.join(root, name))
-            if not stat.S_ISREG(info.st_mode) or not own(os.path.join(root, name), info):
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks an open
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+
+
+def _modes_below(fd: int, info: os.stat_result, mount: int | None, modes: tuple[int, int], fsync: bool) -> None:
+    """:func:`umask_modes` of the folder open as ``fd``: its entries by name relative to it, each opened without
+    following a link and taken only where it is still the entry listed (its inode) on the same mount."""
+    with os.scandir(fd) as entries:
+        names = [e.name for e in entries]
+    for name in names:
+        try:
+            seen = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        is_dir = stat.S_ISDIR(seen.st_mode)
+        if not (is_dir or stat.S_ISREG(seen.st_mode)) or (is_dir and seen.st_dev != info.st_dev):
+            continue  # a link, a FIFO, a device; a folder of another disk
+        try:
+            child = os.open(name, _DIR_FLAGS if is_dir else os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):  # swapped for a link or removed since
                 continue
-            if info.st_nlink == 1:  # a hard link's other name is someone's (a user's file the report links to)
-                _umask_mode(Path(root, name), mode)
-            if fsync:
-                _fsync(Path(root, name))
-        if fsync:
-            _fsync(Path(root), directory=True)
+            raise
+        try:
+            now = os.fstat(child)
+            if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or _mount_id(child) != mount:
+                continue  # not the entry listed, or behind a mount point (a bind mount of the same disk too)
+            if is_dir:  # mkdtemp's 0700 kept a plugin's prepared folder private to its owner
+                _fchmod(child, now, modes[1])
+                _modes_below(child, now, mount, modes, fsync)
+            else:
+                if now.st_nlink == 1:  # a hard link's other name is someone's (a user's file the report links to)
+                    _fchmod(child, now, modes[0])
+                if fsync:
+                    os.fsync(child)
+        finally:
+            os.close(child)
+    if fsync:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+
+
+def _fchmod(fd: int, info: os.stat_result, mode: int) -> None:
+    if info.st_mode & 0o777 != mode:
+        os.fchmod(fd, mode)
+
+
+def _mount_id(fd: int) -> int | None:
+    """Which mount the open file ``fd`` is on (``/proc/self/fdinfo``'s ``mnt_id``, which tells a bind mount of
+    the same disk apart from its folder); ``None`` where that is not shown (not Linux: a folder of another disk
+    is still told by its device)."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
 
 
 def file_mode() -> int:

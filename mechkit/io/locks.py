@@ -13,13 +13,15 @@ import time
 from pathlib import Path
 
 from mechkit.errors import MechkitError
+from mechkit.io.read import canonical_place
 
 
 def lock_path(out_dir: str | os.PathLike[str]) -> Path:
     """The lock file of a run writing ``out_dir``: hidden, beside it, never inside the report directory.
 
-    The directory's real identity decides: ``runs/a``, ``./runs/../runs/a`` and a symlink to it share
-    one lock (symlinks and ``..`` resolved, as far as the path exists).
+    The directory's real identity decides: ``runs/a``, ``./runs/../runs/a``, a symlink to it and the same
+    folder through a bind mount share one lock (symlinks and ``..`` resolved, as far as the path exists, and a
+    bind mount's name taken through its file system's own mount: :func:`real_place`).
 
     >>> import os
     >>> lock_path("runs/a") == lock_path("runs/../runs/a") == lock_path(os.path.abspath("runs/a"))
@@ -27,8 +29,14 @@ def lock_path(out_dir: str | os.PathLike[str]) -> Path:
     >>> lock_path("runs/a").name
     '.a.mechkit-lock'
     """
-    out = Path(os.path.realpath(Path(out_dir).expanduser()))
+    out = real_place(out_dir)
     return out.parent / f".{out.name}.mechkit-lock"
+
+
+def real_place(path: str | os.PathLike[str]) -> Path:
+    """``path`` with symlinks and ``..`` resolved and a bind mount's name taken through its file system's own
+    mount: the one name of a place that every lock is named by."""
+    return canonical_place(Path(os.path.realpath(Path(path).expanduser())))
 
 
 class OutInUseError(MechkitError):
@@ -83,7 +91,7 @@ def refuse_in_use(out: str | os.PathLike[str]) -> None:
     any work: ``taskvec extract --out x/v.safetensors`` while ``finetune --out x`` runs was refused only when
     it saved, after the model had loaded and the vector was computed. A lock this process holds is no
     conflict; the writer's own lock (:func:`mechkit.io.outlock.out_lock`) checks again when it is taken."""
-    real = Path(os.path.realpath(Path(out).expanduser()))
+    real = real_place(out)
     lock = lock_path(real)
     pid = _lock_taken(lock) if lock not in HELD else None
     if pid is not None:
@@ -119,7 +127,7 @@ def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
     without waiting and released at once; one this process holds is no conflict."""
     import fcntl
 
-    for folder in real.parents:
+    for folder in canonical_place(real).parents:
         if folder.parent == folder:
             break
         lock = folder.parent / f".{folder.name}.mechkit-lock"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from mechkit.errors import MechkitError
-from mechkit.io.read import mount_points, mounts
+from mechkit.io.read import mount_place, mount_points, mounts
 
 
 def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["dir", "file"] = "dir",
@@ -161,21 +161,6 @@ def refuse_mounted_inside(path: Path) -> None:
             raise MechkitError(f"--out {path} holds {name}, which --force would replace, and it is a mount point "
                                f"({target}), which a rename cannot replace", f"unmount {shlex.quote(str(target))} "
                                "first, or choose another --out")
-
-
-def mount_place(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, Path] | None:
-    """Where ``path`` (a real path) is on its device: ``(device, path within the device's file system)``,
-    through the deepest mount that holds it. Two names of one place (a bind mount of a directory, of its
-    parent or of a folder inside it) give one place; ``None`` where no mount is known (not Linux)."""
-    best = None
-    for device, root, point in mounts:
-        at = Path(point)
-        if (path == at or at in path.parents) and (best is None or len(at.parts) >= len(best[2].parts)):
-            best = (device, root, at)
-    if best is None:
-        return None
-    device, root, at = best
-    return device, Path(os.path.normpath(Path(root) / path.relative_to(at)))
 
 
 def _real(path: str | os.PathLike[str]) -> Path:

@@ -109,6 +109,49 @@ def mounts() -> list[tuple[str, str, str]]:
     return [(f[2], plain(f[3]), plain(f[4])) for f in fields if len(f) > 4]
 
 
+def mount_place(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, Path] | None:
+    """Where ``path`` (a real path) is on its device: ``(device, path within the device's file system)``,
+    through the deepest mount that holds it. Two names of one place (a bind mount of a directory, of its
+    parent or of a folder inside it) give one place; ``None`` where no mount is known (not Linux)."""
+    best = None
+    for device, root, point in mounts:
+        at = Path(point)
+        if (path == at or at in path.parents) and (best is None or len(at.parts) >= len(best[2].parts)):
+            best = (device, root, at)
+    if best is None:
+        return None
+    device, root, at = best
+    return device, Path(os.path.normpath(Path(root) / path.relative_to(at)))
+
+
+def canonical_place(path: Path) -> Path:
+    """The name of the real path ``path`` through its file system's own mount, not a bind mount's: ``c/sub``
+    where ``c`` is ``mount --bind a/r c`` is ``a/r/sub``. Locks are named by it, so two names of one directory
+    share one lock (a run writing ``c/sub`` went on inside ``a/r`` that another run held). ``path`` itself
+    where no other name is known (not Linux, or the device has no mount showing that folder elsewhere), or
+    where the other name's folder cannot be seen from here (hidden under another mount).
+
+    >>> canonical_place(Path("/")) == Path("/")
+    True
+    """
+    found = mounts()
+    place = mount_place(path, found)
+    if place is None:
+        return path
+    device, inner = place
+    best = None  # the mount of that device showing the most of its file system: the shortest root holding it
+    for dev, root, point in found:
+        at = Path(root)
+        if dev == device and (inner == at or at in inner.parents) and (best is None or len(at.parts) < len(best[0].parts)):
+            best = (at, Path(point))
+    if best is None:
+        return path
+    name = Path(os.path.normpath(best[1] / inner.relative_to(best[0])))
+    if name == path or mount_place(name, found) != place:  # that name now leads elsewhere (a later mount over it)
+        return path
+    return name
+
+
 def read_regular_text(path: str | os.PathLike[str], limit: int = 32 * 2**20) -> str | None:
     """:func:`read_regular` decoded as UTF-8; ``None`` where it is not a plain file or not UTF-8."""
     data = read_regular(path, limit)

@@ -102,6 +102,10 @@ def _jsonable_at(name: str, obj: Any, nonfinite: str) -> Any:
         raise ValueError(f"nonfinite must be one of {NONFINITE}, not {nonfinite!r}")
     try:
         return _plain(obj, nonfinite, 1 if name else 0, set())
+    except (RecursionError, MemoryError) as err:  # a value's own methods that no read above bounds
+        where = f"report value {name}" if name else "the report value"
+        raise UnstorableError(f"{where} could not be converted ({type(err).__name__})", "store numbers, text, "
+                              "lists and dicts (keep large or nested data in a file of the run)") from None
     except _Bad as bad:
         path = (name + bad.path).lstrip(".")
         if len(path) > 120:  # a path 100 containers deep is no line to read
@@ -132,7 +136,9 @@ def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
         value = float.__float__(obj)  # a subclass's own __float__ is not asked
         return value if math.isfinite(value) or nonfinite == "keep" else None
     if isinstance(obj, enum.Enum):
-        return _plain(obj.value, nonfinite, depth + 1, seen)
+        if depth >= MAX_DEPTH:  # an Enum whose value is another such Enum, and so on
+            raise _Bad(f"is nested more than {MAX_DEPTH} containers deep")
+        return _plain(_member_value(obj), nonfinite, depth + 1, seen)
     if isinstance(obj, PurePath):
         return _text(_read(lambda: str(obj)))
     if isinstance(obj, (datetime, date)):
@@ -157,11 +163,19 @@ def _plain(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
 
 
 def _real(value: complex, nonfinite: str, depth: int, seen: set[int]) -> Any:
-    """A complex number with no imaginary part as its real part; JSON has no form for one that has."""
-    if value.imag != 0:
-        raise _Bad(f"is the complex number {value!r}, which JSON has no form for: store its real and imaginary "
-                   "parts as two numbers")
-    return _plain(value.real, nonfinite, depth, seen)
+    """A complex number with no imaginary part as its real part; JSON has no form for one that has. Its parts are
+    read as complex's own: a subclass whose ``real`` returned itself looped to a RecursionError."""
+    real, imag = complex.real.__get__(value), complex.imag.__get__(value)
+    if imag != 0:
+        raise _Bad(f"is the complex number {complex.__repr__(value)}, which JSON has no form for: store its real "
+                   "and imaginary parts as two numbers")
+    return _plain(real, nonfinite, depth, seen)
+
+
+def _member_value(member: enum.Enum) -> Any:
+    """The value an Enum member was given, read as Enum's own (``_value_``): a member class whose ``value``
+    property raised or returned the member itself was a traceback from ``mk.run``, after the work."""
+    return _read(lambda: object.__getattribute__(member, "_value_"))
 
 
 def _container(obj: Any, nonfinite: str, depth: int, seen: set[int]) -> Any:
@@ -290,7 +304,9 @@ def _key_text(k: Any, depth: int) -> str:
     if isinstance(k, float):
         return float.__repr__(float.__float__(k))  # nan, inf and -inf as such: all were "None", one key for three
     if isinstance(k, enum.Enum):
-        return _key(k.value, depth + 1)  # an Enum of (17, 3) is "17.3", as the tuple is
+        if depth >= MAX_DEPTH:
+            raise _Bad(f"has a key nested more than {MAX_DEPTH} values deep")
+        return _key(_member_value(k), depth + 1)  # an Enum of (17, 3) is "17.3", as the tuple is
     if k is None or isinstance(k, (bool, int, PurePath, bytes)) or callable(getattr(k, "tolist", None)):
         return _text(str(_plain(k, "keep", depth, set())))
     raise _Bad(f"is of type {type(k).__qualname__}, which a report cannot store: use text or numbers as keys")
