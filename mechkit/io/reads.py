@@ -89,7 +89,7 @@ class Reads:
 
     def note_env(self, name: str, value: str | None) -> None:
         if name not in DISPLAY and name not in self.env_set and len(self.env) <= MAX_READS:
-            self.env.setdefault(name, value)
+            self.env.setdefault(name, _PRIOR.get(name, value))  # one the process set before: what it was given
 
     def note(self, path: str, writes: bool) -> None:
         real = os.path.realpath(path)
@@ -115,7 +115,7 @@ class Reads:
         if self.blind:
             return [[BLIND, "a file opened relative to a folder descriptor"]]
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
-                + [[ENV + k, v] for k, v in list(self.env.items()) if k not in self.env_set]
+                + [[ENV + k, v] for k, v in list(self.env.items())]
                 + [[CWD, c] for c in list(self.cwds)])
 
 
@@ -198,7 +198,7 @@ def changed(kept: object) -> str | None:
             if _cwd() != item[1]:
                 return CWD + item[1]
         elif item[0].startswith(ENV):
-            if _ORIGINAL[0](os.environ, item[0][len(ENV):]) != item[1]:
+            if given(item[0][len(ENV):]) != item[1]:
                 return item[0]
         elif item[0].startswith(LISTED):
             if listing(item[0][len(LISTED):]) != item[1]:
@@ -225,8 +225,6 @@ def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None 
     with _GUARD:
         if not _ACTIVE:
             environ.__getitem__ = _environ_item  # type: ignore[method-assign]
-            environ.__setitem__ = _environ_set  # type: ignore[method-assign]
-            environ.__delitem__ = _environ_del  # type: ignore[method-assign]
         _ACTIVE.append(reads)
     try:
         yield reads
@@ -234,7 +232,7 @@ def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None 
         with _GUARD:
             _ACTIVE.remove(reads)
             if not _ACTIVE:
-                environ.__getitem__, environ.__setitem__, environ.__delitem__ = _ORIGINAL[1:]  # type: ignore[method-assign]
+                environ.__getitem__ = _ORIGINAL[1]  # type: ignore[method-assign]
 
 
 def _get(environ: object, name: str) -> str | None:
@@ -248,15 +246,29 @@ def _get(environ: object, name: str) -> str | None:
 _ORIGINAL = (_get, type(os.environ).__getitem__, type(os.environ).__setitem__, type(os.environ).__delitem__)
 
 
+_PRIOR: dict[str, str | None] = {}  # a variable a recorded run set or removed -> the value it had before: the user's
+
+
 def _set_here(environ: object, name: object) -> None:
     """Note that this process itself set or removed ``name`` (sklearn's import sets KMP_DUPLICATE_LIB_OK): its
-    code, keyed already, decides the value, and a rerun that sets it again is no other input."""
+    code, keyed already, decides what later reads see, so those are not recorded; what it was given is kept
+    (:data:`_PRIOR`), and that is what a record compares. A value read before the set stays recorded:
+    ``os.environ.setdefault("X", "1")`` and ``os.environ["X"] = os.environ.get("X", "1")`` read the user's ``X``."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
     if isinstance(name, str):
+        if not _ACTIVE:  # set between runs (a notebook's own os.environ["X"] = "3"): what the process is given now
+            _PRIOR.pop(name, None)
+        elif name not in _PRIOR:  # os.environb's names too: the two are one environment
+            _PRIOR[name] = _get(os.environ, name)
         for reads in list(_ACTIVE):
             reads.env_set.add(name)
-            reads.env.pop(name, None)
+
+
+def given(name: str) -> str | None:
+    """The value the variable ``name`` was given: before a recorded run of this process set it, if one did, else
+    as it is now (a value set between runs, as a notebook does, is the user's)."""
+    return _PRIOR[name] if name in _PRIOR else _get(os.environ, name)
 
 
 def _environ_set(environ: object, name: Any, value: Any) -> None:
@@ -285,10 +297,18 @@ def _environ_item(environ: object, name: str) -> str:
 
 
 def _hook_once() -> None:
+    """The audit hook, and ``os.environ``'s setters, which stay: a variable the process sets between recorded
+    runs (a library imported then) keeps the value it was given in :data:`_PRIOR`."""
     global _HOOKED
     with _GUARD:
         if not _HOOKED:
             sys.addaudithook(_audit)  # never removed (Python cannot): it returns at once while nothing records
+            environ = type(os.environ)
+            environ.__setitem__ = _environ_set  # type: ignore[method-assign]
+            environ.__delitem__ = _environ_del  # type: ignore[method-assign]
+            os.open = _open_at  # os.fwalk's and shutil's too: they call os.open by name
+            if _OS_OPEN in os.supports_dir_fd:
+                os.supports_dir_fd.add(_open_at)
             _HOOKED = True
 
 
@@ -321,8 +341,13 @@ def _audit(event: str, args: tuple) -> None:
             if event == "open":
                 return
             path = os.readlink(f"/proc/self/fd/{path}")
-        raw = os.fsdecode("." if path is None else path)
-        path = os.path.abspath(raw)
+        at = getattr(_AT, "name", None) if event == "open" else None  # os.open(name, dir_fd=...): that folder's
+        if at is BLIND:
+            for reads in list(_ACTIVE):
+                reads.blind = True
+            return
+        raw = os.fsdecode("." if path is None else path) if at is None else at
+        path = _named(raw)
         if path.startswith(_SYSTEM):
             return
         if not os.path.isabs(raw):  # relative: the same name in another working directory is another file
@@ -330,18 +355,56 @@ def _audit(event: str, args: tuple) -> None:
             for reads in list(_ACTIVE):
                 if cwd is not None and not path.startswith(reads.skip):
                     reads.cwds.setdefault(cwd)
-            if event == "open" and not os.path.lexists(path):  # relative to a folder descriptor (dir_fd), which
-                for reads in list(_ACTIVE):  # the audit event does not carry: which file it is cannot be known
-                    reads.blind = True
         if event == "open":
             writes = _writes_only(args[1], args[2], path)
             for reads in list(_ACTIVE):
                 reads.note(path, writes)
-        elif "importlib" not in sys._getframe(1).f_code.co_filename:  # a listing; not the import system's caches
+        elif not _importing(sys._getframe(1)):  # a listing; not the import system's caches
             for reads in list(_ACTIVE):
                 reads.note_listing(path)
     except Exception:  # noqa: BLE001 - a file the hook cannot place is one it does not record
         return
+
+
+def _named(raw: str) -> str:
+    """The absolute path of the file the system opens for ``raw``: ``..`` taken after the links before it, as the
+    system takes it (``x/link/../data.txt`` is the file beside the link's target, which ``abspath`` made
+    ``x/data.txt``, a file never read), the last part kept as named (a link repointed later still counts)."""
+    if ".." not in Path(raw).parts:
+        return os.path.abspath(raw)
+    joined = os.path.join(_cwd() or "", raw)
+    head, last = os.path.split(joined)
+    return os.path.realpath(joined) if last in ("..", "") else os.path.join(os.path.realpath(head), last)
+
+
+def _importing(frame: Any) -> bool:
+    """Whether the code listing a folder is the import system's (its path caches), by the module it is in: a
+    user's helper whose file path held "importlib" had its listings dropped."""
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name == "importlib" or name.startswith(("importlib.", "_frozen_importlib"))
+
+
+_AT = threading.local()  # the file an os.open relative to a folder descriptor opens, named, while it opens it
+
+
+def _open_at(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+    """``os.open``, naming for the record the file a ``dir_fd`` open reaches (the folder's path by /proc and the
+    name): the audit event carries the name alone, which was taken as the working directory's file of that name
+    (a decoy there was recorded, the real file not), or, where none was there, made the step never resume."""
+    if dir_fd is None or not _ACTIVE:
+        return _OS_OPEN(path, flags, mode, dir_fd=dir_fd)
+    try:
+        raw = os.fsdecode(path)
+        _AT.name = raw if os.path.isabs(raw) else os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), raw)
+    except (OSError, TypeError, ValueError):  # no /proc to name the folder by: which file it is cannot be known
+        _AT.name = BLIND
+    try:
+        return _OS_OPEN(path, flags, mode, dir_fd=dir_fd)
+    finally:
+        _AT.name = None
+
+
+_OS_OPEN = os.open
 
 
 __all__ = ["BLIND", "CWD", "DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]

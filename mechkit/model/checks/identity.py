@@ -32,6 +32,17 @@ def config_sha256(model: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def generation_sha256(model: Any) -> str:
+    """SHA-256 of the model's generation settings (``generation_config.json``: repetition penalty, n-gram bans,
+    token ids), which greedy decoding reads: a resumed run took steps decoded under the old settings beside steps
+    decoded under new ones. ``"none"`` where the model has none."""
+    config = getattr(model, "generation_config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return "none"
+    data = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_NOISE}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def tokenizer_sha256(tokenizer: Any) -> str:
     """SHA-256 of what maps text to ids: a fast tokenizer's whole definition, else its vocabulary and
     special tokens; ``"none"`` for a model without a tokenizer."""
@@ -95,7 +106,8 @@ def model_key(handle: Any) -> dict[str, Any]:
     """:func:`model_identity` and how the model runs (device, device map, attention implementation, backend):
     a resume key's model part, so steps computed on the CPU are never reused on a GPU, or the other way round."""
     attention = getattr(getattr(handle.model, "config", None), "_attn_implementation", None)
-    return {**model_identity(handle), "device": handle.device.type, "device_map": handle.device_map,
+    return {**model_identity(handle), "generation_sha256": generation_sha256(handle.model),
+            "device": handle.device.type, "device_map": handle.device_map,
             "attn_implementation": str(attention), "backend": handle.backend.name, "remote": handle.backend.remote}
 
 
