@@ -7,10 +7,12 @@ a module whose name is computed. What the process opens it cannot hide: an audit
 opens is noted; a step is kept with what those files held then (:meth:`Reads.signatures`), and a resumed run
 takes the step only while they still hold it (:func:`changed`): an edited notes file starts the step afresh.
 Environment variables the run reads through ``os.environ`` (``os.getenv`` too) are recorded the same way, with
-the value each had, but those that only say how a terminal shows output (:data:`DISPLAY`).
+the value each had, but those that only say how a terminal shows output (:data:`DISPLAY`); once the run sets one
+itself, the value it was given before is what counts (:func:`given`).
 
 Folders the run lists (``os.listdir``, ``os.scandir``, and ``glob``, ``os.walk`` and ``pathlib`` through them) are
-recorded by the names they hold, and a file by the path it was opened by (a link repointed later counts).
+recorded by the names they hold, and a file by the path it was opened by (a link repointed later counts; ``..``
+taken after the links before it, as the system takes it; a ``dir_fd`` open by its folder's path and the name).
 Not recorded: the standard library, installed packages and mechkit (their versions are in the key), the places
 the runner names (the model, mechkit's cache, ``--out``), ``/proc``, ``/sys`` and ``/dev``, and files the run
 itself wrote; a file's existence or size asked without opening it (``os.path.exists``, ``os.stat``). Files read in another process (a Ray worker) or by native code that opens them itself (a tokenizer's
