@@ -20,7 +20,9 @@ from mechkit.model.backends.nnsight_backend import NnsightBackend, wrap
 from mechkit.model.backends.remotes import check_remote
 from mechkit.model.checks.forward_args import named_outputs
 from mechkit.model.checks.integrity import (
+    config_fix,
     load_report_muted,
+    raised_building,
     refuse_adapter_beside,
     refuse_deep_side_files,
     refuse_invalid_config,
@@ -339,6 +341,10 @@ def load_directory(path: Path, torch_dtype=None, placed: Dispatch | None = None)
             raise ModelLoadError(f"could not load the model in {path}: its config.json sets {unknown[0]} to "
                                  f"{err.args[0]!r}, which transformers does not know",
                                  f"fix {unknown[0]} in config.json (the value the weights were made with)") from err
+        if raised_building(err):  # a rope table dividing by 0, a head count: config.json, not the weights
+            raise ModelLoadError(f"transformers cannot build the model {path / 'config.json'} describes: "
+                                 f"{first_line(err)} (the weights are not at fault)",
+                                 config_fix(path, str(err))) from err
         raise UnreadableFiles(f"could not load the model in {path}: {first_line(err)}",
                              "the weights may be corrupt or truncated — re-export the directory") from err
     return model, _tokenizer(path)

@@ -69,9 +69,60 @@ def refuse_invalid_config(path: Path) -> None:
         reason = (lines[-1] if lines and lines[0].endswith(":") else lines[0] if lines else type(err).__name__)[:240]
         refuse_null_size(path, str(err))  # "max_position_embeddings": null: that field named, not layer_types
         refuse_mistyped_field(path, str(err))  # "vocab_size": 1.5, "rotary_dim": "12": that field, not layer_types
+        config = _config_of(path)  # llama refuses 3 heads of a width of 32 even with a head_dim: both fields named
+        for where, part in _config_parts(config) if config is not None else ():
+            _refuse_heads_not_dividing(path, where, part, config, head_dim_given=False)
         raise ModelLoadError(f"{path / 'config.json'} does not make a valid config: {reason}",
-                             "fix config.json so its fields agree with each other and with the weights "
-                             "(e.g. num_hidden_layers and the length of layer_types)") from None
+                             config_fix(path, str(err))) from None
+
+
+def config_fields_named(path: Path, text: str) -> list[str]:
+    """The fields of ``path/config.json`` (top level, and one level into a dict as ``outer.inner``) whose name
+    ``text`` (an error transformers raised) names as a word: the fields a fix should name, and no others."""
+    config = _config_of(path)
+    found: list[str] = []
+    for key, held in (config or {}).items():
+        if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", text):
+            found.append(key)
+        for inner in held if isinstance(held, dict) else ():
+            if len(inner) > 3 and re.search(rf"(?<!\w){re.escape(inner)}(?!\w)", text):
+                found.append(f"{key}.{inner}")
+    return found
+
+
+def config_fix(path: Path, reason: str) -> str:
+    """The fix for an error transformers raised building the config or the model's modules from config.json:
+    the fields the error names (the example about ``layer_types`` only when it is about them), never a re-export
+    of weights that are not at fault."""
+    fields = config_fields_named(path, reason)
+    if {"num_hidden_layers", "layer_types"} & set(fields):
+        return ("fix config.json so its fields agree with each other and with the weights "
+                "(e.g. num_hidden_layers and the length of layer_types)")
+    if fields:
+        return (f"fix {' and '.join(fields[:3])} in config.json (the values the model was made with), or use the "
+                "config.json saved with these weights")
+    return ("fix the field of config.json the reason is about (the value the model was made with), or use the "
+            "config.json saved with these weights")
+
+
+def raised_building(err: BaseException) -> bool:
+    """Whether ``err`` was raised while transformers built the config or the model's modules (in a config's or a
+    module's ``__init__``: a rope table dividing by a field, a head count checked against the width), not while
+    it read the weights: such an error is a config problem, and "the weights may be corrupt" would send the user
+    to re-export files that are fine."""
+    try:
+        from torch import nn
+        from transformers import PretrainedConfig
+    except ImportError:  # pragma: no cover - both are load requirements
+        return False
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in ("__init__", "__post_init__") and \
+                isinstance(frame.f_locals.get("self"), (nn.Module, PretrainedConfig)):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 SIDE_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -157,7 +208,11 @@ def refuse_unsound_routing_and_rope(path: Path) -> None:
     was torch's "selected index k out of range" at the first forward; a ``rope_theta`` that is not a positive
     finite number, or a ``partial_rotary_factor`` (gpt_neox's ``rotary_pct``) outside (0, 1], was a tensor
     size mismatch or "the weights may be corrupt". RoPE fields are read at the top level, in ``rope_parameters``
-    / ``rope_scaling`` and in their per-layer-type dicts (gemma3's ``{"full_attention": {...}, ...}``)."""
+    / ``rope_scaling`` and in their per-layer-type dicts (gemma3's ``{"full_attention": {...}, ...}``); the
+    ones transformers divides by or takes a log or a power of (llama3's ``low_freq_factor``, yarn's
+    ``original_max_position_embeddings``...) were "division by zero" blamed on the weights. Decimal fields out
+    of range (:data:`FLOAT_RANGES`), a ``query_pre_attn_scalar`` below 1 (gemma2's ``(-4) ** -0.5`` computed
+    on silently) and a head count that does not divide the width are refused here too."""
     config = _config_of(path)
     if config is None:
         return
@@ -173,6 +228,8 @@ def refuse_unsound_routing_and_rope(path: Path) -> None:
                     f'set "{picked[0]}" in config.json to at most {held[1]} (the value the model was made with, '
                     f'e.g. 2), or "{held[0]}" to the experts the weights hold')
         _refuse_bad_rope(path, where, part)
+        _refuse_out_of_range_numbers(path, where, part)
+        _refuse_heads_not_dividing(path, where, part, config)
 
 
 def _rope_blocks(where: str, part: dict) -> Iterator[tuple[str, dict]]:
@@ -205,6 +262,172 @@ def _refuse_bad_rope(path: Path, where: str, part: dict) -> None:
                 isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < float("inf")):
             raise _rope_error(path, prefix + "factor", factor, "a positive finite number, the context's scaling",
                               "2.0")
+        _refuse_bad_rope_shape(path, prefix, block, inside=prefix != where, part=part)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
+
+
+# the RoPE fields transformers' rope tables divide by, or take a log or a power of: 0 or less was "division by
+# zero" or "math domain error", blamed on the weights; attention_factor 0 scaled every cos and sin to 0 silently
+ROPE_POSITIVE = {"low_freq_factor": "1.0", "high_freq_factor": "4.0", "attention_factor": "1.0",
+                 "beta_fast": "32.0", "beta_slow": "1.0"}
+ROPE_NON_NEGATIVE = {"mscale": "1.0", "mscale_all_dim": "1.0"}  # below 0, yarn's mscale ratio can divide by 0
+
+
+def _refuse_bad_rope_shape(path: Path, prefix: str, block: dict, *, inside: bool, part: dict) -> None:
+    """The RoPE scaling fields of one block (``inside`` a rope_scaling / rope_parameters dict) that cannot work,
+    and ``original_max_position_embeddings`` wherever it is (phi3 keeps it at the top level)."""
+    context = part.get("max_position_embeddings")
+    pairs = _rotated_pairs(part, block)
+    original = block.get("original_max_position_embeddings")
+    if original is not None and not _whole(original):
+        raise _rope_error(path, prefix + "original_max_position_embeddings", original,
+                          "a whole number of at least 1, the context trained on before scaling",
+                          f"{context}, this config's max_position_embeddings" if _whole(context) else "8192")
+    if not inside:
+        return
+    for name, example in ROPE_POSITIVE.items():
+        value = block.get(name)
+        if value is not None and not (_number(value) and value > 0):
+            raise _rope_error(path, prefix + name, value, "a positive number", example)
+    for name, example in ROPE_NON_NEGATIVE.items():
+        value = block.get(name)
+        if value is not None and not (_number(value) and value >= 0):
+            raise _rope_error(path, prefix + name, value, "a number of at least 0", example)
+    for name in ("short_factor", "long_factor"):  # longrope: each frequency is divided by its entry
+        value = block.get(name)
+        if value is not None and not (isinstance(value, list) and all(_number(v) and v > 0 for v in value)):
+            raise _rope_error(path, prefix + name, value, "a list of positive numbers, one per rotated pair of "
+                              "each head", _ones(pairs))
+        if value is not None and pairs is not None and len(value) != pairs:
+            raise ModelLoadError(f"{path / 'config.json'} gives {prefix}{name} with {len(value)} entries, but each "
+                                 f"head rotates {pairs} pairs of dimensions (one entry each)",
+                                 f'set "{prefix}{name}" in config.json to the list the model was made with, '
+                                 f"{pairs} positive numbers (e.g. {_ones(pairs)})")
+    for low, high, to in (("low_freq_factor", "high_freq_factor", "1.0 and 4.0"), ("beta_slow", "beta_fast",
+                                                                                 "1.0 and 32.0")):
+        a, b = block.get(low), block.get(high)
+        if _number(a) and _number(b) and (a >= b if low == "low_freq_factor" else a > b):
+            raise ModelLoadError(
+                f"{path / 'config.json'} gives {prefix}{low} {json.dumps(a)} and {prefix}{high} {json.dumps(b)}, "
+                f"but {low} must be below {high} (transformers divides by their difference or orders by them)",
+                f'set "{prefix}{low}" and "{prefix}{high}" in config.json to the values the model was made with, '
+                f"{low} below {high} (e.g. {to})")
+
+
+def _ones(pairs: int | None) -> str:
+    """An example longrope factor list: ``pairs`` ones, written out where short enough to copy."""
+    if pairs is None:
+        return "[1.0, 1.0, ...]"
+    return json.dumps([1.0] * pairs) if pairs <= 16 else f"[1.0, 1.0, ...] ({pairs} entries)"
+
+
+def _rotated_pairs(part: dict, block: dict) -> int | None:
+    """The pairs of dimensions RoPE rotates in each head (longrope's factor lists hold one entry each), from
+    head_dim (or the width over the heads) and the partial rotary factor; None where the config does not say."""
+    dim = part.get("head_dim")
+    if not _whole(dim):
+        width, heads = part.get("hidden_size"), part.get("num_attention_heads")
+        dim = width // heads if _whole(width) and _whole(heads) and width % heads == 0 else None
+    share = block.get("partial_rotary_factor", part.get("partial_rotary_factor"))
+    share = 1.0 if share is None else share
+    if dim is None or not _number(share) or not 0 < share <= 1:
+        return None
+    return int(dim * share) // 2 or None
+
+
+# decimal fields and the range a model computes in: eps 0 or a softcap of 0 gave NaN or all-zero logits silently
+FLOAT_RANGES = {"rms_norm_eps": (False, "1e-06"), "layer_norm_eps": (False, "1e-05"),
+                "layer_norm_epsilon": (False, "1e-05"), "norm_eps": (False, "1e-05"),
+                "final_logit_softcapping": (False, "30.0"), "attn_logit_softcapping": (False, "50.0"),
+                "router_jitter_noise": (True, "0.0"), "initializer_range": (True, "0.02")}
+"""Field -> (0 allowed, an example): the others must be above 0. ``null`` is left to transformers' config."""
+EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+"""A decimal epsilon ≤ 0 is left to the probe of the logits (it names the field with the NaN it computes); an
+integer one, which transformers refuses for its type, gets its range in that refusal."""
+
+POSITIVE_WHOLE = ("query_pre_attn_scalar",)  # gemma2/3 scale queries by its ** -0.5: 0 failed, -4 ran complex
+
+
+def _refuse_out_of_range_numbers(path: Path, where: str, part: dict) -> None:
+    """A decimal field of :data:`FLOAT_RANGES` outside its range, and a :data:`POSITIVE_WHOLE` field below 1."""
+    for name in FLOAT_RANGES:
+        value = part.get(name)
+        if _number(value) and (name not in EPSILONS or isinstance(value, int)):
+            _refuse_float_out_of_range(path, where, name, value)
+    for name in POSITIVE_WHOLE:
+        value = part.get(name)
+        if value is not None and name in part and not _whole(value):
+            dim = part.get("head_dim")
+            example = f"{dim}, this config's head_dim" if _whole(dim) else "256"
+            raise ModelLoadError(f"{path / 'config.json'} gives {where}{name} {json.dumps(value)[:60]}, but it "
+                                 "must be a whole number of at least 1 (queries are scaled by its inverse square "
+                                 "root)", f'set "{name}" in config.json to the value the model was made with, '
+                                 f"usually its head_dim (e.g. {example})")
+
+
+def _refuse_float_out_of_range(path: Path, where: str, name: str, value: Any) -> None:
+    """A :data:`FLOAT_RANGES` field outside its range: named with the range and an example in it."""
+    zero_ok, example = FLOAT_RANGES[name]
+    if not (value >= 0 if zero_ok else value > 0):
+        valid = "a decimal number of at least 0" if zero_ok else "a decimal number above 0"
+        raise ModelLoadError(f"{path / 'config.json'} gives {where}{name} {json.dumps(value)}, but it must be "
+                             f"{valid}", f'set "{name}" in config.json to the value the model was made with, '
+                             f"{valid} (e.g. {example})")
+
+
+# (width, heads) field pairs: each head gets width / heads of the width where the config gives no head_dim
+_HEAD_SPLITS = (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"))
+_HEAD_DIM_KEYS = ("head_dim", "head_size", "kv_channels")
+
+
+def _refuse_heads_not_dividing(path: Path, where: str, part: dict, config: dict, *, head_dim_given: bool = True
+                               ) -> None:
+    """A head count that does not divide the width in a config with no head_dim (nor a default one in its
+    family's config class): llama's config error came with a fix about layer_types, falcon's module error with
+    "the weights may be corrupt". Named with both fields and a head count that divides the width. After
+    transformers refused the config, ``head_dim_given=False``: the width is checked whatever head_dim says."""
+    if head_dim_given and (any(_whole(part.get(key)) for key in _HEAD_DIM_KEYS) or _default_head_dim(part, config)):
+        return
+    for width_key, heads_key in _HEAD_SPLITS:
+        width, heads = part.get(width_key), part.get(heads_key)
+        if not (_whole(width) and _whole(heads)) or width % heads == 0:
+            continue
+        kv = part.get("num_key_value_heads")
+        fits = [d for d in range(1, width + 1) if width % d == 0 and (not _whole(kv) or d % kv == 0)] or [1]
+        held = _heads_held(path, kv)
+        to = held if held in fits else min(fits, key=lambda d: (abs(d - heads), -d))
+        raise ModelLoadError(
+            f"{path / 'config.json'} gives {where}{heads_key} {heads}, which does not divide {where}{width_key} "
+            f"{width} (each head gets {width_key} / {heads_key} of the width; this config gives no head_dim)",
+            f'set "{heads_key}" in config.json to {to} (a divisor of {width_key} {width}'
+            f"{', the heads the weights hold' if to == held else ''}; the value the model was made with)")
+
+
+def _default_head_dim(part: dict, config: dict) -> bool:
+    """Whether the family's config class gives head_dim a default of its own (gemma's 256), so the width need not
+    split evenly into heads; an unknown family is taken to have one (transformers refuses it anyway)."""
+    try:
+        from transformers import CONFIG_MAPPING
+
+        cls = CONFIG_MAPPING[str(part.get("model_type") or config.get("model_type"))]
+    except Exception:  # noqa: BLE001 - no such model type: transformers' own config check names it
+        return True
+    return _whole(getattr(cls, "head_dim", None))
+
+
+def _heads_held(path: Path, kv: Any) -> int | None:
+    """The attention heads the weights hold, from the query and key projections' rows and ``kv`` key heads."""
+    if not _whole(kv):
+        return None
+    q = _header_shapes(path, ("self_attn.q_proj.weight",))[:1]
+    k = _header_shapes(path, ("self_attn.k_proj.weight",))[:1]
+    if not (q and k) or k[0][0] % kv:
+        return None
+    dim = k[0][0] // kv
+    return q[0][0] // dim if dim and q[0][0] % dim == 0 else None
 
 
 def _rope_error(path: Path, field: str, value: Any, valid: str, example: str) -> ModelLoadError:
@@ -233,8 +456,8 @@ def _refuse_null_kv_heads(path: Path, where: str, part: dict) -> None:
                              f'set "num_key_value_heads" in config.json to {kv[0]}, the heads the weights hold')
 
 
-_TYPE_WORDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false",
-               "dict": "an object", "list": "a list"}
+_TYPE_WORDS = {"int": "a whole number", "float": "a decimal number (with a point, such as 1.0)", "str": "a string",
+               "bool": "true or false", "dict": "an object", "list": "a list"}
 
 
 def refuse_mistyped_field(path: Path, reason: str) -> None:
@@ -253,6 +476,12 @@ def refuse_mistyped_field(path: Path, reason: str) -> None:
     if name in SIZE_FIELDS:
         raise _size_error(path, where + name, values[name])
     wanted = re.search(rf"Field '{name}' expected (\w+)", reason)
+    value = values[name]
+    if wanted and wanted.group(1) == "float" and isinstance(value, int) and not isinstance(value, bool):
+        # 1 is a number, but transformers' config takes a float field only as a float: the fix is 1.0
+        raise ModelLoadError(f"{path / 'config.json'} gives {where + name} {value}, a whole number, but transformers "
+                             "takes it only as a decimal number (written with a point)",
+                             f'set "{name}" in config.json to {float(value)!r} (the same value with a point)')
     kind = _TYPE_WORDS.get(wanted.group(1), f"a {wanted.group(1)}") if wanted else "a value of the type it takes"
     shown = json.dumps(values[name])[:60] if isinstance(values[name], (bool, str, type(None))) else repr(values[name])[:60]
     raise ModelLoadError(f"{path / 'config.json'} gives {where + name} {shown}, which is not {kind}",
