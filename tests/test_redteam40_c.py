@@ -35,3 +35,47 @@ def test_a_fraction_is_still_refused_in_one_line(value):
 
 def test_a_float_list_keeps_its_floats():
     assert Option("alphas", str, None, parse=NumberList(float)).check([5.0, 0.5]) == ("5.0,0.5", (5.0, 0.5))
+
+
+# --- a sliding window below 1 token, refused before the load (a raw tensor-size error at the first long forward) --
+
+
+def _saved_with(tmp_path, family, **edits):
+    import json
+
+    import mechkit as mk
+
+    m = mk.load_model(f"tiny:{family}")
+    path = tmp_path / family
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(edits)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("family, window", [("mistral", -5), ("mistral", 0), ("gemma2", 0), ("gemma2", -3),
+                                            ("gemma2", None)])
+def test_a_sliding_window_below_one_token_is_refused_before_the_load_and_its_fix_works(tmp_path, family, window):
+    import torch
+
+    import mechkit as mk
+    from mechkit.errors import ModelLoadError
+
+    path = _saved_with(tmp_path, family, sliding_window=window)
+    with pytest.raises(ModelLoadError, match="sliding_window .* at least 1 token") as err:
+        mk.load_model(str(path))
+    assert 'set "sliding_window" in config.json to the window the model was made with' in err.value.fix
+    assert ("or to null for none" in err.value.fix) == (family == "mistral")  # gemma2's sliding layers need one
+    for fixed in (None, 4096) if family == "mistral" else (4096,):  # each way the fix gives, applied literally
+        path = _saved_with(tmp_path, family, sliding_window=fixed)
+        m = mk.load_model(str(path))
+        assert torch.isfinite(m(torch.tensor([list(range(3, 60))]))).all()
+
+
+def test_a_window_the_config_turns_off_is_left_as_it_is(tmp_path):
+    import mechkit as mk
+
+    path = _saved_with(tmp_path, "qwen2", sliding_window=0, use_sliding_window=False)
+    assert mk.load_model(str(path)).model.config.sliding_window is None

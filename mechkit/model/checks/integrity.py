@@ -63,7 +63,7 @@ def refuse_invalid_config(path: Path) -> None:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        built = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:
         lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
         reason = (lines[-1] if lines and lines[0].endswith(":") else lines[0] if lines else type(err).__name__)[:240]
@@ -74,6 +74,28 @@ def refuse_invalid_config(path: Path) -> None:
             _refuse_heads_not_dividing(path, where, part, config, head_dim_given=False)
         raise ModelLoadError(f"{path / 'config.json'} does not make a valid config: {reason}",
                              config_fix(path, str(err))) from None
+    _refuse_bad_window(path, built)
+
+
+def _refuse_bad_window(path: Path, built: Any) -> None:
+    """A sliding window below 1 token where the built config uses one (``sliding_window`` -5 or 0; ``null`` where
+    ``layer_types`` holds sliding layers): transformers built a mask that fits no sequence longer than the window's
+    size, a raw "size of tensor a (37) must match" or "Could not find a sliding_window" at the first long forward.
+    Read from the config transformers builds, which drops a window its config turns off (qwen2's
+    ``use_sliding_window: false``)."""
+    for where, config in (("", built), ("text_config.", getattr(built, "text_config", None))):
+        if config is None or (where and config is built):
+            continue
+        window = getattr(config, "sliding_window", None)
+        sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        if (window is None and not sliding) or _whole(window):
+            continue
+        none = "" if sliding else ", or to null for none"
+        raise ModelLoadError(f"{path / 'config.json'} gives {where}sliding_window {json.dumps(window)[:60]}, but "
+                             + ("its layer_types hold sliding layers, which need a window of at least 1 token"
+                                if window is None else "a window must hold at least 1 token"),
+                             f'set "sliding_window" in config.json to the window the model was made with (e.g. '
+                             f"4096){none}")
 
 
 def config_fields_named(path: Path, text: str) -> list[str]:
