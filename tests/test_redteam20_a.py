@@ -68,7 +68,7 @@ needs_root = pytest.mark.skipif(__import__("os").geteuid() != 0 or not __import_
 def test_a_place_on_a_device_is_the_same_under_every_mount_that_shows_it():
     from pathlib import Path
 
-    from mechkit.io.out import mount_place
+    from mechkit.io.read import mount_place
 
     mounts = [("8:1", "/", "/"), ("8:1", "/data/cache/runs", "/mnt/rb"), ("0:5", "/", "/tmp"),
               ("8:1", "/data", "/srv/d")]

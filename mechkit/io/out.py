@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from mechkit.errors import MechkitError
-from mechkit.io.read import mount_place, mount_points, mounts
+from mechkit.io.read import is_mount_point, live_place, mount_points
 
 
 def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["dir", "file"] = "dir",
@@ -121,7 +121,10 @@ def refuse_mount_point(path: Path) -> None:
     (``mount --bind data vf.safetensors``) is refused the same way: a task vector is put in place by
     renaming a new file over it, and that too failed only after the work, naming a temporary path."""
     real = _real(path)
-    if real == Path(real.anchor) or not (os.path.ismount(real) or str(real) in mount_points()):
+    if real == Path(real.anchor):
+        return
+    mounted = is_mount_point(real)  # as the system resolves the name now: a listed mount a later one hides is none
+    if not (mounted if mounted is not None else os.path.ismount(real) or str(real) in mount_points()):
         return
     if real.is_dir():
         inside = path / "run"
@@ -180,8 +183,7 @@ def _within(path: Path, root: Path) -> bool:
     root_id = _identity(root)
     if root_id is not None and any(_identity(p) == root_id for p in (path, *path.parents)):
         return True
-    found = mounts()  # a bind mount of a folder *inside* root shares no identity with root itself
-    here, there = mount_place(path, found), mount_place(root, found)
+    here, there = live_place(path), live_place(root)  # a bind mount of a folder *inside* root: not root's identity
     return here is not None and there is not None and here[0] == there[0] and (
         here[1] == there[1] or there[1] in here[1].parents)
 

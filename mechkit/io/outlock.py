@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError, ReportExistsError
-from mechkit.io.locks import HELD, OutInUseError, holder, lock_path, refuse_locked_ancestor, whose
+from mechkit.io.locks import HELD, OutInUseError, holder, lock_path, real_place, refuse_locked_ancestor, whose
 from mechkit.io.out import check_out
 
 
@@ -258,7 +258,7 @@ def settle_interrupted(directory: str | os.PathLike[str]) -> None:
     """
     from mechkit.io.journal import journal_path
 
-    real = Path(os.path.realpath(directory))
+    real = real_place(directory)  # through a bind mount of the run's folder: the journal beside its own name
     if not journal_path(real).exists():
         return
     try:

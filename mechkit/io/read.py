@@ -94,7 +94,13 @@ def mounts() -> list[tuple[str, str, str]]:
     """``(device, root, mount point)`` of each mount in ``/proc/self/mountinfo``, in its order (a later mount
     at one point hides an earlier one): ``root`` is the directory of the device's file system that the mount
     shows (``/`` for a whole file system, the source directory of a bind mount). Read here, below every module
-    of :mod:`mechkit.io`, for ``--out``'s checks and the removers of the cache and of leftovers alike."""
+    of :mod:`mechkit.io`, for ``--out``'s checks and the removers of the cache and of leftovers alike. A mount
+    hidden under a later one is still listed: where that matters, :func:`live_place` asks which one is live."""
+    return [(device, root, point) for _, device, root, point in _mount_rows()]
+
+
+def _mount_rows() -> list[tuple[int, str, str, str]]:
+    """``(mount id, device, root, mount point)`` of each mount the kernel lists, in its order."""
     import re
 
     data = read_regular(MOUNTINFO, 64 * 2**20)
@@ -106,13 +112,63 @@ def mounts() -> list[tuple[str, str, str]]:
         return octal.sub(lambda m: chr(int(m.group(1), 8)), text)
 
     fields = (line.split(" ") for line in data.decode("utf-8", "surrogateescape").splitlines())
-    return [(f[2], plain(f[3]), plain(f[4])) for f in fields if len(f) > 4]
+    return [(int(f[0]), f[2], plain(f[3]), plain(f[4])) for f in fields if len(f) > 4 and f[0].isdigit()]
+
+
+def mount_id(path: str | os.PathLike[str]) -> int | None:
+    """The id of the mount ``path`` is on as the system resolves it now (``/proc/self/fdinfo``'s ``mnt_id`` of a
+    descriptor opened on it), else ``None`` (missing, or not Linux). A mount hidden under a later one is listed
+    still; this is the one a name reaches."""
+    import contextlib
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+        return None
+    finally:
+        os.close(fd)
+
+
+def is_mount_point(path: Path) -> bool | None:
+    """Whether the real path ``path`` is a mount point as the system resolves it now (its mount is not its
+    parent's: a bind mount of a folder of the same disk too); ``None`` where that cannot be told (not Linux). A
+    mount the kernel still lists under a later one covering it is no mount point of any name."""
+    here, above = mount_id(path), mount_id(path.parent)
+    return None if here is None or above is None else here != above
+
+
+def _existing(path: Path) -> Path:
+    return next((p for p in (path, *path.parents) if os.path.lexists(p)), Path(path.anchor))
+
+
+def live_place(path: Path) -> tuple[str, Path] | None:
+    """Where the real path ``path`` is on its device, through the mount its name reaches now (not one a later
+    mount hides): ``(device, path within the device's file system)``; else by the mount list alone
+    (:func:`mount_place`), ``None`` where no mount is known."""
+    rows = _mount_rows()
+    found = _existing(path)
+    mid = mount_id(found)
+    row = next((r for r in rows if r[0] == mid), None)
+    if row is None:
+        return mount_place(path, [(d, r, p) for _, d, r, p in rows])
+    _, device, root, point = row
+    try:
+        inner = path.relative_to(point)
+    except ValueError:  # a point this namespace names otherwise: the list by names alone
+        return mount_place(path, [(d, r, p) for _, d, r, p in rows])
+    return device, Path(os.path.normpath(Path(root) / inner))
 
 
 def mount_place(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, Path] | None:
-    """Where ``path`` (a real path) is on its device: ``(device, path within the device's file system)``,
-    through the deepest mount that holds it. Two names of one place (a bind mount of a directory, of its
-    parent or of a folder inside it) give one place; ``None`` where no mount is known (not Linux)."""
+    """Where ``path`` (a real path) is on its device by the mount list alone: ``(device, path within the device's
+    file system)``, through the deepest mount that holds it. Two names of one place (a bind mount of a directory,
+    of its parent or of a folder inside it) give one place; ``None`` where no mount is known (not Linux)."""
     best = None
     for device, root, point in mounts:
         at = Path(point)
@@ -125,31 +181,42 @@ def mount_place(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, Pa
 
 
 def canonical_place(path: Path) -> Path:
-    """The name of the real path ``path`` through its file system's own mount, not a bind mount's: ``c/sub``
-    where ``c`` is ``mount --bind a/r c`` is ``a/r/sub``. Locks are named by it, so two names of one directory
-    share one lock (a run writing ``c/sub`` went on inside ``a/r`` that another run held). ``path`` itself
-    where no other name is known (not Linux, or the device has no mount showing that folder elsewhere), or
-    where the other name's folder cannot be seen from here (hidden under another mount).
+    """One name for the real path ``path`` whatever bind mount reaches it: ``c/sub`` where ``c`` is
+    ``mount --bind a/r c`` is ``a/r/sub``. Locks and journals are named by it, so two names of one directory share
+    one lock (a run writing ``c/sub`` went on inside ``a/r`` that another run held).
+
+    The name goes through the mount of that device showing the most of its file system (the shortest root), among
+    those through which the place is reachable now: a mount hidden under a later one, still listed, is passed
+    over (its name leads elsewhere; a lock was taken beside another folder). Which name that is depends on the
+    place alone, never on the name given. ``path`` itself where no other is known (not Linux).
 
     >>> canonical_place(Path("/")) == Path("/")
     True
     """
-    found = mounts()
-    place = mount_place(path, found)
+    place = live_place(path)
     if place is None:
         return path
     device, inner = place
-    best = None  # the mount of that device showing the most of its file system: the shortest root holding it
-    for dev, root, point in found:
-        at = Path(root)
-        if dev == device and (inner == at or at in inner.parents) and (best is None or len(at.parts) < len(best[0].parts)):
-            best = (at, Path(point))
-    if best is None:
-        return path
-    name = Path(os.path.normpath(best[1] / inner.relative_to(best[0])))
-    if name == path or mount_place(name, found) != place:  # that name now leads elsewhere (a later mount over it)
-        return path
-    return name
+    found = _existing(path)
+    known = _identity(found)
+    held = Path(os.path.normpath(Path(inner) / os.path.relpath(found, path))) if found != path else inner
+    rows = sorted(((len(Path(root).parts), n, root, point) for n, (_, dev, root, point) in enumerate(_mount_rows())
+                   if dev == device and (inner == Path(root) or Path(root) in inner.parents)))
+    for _, _, root, point in rows:
+        name = Path(os.path.normpath(Path(point) / inner.relative_to(root)))
+        if held == Path(root) or Path(root) in held.parents:
+            there = Path(os.path.normpath(Path(point) / held.relative_to(root)))
+            if known is not None and _identity(there) == known:  # reachable by this name now, not hidden
+                return name
+    return path
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
 
 
 def read_regular_text(path: str | os.PathLike[str], limit: int = 32 * 2**20) -> str | None:

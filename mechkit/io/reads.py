@@ -53,6 +53,7 @@ DISPLAY = frozenset({  # how a terminal shows output (rich, tqdm and shutil read
 LISTED = "#"  # what leads a listed folder's entry
 CWD = "%"  # the entry of a working directory relative paths were read from
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
+SET_ENV = "$="  # what leads the entry of a variable read and then set by the run's own code (no name holds "=")
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
@@ -73,7 +74,8 @@ class Reads:
         self.listed: dict[str, None] = {}
         self.written: set[str] = set()
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
-        self.env_set: set[str] = set()  # variables the process set or removed itself: its code decides them
+        self.env_set: set[str] = set()  # variables the run set or removed itself: its code decides them
+        self.prior: dict[str, str | None] = {}  # each of those -> the value it had before the run set it
         self.cwds: dict[str, None] = {}  # the working directories relative paths were opened or listed from
         self.blind = False  # a file was opened that cannot be named (relative to a folder descriptor)
 
@@ -88,10 +90,13 @@ class Reads:
             self.env.setdefault(name, value)
         for cwd in other.cwds:
             self.cwds.setdefault(cwd)
+        for name, value in other.prior.items():
+            self.prior.setdefault(name, value)
+        self.env_set |= other.env_set
 
     def note_env(self, name: str, value: str | None) -> None:
         if name not in DISPLAY and name not in self.env_set and len(self.env) <= MAX_READS:
-            self.env.setdefault(name, _PRIOR.get(name, value))  # one the process set before: what it was given
+            self.env.setdefault(name, value)
 
     def note(self, path: str, writes: bool) -> None:
         real = os.path.realpath(path)
@@ -117,7 +122,7 @@ class Reads:
         if self.blind:
             return [[BLIND, "a file opened relative to a folder descriptor"]]
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
-                + [[ENV + k, v] for k, v in list(self.env.items())]
+                + [[(SET_ENV if k in self.env_set else ENV) + k, v] for k, v in list(self.env.items())]
                 + [[CWD, c] for c in list(self.cwds)])
 
 
@@ -199,8 +204,11 @@ def changed(kept: object) -> str | None:
         if item[0] == CWD:  # "notes.txt" read in another folder is another file, unchanged as it may be
             if _cwd() != item[1]:
                 return CWD + item[1]
+        elif item[0].startswith(SET_ENV):
+            if given(item[0][len(SET_ENV):]) != item[1]:
+                return ENV + item[0][len(SET_ENV):]
         elif item[0].startswith(ENV):
-            if given(item[0][len(ENV):]) != item[1]:
+            if _get(os.environ, item[0][len(ENV):]) != item[1]:
                 return item[0]
         elif item[0].startswith(LISTED):
             if listing(item[0][len(LISTED):]) != item[1]:
@@ -248,29 +256,77 @@ def _get(environ: object, name: str) -> str | None:
 _ORIGINAL = (_get, type(os.environ).__getitem__, type(os.environ).__setitem__, type(os.environ).__delitem__)
 
 
-_PRIOR: dict[str, str | None] = {}  # a variable a recorded run set or removed -> the value it had before: the user's
+def _by_name(frame: Any) -> bool:
+    """Whether ``os.environ`` was read for a variable named by its caller (``os.environ["X"]``, ``.get``,
+    ``os.getenv``, ``in``: a subscript in the calling frame), not in a walk over all of it: ``os.environ.copy()``,
+    ``{**os.environ}``, ``dict(os.environ)`` (each value read from C, the caller at a call) and ``.items()``
+    (``collections.abc``'s ``__iter__``), as tqdm's import and a subprocess's ``env=`` do. Those recorded every
+    variable, and a rerun with any other one changed (``$OLDPWD``) was refused. An instruction this Python names
+    otherwise counts as a read by name."""
+    try:
+        code = frame.f_code
+        if code.co_name == "__iter__" and frame.f_globals.get("__name__") in ("_collections_abc", "collections.abc"):
+            return False
+        op = _opname_at(code, frame.f_lasti)
+    except (AttributeError, TypeError, ValueError):
+        return True
+    return op not in _WALK_OPS
+
+
+@functools.lru_cache(maxsize=512)
+def _opnames(code: Any) -> tuple[list[int], list[str]]:
+    import dis
+
+    found = list(dis.get_instructions(code))
+    return [i.offset for i in found], [i.opname for i in found]
+
+
+def _opname_at(code: Any, lasti: int) -> str:
+    """The instruction a frame is at (its last offset may name an inline cache entry after it, in 3.11)."""
+    import bisect
+
+    offsets, names = _opnames(code)
+    at = bisect.bisect_right(offsets, lasti) - 1
+    return names[at] if at >= 0 else ""
+
+
+_WALK_OPS = frozenset({"CALL", "PRECALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_KW", "CALL_METHOD",
+                       "DICT_UPDATE", "DICT_MERGE", "BUILD_MAP_UNPACK", "BUILD_MAP_UNPACK_WITH_CALL"})
 
 
 def _set_here(environ: object, name: object) -> None:
-    """Note that this process itself set or removed ``name`` (sklearn's import sets KMP_DUPLICATE_LIB_OK): its
-    code, keyed already, decides what later reads see, so those are not recorded; what it was given is kept
-    (:data:`_PRIOR`), and that is what a record compares. A value read before the set stays recorded:
-    ``os.environ.setdefault("X", "1")`` and ``os.environ["X"] = os.environ.get("X", "1")`` read the user's ``X``."""
+    """Note that code sets or removes ``name``. Set by a recorded run's code (sklearn's import sets
+    KMP_DUPLICATE_LIB_OK), its later reads in that run see its code's value and are not recorded; what it held
+    before is kept, for the run (:attr:`Reads.prior`) and for the process (:data:`_GIVEN`, the first such value:
+    the user's). A value read before the set stays recorded, as read and then set (:data:`SET_ENV`):
+    ``os.environ.setdefault("X", "1")`` reads the user's ``X``. Set outside a recorded run (a notebook's own
+    ``os.environ["X"] = "3"``), the new value is the user's."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    if isinstance(name, str):
-        if not _ACTIVE:  # set between runs (a notebook's own os.environ["X"] = "3"): what the process is given now
-            _PRIOR.pop(name, None)
-        elif name not in _PRIOR:  # os.environb's names too: the two are one environment
-            _PRIOR[name] = _get(os.environ, name)
-        for reads in list(_ACTIVE):
-            reads.env_set.add(name)
+    if not isinstance(name, str):
+        return
+    before = _get(os.environ, name)  # os.environb's names too: the two are one environment
+    if not _ACTIVE:
+        _GIVEN.pop(name, None)
+        return
+    _GIVEN.setdefault(name, before)
+    for reads in list(_ACTIVE):
+        reads.prior.setdefault(name, before)
+        reads.env_set.add(name)
+
+
+_GIVEN: dict[str, str | None] = {}  # a variable a recorded run's code set -> the value the user had given it
 
 
 def given(name: str) -> str | None:
-    """The value the variable ``name`` was given: before a recorded run of this process set it, if one did, else
-    as it is now (a value set between runs, as a notebook does, is the user's)."""
-    return _PRIOR[name] if name in _PRIOR else _get(os.environ, name)
+    """What the variable ``name`` holds as the user gave it, for an entry read and then set by a run's own code:
+    before the run now recorded set it, if it did; else before any recorded run of this process set it (a rerun in
+    the same notebook, sklearn imported by the first run); else as it is. A variable the run only read is compared
+    as it is: another run's setting it (``os.environ["SCALE"] = "5"``) is this run's input."""
+    reads = current()
+    if reads is not None and name in reads.prior:
+        return reads.prior[name]
+    return _GIVEN[name] if name in _GIVEN else _get(os.environ, name)
 
 
 def _environ_set(environ: object, name: Any, value: Any) -> None:
@@ -287,7 +343,9 @@ def _environ_item(environ: object, name: str) -> str:
     """``os.environ[name]`` (behind ``os.getenv`` and ``os.environ.get`` too), recorded while a run is: a variable
     the plugin reads decides its steps as a file does (a kill, ``SCALE=2``, a rerun: steps of both mixed)."""
     value = _get(environ, name)
-    if environ is os.environ and isinstance(name, str):
+    if not _by_name(sys._getframe(1)):  # a walk over the environment: its values are read as its names are
+        pass
+    elif environ is os.environ and isinstance(name, str):
         for reads in list(_ACTIVE):
             reads.note_env(name, value)
     elif environ is getattr(os, "environb", None) and isinstance(name, bytes):  # os.getenvb, os.environb[b"X"]
@@ -299,8 +357,9 @@ def _environ_item(environ: object, name: str) -> str:
 
 
 def _hook_once() -> None:
-    """The audit hook, and ``os.environ``'s setters, which stay: a variable the process sets between recorded
-    runs (a library imported then) keeps the value it was given in :data:`_PRIOR`."""
+    """The audit hook, ``os.environ``'s setters and ``os.open``, which stay (they do nothing while no run is
+    recorded): the hook cannot be removed, and a setter or ``os.open`` a library took a reference to meanwhile
+    would be the unrecorded one."""
     global _HOOKED
     with _GUARD:
         if not _HOOKED:
@@ -409,4 +468,4 @@ def _open_at(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = N
 _OS_OPEN = os.open
 
 
-__all__ = ["BLIND", "CWD", "DISPLAY", "ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["BLIND", "CWD", "DISPLAY", "ENV", "SET_ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]

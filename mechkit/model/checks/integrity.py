@@ -81,21 +81,26 @@ def _refuse_bad_window(path: Path, built: Any) -> None:
     """A sliding window below 1 token where the built config uses one (``sliding_window`` -5 or 0; ``null`` where
     ``layer_types`` holds sliding layers): transformers built a mask that fits no sequence longer than the window's
     size, a raw "size of tensor a (37) must match" or "Could not find a sliding_window" at the first long forward.
-    Read from the config transformers builds, which drops a window its config turns off (qwen2's
-    ``use_sliding_window: false``)."""
+    A window is used where ``layer_types`` holds a sliding layer, or, where the config lists no layer types, where
+    it is set and not turned off (``use_sliding_window: false``: qwen2-moe's config then makes any window 0). The
+    value named is config.json's."""
+    raw = _config_of(path) or {}
     for where, config in (("", built), ("text_config.", getattr(built, "text_config", None))):
         if config is None or (where and config is built):
             continue
-        window = getattr(config, "sliding_window", None)
-        sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
-        if (window is None and not sliding) or _whole(window):
+        window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+        used = "sliding_attention" in types if isinstance(types, (list, tuple)) and types else \
+            window is not None and getattr(config, "use_sliding_window", True) is not False
+        if not used or _whole(window):
             continue
-        none = "" if sliding else ", or to null for none"
-        raise ModelLoadError(f"{path / 'config.json'} gives {where}sliding_window {json.dumps(window)[:60]}, but "
+        part = raw.get("text_config") if where and isinstance(raw.get("text_config"), dict) else raw
+        given = part.get("sliding_window", window) if isinstance(part, dict) else window
+        sliding = isinstance(types, (list, tuple)) and "sliding_attention" in types
+        raise ModelLoadError(f"{path / 'config.json'} gives {where}sliding_window {json.dumps(given)[:60]}, but "
                              + ("its layer_types hold sliding layers, which need a window of at least 1 token"
-                                if window is None else "a window must hold at least 1 token"),
+                                if given is None else "a window must hold at least 1 token"),
                              f'set "sliding_window" in config.json to the window the model was made with (e.g. '
-                             f"4096){none}")
+                             f"4096){'' if sliding else ', or to null for none'}")
 
 
 def config_fields_named(path: Path, text: str) -> list[str]:
@@ -419,11 +424,13 @@ def _refuse_heads_not_dividing(path: Path, where: str, part: dict, config: dict,
             continue
         kv = part.get("num_key_value_heads")
         fits = [d for d in range(1, width + 1) if width % d == 0 and (not _whole(kv) or d % kv == 0)] or [1]
-        held = _heads_held(path, kv)
+        dim = next((part.get(key) for key in _HEAD_DIM_KEYS if _whole(part.get(key))), None)
+        held = _heads_held(path, kv, dim)
         to = held if held in fits else min(fits, key=lambda d: (abs(d - heads), -d))
         raise ModelLoadError(
             f"{path / 'config.json'} gives {where}{heads_key} {heads}, which does not divide {where}{width_key} "
-            f"{width} (each head gets {width_key} / {heads_key} of the width; this config gives no head_dim)",
+            f"{width} (each head gets {width_key} / {heads_key} of the width"
+            f"{'; this config gives no head_dim' if dim is None else ', which this family asks even with a head_dim'})",
             f'set "{heads_key}" in config.json to {to} (a divisor of {width_key} {width}'
             f"{', the heads the weights hold' if to == held else ''}; the value the model was made with)")
 
@@ -440,11 +447,14 @@ def _default_head_dim(part: dict, config: dict) -> bool:
     return _whole(getattr(cls, "head_dim", None))
 
 
-def _heads_held(path: Path, kv: Any) -> int | None:
-    """The attention heads the weights hold, from the query and key projections' rows and ``kv`` key heads."""
+def _heads_held(path: Path, kv: Any, dim: int | None = None) -> int | None:
+    """The attention heads the weights hold: the query projection's rows over ``dim`` (the config's head_dim) where
+    it gives one, else over the key projection's rows per ``kv`` key head (a kv count edited too gave a wrong one)."""
+    q = _header_shapes(path, ("self_attn.q_proj.weight",))[:1]
+    if q and dim:
+        return q[0][0] // dim if q[0][0] % dim == 0 else None
     if not _whole(kv):
         return None
-    q = _header_shapes(path, ("self_attn.q_proj.weight",))[:1]
     k = _header_shapes(path, ("self_attn.k_proj.weight",))[:1]
     if not (q and k) or k[0][0] % kv:
         return None

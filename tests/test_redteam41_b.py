@@ -1,0 +1,180 @@
+"""Red-team pass 41 (b), fixed.
+
+F1 (silently wrong): a variable an earlier run of the same process set was recorded, for a later run, as the value
+it had before that earlier run; a rerun in a fresh process resumed steps computed under the other value. What a run
+sets is now its own record's (``Reads.prior``), never the next run's. F2 (over-refusal): a walk over the environment
+(``{**os.environ}`` for a subprocess, ``os.environ.copy()``, tqdm's ``.items()``) recorded every variable, and a
+rerun with any of them changed did not resume. F3: qwen2-moe's configs with ``use_sliding_window: false`` (every
+real checkpoint) were refused, whatever window they named. F4: the heads the weights hold were counted from an
+edited key-head count where the config gives a head_dim.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+
+import pytest
+from rich.console import Console
+
+import mechkit as mk
+from mechkit.errors import ModelLoadError
+
+CALLS: list[str] = []
+STOP: list[bool] = []
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+
+
+def _quiet():
+    return Console(file=io.StringIO(), width=400)
+
+
+def _stepping(name, *computes):
+    class Stepping(mk.Plugin):
+        version, summary, needs_model = "0.1", "steps", False
+
+        def run(self, ctx):
+            values = {}
+            for i, compute in enumerate(computes):
+                values[f"s{i}"] = ctx.step(f"s{i}", lambda c=compute, i=i: CALLS.append(f"s{i}") or c())
+                if STOP and i == 0:
+                    raise KeyboardInterrupt
+            return mk.Result(results=values)
+
+    Stepping.name = name
+    return Stepping
+
+
+def _stop_then_rerun(tmp_path, plugin, change):
+    CALLS.clear()
+    STOP.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mk.run(plugin, out=tmp_path / plugin.name, console=_quiet())
+    finally:
+        STOP.clear()
+    change()
+    log = io.StringIO()
+    run = mk.run(plugin, out=tmp_path / plugin.name, console=Console(file=log, width=400))
+    return run.report["results"], log.getvalue()
+
+
+def test_a_variable_an_earlier_run_set_is_the_next_runs_input(tmp_path, cache, monkeypatch):
+    monkeypatch.delenv("RT41B_SCALE", raising=False)
+
+    class Sets(mk.Plugin):
+        name, version, summary, needs_model = "rt41b-sets", "0.1", "sets a variable", False
+
+        def run(self, ctx):
+            os.environ["RT41B_SCALE"] = "5"
+            return mk.Result(results={"set": 1})
+
+    mk.run(Sets, out=tmp_path / "sets", console=_quiet())
+    read = lambda: os.environ.get("RT41B_SCALE", "1")  # noqa: E731
+    results, log = _stop_then_rerun(tmp_path, _stepping("rt41b-reads", read, read),
+                                    lambda: monkeypatch.delenv("RT41B_SCALE"))  # a fresh process: nothing set it
+    assert results == {"s0": "1", "s1": "1"} and "variable RT41B_SCALE, which the run read, has changed" in log
+
+
+@pytest.mark.parametrize("walk", ["subprocess", "copy", "items", "dict"])
+def test_a_walk_over_the_environment_is_no_read_of_each_variable(tmp_path, cache, monkeypatch, walk):
+    monkeypatch.setenv("RT41B_UNRELATED", "1")
+    walks = {
+        "subprocess": lambda: subprocess.run(["echo", "hi"], env={**os.environ, "LC_ALL": "C"}, capture_output=True,
+                                             text=True).stdout,
+        "copy": lambda: len(os.environ.copy()) > 0,
+        "items": lambda: sum(1 for _ in os.environ.items()) > 0,
+        "dict": lambda: len(dict(os.environ)) > 0,
+    }
+    plugin = _stepping(f"rt41b-walk-{walk}", walks[walk])
+    results, log = _stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT41B_UNRELATED", "2"))
+    assert CALLS == ["s0"] and log == "", log
+
+
+def test_a_variable_read_by_name_beside_a_walk_is_still_recorded(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("RT41B_NAMED", "1")
+
+    def both():
+        env = {**os.environ}
+        return env.get("PATH") is not None and os.environ["RT41B_NAMED"]
+
+    results, log = _stop_then_rerun(tmp_path, _stepping("rt41b-named", both),
+                                    lambda: monkeypatch.setenv("RT41B_NAMED", "2"))
+    assert results == {"s0": "2"} and "variable RT41B_NAMED, which the run read, has changed" in log
+
+
+def _qwen2_moe(tmp_path, **edits):
+    import torch
+    import transformers as T
+
+    from mechkit.model.sources.tiny import SPECIAL_TOKENS, byte_tokenizer
+
+    torch.manual_seed(0)
+    config = T.Qwen2MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+                              sliding_window=32768, use_sliding_window=False, **SPECIAL_TOKENS)
+    path = tmp_path / "qm"
+    T.Qwen2MoeForCausalLM(config).save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    data = json.loads((path / "config.json").read_text())
+    data.update(edits)
+    if "use_sliding_window" in edits:  # the layer types follow it, as the config builds them
+        data.pop("layer_types", None)
+    (path / "config.json").write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("window", [32768, 4096, None, 0])
+def test_a_window_the_config_turns_off_never_refuses_a_qwen2_moe(tmp_path, window):
+    import torch
+
+    m = mk.load_model(str(_qwen2_moe(tmp_path, sliding_window=window)))
+    assert torch.isfinite(m(torch.tensor([list(range(3, 43))]))).all()
+
+
+def test_a_window_named_in_the_refusal_is_config_jsons(tmp_path):
+    path = _qwen2_moe(tmp_path, sliding_window=-5, use_sliding_window=True)
+    with pytest.raises(ModelLoadError, match="gives sliding_window -5, but a window must hold at least 1 token"):
+        mk.load_model(str(path))
+
+
+def test_the_heads_the_weights_hold_are_counted_by_the_configs_head_dim(tmp_path):
+    m = mk.load_model("tiny:llama")
+    path = tmp_path / "l"
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    heads, dim = config["num_attention_heads"], config.get("head_dim") or config["hidden_size"] // config[
+        "num_attention_heads"]
+    config.update(num_attention_heads=3, num_key_value_heads=1, head_dim=dim)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as err:
+        mk.load_model(str(path))
+    assert f'set "num_attention_heads" in config.json to {heads}' in err.value.fix, err.value
+    assert "this config gives no head_dim" not in str(err.value)
+
+
+def test_a_variable_read_unset_then_set_by_another_run_starts_the_step_afresh(tmp_path, cache, monkeypatch):
+    monkeypatch.delenv("RT41B_LATER", raising=False)
+
+    class Sets(mk.Plugin):
+        name, version, summary, needs_model = "rt41b-sets-later", "0.1", "sets a variable", False
+
+        def run(self, ctx):
+            os.environ["RT41B_LATER"] = "5"
+            return mk.Result(results={"set": 1})
+
+    read = lambda: os.environ.get("RT41B_LATER", "1")  # noqa: E731
+    try:
+        results, log = _stop_then_rerun(tmp_path, _stepping("rt41b-reads-later", read, read),
+                                        lambda: mk.run(Sets, out=tmp_path / "sets", console=_quiet()))
+    finally:
+        os.environ.pop("RT41B_LATER", None)
+    assert results == {"s0": "5", "s1": "5"} and "variable RT41B_LATER, which the run read, has changed" in log
