@@ -178,3 +178,63 @@ def test_a_variable_read_unset_then_set_by_another_run_starts_the_step_afresh(tm
     finally:
         os.environ.pop("RT41B_LATER", None)
     assert results == {"s0": "5", "s1": "5"} and "variable RT41B_LATER, which the run read, has changed" in log
+
+
+# --- pass 42 (b) -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["format_map", "itemgetter", "dunder"])
+def test_a_variable_read_by_name_through_a_call_is_recorded(tmp_path, cache, monkeypatch, how):
+    import operator
+
+    monkeypatch.setenv("RT42B_X", "1")
+    reads = {"format_map": lambda: "{RT42B_X}".format_map(os.environ),
+             "itemgetter": lambda: operator.itemgetter("RT42B_X")(os.environ),
+             "dunder": lambda: os.environ.__getitem__("RT42B_X")}
+    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt42b-call-{how}", reads[how]),
+                                    lambda: monkeypatch.setenv("RT42B_X", "2"))
+    assert results == {"s0": "2"} and "variable RT42B_X, which the run read, has changed" in log
+
+
+def test_a_listing_then_a_read_by_name_records_the_read(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("RT42B_Y", "1")
+
+    def compute():
+        names = list(os.environ)
+        return "{RT42B_Y}".format_map(os.environ) if names else ""
+
+    results, log = _stop_then_rerun(tmp_path, _stepping("rt42b-list-then-read", compute),
+                                    lambda: monkeypatch.setenv("RT42B_Y", "2"))
+    assert results == {"s0": "2"} and "variable RT42B_Y" in log
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def test_a_use_sliding_window_key_the_family_never_reads_turns_no_window_off(tmp_path, family):
+    m = mk.load_model(f"tiny:{family}")
+    path = tmp_path / family
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(sliding_window=0, use_sliding_window=False)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="gives sliding_window 0, but a window must hold at least 1 token"):
+        mk.load_model(str(path))
+
+
+def test_a_whole_query_scale_written_with_a_point_is_fixed_to_that_value(tmp_path):
+    import shutil
+
+    m = mk.load_model("tiny:gemma2")
+    path = tmp_path / "g"
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config["query_pre_attn_scalar"] = 256.0
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as err:
+        mk.load_model(str(path))
+    assert "e.g. 256, the value written whole" in err.value.fix
+    config["query_pre_attn_scalar"] = 256
+    (path / "config.json").write_text(json.dumps(config))
+    assert mk.load_model(str(path)).model.config.query_pre_attn_scalar == 256
+    shutil.rmtree(path)

@@ -71,16 +71,30 @@ class _HeldHere(threading.local):
     another run's, and refused like one (its ``flock`` is taken on another open file)."""
 
     def __init__(self) -> None:
-        self.paths: set[Path] = set()
+        self.paths: dict[Path, tuple[int, int] | None] = {}  # each lock file held -> its device and inode
 
     def __contains__(self, path: object) -> bool:
-        return path in self.paths
+        """A lock file held here, by its name or, under another name, by its identity: a mount added or removed
+        during the run changes the name a place's lock is given (:func:`real_place`), and the run's own lock was
+        then refused as another's, after all its work."""
+        if path in self.paths:
+            return True
+        known = [held for held in self.paths.values() if held is not None]
+        return bool(known) and isinstance(path, (str, os.PathLike)) and _file_identity(path) in known
 
     def add(self, path: Path) -> None:
-        self.paths.add(path)
+        self.paths[path] = _file_identity(path)
 
     def discard(self, path: Path) -> None:
-        self.paths.discard(path)
+        self.paths.pop(path, None)
+
+
+def _file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    try:
+        info = os.lstat(path)
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
 
 
 HELD = _HeldHere()

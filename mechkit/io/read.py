@@ -86,8 +86,23 @@ def mount_points() -> frozenset[str]:
     """Every mount point the kernel lists for this process (``/proc/self/mountinfo``'s 5th field, octal escapes
     undone); empty where the file is absent (not Linux). ``os.path.ismount`` compares a directory with its parent,
     so it misses a bind mount of a directory of the same disk (``mount --bind userdir runs/K/finetune``): a cache
-    clear through it deleted the user's files, and such an ``--out`` took a lock of its own beside the real one."""
-    return frozenset(point for _, _, point in mounts())
+    clear through it deleted the user's files, and such an ``--out`` took a lock of its own beside the real one.
+    A mount a later one covers is still listed, but it is no mount point of any name (its name reaches the cover):
+    where the system says which mount a name reaches (:func:`mount_id`), it is left out. Its "unmount it first"
+    was a fix ``umount`` answered with "not mounted"."""
+    rows = _mount_rows()
+    order = {mid: n for n, (mid, _, _, _) in enumerate(rows)}
+    points = {mid: Path(p) for mid, _, _, p in rows}
+    live: set[str] = set()
+    for point in {p for _, _, _, p in rows}:
+        here = [order[mid] for mid, _, _, p in rows if p == point]
+        reached = mount_id(_existing(Path(point)))  # a name the cover does not hold: the folder above it
+        cover = points.get(reached) if reached is not None else None
+        hidden = cover is not None and order[reached] > max(here) and Path(point) != cover and \
+            cover in Path(point).parents  # a later mount over a folder above: the kernel lists this one still
+        if not hidden:
+            live.add(point)
+    return frozenset(live)
 
 
 def mounts() -> list[tuple[str, str, str]]:
@@ -111,8 +126,13 @@ def _mount_rows() -> list[tuple[int, str, str, str]]:
     def plain(text: str) -> str:
         return octal.sub(lambda m: chr(int(m.group(1), 8)), text)
 
-    fields = (line.split(" ") for line in data.decode("utf-8", "surrogateescape").splitlines())
+    fields = [line.split(" ") for line in data.decode("utf-8", "surrogateescape").splitlines()]
+    _READ_ONLY.clear()
+    _READ_ONLY.update(int(f[0]) for f in fields if len(f) > 5 and f[0].isdigit() and "ro" in f[5].split(","))
     return [(int(f[0]), f[2], plain(f[3]), plain(f[4])) for f in fields if len(f) > 4 and f[0].isdigit()]
+
+
+_READ_ONLY: set[int] = set()  # the ids of the mounts the last reading of the list found read-only
 
 
 def mount_id(path: str | os.PathLike[str]) -> int | None:
@@ -187,8 +207,10 @@ def canonical_place(path: Path) -> Path:
 
     The name goes through the mount of that device showing the most of its file system (the shortest root), among
     those through which the place is reachable now: a mount hidden under a later one, still listed, is passed
-    over (its name leads elsewhere; a lock was taken beside another folder). Which name that is depends on the
-    place alone, never on the name given. ``path`` itself where no other is known (not Linux).
+    over (its name leads elsewhere; a lock was taken beside another folder), and so are a read-only mount where
+    another is writable (a container's volume beside the whole disk mounted read-only: no lock could be made
+    there) and a name too long for a lock beside it. Which name that is depends on the place alone, never on the
+    name given. ``path`` itself where no other is known (not Linux).
 
     >>> canonical_place(Path("/")) == Path("/")
     True
@@ -200,15 +222,22 @@ def canonical_place(path: Path) -> Path:
     found = _existing(path)
     known = _identity(found)
     held = Path(os.path.normpath(Path(inner) / os.path.relpath(found, path))) if found != path else inner
-    rows = sorted(((len(Path(root).parts), n, root, point) for n, (_, dev, root, point) in enumerate(_mount_rows())
-                   if dev == device and (inner == Path(root) or Path(root) in inner.parents)))
+    showing = [(n, mid, root, point) for n, (mid, dev, root, point) in enumerate(_mount_rows())
+               if dev == device and (inner == Path(root) or Path(root) in inner.parents)]
+    writable = [row for row in showing if row[1] not in _READ_ONLY] or showing
+    rows = sorted((len(Path(root).parts), n, root, point) for n, _, root, point in writable)
     for _, _, root, point in rows:
         name = Path(os.path.normpath(Path(point) / inner.relative_to(root)))
+        if len(os.fsencode(str(name))) > _LONGEST_NAME:  # a lock beside it could not be named (ENAMETOOLONG)
+            continue
         if held == Path(root) or Path(root) in held.parents:
             there = Path(os.path.normpath(Path(point) / held.relative_to(root)))
             if known is not None and _identity(there) == known:  # reachable by this name now, not hidden
                 return name
     return path
+
+
+_LONGEST_NAME = 3800  # bytes of a place's name, leaving room below PATH_MAX (4096) for its lock's and journal's
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

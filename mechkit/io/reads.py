@@ -235,6 +235,7 @@ def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None 
     with _GUARD:
         if not _ACTIVE:
             environ.__getitem__ = _environ_item  # type: ignore[method-assign]
+            environ.__iter__ = _environ_iter  # type: ignore[method-assign]
         _ACTIVE.append(reads)
     try:
         yield reads
@@ -242,7 +243,8 @@ def recording(skip: Iterable[str | os.PathLike[str]] = (), before: Reads | None 
         with _GUARD:
             _ACTIVE.remove(reads)
             if not _ACTIVE:
-                environ.__getitem__ = _ORIGINAL[1]  # type: ignore[method-assign]
+                environ.__getitem__, environ.__iter__ = _ORIGINAL[1], _ORIGINAL[4]  # type: ignore[method-assign]
+                _WALK.last = None
 
 
 def _get(environ: object, name: str) -> str | None:
@@ -253,45 +255,46 @@ def _get(environ: object, name: str) -> str | None:
         return None
 
 
-_ORIGINAL = (_get, type(os.environ).__getitem__, type(os.environ).__setitem__, type(os.environ).__delitem__)
+_ORIGINAL = (_get, type(os.environ).__getitem__, type(os.environ).__setitem__, type(os.environ).__delitem__,
+             type(os.environ).__iter__)
 
 
-def _by_name(frame: Any) -> bool:
-    """Whether ``os.environ`` was read for a variable named by its caller (``os.environ["X"]``, ``.get``,
-    ``os.getenv``, ``in``: a subscript in the calling frame), not in a walk over all of it: ``os.environ.copy()``,
-    ``{**os.environ}``, ``dict(os.environ)`` (each value read from C, the caller at a call) and ``.items()``
-    (``collections.abc``'s ``__iter__``), as tqdm's import and a subprocess's ``env=`` do. Those recorded every
-    variable, and a rerun with any other one changed (``$OLDPWD``) was refused. An instruction this Python names
-    otherwise counts as a read by name."""
-    try:
-        code = frame.f_code
-        if code.co_name == "__iter__" and frame.f_globals.get("__name__") in ("_collections_abc", "collections.abc"):
-            return False
-        op = _opname_at(code, frame.f_lasti)
-    except (AttributeError, TypeError, ValueError):
+def _in_walk(frame: Any, name: Any) -> bool:
+    """Whether ``os.environ[name]`` is read in a walk over all of the environment, not for a variable its caller
+    named: ``.items()`` and ``.values()`` (``collections.abc``'s ``__iter__``), and ``os.environ.copy()``,
+    ``{**os.environ}`` and ``dict(os.environ)``, which list every name first (:func:`_environ_iter`) and then read
+    each in that order from the same instruction. Those recorded every variable (tqdm's import, a subprocess's
+    ``env=``), and a rerun with any other one changed (``$OLDPWD``) was refused. Anything else, ``format_map``
+    and ``operator.itemgetter`` included, is a read by name."""
+    if frame is None:
+        return False
+    if frame.f_code.co_name == "__iter__" and frame.f_globals.get("__name__") in _ABC:
         return True
-    return op not in _WALK_OPS
+    walk = getattr(_WALK, "last", None)
+    if walk is None or walk[0] is not frame or walk[1] != frame.f_lasti or not walk[2] or walk[2][0] != name:
+        _WALK.last = None
+        return False
+    walk[2].popleft()
+    return True
 
 
-@functools.lru_cache(maxsize=512)
-def _opnames(code: Any) -> tuple[list[int], list[str]]:
-    import dis
-
-    found = list(dis.get_instructions(code))
-    return [i.offset for i in found], [i.opname for i in found]
+_ABC = ("_collections_abc", "collections.abc")
+_WALK = threading.local()  # the names the last full listing of os.environ gave, with the frame and instruction
 
 
-def _opname_at(code: Any, lasti: int) -> str:
-    """The instruction a frame is at (its last offset may name an inline cache entry after it, in 3.11)."""
-    import bisect
+def _environ_iter(environ: object) -> Iterator[Any]:
+    """``iter(os.environ)``, keeping the names it lists for :func:`_in_walk`: the frame that asked (past
+    ``collections.abc``'s views) and the instruction it is at."""
+    import collections
 
-    offsets, names = _opnames(code)
-    at = bisect.bisect_right(offsets, lasti) - 1
-    return names[at] if at >= 0 else ""
-
-
-_WALK_OPS = frozenset({"CALL", "PRECALL", "CALL_FUNCTION", "CALL_FUNCTION_EX", "CALL_KW", "CALL_METHOD",
-                       "DICT_UPDATE", "DICT_MERGE", "BUILD_MAP_UNPACK", "BUILD_MAP_UNPACK_WITH_CALL"})
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _ABC:
+        frame = frame.f_back
+    names: collections.deque = collections.deque()
+    for name in _ORIGINAL[4](environ):
+        names.append(name)
+        yield name
+    _WALK.last = (frame, getattr(frame, "f_lasti", None), names)
 
 
 def _set_here(environ: object, name: object) -> None:
@@ -343,7 +346,7 @@ def _environ_item(environ: object, name: str) -> str:
     """``os.environ[name]`` (behind ``os.getenv`` and ``os.environ.get`` too), recorded while a run is: a variable
     the plugin reads decides its steps as a file does (a kill, ``SCALE=2``, a rerun: steps of both mixed)."""
     value = _get(environ, name)
-    if not _by_name(sys._getframe(1)):  # a walk over the environment: its values are read as its names are
+    if _in_walk(sys._getframe(1), name):  # a walk over the environment: its values are read as its names are
         pass
     elif environ is os.environ and isinstance(name, str):
         for reads in list(_ACTIVE):

@@ -89,8 +89,9 @@ def _refuse_bad_window(path: Path, built: Any) -> None:
         if config is None or (where and config is built):
             continue
         window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+        turned_off = _own_field(config, "use_sliding_window") and getattr(config, "use_sliding_window", None) is False
         used = "sliding_attention" in types if isinstance(types, (list, tuple)) and types else \
-            window is not None and getattr(config, "use_sliding_window", True) is not False
+            window is not None and not turned_off
         if not used or _whole(window):
             continue
         part = raw.get("text_config") if where and isinstance(raw.get("text_config"), dict) else raw
@@ -101,6 +102,16 @@ def _refuse_bad_window(path: Path, built: Any) -> None:
                                 if given is None else "a window must hold at least 1 token"),
                              f'set "sliding_window" in config.json to the window the model was made with (e.g. '
                              f"4096){'' if sliding else ', or to null for none'}")
+
+
+def _own_field(config: Any, name: str) -> bool:
+    """Whether ``name`` is a field of the config's own class (qwen2's ``use_sliding_window``), not a key config.json
+    merely holds: mistral keeps ``"use_sliding_window": false`` as an extra attribute and slides all the same."""
+    import dataclasses
+
+    cls = type(config)
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    return name in fields or name in getattr(cls, "__annotations__", {})
 
 
 def config_fields_named(path: Path, text: str) -> list[str]:
@@ -388,7 +399,9 @@ def _refuse_out_of_range_numbers(path: Path, where: str, part: dict) -> None:
         value = part.get(name)
         if value is not None and name in part and not _whole(value):
             dim = part.get("head_dim")
-            example = f"{dim}, this config's head_dim" if _whole(dim) else "256"
+            written = isinstance(value, float) and value.is_integer() and value >= 1  # 256.0: the value, whole
+            example = (f"{int(value)}, the value written whole" if written else f"{dim}, this config's head_dim"
+                       if _whole(dim) else "256")
             raise ModelLoadError(f"{path / 'config.json'} gives {where}{name} {json.dumps(value)[:60]}, but it "
                                  "must be a whole number of at least 1 (queries are scaled by its inverse square "
                                  "root)", f'set "{name}" in config.json to the value the model was made with, '
