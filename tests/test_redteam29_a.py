@@ -98,8 +98,8 @@ def test_the_writer_never_chmods_a_file_behind_a_mount(tmp_path, monkeypatch):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "mounted").write_text("theirs")
     os.chmod(tmp_path / "d" / "mounted", 0o600)
-    real = atomic._mount_id  # the file's own mount as the kernel would show a file bind-mounted over the name
-    monkeypatch.setattr(atomic, "_mount_id", lambda fd: -1 if os.readlink(f"/proc/self/fd/{fd}").endswith(
+    real = atomic.fd_mount_id  # the file's own mount as the kernel would show a file bind-mounted over the name
+    monkeypatch.setattr(atomic, "fd_mount_id", lambda fd: -1 if os.readlink(f"/proc/self/fd/{fd}").endswith(
         "/mounted") else real(fd))
     atomic.umask_modes(tmp_path / "d")
     assert stat.S_IMODE(os.stat(tmp_path / "d" / "mounted").st_mode) == 0o600

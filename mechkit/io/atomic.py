@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError
+from mechkit.io.read import fd_mount_id
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
 
@@ -206,7 +207,7 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     running, a sync tool) had the user's key chmod'ed through it, since a name's last part alone was checked."""
     top = os.open(folder, _DIR_FLAGS)
     try:
-        _modes_below(top, os.fstat(top), _mount_id(top), (file_mode(), dir_mode()), fsync)
+        _modes_below(top, os.fstat(top), fd_mount_id(top), (file_mode(), dir_mode()), fsync)
     finally:
         os.close(top)
 
@@ -236,7 +237,7 @@ def _modes_below(fd: int, info: os.stat_result, mount: int | None, modes: tuple[
             raise
         try:
             now = os.fstat(child)
-            if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or _mount_id(child) != mount:
+            if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or fd_mount_id(child) != mount:
                 continue  # not the entry listed, or behind a mount point (a bind mount of the same disk too)
             if is_dir:  # mkdtemp's 0700 kept a plugin's prepared folder private to its owner
                 _fchmod(child, now, modes[1])
@@ -256,17 +257,6 @@ def _modes_below(fd: int, info: os.stat_result, mount: int | None, modes: tuple[
 def _fchmod(fd: int, info: os.stat_result, mode: int) -> None:
     if info.st_mode & 0o777 != mode:
         os.fchmod(fd, mode)
-
-
-def _mount_id(fd: int) -> int | None:
-    """Which mount the open file ``fd`` is on (``/proc/self/fdinfo``'s ``mnt_id``, which tells a bind mount of
-    the same disk apart from its folder); ``None`` where that is not shown (not Linux: a folder of another disk
-    is still told by its device)."""
-    with contextlib.suppress(OSError, ValueError), open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-        for line in info:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
-    return None
 
 
 def file_mode() -> int:

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 from mechkit.errors import MechkitError
 from mechkit.io.leftovers import MODEL_FILE, dir_size, is_mechkit_temp, mount_inside, size_of
 from mechkit.io.read import mount_points, not_regular, read_regular_text
+from mechkit.io.remove import remove_tree
 
 GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
@@ -396,8 +396,8 @@ def finish_run_dir(path: Path) -> list[Path]:
     for p in files:
         try:
             if p.is_dir() and not p.is_symlink():
-                if mount_inside(p) is None:  # checked again: mounted meanwhile, it stays
-                    shutil.rmtree(p)
+                if mount_inside(p) is not None or not remove_tree(p):  # mounted meanwhile: it stays
+                    kept.append(p)
             else:
                 p.unlink()
         except FileNotFoundError:
@@ -425,8 +425,13 @@ def remove_dir(path: Path) -> bool:
         os.replace(path, aside)
     except FileNotFoundError:
         return True
-    shutil.rmtree(aside, ignore_errors=True)
-    return True
+    try:
+        whole = remove_tree(aside)  # never through a mount, however one came to be reachable since the check
+    except OSError:
+        whole = False
+    if not whole:
+        _warn_mounted(aside)
+    return whole
 
 
 def _warn_mounted(path: Path, points: frozenset[str] | None = None) -> bool:

@@ -27,7 +27,6 @@ import contextlib
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
@@ -37,6 +36,7 @@ from pathlib import Path
 from mechkit.errors import MechkitError
 from mechkit.io.journal import journal_problem, recover
 from mechkit.io.read import mount_points
+from mechkit.io.remove import remove_tree
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
 # atomic_file's name before it held a pid: generic enough that only a writer of that very NAME removes it
@@ -236,9 +236,8 @@ def _remove_leftovers(folder: Path, found: list[Path], sweep: bool = True) -> li
                 if not _unlink_lock(path):
                     continue
             elif path.is_dir() and not path.is_symlink():
-                if mount_inside(path) is not None:  # mounted meanwhile: never deleted through
+                if mount_inside(path) is not None or not remove_tree(path):  # never deleted through a mount
                     continue
-                shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
             else:
@@ -360,7 +359,8 @@ def discard_prepared(path: Path) -> None:
         info = None
     try:
         if info is not None and stat.S_ISDIR(info.st_mode) and mount_inside(path) is None:
-            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(path)  # never through a mount that came to be reachable since the check
         elif info is not None and stat.S_ISREG(info.st_mode):
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -505,8 +505,9 @@ def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
             continue
         try:
             size = dir_size(path)
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append((path, size))
+            with contextlib.suppress(OSError):
+                if remove_tree(path):  # never through a mount
+                    removed.append((path, size))
         finally:
             if fd is not None:
                 os.close(fd)

@@ -112,13 +112,16 @@ def refuse_in_use(out: str | os.PathLike[str]) -> None:
         raise OutInUseError(f"--out {out} is in use by another mechkit run" + whose(pid),
                             "wait for it or choose another --out")
     refuse_locked_ancestor(real, out)
+    refuse_locked_below(real, out)
 
 
-def _lock_taken(lock: Path) -> str | None:
+def _lock_taken(lock: Path, held_here: bool = True) -> str | None:
     """The pid (``""`` where unknown) of a live process holding the lock file ``lock``, else ``None``
-    (taken and released at once to see)."""
+    (taken and released at once to see); ``held_here=False``: a lock this thread holds is ``None`` too."""
     import fcntl
 
+    if not held_here and lock in HELD:
+        return None
     try:
         fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # none (the usual case), or not one mechkit made: the writer's own lock refuses that
@@ -137,28 +140,36 @@ def _lock_taken(lock: Path) -> str | None:
 
 def refuse_locked_ancestor(real: Path, out: str | os.PathLike[str]) -> None:
     """Refuse (one line) to write ``real`` inside a directory another live mechkit run is writing: ``taskvec
-    extract --out x/v.safetensors`` while ``finetune --out x`` runs. Each ancestor's lock file is tried
-    without waiting and released at once; one this process holds is no conflict."""
-    import fcntl
-
-    for folder in canonical_place(real).parents:
-        if folder.parent == folder:
+    extract --out x/v.safetensors`` while ``finetune --out x`` runs. Each folder above is named as its own
+    writer names it (:func:`real_place`: a folder and the one below it can be named through different mounts,
+    where one name is too long for a lock), and its lock tried without waiting and released at once; one this
+    thread holds is no conflict."""
+    for above in Path(real).parents:
+        if above.parent == above:
             break
-        lock = folder.parent / f".{folder.name}.mechkit-lock"
-        if lock in HELD:
-            continue
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:  # none (the usual case), or not ours to open: nobody is writing that directory
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except BlockingIOError:
-            pid = holder(fd)
+        folder = canonical_place(above)
+        pid = _lock_taken(folder.parent / f".{folder.name}.mechkit-lock", held_here=False)
+        if pid is not None:
             raise OutInUseError(f"--out {out} is inside {folder}, which another mechkit run is writing"
-                                + whose(pid), "wait for it or choose another --out") from None
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+                                + whose(pid), "wait for it or choose another --out")
+
+
+def refuse_locked_below(real: Path, out: str | os.PathLike[str]) -> None:
+    """Refuse (one line) to write ``real`` where another live mechkit run is writing a folder directly inside it:
+    ``finetune --out x --force`` (which replaces ``x/model``) while a run writes ``--out x/model`` took ``x``'s lock
+    without a word, since only the folders above an ``--out`` were asked. The lock files beside its entries are
+    tried, under its own name and its one name (:func:`real_place`)."""
+    for folder in dict.fromkeys((Path(real), canonical_place(Path(real)))):
+        try:
+            names = [e.name for e in os.scandir(folder) if e.name.startswith(".") and e.name.endswith(_LOCK)]
+        except OSError:  # not there yet, or not a folder: nothing is written inside it
+            continue
+        for name in names:
+            pid = _lock_taken(folder / name, held_here=False)
+            if pid is not None:
+                inside = folder / name[1:-len(_LOCK)]
+                raise OutInUseError(f"--out {out} holds {inside}, which another mechkit run is writing"
+                                    + whose(pid), "wait for it or choose another --out")
+
+
+_LOCK = ".mechkit-lock"

@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError, ReportExistsError
-from mechkit.io.locks import HELD, OutInUseError, holder, lock_path, real_place, refuse_locked_ancestor, whose
+from mechkit.io.locks import (
+    HELD,
+    OutInUseError,
+    holder,
+    lock_path,
+    real_place,
+    refuse_locked_ancestor,
+    refuse_locked_below,
+    whose,
+)
 from mechkit.io.out import check_out
 
 
@@ -93,6 +102,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
 
         real = Path(os.path.realpath(Path(out_dir).expanduser()))
         refuse_locked_ancestor(real, out_dir)
+        refuse_locked_below(real, out_dir)  # a live run writing a folder inside it (that --force would replace)
         clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
         yield path
     finally:

@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -96,7 +97,11 @@ def mount_points() -> frozenset[str]:
     live: set[str] = set()
     for point in {p for _, _, _, p in rows}:
         here = [order[mid] for mid, _, _, p in rows if p == point]
-        reached = mount_id(_existing(Path(point)))  # a name the cover does not hold: the folder above it
+        at = Path(point)
+        if not any(order[mid] > max(here) and Path(p) in at.parents for mid, _, _, p in rows):
+            live.add(point)  # no later mount over a folder above it: nothing to open (a hung NFS mount, say)
+            continue
+        reached = mount_id(_existing(at))  # a name the cover does not hold: the folder above it
         cover = points.get(reached) if reached is not None else None
         hidden = cover is not None and order[reached] > max(here) and Path(point) != cover and \
             cover in Path(point).parents  # a later mount over a folder above: the kernel lists this one still
@@ -135,22 +140,27 @@ def _mount_rows() -> list[tuple[int, str, str, str]]:
 _READ_ONLY: set[int] = set()  # the ids of the mounts the last reading of the list found read-only
 
 
+def fd_mount_id(fd: int) -> int | None:
+    """Which mount the open file ``fd`` is on (``/proc/self/fdinfo``'s ``mnt_id``, which tells a bind mount of
+    the same disk apart from its folder); ``None`` where that is not shown (not Linux: a folder of another disk
+    is still told by its device)."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
 def mount_id(path: str | os.PathLike[str]) -> int | None:
     """The id of the mount ``path`` is on as the system resolves it now (``/proc/self/fdinfo``'s ``mnt_id`` of a
     descriptor opened on it), else ``None`` (missing, or not Linux). A mount hidden under a later one is listed
     still; this is the one a name reaches."""
-    import contextlib
-
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError):
         return None
     try:
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("mnt_id:"):
-                    return int(line.split()[1])
-        return None
+        return fd_mount_id(fd)
     finally:
         os.close(fd)
 
