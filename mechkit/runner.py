@@ -646,10 +646,11 @@ def refuse_non_finite_logits(handle, logits) -> None:
     plugin left the model changed" (NaN equals nothing). -inf alone is left alone (a vocabulary mask)."""
     import torch
 
-    if not bool((torch.isnan(logits) | (logits == float("inf"))).any()):
-        return
     dtype = str(getattr(getattr(handle, "model", None), "dtype", "")).replace("torch.", "")
     name = getattr(handle, "name", None) or getattr(handle, "spec", "the model")
+    if not bool((torch.isnan(logits) | (logits == float("inf"))).any()):
+        _refuse_flat_logits(name, logits)
+        return
     half = dtype in ("float16", "bfloat16")
     raise MechkitError(f"the model {name} computes {'NaN' if bool(torch.isnan(logits).any()) else 'inf'} logits "
                        f"on 16 probe tokens (in {dtype or 'its dtype'}) although its weights are finite, so nothing "
@@ -659,6 +660,20 @@ def refuse_non_finite_logits(handle, logits) -> None:
                        "softmax divide by zero or take a root of a negative (rms_norm_eps or layer_norm_eps <= 0) or "
                        "a rotary base of 0 (rope_theta, in rope_parameters or rope_scaling)"
                        + ("" if half else "; in float16, try --dtype float32 or bfloat16"))
+
+
+def _refuse_flat_logits(name: str, logits) -> None:
+    """Refuse (one line) a model whose probe logits are one value across the whole vocabulary at every position:
+    finite weights so large that a norm's mean square overflows (1e38 squared is inf, and the norm then gives 0)
+    made every logit 0, and detect reported flat scores with exit 0. No trained or random model does this."""
+    if logits.numel() == 0 or logits.shape[-1] < 2:
+        return
+    flat = logits.amax(dim=-1) == logits.amin(dim=-1)
+    if bool(flat.all()):
+        raise MechkitError(f"the model {name} computes the same logit for every token at each of its probe positions "
+                           f"(all {float(logits.reshape(-1)[0]):g}), so nothing it computes can be analysed",
+                           "check its weights for values so large that a norm overflows (finite, but near 1e38) or "
+                           "an output head (lm_head) of zeros, and load the weights the model was made with")
 
 
 def _same_logits(a, b) -> bool:

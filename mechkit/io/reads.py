@@ -54,6 +54,7 @@ LISTED = "#"  # what leads a listed folder's entry
 CWD = "%"  # the entry of a working directory relative paths were read from
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 SET_ENV = "$="  # what leads the entry of a variable read and then set by the run's own code (no name holds "=")
+LEFT_ENV = "$>"  # what leads the entry of the value the run's code last gave such a variable
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
@@ -76,6 +77,7 @@ class Reads:
         self.env: dict[str, str | None] = {}  # variables read, with the value first seen (None: unset)
         self.env_set: set[str] = set()  # variables the run set or removed itself: its code decides them
         self.prior: dict[str, str | None] = {}  # each of those -> the value it had before the run set it
+        self.set_to: dict[str, str | None] = {}  # each of those -> the value the run last gave it (None: removed)
         self.cwds: dict[str, None] = {}  # the working directories relative paths were opened or listed from
         self.blind = False  # a file was opened that cannot be named (relative to a folder descriptor)
 
@@ -92,6 +94,7 @@ class Reads:
             self.cwds.setdefault(cwd)
         for name, value in other.prior.items():
             self.prior.setdefault(name, value)
+        self.set_to.update(other.set_to)
         self.env_set |= other.env_set
 
     def note_env(self, name: str, value: str | None) -> None:
@@ -123,6 +126,7 @@ class Reads:
             return [[BLIND, "a file opened relative to a folder descriptor"]]
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
                 + [[(SET_ENV if k in self.env_set else ENV) + k, v] for k, v in list(self.env.items())]
+                + [[LEFT_ENV + k, v] for k, v in list(self.set_to.items()) if k in self.env]
                 + [[CWD, c] for c in list(self.cwds)])
 
 
@@ -197,16 +201,22 @@ def changed(kept: object) -> str | None:
     a list that is not one mechkit wrote counts as changed (``"?"``), one of too many files too (:data:`TOO_MANY`)."""
     if not isinstance(kept, list):
         return "?"
+    left = {item[0][len(LEFT_ENV):]: item[1] for item in kept
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0].startswith(LEFT_ENV)}
     for item in kept:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
                 and (isinstance(item[1], str) or (item[1] is None and item[0].startswith(ENV)))):
             return "?"
+        if item[0].startswith(LEFT_ENV):
+            continue
         if item[0] == CWD:  # "notes.txt" read in another folder is another file, unchanged as it may be
             if _cwd() != item[1]:
                 return CWD + item[1]
         elif item[0].startswith(SET_ENV):
-            if given(item[0][len(SET_ENV):]) != item[1]:
-                return ENV + item[0][len(SET_ENV):]
+            name = item[0][len(SET_ENV):]
+            value = given(name, left)
+            if value is not True and value != item[1]:
+                return ENV + name
         elif item[0].startswith(ENV):
             if _get(os.environ, item[0][len(ENV):]) != item[1]:
                 return item[0]
@@ -270,6 +280,8 @@ def _in_walk(frame: Any, name: Any) -> bool:
         return False
     if frame.f_code.co_name == "__iter__" and frame.f_globals.get("__name__") in _ABC:
         return True
+    if getattr(_WALK, "now", None) == name:  # the name a listing still going has just given
+        return True
     walk = getattr(_WALK, "last", None)
     if walk is None or walk[0] is not frame or walk[1] != frame.f_lasti or not walk[2] or walk[2][0] != name:
         _WALK.last = None
@@ -291,54 +303,55 @@ def _environ_iter(environ: object) -> Iterator[Any]:
     while frame is not None and frame.f_globals.get("__name__") in _ABC:
         frame = frame.f_back
     names: collections.deque = collections.deque()
-    for name in _ORIGINAL[4](environ):
-        names.append(name)
-        yield name
-    _WALK.last = (frame, getattr(frame, "f_lasti", None), names)
+    try:
+        for name in _ORIGINAL[4](environ):
+            names.append(name)
+            _WALK.now = name  # read while the listing is still going: a loop over it (ChainMap, `values()`)
+            yield name
+            _WALK.now = None
+        _WALK.last = (frame, getattr(frame, "f_lasti", None), names)
+    finally:
+        _WALK.now = None
 
 
-def _set_here(environ: object, name: object) -> None:
-    """Note that code sets or removes ``name``. Set by a recorded run's code (sklearn's import sets
-    KMP_DUPLICATE_LIB_OK), its later reads in that run see its code's value and are not recorded; what it held
-    before is kept, for the run (:attr:`Reads.prior`) and for the process (:data:`_GIVEN`, the first such value:
-    the user's). A value read before the set stays recorded, as read and then set (:data:`SET_ENV`):
-    ``os.environ.setdefault("X", "1")`` reads the user's ``X``. Set outside a recorded run (a notebook's own
-    ``os.environ["X"] = "3"``), the new value is the user's."""
+def _set_here(name: object, value: Any) -> None:
+    """Note that a recorded run's code sets ``name`` to ``value`` (``None``: removes it), as sklearn's import sets
+    KMP_DUPLICATE_LIB_OK: its later reads in that run see its code's value and are not recorded, and what the
+    variable held before and the value the run left are kept (:attr:`Reads.prior`, :attr:`Reads.set_to`). A value
+    read before the set stays recorded, as read and then set (:data:`SET_ENV`): ``os.environ.setdefault("X",
+    "1")`` reads the user's ``X``, and :func:`given` says what that is on a rerun."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    if not isinstance(name, str):
+    if not isinstance(name, str) or not _ACTIVE:
         return
     before = _get(os.environ, name)  # os.environb's names too: the two are one environment
-    if not _ACTIVE:
-        _GIVEN.pop(name, None)
-        return
-    _GIVEN.setdefault(name, before)
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
     for reads in list(_ACTIVE):
         reads.prior.setdefault(name, before)
+        reads.set_to[name] = value if isinstance(value, str) else None
         reads.env_set.add(name)
 
 
-_GIVEN: dict[str, str | None] = {}  # a variable a recorded run's code set -> the value the user had given it
-
-
-def given(name: str) -> str | None:
-    """What the variable ``name`` holds as the user gave it, for an entry read and then set by a run's own code:
-    before the run now recorded set it, if it did; else before any recorded run of this process set it (a rerun in
-    the same notebook, sklearn imported by the first run); else as it is. A variable the run only read is compared
-    as it is: another run's setting it (``os.environ["SCALE"] = "5"``) is this run's input."""
+def given(name: str, left: dict[str, str | None]) -> str | None | bool:
+    """What the variable ``name`` holds as the user gave it, for an entry the kept run read and then set (its
+    value before that set is what was kept): before the rerun now recorded set it, where it did; ``True`` where it
+    still holds what the kept run's own code ``left`` in it (a rerun in the same notebook, sklearn imported by the
+    first attempt): unchanged; else as it is (another run, a notebook or the user gave it since)."""
     reads = current()
     if reads is not None and name in reads.prior:
         return reads.prior[name]
-    return _GIVEN[name] if name in _GIVEN else _get(os.environ, name)
+    now = _get(os.environ, name)
+    return True if name in left and now == left[name] else now
 
 
 def _environ_set(environ: object, name: Any, value: Any) -> None:
-    _set_here(environ, name)
+    _set_here(name, value)
     _ORIGINAL[2](environ, name, value)
 
 
 def _environ_del(environ: object, name: Any) -> None:
-    _set_here(environ, name)
+    _set_here(name, None)
     _ORIGINAL[3](environ, name)
 
 
@@ -471,4 +484,4 @@ def _open_at(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = N
 _OS_OPEN = os.open
 
 
-__all__ = ["BLIND", "CWD", "DISPLAY", "ENV", "SET_ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]
+__all__ = ["BLIND", "CWD", "DISPLAY", "ENV", "LEFT_ENV", "SET_ENV", "LISTED", "listing", "HASH_LIMIT", "MAX_READS", "TOO_MANY", "Reads", "changed", "current", "library_dirs", "recording", "signature"]

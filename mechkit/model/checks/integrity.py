@@ -90,8 +90,13 @@ def _refuse_bad_window(path: Path, built: Any) -> None:
             continue
         window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
         turned_off = _own_field(config, "use_sliding_window") and getattr(config, "use_sliding_window", None) is False
-        used = "sliding_attention" in types if isinstance(types, (list, tuple)) and types else \
-            window is not None and not turned_off
+        sliding_layers = isinstance(types, (list, tuple)) and "sliding_attention" in types
+        if turned_off and sliding_layers:  # qwen2 drops the window it turns off, and its sliding layers have none
+            raise ModelLoadError(f"{path / 'config.json'} gives {where}use_sliding_window false, but its "
+                                 f"{where}layer_types hold sliding layers, which need a window",
+                                 'set "use_sliding_window" in config.json to true (with the window the model was '
+                                 'made with, e.g. 4096), or every entry of "layer_types" to "full_attention"')
+        used = sliding_layers if isinstance(types, (list, tuple)) and types else window is not None and not turned_off
         if not used or _whole(window):
             continue
         part = raw.get("text_config") if where and isinstance(raw.get("text_config"), dict) else raw
@@ -399,7 +404,7 @@ def _refuse_out_of_range_numbers(path: Path, where: str, part: dict) -> None:
         value = part.get(name)
         if value is not None and name in part and not _whole(value):
             dim = part.get("head_dim")
-            written = isinstance(value, float) and value.is_integer() and value >= 1  # 256.0: the value, whole
+            written = isinstance(value, float) and value.is_integer() and 1 <= value <= 65536  # 256.0: the value
             example = (f"{int(value)}, the value written whole" if written else f"{dim}, this config's head_dim"
                        if _whole(dim) else "256")
             raise ModelLoadError(f"{path / 'config.json'} gives {where}{name} {json.dumps(value)[:60]}, but it "
