@@ -151,3 +151,13 @@ def test_a_model_whose_logits_are_all_one_value_is_refused_before_the_work(tmp_p
     assert bool((m(torch.tensor([[1, 2, 3]])) == 0).all())
     with pytest.raises(MechkitError, match="computes the same logit for every token"):
         mk.run("inspect", model=m, out=tmp_path / "o", console=_quiet())
+
+
+def test_a_dare_p_of_one_says_it_drops_every_entry():
+    from mechkit.taskarith.merge import merge
+    from mechkit.taskarith.vector import TaskVector
+
+    a, b = TaskVector({"w": torch.tensor([1.0, -2.0])}), TaskVector({"w": torch.tensor([3.0, 1.0])})
+    with pytest.raises(MechkitError, match=r"p 1 drops every entry") as err:
+        merge([a, b], "dare", p=1.0)
+    assert "density 0 keeps" not in str(err.value)

@@ -107,8 +107,9 @@ def merge(vectors: Sequence[TaskVector], method: str = "task_arithmetic", weight
     weights = _check(vectors, weights, method)
     scale = finite_number(scale, "the merge scale", "--scale 1.0")
     if not 0 < density <= 1 or not 0 <= p < 1:
+        why = "density 0 keeps no entry" if not 0 < density <= 1 else "p 1 drops every entry"
         raise MechkitError(f"density must be in (0, 1] and p in [0, 1), got density {density:g} and p {p:g} "
-                           "(density 0 keeps no entry)", "pass e.g. --density 0.2 or --p 0.9")
+                           f"({why})", "pass e.g. --density 0.2 or --p 0.9")
     if all(w == 0 for w in weights):
         raise MechkitError("every merge weight is 0: the merge would be an all-zero vector",
                            f"give at least one vector a non-zero weight, e.g. --weights {example_weights(len(weights))}")
