@@ -28,7 +28,7 @@ from pathlib import Path
 from mechkit.errors import MechkitError
 from mechkit.io.leftovers import MODEL_FILE, dir_size, is_mechkit_temp, mount_inside, size_of
 from mechkit.io.read import mount_points, not_regular, read_regular_text
-from mechkit.io.remove import remove_tree
+from mechkit.io.remove import remove_beneath, remove_tree
 
 GROUPS = ("gguf", "toy", "runs", "embedded")  # what `cache clear --all` removes, and nothing else
 
@@ -394,14 +394,10 @@ def finish_run_dir(path: Path) -> list[Path]:
         return [path]
     files, folders, kept = run_contents(path, points)
     for p in files:
-        try:
-            if p.is_dir() and not p.is_symlink():
-                if mount_inside(p) is not None or not remove_tree(p):  # mounted meanwhile: it stays
-                    kept.append(p)
-            else:
-                p.unlink()
-        except FileNotFoundError:
-            pass
+        try:  # reached from the run's folder by descriptors: never through a link or a mount put on the way since
+            if (p.is_dir() and not p.is_symlink() and mount_inside(p) is not None) or \
+                    not remove_beneath(path, p.relative_to(path)):
+                kept.append(p)
         except OSError:
             kept.append(p)
     for folder in [*folders, path]:

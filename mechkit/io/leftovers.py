@@ -237,6 +237,7 @@ def _remove_leftovers(folder: Path, found: list[Path], sweep: bool = True) -> li
                     continue
             elif path.is_dir() and not path.is_symlink():
                 if mount_inside(path) is not None or not remove_tree(path):  # never deleted through a mount
+                    _warn_kept(path)
                     continue
             elif path.exists() or path.is_symlink():
                 path.unlink()
@@ -515,3 +516,12 @@ def clean_prepared(tmpdir: Path | None = None) -> list[tuple[Path, int]]:
         if not _prepared_in_use(tmpdir, _JOURNAL.match(path.name)["name"]):  # this user's (a FIFO too): said
             _warn_skipped(problem)
     return removed
+
+
+def _warn_kept(path: Path) -> None:
+    """Say in one line that a leftover stays: a mount is at it or inside it (a cover over it unmounted since the
+    check), and nothing is ever deleted through one."""
+    import sys
+
+    print(f"mechkit: warning: kept {path}: a mount point is at it or inside it, and mechkit never deletes through "
+          "a mount; unmount it, then clear again (mechkit cache clear leftovers)", file=sys.stderr)

@@ -154,9 +154,10 @@ def fd_mount_id(fd: int) -> int | None:
 def mount_id(path: str | os.PathLike[str]) -> int | None:
     """The id of the mount ``path`` is on as the system resolves it now (``/proc/self/fdinfo``'s ``mnt_id`` of a
     descriptor opened on it), else ``None`` (missing, or not Linux). A mount hidden under a later one is listed
-    still; this is the one a name reaches."""
+    still; this is the one a name reaches. A link at ``path`` is on the mount that holds the link, not its
+    target's: a link a cover held at a hidden mount's name made that mount look live ("unmount it first")."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError):
         return None
     try:

@@ -5,7 +5,6 @@ check and the removal) had the user's files deleted through it.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
@@ -19,25 +18,78 @@ def remove_tree(path: str | os.PathLike[str]) -> bool:
     """Delete the folder ``path`` and all it holds on its own mount, never through another; ``True`` where all of it
     went. A folder of another mount inside it (a bind mount of a user's folder, however it came to be reachable:
     a cover unmounted between a check and the removal) is left, with the folders above it, and ``False`` returned:
-    ``shutil.rmtree`` deleted the user's files through one. The walk holds each folder's descriptor and removes
-    entries by name relative to it, so a folder swapped for a link meanwhile is never followed. A link or a file
-    at ``path`` is removed itself."""
+    ``shutil.rmtree`` deleted the user's files through one. ``path`` itself a mount point now (a bind mount of a
+    user's folder at a leftover's name) is left whole. The walk holds each folder's descriptor and removes entries
+    by name relative to it, so a folder swapped for a link meanwhile is never followed. A link or a file at
+    ``path`` is removed itself."""
+    path = os.path.abspath(path)
+    return remove_beneath(os.path.dirname(path), os.path.basename(path))
+
+
+def remove_beneath(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> bool:
+    """Delete ``root/relative`` (a file, a link itself, or a folder as :func:`remove_tree` does), reaching it from
+    ``root`` one folder at a time by descriptor, on ``root``'s own mount: ``True`` where it is gone. A folder on
+    the way swapped for a link, or a mount found on the way (a cover unmounted since a check), leaves it, and
+    ``False`` is returned: a run's end unlinked its checkpoints by full path, through a link put in place of its
+    scratch folder or a mount a cover had hidden, and deleted the user's files there."""
+    parts = [p for p in os.fspath(relative).split(os.sep) if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ValueError(f"{relative!r} is not a path inside {root!r}")
     try:
-        top = os.open(path, _DIR_FLAGS)
+        fd = os.open(root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))  # root is the caller's, links and all
     except FileNotFoundError:
         return True
-    except OSError as err:
-        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        os.unlink(path)  # a link or a file: itself, never what it points to
-        return True
     try:
-        whole = _remove_below(top, os.fstat(top).st_dev, fd_mount_id(top))
+        device, mount = os.fstat(fd).st_dev, fd_mount_id(fd)
+        for part in parts[:-1]:
+            try:
+                step = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                return True
+            except OSError:  # a link (ELOOP) or a file (ENOTDIR) where a folder was: never followed
+                return False
+            os.close(fd)
+            fd = step
+            if os.fstat(fd).st_dev != device or fd_mount_id(fd) != mount:
+                return False
+        return _remove_entry(fd, parts[-1], device, mount)
     finally:
-        os.close(top)
+        os.close(fd)
+
+
+def _remove_entry(fd: int, name: str, device: int, mount: int | None) -> bool:
+    """Remove the entry ``name`` of the folder open as ``fd``: a file or link itself, a folder of the same mount
+    with what it holds; whether it is gone."""
+    try:
+        seen = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISDIR(seen.st_mode):
+        try:
+            os.unlink(name, dir_fd=fd)  # a file bind-mounted over the name: EBUSY, and it stays
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+    if seen.st_dev != device:
+        return False
+    try:
+        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        return True
+    except OSError:  # swapped for a link meanwhile
+        return False
+    try:
+        now = os.fstat(child)
+        if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or fd_mount_id(child) != mount:
+            return False  # a mount point (a bind mount of the same disk too): never entered
+        whole = _remove_below(child, device, mount)
+    finally:
+        os.close(child)
     if whole:
         try:
-            os.rmdir(path)
+            os.rmdir(name, dir_fd=fd)
         except FileNotFoundError:
             pass
         except OSError:
@@ -47,47 +99,12 @@ def remove_tree(path: str | os.PathLike[str]) -> bool:
 
 def _remove_below(fd: int, device: int, mount: int | None) -> bool:
     """:func:`remove_tree` of the entries of the folder open as ``fd``; whether all of them went."""
-    whole = True
     with os.scandir(fd) as entries:
         names = [e.name for e in entries]
+    whole = True
     for name in names:
-        try:
-            seen = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISDIR(seen.st_mode):
-            try:
-                os.unlink(name, dir_fd=fd)  # a file bind-mounted over the name: EBUSY, and it stays
-            except FileNotFoundError:
-                pass
-            except OSError:
-                whole = False
-            continue
-        if seen.st_dev != device:
-            whole = False
-            continue
-        try:
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except OSError as err:
-            if err.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):  # swapped for a link, or gone
-                whole = whole and err.errno == errno.ENOENT
-                continue
-            raise
-        try:
-            now = os.fstat(child)
-            if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or fd_mount_id(child) != mount:
-                whole = False  # behind a mount point (a bind mount of the same disk too): never entered
-                continue
-            whole = _remove_below(child, device, mount) and whole
-        finally:
-            os.close(child)
-        try:
-            os.rmdir(name, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            whole = False
+        whole = _remove_entry(fd, name, device, mount) and whole
     return whole
 
 
-__all__ = ["remove_tree"]
+__all__ = ["remove_beneath", "remove_tree"]

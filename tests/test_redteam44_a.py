@@ -1,0 +1,133 @@
+"""Red-team pass 44 (a), fixed.
+
+F1/F2 (data loss, races): a run's end unlinked its checkpoints by full path, so its scratch folder swapped for a
+link to a user's folder (no root needed), or a cover over the cache unmounted after the check, had the user's
+files deleted. They are now reached from the run's folder by descriptors (``remove_beneath``). F3 (data loss,
+race): a leftover's name that had become a bind mount of a user's folder was emptied by ``remove_tree``, which
+took the mount it opened as its own; a mount point at the name is now left whole, and said. F4 (wrong fix): a
+link a cover held at a hidden mount's name made the hidden mount look live ("unmount it first": "not mounted").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mechkit.io.disk_cache as dc
+from mechkit.io.remove import remove_beneath
+
+_ROOT = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
+                           reason="mounts need root and unshare (a private mount namespace), which this machine lacks")
+
+
+def _in_namespace(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "case.py"
+    script.write_text(f"import os, subprocess, sys, pathlib\nsys.path[:0] = {[p for p in sys.path if p]!r}\n"
+                      f"B = pathlib.Path({str(tmp_path)!r})\n"
+                      "def mount(*args):\n    subprocess.run(['mount', *args], check=True)\n" + body)
+    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(script)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    return done.stdout + done.stderr[-3000:]
+
+
+def test_a_scratch_folder_swapped_for_a_link_at_a_runs_end_is_never_followed(tmp_path, monkeypatch):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "checkpoint.safetensors").write_text("my own")
+    run = tmp_path / "cache" / "runs" / ("a" * 16)
+    (run / "finetune").mkdir(parents=True)
+    (run / "finetune" / "checkpoint.safetensors").write_bytes(b"x")
+    dc.mark_run_dir(run)
+    dc.mark_scratch(run, "finetune")
+    listed = dc.run_contents
+
+    def then_swap(*args, **kwargs):
+        found = listed(*args, **kwargs)
+        os.rename(run / "finetune", tmp_path / "moved")
+        os.symlink(user, run / "finetune")  # a thread, a sync tool: after the listing, before the removal
+        return found
+
+    monkeypatch.setattr(dc, "run_contents", then_swap)
+    kept = dc.finish_run_dir(run)
+    assert (user / "checkpoint.safetensors").read_text() == "my own"
+    assert any(p.name == "checkpoint.safetensors" for p in kept)
+
+
+def test_remove_beneath_removes_files_and_folders_and_refuses_a_way_out(tmp_path):
+    (tmp_path / "r" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "r" / "a" / "f").write_text("1")
+    (tmp_path / "r" / "a" / "b" / "g").write_text("2")
+    assert remove_beneath(tmp_path / "r", "a/f") and not (tmp_path / "r" / "a" / "f").exists()
+    assert remove_beneath(tmp_path / "r", "a/b") and not (tmp_path / "r" / "a" / "b").exists()
+    assert remove_beneath(tmp_path / "r", "a/missing")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "f").write_text("keep")
+    os.symlink(tmp_path / "mine", tmp_path / "r" / "link")
+    assert not remove_beneath(tmp_path / "r", "link/f") and (tmp_path / "mine" / "f").read_text() == "keep"
+    with pytest.raises(ValueError):
+        remove_beneath(tmp_path / "r", "../mine/f")
+
+
+@_ROOT
+def test_a_cover_unmounted_at_a_runs_end_never_lets_it_delete_through_the_mount_it_hid(tmp_path):
+    said = _in_namespace(tmp_path, '''
+import mechkit.io.disk_cache as dc
+user = B / "user"; user.mkdir(); (user / "checkpoint.safetensors").write_text("my own")
+runs = B / "cache" / "runs"; run = runs / ("a" * 16); (run / "finetune").mkdir(parents=True)
+mount("--bind", str(user), str(run / "finetune"))
+mount("-t", "tmpfs", "cover", str(runs))
+(run / "finetune").mkdir(parents=True); (run / "finetune" / "checkpoint.safetensors").write_bytes(b"x")
+dc.mark_run_dir(run); dc.mark_scratch(run, "finetune")
+listed = dc.run_contents
+def then_unmount(*args, **kwargs):
+    found = listed(*args, **kwargs); subprocess.run(["umount", "-l", str(runs)]); return found
+dc.run_contents = then_unmount
+dc.finish_run_dir(run)
+print("USER", sorted(os.listdir(user)))
+''')
+    assert "USER ['checkpoint.safetensors']" in said, said
+
+
+@_ROOT
+def test_a_leftovers_name_that_became_a_bind_mount_is_left_whole_and_said(tmp_path):
+    said = _in_namespace(tmp_path, '''
+import mechkit.io.leftovers as lo
+from mechkit.io.remove import remove_tree
+user = B / "user"; user.mkdir(); (user / "thesis.txt").write_text("thesis")
+(B / "mnt").mkdir(); mount("--bind", str(user), str(B / "mnt"))
+print("DIRECT", remove_tree(B / "mnt"), sorted(os.listdir(user)))
+g = B / "cache" / "gguf"; g.mkdir(parents=True); t = g / ".x.tmp-999999-deadbeef"; t.mkdir()
+mount("--bind", str(user), str(t)); mount("-t", "tmpfs", "cover", str(g))
+t.mkdir(); (t / "part").write_text("tmp")
+checked = lo.mount_inside
+def then_unmount(path, points=None):
+    found = checked(path, points)
+    if path == t:
+        subprocess.run(["umount", "-l", str(g)])
+    return found
+lo.mount_inside = then_unmount
+lo.clean_leftovers(g)
+print("SWEPT", sorted(os.listdir(user)))
+''')
+    assert "DIRECT False ['thesis.txt']" in said and "SWEPT ['thesis.txt']" in said, said
+    assert "kept" in said and "never deletes through a mount" in said, said
+
+
+@_ROOT
+def test_a_link_at_a_hidden_mounts_name_never_makes_it_live(tmp_path):
+    said = _in_namespace(tmp_path, '''
+from mechkit.io.read import mount_points
+(B / "user").mkdir(); (B / "other").mkdir()
+k = B / "cache" / "runs" / "k"; (k / "finetune").mkdir(parents=True)
+mount("--bind", str(B / "user"), str(k / "finetune"))
+mount("-t", "tmpfs", "cover", str(B / "cache" / "runs"))
+k.mkdir(); os.symlink(B / "other", k / "finetune")
+print("LIVE", str(k / "finetune") in mount_points())
+''')
+    assert "LIVE False" in said, said
