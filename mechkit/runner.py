@@ -174,7 +174,11 @@ def _probe_logits(handle):
 
     gen = torch.Generator().manual_seed(1234)
     length = min(16, position_rows(handle.model) or 16)  # a 12-position table took no 16-token probe: every run refused
-    ids = torch.randint(0, handle.model.config.vocab_size, (1, length), generator=gen)
+    tok = getattr(handle, "tokenizer", None)
+    top = handle.model.config.vocab_size  # ids text can make, where a tokenizer says: a padded table's zero rows
+    with contextlib.suppress(TypeError, ValueError):  # past them gave a flat probe of a working model
+        top = min(top, len(tok)) if tok is not None and len(tok) >= 2 else top
+    ids = torch.randint(0, top, (1, length), generator=gen)
     with torch.no_grad(), ropes_as_loaded(handle.model):
         return handle(ids).float().cpu()
 

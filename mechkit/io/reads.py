@@ -55,6 +55,8 @@ CWD = "%"  # the entry of a working directory relative paths were read from
 ENV = "$"  # what leads an environment variable's entry (a path read is absolute: it starts with "/")
 SET_ENV = "$="  # what leads the entry of a variable read and then set by the run's own code (no name holds "=")
 LEFT_ENV = "$>"  # what leads the entry of the value the run's code last gave such a variable
+PROCESS = "@"  # the entry naming the process a step was kept in: what a run left in a variable is its process's
+_PROCESS_TOKEN = f"{os.getpid()}-{os.urandom(8).hex()}"
 HASH_LIMIT = 64 * 2**20  # a file larger than this counts by its size and times, as the resume key counts one
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _SYSTEM = ("/proc/", "/sys/", "/dev/")
@@ -127,6 +129,7 @@ class Reads:
         return ([[path, signature(path)] for path in paths] + [[LISTED + p, listing(p)] for p in list(self.listed)]
                 + [[(SET_ENV if k in self.env_set else ENV) + k, v] for k, v in list(self.env.items())]
                 + [[LEFT_ENV + k, v] for k, v in list(self.set_to.items()) if k in self.env]
+                + ([[PROCESS, _PROCESS_TOKEN]] if any(k in self.env for k in list(self.set_to)) else [])
                 + [[CWD, c] for c in list(self.cwds)])
 
 
@@ -201,13 +204,14 @@ def changed(kept: object) -> str | None:
     a list that is not one mechkit wrote counts as changed (``"?"``), one of too many files too (:data:`TOO_MANY`)."""
     if not isinstance(kept, list):
         return "?"
-    left = {item[0][len(LEFT_ENV):]: item[1] for item in kept
-            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0].startswith(LEFT_ENV)}
+    here = [PROCESS, _PROCESS_TOKEN] in kept  # the value a run left is only this process's environment's
+    left = {item[0][len(LEFT_ENV):]: item[1] for item in kept if here and isinstance(item, list) and len(item) == 2
+            and isinstance(item[0], str) and item[0].startswith(LEFT_ENV)}
     for item in kept:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
                 and (isinstance(item[1], str) or (item[1] is None and item[0].startswith(ENV)))):
             return "?"
-        if item[0].startswith(LEFT_ENV):
+        if item[0].startswith(LEFT_ENV) or item[0] == PROCESS:
             continue
         if item[0] == CWD:  # "notes.txt" read in another folder is another file, unchanged as it may be
             if _cwd() != item[1]:
@@ -336,8 +340,9 @@ def _set_here(name: object, value: Any) -> None:
 def given(name: str, left: dict[str, str | None]) -> str | None | bool:
     """What the variable ``name`` holds as the user gave it, for an entry the kept run read and then set (its
     value before that set is what was kept): before the rerun now recorded set it, where it did; ``True`` where it
-    still holds what the kept run's own code ``left`` in it (a rerun in the same notebook, sklearn imported by the
-    first attempt): unchanged; else as it is (another run, a notebook or the user gave it since)."""
+    still holds what the kept run's own code ``left`` in it, in this very process (a rerun in the same notebook,
+    sklearn imported by the first attempt): unchanged; else as it is (another run, a notebook or the user gave it
+    since; in a fresh process, what the user gives it now)."""
     reads = current()
     if reads is not None and name in reads.prior:
         return reads.prior[name]

@@ -86,12 +86,16 @@ def _tokenizer_settings(tokenizer: Any) -> str:
     plain = (str, int, float, bool, type(None))
     values = {name: getattr(tokenizer, name, None) for name in _SETTINGS}
     values |= {name: True for name in _SWITCHES if getattr(tokenizer, name, False) is True}
+    values |= {name: getattr(tokenizer, name) for name in _WHEN_SET if getattr(tokenizer, name, None) is not None}
     return json.dumps({k: v for k, v in values.items() if isinstance(v, plain)}, sort_keys=True)
 
 
 # Settings off by default that change ids when on: ``split_special_tokens`` tokenizes the text ``<bos>`` as
 # its characters, not as the BOS id. Recorded only when on, so every identity recorded before stays the same.
 _SWITCHES = ("split_special_tokens",)
+# Settings recorded only where the tokenizer has one, for the same reason: a chat template a plugin set and left
+# was no change to the model's identity, and a later saved model carried the plugin's template.
+_WHEN_SET = ("chat_template",)
 
 
 def model_identity(handle: Any) -> dict[str, Any]:

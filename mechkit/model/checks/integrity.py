@@ -695,6 +695,7 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
     unexpected = sorted(info.get("unexpected_keys") or ())
     layers = layer_fields(path) if isinstance(path, Path) else "num_hidden_layers"
     if missing:
+        _refuse_misindexed(path, missing)
         # an untied head whose weights were saved tied: the field to fix is the tie, not the layer count
         field = "tie_word_embeddings: true, so the head shares the embedding" if missing == ["lm_head.weight"] \
             else layers
@@ -713,6 +714,29 @@ def refuse_load_gaps(info: dict, path: Any) -> None:
             f"(first: {unexpected[0]}); they would be ignored",
             f"re-export the model; where the weights hold more layers than the config asks for, set {layers} to "
             "the layers they hold")
+
+
+def _refuse_misindexed(path: Any, missing: list[str]) -> None:
+    """A tensor the load found missing that a file of the directory does hold: the shard index maps it to another
+    file. "They lack lm_head.weight ... or set tie_word_embeddings: true" had a user load the embedding as the head
+    while the stored head sat in another shard."""
+    if not isinstance(path, Path) or not (path / "model.safetensors.index.json").is_file():
+        return
+    try:
+        from safetensors import safe_open
+
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                held = next((name for name in missing if name in f.keys()), None)  # noqa: SIM118
+            if held is not None:
+                raise ModelLoadError(
+                    f"{path / 'model.safetensors.index.json'} maps {held} to a file that lacks it, while {file.name} "
+                    "holds it", f'fix "weight_map" in model.safetensors.index.json to map {held} to '
+                    f'"{file.name}" (or re-export the model with save_pretrained)')
+    except ModelLoadError:
+        raise
+    except Exception:  # noqa: BLE001 - an unreadable header: the missing tensors are said as missing below
+        return
 
 
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FN", "F8_E5M2FNUZ", "F8_E4M3FNUZ")
