@@ -131,3 +131,38 @@ k.mkdir(); os.symlink(B / "other", k / "finetune")
 print("LIVE", str(k / "finetune") in mount_points())
 ''')
     assert "LIVE False" in said, said
+
+
+def test_a_folder_swapped_for_a_link_after_the_writers_last_check_is_never_unlinked_through(tmp_path, monkeypatch):
+    import mechkit as mk
+    from mechkit.report import writer
+
+    user = tmp_path / "user"
+    user.mkdir()
+    src = tmp_path / "ret"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "f").write_text("RETURNED")
+    (user / "f").write_text("USER'S")
+    real_stat, swapped = os.stat, []
+
+    def swap_then_stat(name, *args, dir_fd=None, **kwargs):  # the commit's look at the entry, its folder pinned
+        if dir_fd is not None and name == "f" and not swapped and os.readlink(f"/proc/self/fd/{dir_fd}") == str(
+                src / "a"):
+            os.rename(src / "a", tmp_path / "a_old")
+            os.symlink(user, src / "a")
+            swapped.append(True)
+        return real_stat(name, *args, dir_fd=dir_fd, **kwargs)
+
+    monkeypatch.setattr(writer.os, "stat", swap_then_stat)
+
+    class Returns(mk.Plugin):
+        name, version, summary, needs_model = "rt44a-commit", "0.1", "returns a folder", False
+
+        def run(self, ctx):
+            return mk.Result(results={"a": 1}, files={"ret": src})
+
+    mk.run(Returns, out=tmp_path / "out")
+    monkeypatch.undo()
+    assert swapped and (user / "f").read_text() == "USER'S"
+    assert not (tmp_path / "a_old" / "f").exists()  # the copied file itself went, through its pinned folder
+    assert (tmp_path / "out" / "ret" / "a" / "f").read_text() == "RETURNED"

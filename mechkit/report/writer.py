@@ -173,8 +173,8 @@ class _Moves:
     def commit(self) -> None:
         for path, signature in self.taken:
             with contextlib.suppress(OSError):
-                if self.same_tree(path.parent) and _signature(path) == signature:
-                    path.unlink()
+                if self.same_tree(path.parent):
+                    self._unlink_if_same(path, signature)
         for folder in sorted(self.folders, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 if self.same_tree(folder):
@@ -182,6 +182,24 @@ class _Moves:
         self.taken.clear()
         self.folders.clear()
         self.ids.clear()
+
+
+    def _unlink_if_same(self, path: Path, signature: tuple) -> None:
+        """Unlink ``path`` through a descriptor of its folder, opened without following a link and checked to be the
+        folder copied, where the entry is still the file copied: a check of the path, then an unlink by path, left a
+        window in which a folder swapped for a link reached a user's file."""
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path.parent, flags)
+        try:
+            info = os.fstat(fd)
+            if path.parent in self.ids and (info.st_dev, info.st_ino) != self.ids[path.parent]:
+                return
+            entry = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            if (entry.st_dev, entry.st_ino, entry.st_size, entry.st_mtime_ns, entry.st_ctime_ns,
+                    entry.st_mode) == signature:
+                os.unlink(path.name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
 
 def _signature(path: Path) -> tuple:
