@@ -166,3 +166,25 @@ def test_a_folder_swapped_for_a_link_after_the_writers_last_check_is_never_unlin
     assert swapped and (user / "f").read_text() == "USER'S"
     assert not (tmp_path / "a_old" / "f").exists()  # the copied file itself went, through its pinned folder
     assert (tmp_path / "out" / "ret" / "a" / "f").read_text() == "RETURNED"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("chattr") is None,
+                    reason="an undeletable file needs root and chattr (+i), which this machine lacks")
+def test_a_cache_entry_that_cannot_be_removed_is_said_as_kept_and_not_counted_freed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "cache" / "runs" / "0123456789abcdef"
+    run.mkdir(parents=True)
+    dc.mark_run_dir(run)
+    (run / "0123456789abcdef.json").write_text("{}")
+    stuck = run / "1123456789abcdef.json"
+    stuck.write_text("{}")
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode:
+        pytest.skip("chattr +i is refused on this file system")
+    try:
+        removed = dc.clear_cache(["runs"])
+    finally:
+        for left in (tmp_path / "cache" / "runs").rglob("1123456789abcdef.json"):
+            subprocess.run(["chattr", "-i", str(left)])
+    said = capsys.readouterr().err
+    assert "could not be removed" in said and "mount" not in said, said
+    assert not removed or all(size == 0 for _, size in removed), removed

@@ -113,3 +113,32 @@ def test_zero_padded_vocabulary_rows_are_no_flat_model(tmp_path):
     tok.save_pretrained(path)
     run = mk.run("inspect", model=str(path), out=tmp_path / "o", console=Console(file=io.StringIO()))
     assert run.report["results"]
+
+
+def test_a_value_the_user_sets_between_runs_is_theirs_even_equal_to_what_the_run_left(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RT45_SCALE", "1")
+    calls, stop = [], [True]
+
+    class Doubles(mk.Plugin):
+        name, version, summary, needs_model = "rt45b-doubles", "0.1", "reads, then doubles", False
+
+        def run(self, ctx):
+            def compute():
+                calls.append(1)
+                base = os.environ.get("RT45_SCALE", "1")
+                os.environ["RT45_SCALE"] = str(int(base) * 2)
+                return base
+
+            value = ctx.step("first", compute)
+            if stop:
+                raise KeyboardInterrupt
+            return mk.Result(results={"v": value})
+
+    with pytest.raises(KeyboardInterrupt):
+        mk.run(Doubles, out=tmp_path / "o", console=Console(file=io.StringIO()))
+    stop.clear()
+    os.environ["RT45_SCALE"] = "2"  # the user's own, between the runs: equal to what the run left
+    log = io.StringIO()
+    run = mk.run(Doubles, out=tmp_path / "o", console=Console(file=log, width=300))
+    assert run.report["results"]["v"] == "2" and len(calls) == 2, log.getvalue()

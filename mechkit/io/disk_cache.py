@@ -425,8 +425,12 @@ def remove_dir(path: Path) -> bool:
         whole = remove_tree(aside)  # never through a mount, however one came to be reachable since the check
     except OSError:
         whole = False
-    if not whole:
-        _warn_mounted(aside)
+    if not whole and not _warn_mounted(aside):
+        import sys
+
+        print(f"mechkit: warning: kept {aside}: part of it could not be removed (a file the system refused to "
+              "delete: read-only, immutable or in use); remove it yourself, or fix its permissions and run `mechkit "
+              "cache clear leftovers`", file=sys.stderr)
     return whole
 
 
@@ -584,8 +588,9 @@ def _clear_group(group: Path) -> int | None:
     entries = [p for p in entries if mount_inside(p, points) is None]
     size = sum(dir_size(p) for p in entries) + sum(size_of(p) for p in memos)
     for path in entries:
+        held = dir_size(path)
         if not remove_dir(path):
-            size -= dir_size(path)
+            size -= held  # kept (renamed aside or not): none of it counted as freed
     for memo in memos:
         memo.unlink(missing_ok=True)
     for folder in (hashes, group):  # only where nothing else is left

@@ -523,5 +523,8 @@ def _warn_kept(path: Path) -> None:
     check), and nothing is ever deleted through one."""
     import sys
 
-    print(f"mechkit: warning: kept {path}: a mount point is at it or inside it, and mechkit never deletes through "
-          "a mount; unmount it, then clear again (mechkit cache clear leftovers)", file=sys.stderr)
+    why = ("a mount point is at it or inside it, and mechkit never deletes through a mount; unmount it"
+           if mount_inside(path) is not None or os.path.ismount(path) else
+           "part of it could not be removed (a file the system refused to delete: read-only, immutable or in use); "
+           "fix that")
+    print(f"mechkit: warning: kept {path}: {why}, then clear again (mechkit cache clear leftovers)", file=sys.stderr)

@@ -326,8 +326,12 @@ def _set_here(name: object, value: Any) -> None:
     "1")`` reads the user's ``X``, and :func:`given` says what that is on a rerun."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    if not isinstance(name, str) or not _ACTIVE:
+    if not isinstance(name, str):
         return
+    if not _ACTIVE:  # the user's own set, between runs: what a run left is no longer there, even if equal
+        _LEFT_BY_RUN.pop(name, None)
+        return
+    _LEFT_BY_RUN[name] = os.fsdecode(value) if isinstance(value, bytes) else value if isinstance(value, str) else None
     before = _get(os.environ, name)  # os.environb's names too: the two are one environment
     if isinstance(value, bytes):
         value = os.fsdecode(value)
@@ -347,7 +351,11 @@ def given(name: str, left: dict[str, str | None]) -> str | None | bool:
     if reads is not None and name in reads.prior:
         return reads.prior[name]
     now = _get(os.environ, name)
-    return True if name in left and now == left[name] else now
+    still = name in left and name in _LEFT_BY_RUN and _LEFT_BY_RUN[name] == left[name] == now
+    return True if still else now
+
+
+_LEFT_BY_RUN: dict[str, str | None] = {}  # each variable a recorded run's code set -> the value it gave it last
 
 
 def _environ_set(environ: object, name: Any, value: Any) -> None:
