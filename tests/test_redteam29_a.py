@@ -93,13 +93,13 @@ def test_a_real_file_bind_mount_is_refused_before_the_writer_and_the_key_keeps_i
 
 
 def test_the_writer_never_chmods_a_file_behind_a_mount(tmp_path, monkeypatch):
-    from mechkit.io import atomic
+    from mechkit.io import atomic, read
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "mounted").write_text("theirs")
     os.chmod(tmp_path / "d" / "mounted", 0o600)
-    real = atomic.fd_mount_id  # the file's own mount as the kernel would show a file bind-mounted over the name
-    monkeypatch.setattr(atomic, "fd_mount_id", lambda fd: -1 if os.readlink(f"/proc/self/fd/{fd}").endswith(
+    real = read.fd_mount_id  # the file's own mount as the kernel would show a file bind-mounted over the name
+    monkeypatch.setattr(read, "fd_mount_id", lambda fd: -1 if os.readlink(f"/proc/self/fd/{fd}").endswith(
         "/mounted") else real(fd))
     atomic.umask_modes(tmp_path / "d")
     assert stat.S_IMODE(os.stat(tmp_path / "d" / "mounted").st_mode) == 0o600

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechkit.errors import MechkitError
-from mechkit.io.read import fd_mount_id
+from mechkit.io.read import DIR_FLAGS, FILE_FLAGS, fd_mount_id, open_listed
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
 
@@ -205,15 +205,11 @@ def umask_modes(folder: str | os.PathLike[str], fsync: bool = False) -> None:
     The walk holds a descriptor of each folder and opens what is in it relative to that descriptor, never
     following a link: a folder of the tree swapped for a link to a user's folder while it ran (a thread still
     running, a sync tool) had the user's key chmod'ed through it, since a name's last part alone was checked."""
-    top = os.open(folder, _DIR_FLAGS)
+    top = os.open(folder, DIR_FLAGS)
     try:
         _modes_below(top, os.fstat(top), fd_mount_id(top), (file_mode(), dir_mode()), fsync)
     finally:
         os.close(top)
-
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks an open
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
 
 
 def _modes_below(fd: int, info: os.stat_result, mount: int | None, modes: tuple[int, int], fsync: bool) -> None:
@@ -229,16 +225,11 @@ def _modes_below(fd: int, info: os.stat_result, mount: int | None, modes: tuple[
         is_dir = stat.S_ISDIR(seen.st_mode)
         if not (is_dir or stat.S_ISREG(seen.st_mode)) or (is_dir and seen.st_dev != info.st_dev):
             continue  # a link, a FIFO, a device; a folder of another disk
-        try:
-            child = os.open(name, _DIR_FLAGS if is_dir else os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
-        except OSError as err:
-            if err.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):  # swapped for a link or removed since
-                continue
-            raise
+        child = open_listed(fd, name, seen, mount, DIR_FLAGS if is_dir else FILE_FLAGS)
+        if child is None:  # swapped for a link, gone, or behind a mount point since it was listed
+            continue
         try:
             now = os.fstat(child)
-            if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or fd_mount_id(child) != mount:
-                continue  # not the entry listed, or behind a mount point (a bind mount of the same disk too)
             if is_dir:  # mkdtemp's 0700 kept a plugin's prepared folder private to its owner
                 _fchmod(child, now, modes[1])
                 _modes_below(child, now, mount, modes, fsync)

@@ -92,13 +92,13 @@ def mount_points() -> frozenset[str]:
     where the system says which mount a name reaches (:func:`mount_id`), it is left out. Its "unmount it first"
     was a fix ``umount`` answered with "not mounted"."""
     rows = _mount_rows()
-    order = {mid: n for n, (mid, _, _, _) in enumerate(rows)}
-    points = {mid: Path(p) for mid, _, _, p in rows}
+    order = {mid: n for n, (mid, *_) in enumerate(rows)}
+    points = {mid: Path(p) for mid, _, _, p, _ in rows}
     live: set[str] = set()
-    for point in {p for _, _, _, p in rows}:
-        here = [order[mid] for mid, _, _, p in rows if p == point]
+    for point in {p for _, _, _, p, _ in rows}:
+        here = [order[mid] for mid, _, _, p, _ in rows if p == point]
         at = Path(point)
-        if not any(order[mid] > max(here) and Path(p) in at.parents for mid, _, _, p in rows):
+        if not any(order[mid] > max(here) and Path(p) in at.parents for mid, _, _, p, _ in rows):
             live.add(point)  # no later mount over a folder above it: nothing to open (a hung NFS mount, say)
             continue
         reached = mount_id(_existing(at))  # a name the cover does not hold: the folder above it
@@ -116,11 +116,11 @@ def mounts() -> list[tuple[str, str, str]]:
     shows (``/`` for a whole file system, the source directory of a bind mount). Read here, below every module
     of :mod:`mechkit.io`, for ``--out``'s checks and the removers of the cache and of leftovers alike. A mount
     hidden under a later one is still listed: where that matters, :func:`live_place` asks which one is live."""
-    return [(device, root, point) for _, device, root, point in _mount_rows()]
+    return [(device, root, point) for _, device, root, point, _ in _mount_rows()]
 
 
-def _mount_rows() -> list[tuple[int, str, str, str]]:
-    """``(mount id, device, root, mount point)`` of each mount the kernel lists, in its order."""
+def _mount_rows() -> list[tuple[int, str, str, str, bool]]:
+    """``(mount id, device, root, mount point, read-only)`` of each mount the kernel lists, in its order."""
     import re
 
     data = read_regular(MOUNTINFO, 64 * 2**20)
@@ -132,12 +132,31 @@ def _mount_rows() -> list[tuple[int, str, str, str]]:
         return octal.sub(lambda m: chr(int(m.group(1), 8)), text)
 
     fields = [line.split(" ") for line in data.decode("utf-8", "surrogateescape").splitlines()]
-    _READ_ONLY.clear()
-    _READ_ONLY.update(int(f[0]) for f in fields if len(f) > 5 and f[0].isdigit() and "ro" in f[5].split(","))
-    return [(int(f[0]), f[2], plain(f[3]), plain(f[4])) for f in fields if len(f) > 4 and f[0].isdigit()]
+    return [(int(f[0]), f[2], plain(f[3]), plain(f[4]), len(f) > 5 and "ro" in f[5].split(","))
+            for f in fields if len(f) > 4 and f[0].isdigit()]
 
 
-_READ_ONLY: set[int] = set()  # the ids of the mounts the last reading of the list found read-only
+DIR_FLAGS = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))  # a folder, never through a link; a FIFO never blocks the open
+FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def open_listed(fd: int, name: str, seen: os.stat_result, mount: int | None, flags: int = DIR_FLAGS) -> int | None:
+    """The entry ``name`` of the folder open as ``fd``, opened relative to it without following a link, where it
+    is still the entry listed (``seen``: its device and inode) on the mount ``mount``; else ``None``. The one rule
+    of the walks that change or remove what they find (modes, removals): a folder swapped for a link, or a mount
+    reachable since the listing (a bind mount of the same disk too), is never entered."""
+    try:
+        child = os.open(name, flags, dir_fd=fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):  # a link now, or gone
+            return None
+        raise
+    now = os.fstat(child)
+    if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or fd_mount_id(child) != mount:
+        os.close(child)
+        return None
+    return child
 
 
 def fd_mount_id(fd: int) -> int | None:
@@ -187,12 +206,12 @@ def live_place(path: Path) -> tuple[str, Path] | None:
     mid = mount_id(found)
     row = next((r for r in rows if r[0] == mid), None)
     if row is None:
-        return mount_place(path, [(d, r, p) for _, d, r, p in rows])
-    _, device, root, point = row
+        return mount_place(path, [(d, r, p) for _, d, r, p, _ in rows])
+    _, device, root, point, _ = row
     try:
         inner = path.relative_to(point)
     except ValueError:  # a point this namespace names otherwise: the list by names alone
-        return mount_place(path, [(d, r, p) for _, d, r, p in rows])
+        return mount_place(path, [(d, r, p) for _, d, r, p, _ in rows])
     return device, Path(os.path.normpath(Path(root) / inner))
 
 
@@ -233,10 +252,10 @@ def canonical_place(path: Path) -> Path:
     found = _existing(path)
     known = _identity(found)
     held = Path(os.path.normpath(Path(inner) / os.path.relpath(found, path))) if found != path else inner
-    showing = [(n, mid, root, point) for n, (mid, dev, root, point) in enumerate(_mount_rows())
+    showing = [(n, root, point, read_only) for n, (_, dev, root, point, read_only) in enumerate(_mount_rows())
                if dev == device and (inner == Path(root) or Path(root) in inner.parents)]
-    writable = [row for row in showing if row[1] not in _READ_ONLY] or showing
-    rows = sorted((len(Path(root).parts), n, root, point) for n, _, root, point in writable)
+    writable = [row for row in showing if not row[3]] or showing
+    rows = sorted((len(Path(root).parts), n, root, point) for n, root, point, _ in writable)
     for _, _, root, point in rows:
         name = Path(os.path.normpath(Path(point) / inner.relative_to(root)))
         if len(os.fsencode(str(name))) > _LONGEST_NAME:  # a lock beside it could not be named (ENAMETOOLONG)

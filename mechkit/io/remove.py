@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
-from mechkit.io.read import fd_mount_id
-
-_DIR_FLAGS = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-              | getattr(os, "O_NONBLOCK", 0))
+from mechkit.io.read import DIR_FLAGS, fd_mount_id, open_listed
 
 
 def remove_tree(path: str | os.PathLike[str]) -> bool:
@@ -36,14 +33,14 @@ def remove_beneath(root: str | os.PathLike[str], relative: str | os.PathLike[str
     if not parts or ".." in parts:
         raise ValueError(f"{relative!r} is not a path inside {root!r}")
     try:
-        fd = os.open(root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))  # root is the caller's, links and all
+        fd = os.open(root, DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))  # root is the caller's, links and all
     except FileNotFoundError:
         return True
     try:
         device, mount = os.fstat(fd).st_dev, fd_mount_id(fd)
         for part in parts[:-1]:
             try:
-                step = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                step = os.open(part, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 return True
             except OSError:  # a link (ELOOP) or a file (ENOTDIR) where a folder was: never followed
@@ -74,16 +71,10 @@ def _remove_entry(fd: int, name: str, device: int, mount: int | None) -> bool:
         return True
     if seen.st_dev != device:
         return False
+    child = open_listed(fd, name, seen, mount)
+    if child is None:  # a link or a mount point now (a bind mount of the same disk too): never entered; or gone
+        return _gone(fd, name)
     try:
-        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-    except FileNotFoundError:
-        return True
-    except OSError:  # swapped for a link meanwhile
-        return False
-    try:
-        now = os.fstat(child)
-        if (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino) or fd_mount_id(child) != mount:
-            return False  # a mount point (a bind mount of the same disk too): never entered
         whole = _remove_below(child, device, mount)
     finally:
         os.close(child)
@@ -95,6 +86,14 @@ def _remove_entry(fd: int, name: str, device: int, mount: int | None) -> bool:
         except OSError:
             return False
     return whole
+
+
+def _gone(fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def _remove_below(fd: int, device: int, mount: int | None) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from mechkit.errors import MechkitError, ReportExistsError
 from mechkit.io import check_out
+from mechkit.io.read import DIR_FLAGS
 from mechkit.io.replace import replacing_dir, write_folder_manifest
 from mechkit.report.html import render_html
 from mechkit.report.schema import MAX_REPORT_BYTES, to_jsonable, validate_report
@@ -188,15 +189,12 @@ class _Moves:
         """Unlink ``path`` through a descriptor of its folder, opened without following a link and checked to be the
         folder copied, where the entry is still the file copied: a check of the path, then an unlink by path, left a
         window in which a folder swapped for a link reached a user's file."""
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(path.parent, flags)
+        fd = os.open(path.parent, DIR_FLAGS)
         try:
             info = os.fstat(fd)
             if path.parent in self.ids and (info.st_dev, info.st_ino) != self.ids[path.parent]:
                 return
-            entry = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-            if (entry.st_dev, entry.st_ino, entry.st_size, entry.st_mtime_ns, entry.st_ctime_ns,
-                    entry.st_mode) == signature:
+            if _signature_of(os.stat(path.name, dir_fd=fd, follow_symlinks=False)) == signature:
                 os.unlink(path.name, dir_fd=fd)
         finally:
             os.close(fd)
@@ -204,7 +202,10 @@ class _Moves:
 
 def _signature(path: Path) -> tuple:
     """What says a file is still the one copied: an in-place rewrite that restores its mtime still moves ctime."""
-    info = os.lstat(path)
+    return _signature_of(os.lstat(path))
+
+
+def _signature_of(info: os.stat_result) -> tuple:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
 
 
