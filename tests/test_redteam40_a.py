@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import enum
 import os
-import shutil
 import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +21,7 @@ import pytest
 import mechkit as mk
 from mechkit.errors import MechkitError
 from mechkit.report.schema import to_jsonable
+from tests.mounts import NEEDS_MOUNTS, in_namespace
 
 
 class _Raises(enum.Enum):
@@ -122,25 +119,12 @@ def test_where_no_mount_is_known_a_place_keeps_its_own_name(tmp_path, monkeypatc
     assert locks.lock_path(tmp_path / "c") == tmp_path / ".c.mechkit-lock"
 
 
-def _in_namespace(tmp_path: Path, body: str) -> str:
-    script = tmp_path / "case.py"
-    script.write_text(f"import os, subprocess, sys, pathlib\nsys.path[:0] = {[p for p in sys.path if p]!r}\n"
-                      f"B = pathlib.Path({str(tmp_path)!r})\n{body}")
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(script)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    return done.stdout + done.stderr[-2000:]
 
 
-_ROOT = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
-                           reason="a bind mount needs root and unshare (a private mount namespace), which this "
-                           "machine lacks")
-
-
-@_ROOT
+@NEEDS_MOUNTS
 @pytest.mark.parametrize("inside", ["sub", ""])
 def test_an_out_through_a_bind_mount_of_a_held_folder_is_refused(tmp_path, inside):
-    said = _in_namespace(tmp_path, f'''
+    said = in_namespace(tmp_path, f'''
 (B / "a" / "r").mkdir(parents=True); (B / "c").mkdir()
 subprocess.run(["mount", "--bind", str(B / "a" / "r"), str(B / "c")], check=True)
 from mechkit.io.outlock import out_lock
@@ -208,9 +192,9 @@ def test_modes_are_given_through_the_whole_tree(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "t" / "x" / "y").st_mode) == dir_mode()
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_a_file_bind_mounted_inside_the_tree_keeps_its_mode(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 import stat
 from mechkit.io.atomic import umask_modes
 (B / "t" / "d").mkdir(parents=True); (B / "t" / "d" / "m").write_text("")

@@ -10,17 +10,9 @@ mount of the run's folder was not rolled back ("no report at ..."). Mounts are n
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+from tests.mounts import NEEDS_MOUNTS, in_namespace
 
-import pytest
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
-    reason="mounts need root and unshare (a private mount namespace), which this machine lacks")
+pytestmark = NEEDS_MOUNTS
 
 _HOLD = '''
 from mechkit.io.outlock import out_lock
@@ -44,18 +36,8 @@ def mount(*args):
 '''
 
 
-def _in_namespace(tmp_path: Path, body: str) -> str:
-    script = tmp_path / "case.py"
-    script.write_text(f"import os, subprocess, sys, pathlib\nsys.path[:0] = {[p for p in sys.path if p]!r}\n"
-                      f"B = pathlib.Path({str(tmp_path)!r})\n{_HOLD}\n{body}")
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(script)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    return done.stdout + done.stderr[-3000:]
-
-
 def test_a_hidden_mount_never_names_a_lock(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_HOLD, body='''
 for d in ("t/inner", "other", "yb"):
     (B / d).mkdir(parents=True)
 mount("-t", "tmpfs", "x", str(B / "other"))
@@ -76,7 +58,7 @@ done.set(); t.join()
 
 
 def test_a_name_hidden_by_an_over_mount_gives_way_to_one_that_reaches_the_place(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_HOLD, body='''
 for d in ("a/r/sub", "c", "e"):
     (B / d).mkdir(parents=True)
 mount("--bind", str(B / "a" / "r"), str(B / "c"))
@@ -92,7 +74,7 @@ print("LEFT", sorted(os.listdir(B / "c" / "sub")))
 
 
 def test_a_plain_folder_where_a_hidden_mount_is_listed_is_no_mount_point(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_HOLD, body='''
 (B / "s" / "t" / "inner").mkdir(parents=True)
 mount("-t", "tmpfs", "x", str(B / "s" / "t" / "inner"))
 mount("-t", "tmpfs", "y", str(B / "s" / "t"))
@@ -106,7 +88,7 @@ print("MOUNTED", write(B / "s" / "t" / "inner"))
 
 
 def test_a_killed_force_write_read_through_a_bind_mount_of_the_run_is_rolled_back(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_HOLD, body='''
 import signal
 (B / "a").mkdir(); (B / "c").mkdir()
 print(write(B / "a" / "run"))

@@ -11,17 +11,9 @@ it first", which umount answered "not mounted"), refusing a --force rewrite and 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+from tests.mounts import NEEDS_MOUNTS, in_namespace
 
-import pytest
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
-    reason="mounts need root and unshare (a private mount namespace), which this machine lacks")
+pytestmark = NEEDS_MOUNTS
 
 _TOOLS = '''
 from mechkit.report import build_report, write_report
@@ -39,18 +31,8 @@ def mount(*args):
 '''
 
 
-def _in_namespace(tmp_path: Path, body: str) -> str:
-    script = tmp_path / "case.py"
-    script.write_text(f"import os, subprocess, sys, pathlib\nsys.path[:0] = {[p for p in sys.path if p]!r}\n"
-                      f"B = pathlib.Path({str(tmp_path)!r})\n{_TOOLS}\n{body}")
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(script)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    return done.stdout + done.stderr[-3000:]
-
-
 def test_a_writable_volume_beside_a_read_only_whole_disk_takes_its_lock_where_it_can_write(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_TOOLS, body='''
 (B / "A").mkdir(); (B / "W").mkdir()
 mount("-t", "tmpfs", "whole", str(B / "A")); (B / "A" / "data").mkdir()
 mount("--bind", str(B / "A" / "data"), str(B / "W"))
@@ -65,7 +47,7 @@ print("BOTH", lock_path(B / "A" / "data" / "run") == lock_path(B / "W" / "run"))
 
 
 def test_a_name_too_long_for_a_lock_gives_way_to_a_shorter_one(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_TOOLS, body='''
 (B / "A").mkdir(); (B / "W").mkdir()
 os.chdir(B / "A")
 for _ in range(20):  # past PATH_MAX in all: made and mounted by relative names
@@ -79,7 +61,7 @@ print("RUN", write(B / "W" / ("r" * 60)))
 
 
 def test_a_mount_added_during_a_run_never_makes_its_own_lock_anothers(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_TOOLS, body='''
 (B / "A").mkdir(); (B / "W").mkdir()
 mount("-t", "tmpfs", "whole", str(B / "A")); (B / "A" / "data").mkdir()
 mount("--bind", str(B / "A" / "data"), str(B / "W"))
@@ -92,7 +74,7 @@ with out_lock(B / "W" / "run"):
 
 
 def test_a_hidden_mount_at_a_name_the_run_writes_is_no_mount_point(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, prelude=_TOOLS, body='''
 (B / "P").mkdir(); (B / "src").write_text("")
 mount("-t", "tmpfs", "low", str(B / "P")); (B / "P" / "r2").mkdir(); (B / "P" / "r2" / "report.json").write_text("")
 mount("--bind", str(B / "src"), str(B / "P" / "r2" / "report.json"))

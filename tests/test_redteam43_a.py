@@ -12,7 +12,6 @@ asked too.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,20 +21,7 @@ import pytest
 from mechkit.io.locks import OutInUseError, refuse_in_use
 from mechkit.io.outlock import out_lock
 from mechkit.io.remove import remove_tree
-
-_ROOT = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
-                           reason="mounts need root and unshare (a private mount namespace), which this machine lacks")
-
-
-def _in_namespace(tmp_path: Path, body: str) -> str:
-    script = tmp_path / "case.py"
-    script.write_text(f"import os, subprocess, sys, pathlib\nsys.path[:0] = {[p for p in sys.path if p]!r}\n"
-                      f"B = pathlib.Path({str(tmp_path)!r})\n"
-                      "def mount(*args):\n    subprocess.run(['mount', *args], check=True)\n" + body)
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(script)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    return done.stdout + done.stderr[-3000:]
+from tests.mounts import NEEDS_MOUNTS, in_namespace
 
 
 def _holder(where: Path):
@@ -80,9 +66,9 @@ def test_remove_tree_removes_a_plain_tree_and_a_link_itself(tmp_path):
     assert remove_tree(tmp_path / "missing")
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_remove_tree_never_deletes_through_a_bind_mount(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 from mechkit.io.remove import remove_tree
 (B / "entry" / "sub").mkdir(parents=True); (B / "entry" / "own.txt").write_text("x")
 (B / "user").mkdir(); (B / "user" / "precious.txt").write_text("precious")
@@ -95,9 +81,9 @@ print("USER", (B / "user" / "precious.txt").read_text(), (B / "file").read_text(
     assert "WHOLE False ['over', 'sub']" in said and "USER precious theirs" in said, said
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_cache_clear_never_deletes_through_a_mount_a_cover_hid_at_the_check(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 entry = B / "cache" / "toy" / "induction-aaaaaaaa"
 (entry / "sub").mkdir(parents=True); (entry / "mechkit-toy.json").write_text('{"seed":1,"steps":2}')
 (B / "user").mkdir(); (B / "user" / "precious.txt").write_text("precious")
@@ -117,9 +103,9 @@ print("USER", sorted(os.listdir(B / "user")))
     assert "USER ['precious.txt']" in said and "never deletes through a mount" in said, said
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_a_place_named_through_a_bind_mount_still_finds_the_lock_of_the_folder_above(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 long = B / "long"
 os.makedirs(long)
 os.chdir(long)

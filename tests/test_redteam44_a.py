@@ -13,27 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import mechkit.io.disk_cache as dc
 from mechkit.io.remove import remove_beneath
-
-_ROOT = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
-                           reason="mounts need root and unshare (a private mount namespace), which this machine lacks")
-
-
-def _in_namespace(tmp_path: Path, body: str) -> str:
-    script = tmp_path / "case.py"
-    script.write_text(f"import os, subprocess, sys, pathlib\nsys.path[:0] = {[p for p in sys.path if p]!r}\n"
-                      f"B = pathlib.Path({str(tmp_path)!r})\n"
-                      "def mount(*args):\n    subprocess.run(['mount', *args], check=True)\n" + body)
-    env = {**os.environ, "MECHKIT_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, str(script)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    return done.stdout + done.stderr[-3000:]
+from tests.mounts import NEEDS_MOUNTS, in_namespace
 
 
 def test_a_scratch_folder_swapped_for_a_link_at_a_runs_end_is_never_followed(tmp_path, monkeypatch):
@@ -74,9 +59,9 @@ def test_remove_beneath_removes_files_and_folders_and_refuses_a_way_out(tmp_path
         remove_beneath(tmp_path / "r", "../mine/f")
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_a_cover_unmounted_at_a_runs_end_never_lets_it_delete_through_the_mount_it_hid(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 import mechkit.io.disk_cache as dc
 user = B / "user"; user.mkdir(); (user / "checkpoint.safetensors").write_text("my own")
 runs = B / "cache" / "runs"; run = runs / ("a" * 16); (run / "finetune").mkdir(parents=True)
@@ -94,9 +79,9 @@ print("USER", sorted(os.listdir(user)))
     assert "USER ['checkpoint.safetensors']" in said, said
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_a_leftovers_name_that_became_a_bind_mount_is_left_whole_and_said(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 import mechkit.io.leftovers as lo
 from mechkit.io.remove import remove_tree
 user = B / "user"; user.mkdir(); (user / "thesis.txt").write_text("thesis")
@@ -119,9 +104,9 @@ print("SWEPT", sorted(os.listdir(user)))
     assert "kept" in said and "never deletes through a mount" in said, said
 
 
-@_ROOT
+@NEEDS_MOUNTS
 def test_a_link_at_a_hidden_mounts_name_never_makes_it_live(tmp_path):
-    said = _in_namespace(tmp_path, '''
+    said = in_namespace(tmp_path, '''
 from mechkit.io.read import mount_points
 (B / "user").mkdir(); (B / "other").mkdir()
 k = B / "cache" / "runs" / "k"; (k / "finetune").mkdir(parents=True)
