@@ -9,52 +9,20 @@ listed by a helper whose file path held "importlib" was not recorded; a variable
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 import textwrap
 
 import pytest
-from rich.console import Console
 
 import mechkit as mk
-
-CALLS: list[str] = []
-STOP: list[bool] = []
+from tests.stepping import CALLS, STOP, stepping, stop_then_rerun
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-
-
-def _stepping(name, compute):
-    class Stepping(mk.Plugin):
-        version, summary, needs_model = "0.1", "one step", False
-
-        def run(self, ctx):
-            value = ctx.step("first", lambda: CALLS.append("first") or compute(ctx))
-            if STOP:
-                raise KeyboardInterrupt
-            return mk.Result(results={"v": value})
-
-    Stepping.name = name
-    return Stepping
-
-
-def _stop_then_rerun(tmp_path, plugin, change, **options):
-    CALLS.clear()
-    STOP.append(True)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            mk.run(plugin, out=tmp_path / plugin.name, console=Console(file=io.StringIO(), width=400), **options)
-    finally:
-        STOP.clear()
-    change()
-    log = io.StringIO()
-    run = mk.run(plugin, out=tmp_path / plugin.name, console=Console(file=log, width=400), **options)
-    return run.report["results"], log.getvalue()
 
 
 def _read_text(path):
@@ -71,9 +39,9 @@ def test_a_file_opened_through_a_link_and_dot_dot_is_the_file_the_system_opened(
     (tmp_path / "x").mkdir()
     os.symlink(tmp_path / "y" / "sub", tmp_path / "x" / "link")
     path = f"{tmp_path}/x/link/../data.txt"
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-dotdot", _read_text(path)),
-                                    lambda: (tmp_path / "y" / "data.txt").write_text("two"))
-    assert results == {"v": "two"} and CALLS == ["first", "first"] and "y/data.txt" in log
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-dotdot", _read_text(path)),
+                                   lambda: (tmp_path / "y" / "data.txt").write_text("two"))
+    assert results == {"s0": "two"} and CALLS == ["s0", "s0"] and "y/data.txt" in log
 
 
 def test_a_dir_fd_open_is_never_the_working_directorys_file_of_that_name(tmp_path, cache, monkeypatch):
@@ -92,9 +60,9 @@ def test_a_dir_fd_open_is_never_the_working_directorys_file_of_that_name(tmp_pat
             os.close(fd)
             os.close(folder)
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-dirfd", read),
-                                    lambda: (tmp_path / "d" / "notes.txt").write_text("two"))
-    assert results == {"v": "two"} and "d/notes.txt, which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-dirfd", read),
+                                   lambda: (tmp_path / "d" / "notes.txt").write_text("two"))
+    assert results == {"s0": "two"} and "d/notes.txt, which the run read, has changed" in log
 
 
 def test_an_unchanged_dir_fd_read_and_fwalk_resume(tmp_path, cache):
@@ -110,11 +78,11 @@ def test_an_unchanged_dir_fd_read_and_fwalk_resume(tmp_path, cache):
                 os.close(f)
         return found
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-fwalk", walk), lambda: None)
-    assert results == {"v": ["one"]} and CALLS == ["first"] and log == ""
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-fwalk2", walk),
-                                    lambda: (tmp_path / "d" / "sub" / "f").write_text("two"))
-    assert results == {"v": ["two"]} and "sub/f, which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-fwalk", walk), lambda: None)
+    assert results == {"s0": ["one"]} and CALLS == ["s0"] and log == ""
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-fwalk2", walk),
+                                   lambda: (tmp_path / "d" / "sub" / "f").write_text("two"))
+    assert results == {"s0": ["two"]} and "sub/f, which the run read, has changed" in log
 
 
 def test_a_missing_relative_file_resumes_while_still_missing(tmp_path, cache, monkeypatch):
@@ -126,11 +94,11 @@ def test_a_missing_relative_file_resumes_while_still_missing(tmp_path, cache, mo
         except FileNotFoundError:
             return "none"
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-optional", optional), lambda: None)
-    assert results == {"v": "none"} and CALLS == ["first"] and log == ""
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-optional2", optional),
-                                    lambda: (tmp_path / "optional.cfg").write_text("set"))
-    assert results == {"v": "set"} and "optional.cfg, which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-optional", optional), lambda: None)
+    assert results == {"s0": "none"} and CALLS == ["s0"] and log == ""
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-optional2", optional),
+                                   lambda: (tmp_path / "optional.cfg").write_text("set"))
+    assert results == {"s0": "set"} and "optional.cfg, which the run read, has changed" in log
 
 
 def test_a_listing_by_a_helper_whose_path_holds_importlib_is_recorded(tmp_path, cache, monkeypatch):
@@ -147,11 +115,11 @@ def test_a_listing_by_a_helper_whose_path_holds_importlib_is_recorded(tmp_path, 
     (tmp_path / "ls").mkdir()
     (tmp_path / "ls" / "a").write_text("")
     try:
-        results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-lister", lambda ctx: rt40d_lister.names(
+        results, log = stop_then_rerun(tmp_path, stepping("rt40d-lister", lambda ctx: rt40d_lister.names(
             tmp_path / "ls")), lambda: (tmp_path / "ls" / "b").write_text(""))
     finally:
         sys.modules.pop("rt40d_lister", None)
-    assert results == {"v": "a,b"} and "which the run listed, holds other names" in log
+    assert results == {"s0": "a,b"} and "which the run listed, holds other names" in log
 
 
 @pytest.mark.parametrize("how", ["setdefault", "reexport"])
@@ -171,8 +139,8 @@ def test_a_variable_the_run_reads_and_then_sets_is_the_users_value(tmp_path, cac
     def change():
         os.environ[name] = "5"  # the user's value for the rerun, set between the runs
 
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt40d-env-{how}", compute), change)
-    assert results == {"v": "5"} and CALLS == ["first", "first"] and f"variable {name}, which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt40d-env-{how}", compute), change)
+    assert results == {"s0": "5"} and CALLS == ["s0", "s0"] and f"variable {name}, which the run read, has changed" in log
 
 
 def test_a_variable_a_library_sets_with_no_value_given_still_resumes(tmp_path, cache, monkeypatch):
@@ -182,8 +150,8 @@ def test_a_variable_a_library_sets_with_no_value_given_still_resumes(tmp_path, c
         os.environ.setdefault("RT40D_LIB", "True")  # what sklearn's import does with KMP_DUPLICATE_LIB_OK
         return 1
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt40d-lib", compute), lambda: None)
-    assert results == {"v": 1} and CALLS == ["first"] and log == ""
+    results, log = stop_then_rerun(tmp_path, stepping("rt40d-lib", compute), lambda: None)
+    assert results == {"s0": 1} and CALLS == ["s0"] and log == ""
 
 
 def test_generation_settings_are_in_the_resume_key(tmp_path):
@@ -221,13 +189,5 @@ def test_a_saved_models_generation_config_edited_between_runs_starts_the_steps_a
         config = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**config, "repetition_penalty": 50.0, "no_repeat_ngram_size": 1}))
 
-    CALLS.clear()
-    STOP.append(True)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            mk.run(Decodes, model=str(model_dir), out=tmp_path / "run", console=Console(file=io.StringIO()))
-    finally:
-        STOP.clear()
-    edit()
-    mk.run(Decodes, model=str(model_dir), out=tmp_path / "run", console=Console(file=io.StringIO()))
+    stop_then_rerun(tmp_path, Decodes, edit, model=str(model_dir))
     assert CALLS == ["a", "a"]

@@ -11,58 +11,20 @@ edited key-head count where the config gives a head_dim.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 
 import pytest
-from rich.console import Console
 
 import mechkit as mk
 from mechkit.errors import ModelLoadError
-
-CALLS: list[str] = []
-STOP: list[bool] = []
+from tests.stepping import CALLS, quiet, stepping, stop_then_rerun
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-
-
-def _quiet():
-    return Console(file=io.StringIO(), width=400)
-
-
-def _stepping(name, *computes):
-    class Stepping(mk.Plugin):
-        version, summary, needs_model = "0.1", "steps", False
-
-        def run(self, ctx):
-            values = {}
-            for i, compute in enumerate(computes):
-                values[f"s{i}"] = ctx.step(f"s{i}", lambda c=compute, i=i: CALLS.append(f"s{i}") or c())
-                if STOP and i == 0:
-                    raise KeyboardInterrupt
-            return mk.Result(results=values)
-
-    Stepping.name = name
-    return Stepping
-
-
-def _stop_then_rerun(tmp_path, plugin, change):
-    CALLS.clear()
-    STOP.append(True)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            mk.run(plugin, out=tmp_path / plugin.name, console=_quiet())
-    finally:
-        STOP.clear()
-    change()
-    log = io.StringIO()
-    run = mk.run(plugin, out=tmp_path / plugin.name, console=Console(file=log, width=400))
-    return run.report["results"], log.getvalue()
 
 
 def test_a_variable_an_earlier_run_set_is_the_next_runs_input(tmp_path, cache, monkeypatch):
@@ -75,10 +37,10 @@ def test_a_variable_an_earlier_run_set_is_the_next_runs_input(tmp_path, cache, m
             os.environ["RT41B_SCALE"] = "5"
             return mk.Result(results={"set": 1})
 
-    mk.run(Sets, out=tmp_path / "sets", console=_quiet())
-    read = lambda: os.environ.get("RT41B_SCALE", "1")  # noqa: E731
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt41b-reads", read, read),
-                                    lambda: monkeypatch.delenv("RT41B_SCALE"))  # a fresh process: nothing set it
+    mk.run(Sets, out=tmp_path / "sets", console=quiet())
+    read = lambda ctx: os.environ.get("RT41B_SCALE", "1")  # noqa: E731
+    results, log = stop_then_rerun(tmp_path, stepping("rt41b-reads", read, read),
+                                   lambda: monkeypatch.delenv("RT41B_SCALE"))  # a fresh process: nothing set it
     assert results == {"s0": "1", "s1": "1"} and "variable RT41B_SCALE, which the run read, has changed" in log
 
 
@@ -86,26 +48,26 @@ def test_a_variable_an_earlier_run_set_is_the_next_runs_input(tmp_path, cache, m
 def test_a_walk_over_the_environment_is_no_read_of_each_variable(tmp_path, cache, monkeypatch, walk):
     monkeypatch.setenv("RT41B_UNRELATED", "1")
     walks = {
-        "subprocess": lambda: subprocess.run(["echo", "hi"], env={**os.environ, "LC_ALL": "C"}, capture_output=True,
+        "subprocess": lambda ctx: subprocess.run(["echo", "hi"], env={**os.environ, "LC_ALL": "C"}, capture_output=True,
                                              text=True).stdout,
-        "copy": lambda: len(os.environ.copy()) > 0,
-        "items": lambda: sum(1 for _ in os.environ.items()) > 0,
-        "dict": lambda: len(dict(os.environ)) > 0,
+        "copy": lambda ctx: len(os.environ.copy()) > 0,
+        "items": lambda ctx: sum(1 for _ in os.environ.items()) > 0,
+        "dict": lambda ctx: len(dict(os.environ)) > 0,
     }
-    plugin = _stepping(f"rt41b-walk-{walk}", walks[walk])
-    results, log = _stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT41B_UNRELATED", "2"))
+    plugin = stepping(f"rt41b-walk-{walk}", walks[walk])
+    results, log = stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT41B_UNRELATED", "2"))
     assert CALLS == ["s0"] and log == "", log
 
 
 def test_a_variable_read_by_name_beside_a_walk_is_still_recorded(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("RT41B_NAMED", "1")
 
-    def both():
+    def both(ctx):
         env = {**os.environ}
         return env.get("PATH") is not None and os.environ["RT41B_NAMED"]
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt41b-named", both),
-                                    lambda: monkeypatch.setenv("RT41B_NAMED", "2"))
+    results, log = stop_then_rerun(tmp_path, stepping("rt41b-named", both),
+                                   lambda: monkeypatch.setenv("RT41B_NAMED", "2"))
     assert results == {"s0": "2"} and "variable RT41B_NAMED, which the run read, has changed" in log
 
 
@@ -171,10 +133,10 @@ def test_a_variable_read_unset_then_set_by_another_run_starts_the_step_afresh(tm
             os.environ["RT41B_LATER"] = "5"
             return mk.Result(results={"set": 1})
 
-    read = lambda: os.environ.get("RT41B_LATER", "1")  # noqa: E731
+    read = lambda ctx: os.environ.get("RT41B_LATER", "1")  # noqa: E731
     try:
-        results, log = _stop_then_rerun(tmp_path, _stepping("rt41b-reads-later", read, read),
-                                        lambda: mk.run(Sets, out=tmp_path / "sets", console=_quiet()))
+        results, log = stop_then_rerun(tmp_path, stepping("rt41b-reads-later", read, read),
+                                       lambda: mk.run(Sets, out=tmp_path / "sets", console=quiet()))
     finally:
         os.environ.pop("RT41B_LATER", None)
     assert results == {"s0": "5", "s1": "5"} and "variable RT41B_LATER, which the run read, has changed" in log
@@ -188,23 +150,23 @@ def test_a_variable_read_by_name_through_a_call_is_recorded(tmp_path, cache, mon
     import operator
 
     monkeypatch.setenv("RT42B_X", "1")
-    reads = {"format_map": lambda: "{RT42B_X}".format_map(os.environ),
-             "itemgetter": lambda: operator.itemgetter("RT42B_X")(os.environ),
-             "dunder": lambda: os.environ.__getitem__("RT42B_X")}
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt42b-call-{how}", reads[how]),
-                                    lambda: monkeypatch.setenv("RT42B_X", "2"))
+    reads = {"format_map": lambda ctx: "{RT42B_X}".format_map(os.environ),
+             "itemgetter": lambda ctx: operator.itemgetter("RT42B_X")(os.environ),
+             "dunder": lambda ctx: os.environ.__getitem__("RT42B_X")}
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt42b-call-{how}", reads[how]),
+                                   lambda: monkeypatch.setenv("RT42B_X", "2"))
     assert results == {"s0": "2"} and "variable RT42B_X, which the run read, has changed" in log
 
 
 def test_a_listing_then_a_read_by_name_records_the_read(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("RT42B_Y", "1")
 
-    def compute():
+    def compute(ctx):
         names = list(os.environ)
         return "{RT42B_Y}".format_map(os.environ) if names else ""
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt42b-list-then-read", compute),
-                                    lambda: monkeypatch.setenv("RT42B_Y", "2"))
+    results, log = stop_then_rerun(tmp_path, stepping("rt42b-list-then-read", compute),
+                                   lambda: monkeypatch.setenv("RT42B_Y", "2"))
     assert results == {"s0": "2"} and "variable RT42B_Y" in log
 
 

@@ -12,19 +12,15 @@ square overflowed), and detect exited 0 with flat scores.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
 import pytest
 import torch
-from rich.console import Console
 
 import mechkit as mk
 from mechkit.errors import MechkitError, ModelLoadError
-
-CALLS: list[str] = []
-STOP: list[bool] = []
+from tests.stepping import CALLS, quiet, stepping, stop_then_rerun
 
 
 @pytest.fixture
@@ -32,42 +28,10 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
 
 
-def _quiet():
-    return Console(file=io.StringIO(), width=400)
-
-
-def _stepping(name, compute):
-    class Stepping(mk.Plugin):
-        version, summary, needs_model = "0.1", "one step", False
-
-        def run(self, ctx):
-            value = ctx.step("first", lambda: CALLS.append("first") or compute())
-            if STOP:
-                raise KeyboardInterrupt
-            return mk.Result(results={"v": value})
-
-    Stepping.name = name
-    return Stepping
-
-
-def _stop_then_rerun(tmp_path, plugin, change):
-    CALLS.clear()
-    STOP.append(True)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            mk.run(plugin, out=tmp_path / plugin.name, console=_quiet())
-    finally:
-        STOP.clear()
-    change()
-    log = io.StringIO()
-    run = mk.run(plugin, out=tmp_path / plugin.name, console=Console(file=log, width=400))
-    return run.report["results"], log.getvalue()
-
-
 def test_a_variable_another_run_set_since_is_this_runs_input(tmp_path, cache, monkeypatch):
     monkeypatch.delenv("RT43B_XV", raising=False)
 
-    def reads_then_sets():
+    def reads_then_sets(ctx):
         value = os.environ.get("RT43B_XV", "1")
         os.environ["RT43B_XV"] = "7"
         return value
@@ -80,32 +44,32 @@ def test_a_variable_another_run_set_since_is_this_runs_input(tmp_path, cache, mo
             return mk.Result(results={"a": 1})
 
     try:
-        results, log = _stop_then_rerun(tmp_path, _stepping("rt43b-p", reads_then_sets),
-                                        lambda: mk.run(Sets, out=tmp_path / "q", console=_quiet()))
+        results, log = stop_then_rerun(tmp_path, stepping("rt43b-p", reads_then_sets),
+                                       lambda: mk.run(Sets, out=tmp_path / "q", console=quiet()))
     finally:
         os.environ.pop("RT43B_XV", None)
-    assert results == {"v": "9"} and "variable RT43B_XV, which the run read, has changed" in log
+    assert results == {"s0": "9"} and "variable RT43B_XV, which the run read, has changed" in log
 
 
 def test_a_variable_the_kept_run_itself_left_still_resumes_in_the_same_process(tmp_path, cache, monkeypatch):
     monkeypatch.delenv("RT43B_LEFT", raising=False)
     try:
-        results, log = _stop_then_rerun(tmp_path, _stepping("rt43b-left", lambda: os.environ.setdefault(
+        results, log = stop_then_rerun(tmp_path, stepping("rt43b-left", lambda ctx: os.environ.setdefault(
             "RT43B_LEFT", "True")), lambda: None)
     finally:
         os.environ.pop("RT43B_LEFT", None)
-    assert results == {"v": "True"} and CALLS == ["first"] and log == ""
+    assert results == {"s0": "True"} and CALLS == ["s0"] and log == ""
 
 
 @pytest.mark.parametrize("walk", ["values", "comprehension", "map"])
 def test_loops_over_the_environment_record_no_variable(tmp_path, cache, monkeypatch, walk):
     monkeypatch.setenv("RT43B_UNRELATED", "a")
-    walks = {"values": lambda: "x" in os.environ.values(),
-             "comprehension": lambda: len({k: os.environ[k] for k in os.environ}) > 0,
-             "map": lambda: len(list(map(os.environ.__getitem__, os.environ))) > 0}
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt43b-loop-{walk}", walks[walk]),
-                                    lambda: monkeypatch.setenv("RT43B_UNRELATED", "b"))
-    assert CALLS == ["first"] and log == "", log
+    walks = {"values": lambda ctx: "x" in os.environ.values(),
+             "comprehension": lambda ctx: len({k: os.environ[k] for k in os.environ}) > 0,
+             "map": lambda ctx: len(list(map(os.environ.__getitem__, os.environ))) > 0}
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt43b-loop-{walk}", walks[walk]),
+                                   lambda: monkeypatch.setenv("RT43B_UNRELATED", "b"))
+    assert CALLS == ["s0"] and log == "", log
 
 
 def _qwen2(tmp_path, **edits):
@@ -150,7 +114,7 @@ def test_a_model_whose_logits_are_all_one_value_is_refused_before_the_work(tmp_p
             layer.mlp.down_proj.weight.fill_(1e38)  # finite; the final norm's mean square overflows
     assert bool((m(torch.tensor([[1, 2, 3]])) == 0).all())
     with pytest.raises(MechkitError, match="computes the same logit for every token"):
-        mk.run("inspect", model=m, out=tmp_path / "o", console=_quiet())
+        mk.run("inspect", model=m, out=tmp_path / "o", console=quiet())
 
 
 def test_a_dare_p_of_one_says_it_drops_every_entry():

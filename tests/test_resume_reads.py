@@ -20,9 +20,7 @@ import pytest
 from rich.console import Console
 
 import mechkit as mk
-
-CALLS: list[str] = []
-STOP: list[bool] = []
+from tests.stepping import CALLS, STOP, stepping, stop_then_rerun
 
 
 def _read(how: str, path: str) -> str:
@@ -236,36 +234,6 @@ def test_an_environment_variable_unchanged_resumes_and_environ_is_restored(tmp_p
     assert type(os.environ).__getitem__ is before
 
 
-def _stop_then_rerun(tmp_path, plugin, change, **options):
-    CALLS.clear()
-    STOP.append(True)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            mk.run(plugin, out=tmp_path / "run", console=Console(file=io.StringIO(), width=400), **options)
-    finally:
-        STOP.clear()
-    change()
-    log = io.StringIO()
-    run = mk.run(plugin, out=tmp_path / "run", console=Console(file=log, width=400), **options)
-    return run.report["results"], log.getvalue()
-
-
-def _stepping(name, compute, options=(), check=None):
-    class Stepping(mk.Plugin):
-        version, summary, needs_model = "0.1", "one step", False
-
-        def run(self, ctx):
-            value = ctx.step("first", lambda: CALLS.append("first") or compute(ctx))
-            if STOP:
-                raise KeyboardInterrupt
-            return mk.Result(results={"v": value})
-
-    Stepping.name, Stepping.options = name, options
-    if check is not None:
-        Stepping.check_options = classmethod(lambda cls, params: check(params))
-    return Stepping
-
-
 def test_a_link_repointed_between_the_runs_starts_the_step_afresh(tmp_path, cache):
     (tmp_path / "v1").write_text("one")
     (tmp_path / "v2").write_text("two")
@@ -275,9 +243,9 @@ def test_a_link_repointed_between_the_runs_starts_the_step_afresh(tmp_path, cach
         (tmp_path / "cur").unlink()
         (tmp_path / "cur").symlink_to(tmp_path / "v2")
 
-    plugin = _stepping("rt-reads-link", lambda ctx: (tmp_path / "cur").read_text())
-    results, log = _stop_then_rerun(tmp_path, plugin, repoint)
-    assert results == {"v": "two"} and CALLS == ["first", "first"] and "cur, which the run read" in log
+    plugin = stepping("rt-reads-link", lambda ctx: (tmp_path / "cur").read_text())
+    results, log = stop_then_rerun(tmp_path, plugin, repoint)
+    assert results == {"s0": "two"} and CALLS == ["s0", "s0"] and "cur, which the run read" in log
 
 
 @pytest.mark.parametrize("how", ["r+", "memmap"])
@@ -293,28 +261,28 @@ def test_a_file_opened_for_reading_and_writing_but_only_read_is_recorded(tmp_pat
                 return list(f.read())
         return np.memmap(data, dtype=np.uint8).tolist()
 
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-{how}", read), lambda: data.write_bytes(b"\x03\x04"))
-    assert results == {"v": [3, 4]} and "which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt-reads-{how}", read), lambda: data.write_bytes(b"\x03\x04"))
+    assert results == {"s0": [3, 4]} and "which the run read, has changed" in log
 
 
 def test_a_file_inside_a_folder_an_option_names_is_recorded(tmp_path, cache):
     folder = tmp_path / "dir"
     (folder / "sub").mkdir(parents=True)
     (folder / "sub" / "x.txt").write_text("one")
-    plugin = _stepping("rt-reads-dir", lambda ctx: Path(ctx.params["dir"], "sub", "x.txt").read_text(),
-                       (mk.Option("dir", str, None, files=True),))
-    results, log = _stop_then_rerun(tmp_path, plugin, lambda: (folder / "sub" / "x.txt").write_text("two"),
-                                    dir=str(folder))
-    assert results == {"v": "two"} and "x.txt, which the run read, has changed" in log
+    plugin = stepping("rt-reads-dir", lambda ctx: Path(ctx.params["dir"], "sub", "x.txt").read_text(),
+                      options=(mk.Option("dir", str, None, files=True),))
+    results, log = stop_then_rerun(tmp_path, plugin, lambda: (folder / "sub" / "x.txt").write_text("two"),
+                                   dir=str(folder))
+    assert results == {"s0": "two"} and "x.txt, which the run read, has changed" in log
 
 
 def test_what_the_option_checks_read_is_recorded_with_the_steps(tmp_path, cache):
     data = tmp_path / "limits.txt"
     data.write_text("one")
     seen: list = []
-    plugin = _stepping("rt-reads-check", lambda ctx: seen[-1], check=lambda params: seen.append(data.read_text()))
-    results, log = _stop_then_rerun(tmp_path, plugin, lambda: data.write_text("two"))
-    assert results == {"v": "two"} and "limits.txt, which the run read, has changed" in log
+    plugin = stepping("rt-reads-check", lambda ctx: seen[-1], check=lambda params: seen.append(data.read_text()))
+    results, log = stop_then_rerun(tmp_path, plugin, lambda: data.write_text("two"))
+    assert results == {"s0": "two"} and "limits.txt, which the run read, has changed" in log
 
 
 @pytest.mark.parametrize("how", ["listdir", "glob", "iterdir", "walk"])
@@ -327,18 +295,18 @@ def test_a_folder_the_run_listed_and_that_changed_starts_the_step_afresh(tmp_pat
         (folder / name).write_text(name)
     lists = {"listdir": lambda: os.listdir(folder), "glob": lambda: [os.path.basename(p) for p in glob.glob(f"{folder}/*")],
              "iterdir": lambda: [p.name for p in folder.iterdir()], "walk": lambda: next(os.walk(folder))[2]}
-    plugin = _stepping(f"rt-reads-{how}", lambda ctx: ",".join(sorted(lists[how]())))
-    results, log = _stop_then_rerun(tmp_path, plugin, lambda: (folder / "C").write_text("C"))
-    assert results == {"v": "A,B,C"} and "which the run listed, holds other names" in log
+    plugin = stepping(f"rt-reads-{how}", lambda ctx: ",".join(sorted(lists[how]())))
+    results, log = stop_then_rerun(tmp_path, plugin, lambda: (folder / "C").write_text("C"))
+    assert results == {"s0": "A,B,C"} and "which the run listed, holds other names" in log
 
 
 def test_an_unchanged_folder_listing_resumes(tmp_path, cache):
     folder = tmp_path / "inputs"
     folder.mkdir()
     (folder / "A").write_text("A")
-    plugin = _stepping("rt-reads-same-listing", lambda ctx: os.listdir(folder))
-    results, log = _stop_then_rerun(tmp_path, plugin, lambda: None)
-    assert results == {"v": ["A"]} and CALLS == ["first"] and log == ""
+    plugin = stepping("rt-reads-same-listing", lambda ctx: os.listdir(folder))
+    results, log = stop_then_rerun(tmp_path, plugin, lambda: None)
+    assert results == {"s0": ["A"]} and CALLS == ["s0"] and log == ""
 
 
 @pytest.mark.parametrize("how", ["open", "listdir"])
@@ -349,18 +317,18 @@ def test_a_relative_name_read_in_another_working_directory_starts_the_step_afres
     (tmp_path / "B" / "more.txt").write_text("")
     read = {"open": lambda ctx: Path("notes.txt").read_text(), "listdir": lambda ctx: sorted(os.listdir("."))}[how]
     monkeypatch.chdir(tmp_path / "A")
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-rel-{how}", read),
-                                    lambda: monkeypatch.chdir(tmp_path / "B"))
-    assert results == {"v": "beta" if how == "open" else ["more.txt", "notes.txt"]}
-    assert CALLS == ["first", "first"] and f"relative to the working directory {tmp_path / 'A'}" in log
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt-reads-rel-{how}", read),
+                                   lambda: monkeypatch.chdir(tmp_path / "B"))
+    assert results == {"s0": "beta" if how == "open" else ["more.txt", "notes.txt"]}
+    assert CALLS == ["s0", "s0"] and f"relative to the working directory {tmp_path / 'A'}" in log
 
 
 def test_a_relative_name_read_in_the_same_working_directory_resumes(tmp_path, cache, monkeypatch):
     (tmp_path / "notes.txt").write_text("alpha")
     monkeypatch.chdir(tmp_path)
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-rel-same", lambda ctx: Path("notes.txt").read_text()),
-                                    lambda: None)
-    assert results == {"v": "alpha"} and CALLS == ["first"] and log == ""
+    results, log = stop_then_rerun(tmp_path, stepping("rt-reads-rel-same", lambda ctx: Path("notes.txt").read_text()),
+                                   lambda: None)
+    assert results == {"s0": "alpha"} and CALLS == ["s0"] and log == ""
 
 
 def test_a_file_opened_relative_to_a_folder_descriptor_is_recorded_by_that_folders_path(tmp_path, cache, monkeypatch):
@@ -379,16 +347,16 @@ def test_a_file_opened_relative_to_a_folder_descriptor_is_recorded_by_that_folde
         finally:
             os.close(folder)
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-dirfd", read),
-                                    lambda: (tmp_path / "data" / "notes.txt").write_text("two"))
-    assert results == {"v": "two"} and f"{tmp_path / 'data' / 'notes.txt'}, which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping("rt-reads-dirfd", read),
+                                   lambda: (tmp_path / "data" / "notes.txt").write_text("two"))
+    assert results == {"s0": "two"} and f"{tmp_path / 'data' / 'notes.txt'}, which the run read, has changed" in log
 
 
 def test_an_environment_variable_read_as_bytes_is_recorded(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("RT_READS_BYTES", "1")
-    plugin = _stepping("rt-reads-environb", lambda ctx: (os.environb.get(b"RT_READS_BYTES") or b"").decode())
-    results, log = _stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT_READS_BYTES", "2"))
-    assert results == {"v": "2"} and "the environment variable RT_READS_BYTES" in log
+    plugin = stepping("rt-reads-environb", lambda ctx: (os.environb.get(b"RT_READS_BYTES") or b"").decode())
+    results, log = stop_then_rerun(tmp_path, plugin, lambda: monkeypatch.setenv("RT_READS_BYTES", "2"))
+    assert results == {"s0": "2"} and "the environment variable RT_READS_BYTES" in log
 
 
 def test_a_variable_the_process_sets_itself_does_not_stop_a_resume(tmp_path, cache, monkeypatch):
@@ -398,10 +366,10 @@ def test_a_variable_the_process_sets_itself_does_not_stop_a_resume(tmp_path, cac
         os.environ.setdefault("RT_READS_SETDEFAULT", "True")  # as sklearn's import does, between steps or in one
         return os.environ["RT_READS_SETDEFAULT"]
 
-    results, log = _stop_then_rerun(tmp_path, _stepping("rt-reads-setdefault", compute),
-                                    lambda: None)  # still set when the rerun asks for the step, as after an import
+    results, log = stop_then_rerun(tmp_path, stepping("rt-reads-setdefault", compute),
+                                   lambda: None)  # still set when the rerun asks for the step, as after an import
     os.environ.pop("RT_READS_SETDEFAULT", None)
-    assert results == {"v": "True"} and CALLS == ["first"] and log == ""
+    assert results == {"s0": "True"} and CALLS == ["s0"] and log == ""
 
 
 @pytest.mark.parametrize("how", ["fwalk", "listdir-fd"])
@@ -420,8 +388,8 @@ def test_a_folder_listed_by_its_descriptor_is_recorded(tmp_path, cache, how):
         finally:
             os.close(fd)
 
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-{how}", listed), lambda: (folder / "c").write_text("c"))
-    assert results == {"v": ["a", "b", "c"]} and "which the run listed, holds other names" in log
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt-reads-{how}", listed), lambda: (folder / "c").write_text("c"))
+    assert results == {"s0": ["a", "b", "c"]} and "which the run listed, holds other names" in log
 
 
 @pytest.mark.parametrize("how", ["a+", "rdwr-creat"])
@@ -440,5 +408,5 @@ def test_a_file_read_through_a_read_write_open_is_recorded(tmp_path, cache, how)
         finally:
             os.close(fd)
 
-    results, log = _stop_then_rerun(tmp_path, _stepping(f"rt-reads-{how}", read), lambda: data.write_text("beta"))
-    assert results == {"v": "beta"} and "f.txt, which the run read, has changed" in log
+    results, log = stop_then_rerun(tmp_path, stepping(f"rt-reads-{how}", read), lambda: data.write_text("beta"))
+    assert results == {"s0": "beta"} and "f.txt, which the run read, has changed" in log
