@@ -174,13 +174,20 @@ def _probe_logits(handle):
 
     gen = torch.Generator().manual_seed(1234)
     length = min(16, position_rows(handle.model) or 16)  # a 12-position table took no 16-token probe: every run refused
-    tok = getattr(handle, "tokenizer", None)
-    top = handle.model.config.vocab_size  # ids text can make, where a tokenizer says: a padded table's zero rows
-    with contextlib.suppress(TypeError, ValueError):  # past them gave a flat probe of a working model
-        top = min(top, len(tok)) if tok is not None and len(tok) >= 2 else top
-    ids = torch.randint(0, top, (1, length), generator=gen)
+    ids = torch.randint(0, _text_vocab(handle), (1, length), generator=gen)
     with torch.no_grad(), ropes_as_loaded(handle.model):
         return handle(ids).float().cpu()
+
+
+def _text_vocab(handle) -> int:
+    """How many ids text can make: the tokenizer's length where it says, else the config's vocabulary. A padded
+    table's rows past it are no token's: their zero rows gave a flat probe of a working model, and their random
+    rows a varied probe of a model whose head is one value over every real token."""
+    top = handle.model.config.vocab_size
+    tok = getattr(handle, "tokenizer", None)
+    with contextlib.suppress(TypeError, ValueError):
+        top = min(top, len(tok)) if tok is not None and len(tok) >= 2 else top
+    return top
 
 
 def resume_dir(cls: type[Plugin], model_key: Any, params: dict, seed: int, inputs: dict | None = None) -> Path:
@@ -653,7 +660,7 @@ def refuse_non_finite_logits(handle, logits) -> None:
     dtype = str(getattr(getattr(handle, "model", None), "dtype", "")).replace("torch.", "")
     name = getattr(handle, "name", None) or getattr(handle, "spec", "the model")
     if not bool((torch.isnan(logits) | (logits == float("inf"))).any()):
-        _refuse_flat_logits(name, logits)
+        _refuse_flat_logits(name, logits[..., :_text_vocab(handle)])
         return
     half = dtype in ("float16", "bfloat16")
     raise MechkitError(f"the model {name} computes {'NaN' if bool(torch.isnan(logits).any()) else 'inf'} logits "
@@ -667,7 +674,8 @@ def refuse_non_finite_logits(handle, logits) -> None:
 
 
 def _refuse_flat_logits(name: str, logits) -> None:
-    """Refuse (one line) a model whose probe logits are one value across the whole vocabulary at every position:
+    """Refuse (one line) a model whose probe logits are one value across the vocabulary text can make (a padded
+    table's rows past it left out) at every position:
     finite weights so large that a norm's mean square overflows (1e38 squared is inf, and the norm then gives 0)
     made every logit 0, and detect reported flat scores with exit 0. No trained or random model does this."""
     if logits.numel() == 0 or logits.shape[-1] < 2:

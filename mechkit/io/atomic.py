@@ -17,7 +17,6 @@ import contextlib
 import errno
 import functools
 import os
-import shutil
 import stat
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from mechkit.errors import MechkitError
 from mechkit.io.read import DIR_FLAGS, FILE_FLAGS, fd_mount_id, open_listed
+from mechkit.io.remove import discard_tree
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
 
@@ -191,7 +191,7 @@ def atomic_dir(target: str | os.PathLike[str], replace: bool = False) -> Iterato
         umask_modes(tmp, fsync=True)
         _rename_dir(tmp, target, replace)
     except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_tree(tmp)
         _raise_naming(err, target)
         raise
     _fsync(target.parent, directory=True)
@@ -320,7 +320,7 @@ def _swap_in(tmp: Path, target: Path) -> None:
             os.replace(old, target)
             raise
     if old.is_dir() and not old.is_symlink():
-        shutil.rmtree(old, ignore_errors=True)
+        discard_tree(old)
     else:
         old.unlink(missing_ok=True)
 

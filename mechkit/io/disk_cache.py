@@ -411,16 +411,19 @@ def remove_dir(path: Path) -> bool:
     removed itself, never what it points to. A directory with a mount point at it or anywhere inside is kept,
     said in one line on stderr, and ``False`` returned: ``shutil.rmtree`` deletes through a mount, and `cache
     clear runs` emptied a user's directory bind-mounted inside a run's folder."""
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-        return True
-    if _warn_mounted(path):
-        return False
     aside = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
     try:
+        if path.is_symlink():
+            path.unlink(missing_ok=True)
+            return True
+        if _warn_mounted(path):
+            return False
         os.replace(path, aside)
     except FileNotFoundError:
         return True
+    except OSError as err:  # an immutable entry or folder, one not ours to rename: kept and said; the others go on
+        _warn_unmovable(path, err)
+        return False
     try:
         whole = remove_tree(aside)  # never through a mount, however one came to be reachable since the check
     except OSError:
@@ -432,6 +435,28 @@ def remove_dir(path: Path) -> bool:
               "delete: read-only, immutable or in use); remove it yourself, or fix its permissions and run `mechkit "
               "cache clear leftovers`", file=sys.stderr)
     return whole
+
+
+_UNMOVABLE = {
+    errno.EPERM: ("the system does not permit it: it or the folder holding it is immutable or append-only (see "
+                  "`lsattr -d`), or another user's in a folder only its owners may change",
+                  "clear that flag (`chattr -i` / `chattr -a`, as root) or ask its owner, then clear again"),
+    errno.EACCES: ("permission denied on the folder holding it", "give yourself write permission on that folder "
+                   "(`chmod u+w`), then clear again"),
+    errno.EROFS: ("the cache's file system is read-only", "remount it writable, then clear again"),
+    errno.EBUSY: ("it is in use (a mount point)", "unmount it, then clear again"),
+}
+
+
+def _warn_unmovable(path: Path, err: OSError) -> None:
+    """Say in one line on stderr that ``path`` is kept since it could not be renamed aside (or unlinked), with the
+    cause and its fix. The error had stopped the whole clear ("cannot write …: change its permissions", which an immutable
+    flag ignores), the entries already removed unsaid and those after it never tried."""
+    import sys
+
+    why, fix = _UNMOVABLE.get(err.errno, (err.strerror or type(err).__name__, "remove it yourself"))
+    print(f"mechkit: warning: kept {path}: it could not be removed ({why}); {fix}",
+          file=sys.stderr)
 
 
 def _warn_mounted(path: Path, points: frozenset[str] | None = None) -> bool:
@@ -592,7 +617,11 @@ def _clear_group(group: Path) -> int | None:
         if not remove_dir(path):
             size -= held  # kept (renamed aside or not): none of it counted as freed
     for memo in memos:
-        memo.unlink(missing_ok=True)
+        try:
+            memo.unlink(missing_ok=True)
+        except OSError as err:
+            _warn_unmovable(memo, err)
+            size -= size_of(memo)
     for folder in (hashes, group):  # only where nothing else is left
         with contextlib.suppress(OSError):
             folder.rmdir()

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 from mechkit.errors import MechkitError
 from mechkit.io.read import read_plain
+from mechkit.io.remove import discard_tree, remove_beneath
 
 JOURNAL_LIMIT = 2**20  # a journal lists a few dozen names: anything larger is no journal mechkit wrote
+LINK = "\0"  # what ends a link's entry in a folder's walk (tree_files): no file name holds it
+MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
 
 
 def journal_path(out: str | os.PathLike[str]) -> Path:
@@ -51,11 +53,42 @@ def set_name(name: object) -> bool:
     return isinstance(name, str) and all(plain_name(part) for part in name.split("/")) and name.count("/") <= 1
 
 
-def remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+def tree_files(folder: Path) -> list[str]:
+    """Every entry below ``folder`` but its list, as a path relative to it with its kind: a folder's with a
+    trailing ``/``, a link's (to anything) with a trailing NUL (:data:`LINK`, in no file name), links not followed. A user's empty folder or
+    link to a folder there was in no list, and went with the folder it sat in; a user's link put where
+    mechkit's folder was read as that folder, and went with the rerun. A returned folder holds no links
+    (:func:`mechkit.io.returned.odd_entry` refuses them), so a link is always the user's."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        for name in [*files, *dirs]:
+            path = (rel / name).as_posix()
+            kind = LINK if os.path.islink(os.path.join(root, name)) else "/" if name in dirs else ""
+            found.append(path + kind)
+    return sorted(f for f in found if f != MANIFEST)
+
+
+def journal_text(tmp: Path, install: list[str], remove: list[str]) -> str:
+    """The journal of a set about to be installed from ``tmp``: its temporary folder, the names it installs and
+    removes, and what each folder it installs holds (:func:`tree_files`), so a roll-back deletes a folder it
+    moved in only while that folder holds nothing else (:func:`recover`). A tree too large for a journal is left
+    out, and that folder is then rolled back as an older journal's was."""
+    trees = {n: tree_files(tmp / n) for n in install if (tmp / n).is_dir() and not (tmp / n).is_symlink()}
+    text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "trees": trees})
+    if len(text.encode()) > JOURNAL_LIMIT // 2:
+        text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove})
+    return text
+
+
+def _trees(record: dict) -> dict[str, list[str]] | None:
+    trees = record.get("trees")
+    if trees is None:
+        return None
+    if not isinstance(trees, dict) or not all(isinstance(k, str) and isinstance(v, list)
+                                              and all(isinstance(f, str) for f in v) for k, v in trees.items()):
+        raise ValueError("its record of the folders it installs is damaged")
+    return trees
 
 
 def journal_problem(out: str | os.PathLike[str]) -> MechkitError | None:
@@ -70,8 +103,9 @@ def journal_problem(out: str | os.PathLike[str]) -> MechkitError | None:
     return None
 
 
-def _read(out: Path) -> tuple[Path, list[str], list[str]] | None:
-    """The journal's temporary directory, the names it installs and all the names it touches; ``None`` where
+def _read(out: Path) -> tuple[Path, list[str], list[str], dict[str, list[str]] | None] | None:
+    """The journal's temporary directory, the names it installs, all the names it touches and the tree of each
+    folder it installs (``None`` from a journal older than that record); ``None`` where
     there is no journal; one :class:`MechkitError` line where it cannot be used. It is read without following a
     link, without blocking and only as a regular file of at most :data:`JOURNAL_LIMIT` bytes (a FIFO under a
     journal's name hung ``cache list`` and every save for ever), and a deeply nested one is damaged, not a
@@ -82,6 +116,7 @@ def _read(out: Path) -> tuple[Path, list[str], list[str]] | None:
         tmp = out.parent / record["tmp"]
         install = [n for n in record["install"] if set_name(n)]
         names = install + [n for n in record["remove"] if set_name(n)]
+        trees = _trees(record)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
@@ -94,7 +129,7 @@ def _read(out: Path) -> tuple[Path, list[str], list[str]] | None:
         raise MechkitError(f"the journal {journal} names {str(record['tmp'])[:60]!r}, which is not a temporary "
                            f"directory mechkit makes for {out.name}: it is no journal of a mechkit write, and "
                            "mechkit rolls nothing back from it", f"delete {journal} (nothing was moved)")
-    return tmp, install, names
+    return tmp, install, names, trees
 
 
 def recover(out: str | os.PathLike[str]) -> bool:
@@ -108,15 +143,38 @@ def recover(out: str | os.PathLike[str]) -> bool:
     read = _read(out)
     if read is None:
         return False
-    tmp, install, names = read
+    tmp, install, names, trees = read
     if tmp.is_dir() and not tmp.is_symlink():
         backup = tmp / ".previous"
-        for name in install:  # moved in already: ours, from the killed write
-            if not (tmp / name).exists() and ((out / name).exists() or (out / name).is_symlink()):
-                remove_path(out / name)
+        moved = [n for n in install if not os.path.lexists(tmp / n) and os.path.lexists(out / n)]
+        _refuse_changed(out, moved, trees)  # before anything moves: the user's files are never the roll-back's
+        for name in moved:  # moved in already: ours, from the killed write
+            if not remove_beneath(out, name):  # never through a mount or a link put there since
+                raise MechkitError(f"cannot roll back the write killed in {out}: {out / name}, which it had moved "
+                                   "in, holds a mount point or a file the system refused to delete",
+                                   f"unmount it or make it deletable, then rerun (its old files wait in {backup})")
         for name in names:
             if (backup / name).exists() or (backup / name).is_symlink():
                 os.replace(backup / name, out / name)
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_tree(tmp)
     journal_path(out).unlink(missing_ok=True)
     return True
+
+
+def _refuse_changed(out: Path, moved: list[str], trees: dict[str, list[str]] | None) -> None:
+    """Refuse (one line) to roll back where a name the killed write moved in no longer holds only what it moved:
+    a file a user put inside its half-installed folder, a folder bind-mounted there, a folder where it moved a
+    file. The roll-back had deleted each with the rest, through the mount too. ``trees`` ``None``: a journal
+    older than its record of trees, whose folders :func:`recover` removes on their own mount only."""
+    if trees is None:
+        return
+    for name in moved:
+        path = out / name
+        is_dir = os.path.isdir(path) and not os.path.islink(path)
+        extra = sorted(set(tree_files(path)) - set(trees[name])) if is_dir and name in trees else []
+        if is_dir != (name in trees) or extra:
+            what = f"{path / extra[0].rstrip(LINK)}" + (f" and {len(extra) - 1} more" if len(extra) > 1 else "") \
+                if extra else f"{path}, now a {'folder' if is_dir else 'file'}"
+            raise MechkitError(f"cannot roll back the write killed in {out}: it would delete {what}, which that "
+                               "write did not put there",
+                               f"move {'those' if len(extra) > 1 else 'it'} out of {out}, then rerun")

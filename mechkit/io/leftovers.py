@@ -218,6 +218,16 @@ def clean_leftovers(folder: Path, name: str | None = None, locked: bool = False,
     return removed
 
 
+def clean_dead_locks(folder: Path) -> list[tuple[Path, int]]:
+    """Remove the lock files directly inside ``folder`` that no live run holds; ``(path, bytes)`` of each.
+
+    A run killed while it wrote ``folder/x`` leaves ``folder/.x.mechkit-lock``. A run that writes ``folder`` itself
+    (``--force``) calls this once it holds ``folder``'s lock, when no live run writes inside it
+    (:func:`mechkit.io.locks.refuse_locked_below`): the dead lock had stayed among the new run's files. Only lock
+    files go: the other leftovers inside are the next writer of their own name's to judge."""
+    return _remove_leftovers(folder, [p for p in stale_leftovers(folder) if _LOCK.match(p.name)])
+
+
 def _remove_leftovers(folder: Path, found: list[Path], sweep: bool = True) -> list[tuple[Path, int]]:
     removed = []
     for path in sorted(found, key=lambda p: not _JOURNAL.match(p.name)):  # roll back before temp dirs go

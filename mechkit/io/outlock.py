@@ -98,12 +98,13 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     HELD.add(path)
     try:
         _write_pid(fd, path, out_dir)
-        from mechkit.io.leftovers import clean_leftovers
+        from mechkit.io.leftovers import clean_dead_locks, clean_leftovers
 
         real = Path(os.path.realpath(Path(out_dir).expanduser()))
         refuse_locked_ancestor(real, out_dir)
         refuse_locked_below(real, out_dir)  # a live run writing a folder inside it (that --force would replace)
         clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
+        clean_dead_locks(real)  # a killed run's lock of a folder inside, which no live run holds (checked above)
         yield path
     finally:
         HELD.discard(path)

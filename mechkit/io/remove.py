@@ -5,6 +5,7 @@ check and the removal) had the user's files deleted through it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -21,6 +22,15 @@ def remove_tree(path: str | os.PathLike[str]) -> bool:
     ``path`` is removed itself."""
     path = os.path.abspath(path)
     return remove_beneath(os.path.dirname(path), os.path.basename(path))
+
+
+def discard_tree(path: str | os.PathLike[str]) -> None:
+    """:func:`remove_tree` where the removal is best effort: a temporary folder of mechkit's own on an error path, a
+    set's old files after its commit, an offload folder as its model goes. Nothing is raised; what cannot go
+    stays, and nothing is ever deleted through a mount or a link (``shutil.rmtree`` went through a mount a user
+    put inside such a folder)."""
+    with contextlib.suppress(OSError, ValueError):
+        remove_tree(path)
 
 
 def remove_beneath(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> bool:

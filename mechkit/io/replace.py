@@ -22,16 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from mechkit.errors import MechkitError
-from mechkit.io.journal import journal_path, plain_name, recover
+from mechkit.io.journal import LINK, MANIFEST, journal_path, journal_text, plain_name, recover, tree_files
+from mechkit.io.remove import discard_tree
 
-LINK = "\0"  # what ends a link's entry in a folder's walk (_tree_files): no file name holds it
-MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
 KEY_FILES = ("report.json", "config.json")  # the file that says "this set is whole": out first, in last
 REPORT_SCHEMA = "mechkit.report/"  # a report.json whose schema starts so is mechkit's (mechkit.report.schema.SCHEMA)
 
@@ -190,7 +188,7 @@ def foreign_in_folder(folder: Path) -> list[str]:
     listed = _read_json(folder / MANIFEST)
     if isinstance(listed, dict) and isinstance(listed.get("tree"), list):  # a returned folder: every file listed
         try:
-            return [f for f in _tree_files(folder) if f not in set(listed["tree"])]
+            return [f for f in tree_files(folder) if f not in set(listed["tree"])]
         except OSError:
             return []
     if (folder / MANIFEST).is_file():
@@ -299,7 +297,7 @@ def install_set(tmp: Path, out: Path, names: Sequence[str], manifest: bool = Tru
     journal = journal_path(out)
     from mechkit.io.atomic import write_atomic
 
-    write_atomic(journal, json.dumps({"tmp": tmp.name, "install": new, "remove": stale}))
+    write_atomic(journal, journal_text(tmp, new, stale))
     try:
         for name in reversed(_ordered([*new, *stale])):  # key file first
             if (out / name).exists() or (out / name).is_symlink():
@@ -358,7 +356,7 @@ def replacing_dir(target: str | os.PathLike[str], *, writer: str, force: bool = 
             install_set(tmp, target, sorted(p.name for p in tmp.iterdir()), manifest=manifest, writer=writer)
     finally:
         if not journal_path(target).exists():  # else it holds the old files the journal's roll-back needs
-            shutil.rmtree(tmp, ignore_errors=True)
+            discard_tree(tmp)
 
 
 @contextlib.contextmanager
@@ -408,24 +406,8 @@ def write_folder_manifest(folder: Path, writer: str | None) -> None:
         return
     _write_manifest(folder, sorted(p.name for p in folder.iterdir()), writer)
     listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    listed["tree"] = _tree_files(folder)
+    listed["tree"] = tree_files(folder)
     (folder / MANIFEST).write_text(json.dumps(listed), encoding="utf-8")
-
-
-def _tree_files(folder: Path) -> list[str]:
-    """Every entry below ``folder`` but its list, as a path relative to it with its kind: a folder's with a
-    trailing ``/``, a link's (to anything) with a trailing NUL (:data:`LINK`, in no file name), links not followed. A user's empty folder or
-    link to a folder there was in no list, and went with the folder it sat in; a user's link put where
-    mechkit's folder was read as that folder, and went with the rerun. A returned folder holds no links
-    (:func:`mechkit.io.returned.odd_entry` refuses them), so a link is always the user's."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        rel = Path(root).relative_to(folder)
-        for name in [*files, *dirs]:
-            path = (rel / name).as_posix()
-            kind = LINK if os.path.islink(os.path.join(root, name)) else "/" if name in dirs else ""
-            found.append(path + kind)
-    return sorted(f for f in found if f != MANIFEST)
 
 
 def owned_folders(out: Path) -> set[str] | None:

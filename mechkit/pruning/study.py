@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from mechkit.errors import MechkitError
 from mechkit.eval.evaluation import evaluate, task_prompts
 from mechkit.io.atomic import dir_mode
 from mechkit.io.leftovers import make_prepared_dir, release_prepared
+from mechkit.io.remove import discard_tree
 from mechkit.pruning.budget import cost_ratio_fn, masked_accuracy, search
 from mechkit.pruning.calibration import calibrate
 from mechkit.pruning.cost import (
@@ -419,7 +419,7 @@ class PruneStudy:
             os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would stay: the folder is kept as the user's model/
             return save_pruned(pruned, tmp)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            discard_tree(tmp)
             release_prepared(tmp)
             raise
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from mechkit.errors import MechkitError, ReportExistsError
 from mechkit.io import check_out
 from mechkit.io.read import DIR_FLAGS
+from mechkit.io.remove import discard_tree
 from mechkit.io.replace import replacing_dir, write_folder_manifest
 from mechkit.report.html import render_html
 from mechkit.report.schema import MAX_REPORT_BYTES, to_jsonable, validate_report
@@ -319,7 +320,7 @@ def _move_prepared(src: Path, dst: Path, moves: _Moves | None = None) -> None:
             discard_prepared(src)  # moved: a complete, synced copy is in the report
         else:  # the report is not written: its partial copy goes, and the source only from the temporary folder
             if dst.is_dir() and not dst.is_symlink():
-                shutil.rmtree(dst, ignore_errors=True)
+                discard_tree(dst)
             elif os.path.lexists(dst):
                 dst.unlink()
             _discard_if_scratch(src)

@@ -86,8 +86,25 @@ def _tokenizer_settings(tokenizer: Any) -> str:
     plain = (str, int, float, bool, type(None))
     values = {name: getattr(tokenizer, name, None) for name in _SETTINGS}
     values |= {name: True for name in _SWITCHES if getattr(tokenizer, name, False) is True}
-    values |= {name: getattr(tokenizer, name) for name in _WHEN_SET if getattr(tokenizer, name, None) is not None}
-    return json.dumps({k: v for k, v in values.items() if isinstance(v, plain)}, sort_keys=True)
+    values = {k: v for k, v in values.items() if isinstance(v, plain)}
+    for name in _WHEN_SET:
+        value = getattr(tokenizer, name, None)
+        if value is not None:  # an object JSON cannot write is still a change: its type is recorded
+            values[name] = value if _plain(value) else f"<{type(value).__name__}>"
+    return json.dumps(values, sort_keys=True)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """A value JSON writes the same each time: plain scalars, and lists and string-keyed dicts of them, a few
+    levels deep (a tokenizer's named chat templates are a dict; left out, a plugin's dict of templates passed
+    unseen)."""
+    if isinstance(value, str | int | float | bool | type(None)):
+        return True
+    if depth > 8:
+        return False
+    if isinstance(value, list | tuple):
+        return all(_plain(v, depth + 1) for v in value)
+    return isinstance(value, dict) and all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
 
 
 # Settings off by default that change ids when on: ``split_special_tokens`` tokenizes the text ``<bos>`` as

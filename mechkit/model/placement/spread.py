@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mechkit.io.remove import discard_tree
 from mechkit.model.placement.devices import from_accelerate, main_device, to_accelerate
 from mechkit.model.placement.request import Dispatch, DispatchError, format_size
 from mechkit.model.placement.ties import remember_ties
@@ -131,10 +131,10 @@ def dispatch_in_memory(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype)
                            skip_keys=getattr(model, "_skip_keys_device_placement", None))
     except BaseException:
         if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            discard_tree(folder)
         raise
     if folder is not None:
-        weakref.finalize(model, shutil.rmtree, folder, True)
+        weakref.finalize(model, discard_tree, folder)
     return model
 
 
@@ -158,12 +158,12 @@ def load_pretrained(source: str | os.PathLike, dispatch: Dispatch, dtype: torch.
                 offload_folder=folder, **kwargs)
     except BaseException:
         if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            discard_tree(folder)
         raise
     info = None
     if kwargs.get("output_loading_info"):
         model, info = model
     if folder is not None:
-        weakref.finalize(model, shutil.rmtree, folder, True)
+        weakref.finalize(model, discard_tree, folder)
     remember_ties(model, source=empty)
     return model if info is None else (model, info)
