@@ -52,6 +52,7 @@ class WeightEdits:
         _OPEN.setdefault(handle.model, []).append(weakref.ref(self))
         self._names: dict[int, str] | None = None  # id(module) -> its name in the model, once needed
         self._tied: dict[str, list[str]] | None = None
+        self._closed = False
 
     def _name(self, module: nn.Module, name: str) -> str:
         if self._names is None:
@@ -65,6 +66,10 @@ class WeightEdits:
     def slot(self, qualname: str) -> WeightSlot:
         """The :class:`WeightSlot` of tensor ``qualname`` (e.g. ``model.layers.0.mlp.down_proj.weight``),
         opened (snapshotted) the first time. Tied names share one slot."""
+        if self._closed:  # an edit now would stay for good: nothing restores it
+            raise MechkitError("this edit_weights context has closed: its weights were restored, and an edit made "
+                               "through it now would stay for good",
+                               "edit inside the `with mk.edit_weights(m) as w:` block, or open a new one")
         tensor = self._tensor(qualname)
         if tensor.device.type != "meta":
             key: object = id(tensor)  # tied resident parameters are one Parameter object
@@ -126,6 +131,7 @@ class WeightEdits:
         """Every edited tensor back to its original value, and forget the snapshots (a tensor another still
         open edit snapshotted later is left edited, this one's snapshot handed on: see the class doc)."""
         others = self._close()
+        self._closed = True
         for key, slot in self._slots.items():
             later = [e for e in others if key in e._slots and e._taken[key] > self._taken[key]]
             heir = min(later, key=lambda e: e._taken[key], default=None)

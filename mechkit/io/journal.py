@@ -148,17 +148,38 @@ def recover(out: str | os.PathLike[str]) -> bool:
         backup = tmp / ".previous"
         moved = [n for n in install if not os.path.lexists(tmp / n) and os.path.lexists(out / n)]
         _refuse_changed(out, moved, trees)  # before anything moves: the user's files are never the roll-back's
+        _refuse_in_the_way(out, backup, names, moved)
         for name in moved:  # moved in already: ours, from the killed write
             if not remove_beneath(out, name):  # never through a mount or a link put there since
                 raise MechkitError(f"cannot roll back the write killed in {out}: {out / name}, which it had moved "
                                    "in, holds a mount point or a file the system refused to delete",
                                    f"unmount it or make it deletable, then rerun (its old files wait in {backup})")
         for name in names:
-            if (backup / name).exists() or (backup / name).is_symlink():
-                os.replace(backup / name, out / name)
+            if os.path.lexists(backup / name):
+                try:
+                    os.replace(backup / name, out / name)
+                except OSError as err:  # a name taken since the check: the rest waits, and the journal stays
+                    raise MechkitError(f"cannot roll back the write killed in {out}: putting back {out / name} "
+                                       f"failed ({err.strerror or type(err).__name__})",
+                                       f"move aside what is at {out / name}, then rerun (its old files wait in "
+                                       f"{backup})") from None
         discard_tree(tmp)
     journal_path(out).unlink(missing_ok=True)
     return True
+
+
+def _refuse_in_the_way(out: Path, backup: Path, names: list[str], moved: list[str]) -> None:
+    """Refuse (one line) to roll back where a name the old set goes back to is taken by something the killed
+    write did not move in: a file or folder the user made there since the kill. The roll-back had replaced such a
+    file with the old one, or failed half-way on a folder and then let the sweep delete the old set with its
+    temporary folder."""
+    taken = [n for n in names if os.path.lexists(backup / n) and os.path.lexists(out / n) and n not in moved]
+    if taken:
+        more = f" and {len(taken) - 1} more" if len(taken) > 1 else ""
+        raise MechkitError(f"cannot roll back the write killed in {out}: {out / taken[0]}{more}, which that write "
+                           "did not put there, stands where its old files go back",
+                           f"move {'those' if more else 'it'} out of {out}, then rerun (the old files wait in "
+                           f"{backup})")
 
 
 def _refuse_changed(out: Path, moved: list[str], trees: dict[str, list[str]] | None) -> None:

@@ -45,6 +45,7 @@ _OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>\d+)-[0-9a-f]{8}$")  # a pid: a
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
 _JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
 UNTAGGED_AGE_S = 24 * 3600
+_PID_TEXT = re.compile(rb"\s*\d*\s*")  # what a lock file holds: its holder's pid, or nothing yet
 _LOCK_OPEN = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a link is never followed
 
 
@@ -78,7 +79,8 @@ def _lock_free(path: Path) -> bool:
         return False
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > 32:
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > 32 \
+                or not _PID_TEXT.fullmatch(os.pread(fd, 33, 0)):
             return False  # not a lock file mechkit made (a user's file under that name): never removed as one
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -177,6 +179,8 @@ def _stale(folder: Path, path: Path, pattern: re.Pattern, m: re.Match, locked: b
         return not locked and _lock_free(path)
     if not locked and _held(folder, m["name"]):
         return False  # a writer of this target is running: its files are live (its pid may be another namespace's)
+    if pattern is _TMP and os.path.lexists(folder / f".{m['name']}.mechkit-replace"):
+        return False  # a journal's roll-back needs it (its old files): it goes with the journal, never before
     if (pattern is _TMP or pattern is _OLD) and m["pid"]:
         return not _alive(int(m["pid"]))
     if pattern is _TMP or pattern is _OLD_TMP_FILE:
@@ -245,6 +249,8 @@ def _remove_leftovers(folder: Path, found: list[Path], sweep: bool = True) -> li
             elif _LOCK.match(path.name):
                 if not _unlink_lock(path):
                     continue
+            elif _TMP.match(path.name) and os.path.lexists(folder / f".{_TMP.match(path.name)['name']}.mechkit-replace"):
+                continue  # its journal could not be rolled back just now: its old files stay with it
             elif path.is_dir() and not path.is_symlink():
                 if mount_inside(path) is not None or not remove_tree(path):  # never deleted through a mount
                     _warn_kept(path)

@@ -89,6 +89,8 @@ def _tokenizer_settings(tokenizer: Any) -> str:
     values = {k: v for k, v in values.items() if isinstance(v, plain)}
     for name in _WHEN_SET:
         value = getattr(tokenizer, name, None)
+        if isinstance(value, dict) and list(value) == ["default"]:
+            value = value["default"]  # as transformers saves and reloads it: one template, a string
         if value is not None:  # an object JSON cannot write is still a change: its type is recorded
             values[name] = value if _plain(value) else f"<{type(value).__name__}>"
     return json.dumps(values, sort_keys=True)

@@ -53,6 +53,7 @@ class WeightSlot:
         self._overlays: list[tuple[Any, _Overlay, str]] = []
         if tensor.device.type != "meta":
             self._param = tensor
+            self._home = (model.get_submodule(module_name), leaf)
             with torch.no_grad():
                 self.original = tensor.detach().clone()
             self.editable = tensor.data
@@ -87,6 +88,9 @@ class WeightSlot:
     def restore(self) -> None:
         """The original back, bit-exactly; an offloaded weight's hooks read the stored tensor again."""
         if self._param is not None:
+            module, leaf = self._home
+            if getattr(module, leaf, None) is not self._param:  # a parameter replaced inside the edit: the
+                setattr(module, leaf, self._param)  # original object goes back, as its value does
             self.reset()
             return
         for hook, overlay, key in self._overlays:
