@@ -14,11 +14,9 @@ rewrite of that ``--out``.
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 from rich.console import Console
@@ -27,39 +25,12 @@ import mechkit as mk
 import mechkit.io.disk_cache as dc
 from mechkit.errors import MechkitError
 from mechkit.io.journal import journal_path, recover
+from tests.killed_write import killed_write
 from tests.mounts import NEEDS_MOUNTS, in_namespace
-
-# A --force write of {model/, a.txt} over an earlier one, killed (os._exit) just after its model/ was moved in.
-KILLED = """
-import os, sys
-from pathlib import Path
-import mechkit.io.replace as R
-out = Path(sys.argv[1])
-with R.replacing_dir(out, writer="taskvec apply", force=True) as tmp:
-    (tmp / "model").mkdir(); (tmp / "model" / "config.json").write_text("{}"); (tmp / "a.txt").write_text("1")
-real = os.replace
-def replace(src, dst):
-    real(src, dst)
-    if str(src).endswith("/model") and ".tmp-" in str(src):
-        os._exit(9)
-R.os.replace = replace
-with R.replacing_dir(out, writer="taskvec apply", force=True) as tmp:
-    (tmp / "model").mkdir(); (tmp / "model" / "config.json").write_text('{"new": 1}'); (tmp / "a.txt").write_text("2")
-"""
 
 
 def _killed(tmp_path, old_journal=False):
-    out = tmp_path / "out"
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED)
-    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-    assert done.returncode == 9 and journal_path(out).exists(), done.stderr[-2000:]
-    if old_journal:  # as a mechkit before the record of trees wrote it
-        record = json.loads(journal_path(out).read_text())
-        del record["trees"]
-        journal_path(out).write_text(json.dumps(record))
-    return out
+    return killed_write(tmp_path, "after-model", old_journal=old_journal)
 
 
 def test_a_killed_write_still_rolls_back_whole(tmp_path):

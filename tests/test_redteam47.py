@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,36 +26,13 @@ from mechkit.io.journal import journal_path, recover
 from mechkit.io.leftovers import clean_leftovers, stale_leftovers
 from mechkit.model.checks.identity import tokenizer_sha256
 from mechkit.model.headspec import Head
-
-# A --force write of {model/, a.txt} over an earlier one, killed (os._exit) at its first move-in: the old set is
-# aside in the temporary folder's .previous, and nothing new is in.
-KILLED = """
-import os, sys
-from pathlib import Path
-import mechkit.io.replace as R
-out = Path(sys.argv[1])
-with R.replacing_dir(out, writer="taskvec apply", force=True) as tmp:
-    (tmp / "model").mkdir(); (tmp / "model" / "config.json").write_text("{}"); (tmp / "a.txt").write_text("1")
-real = os.replace
-def replace(src, dst):
-    if ".tmp-" in Path(src).parent.name and Path(dst).parent == out:
-        os._exit(9)
-    real(src, dst)
-R.os.replace = replace
-with R.replacing_dir(out, writer="taskvec apply", force=True) as tmp:
-    (tmp / "model").mkdir(); (tmp / "model" / "config.json").write_text('{"new": 1}'); (tmp / "a.txt").write_text("2")
-"""
+from tests.killed_write import killed_write
 
 
 @pytest.fixture
 def killed(tmp_path, monkeypatch):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "out"
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED)
-    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-    assert done.returncode == 9 and journal_path(out).exists(), done.stderr[-2000:]
+    out = killed_write(tmp_path, "first-move-in")
     assert not (out / "a.txt").exists() and not (out / "model").exists()  # all aside, nothing moved in
     return out
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from mechkit.errors import MechkitError
 from mechkit.io.read import read_plain
@@ -71,14 +73,40 @@ def tree_files(folder: Path) -> list[str]:
 
 def journal_text(tmp: Path, install: list[str], remove: list[str]) -> str:
     """The journal of a set about to be installed from ``tmp``: its temporary folder, the names it installs and
-    removes, and what each folder it installs holds (:func:`tree_files`), so a roll-back deletes a folder it
-    moved in only while that folder holds nothing else (:func:`recover`). A tree too large for a journal is left
+    removes, each entry's inode and what each folder it installs holds (:func:`tree_files`), so a roll-back
+    deletes an entry it moved in only while it is that entry and, a folder, holds nothing else (:func:`recover`). A tree too large for a journal is left
     out, and that folder is then rolled back as an older journal's was."""
     trees = {n: tree_files(tmp / n) for n in install if (tmp / n).is_dir() and not (tmp / n).is_symlink()}
-    text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "trees": trees})
+    ids = {n: _id(tmp / n) for n in install if os.path.lexists(tmp / n)}  # a rename keeps an entry's inode
+    text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "trees": trees, "ids": ids})
     if len(text.encode()) > JOURNAL_LIMIT // 2:
         text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove})
     return text
+
+
+class _Journal(NamedTuple):
+    tmp: Path  # the temporary folder: the new set's files not yet moved in, the old ones in .previous
+    install: list[str]  # the names it moves in
+    names: list[str]  # every name it touches (those it moves in and those it removes)
+    trees: dict[str, list[str]] | None  # what each folder it moves in holds; None: an older journal
+    ids: dict[str, list[int]] | None  # each entry's identity as built (_id); None: an older journal
+
+
+def _id(path: Path) -> list[int]:
+    """An entry's kind, device, inode and (a file's or link's) modification time: what a rename keeps and a new
+    entry at the name does not (a file made where one was just deleted often gets its inode number)."""
+    info = os.lstat(path)
+    return [stat.S_IFMT(info.st_mode), info.st_dev, info.st_ino, 0 if stat.S_ISDIR(info.st_mode) else info.st_mtime_ns]
+
+
+def _ids(record: dict) -> dict[str, list[int]] | None:
+    ids = record.get("ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, dict) or not all(isinstance(k, str) and isinstance(v, list) and len(v) == 4
+                                            and all(type(x) is int for x in v) for k, v in ids.items()):
+        raise ValueError("its record of the entries it installs is damaged")
+    return ids
 
 
 def _trees(record: dict) -> dict[str, list[str]] | None:
@@ -103,9 +131,8 @@ def journal_problem(out: str | os.PathLike[str]) -> MechkitError | None:
     return None
 
 
-def _read(out: Path) -> tuple[Path, list[str], list[str], dict[str, list[str]] | None] | None:
-    """The journal's temporary directory, the names it installs, all the names it touches and the tree of each
-    folder it installs (``None`` from a journal older than that record); ``None`` where
+def _read(out: Path) -> _Journal | None:
+    """What the journal of ``out`` records (:class:`_Journal`); ``None`` where
     there is no journal; one :class:`MechkitError` line where it cannot be used. It is read without following a
     link, without blocking and only as a regular file of at most :data:`JOURNAL_LIMIT` bytes (a FIFO under a
     journal's name hung ``cache list`` and every save for ever), and a deeply nested one is damaged, not a
@@ -116,7 +143,7 @@ def _read(out: Path) -> tuple[Path, list[str], list[str], dict[str, list[str]] |
         tmp = out.parent / record["tmp"]
         install = [n for n in record["install"] if set_name(n)]
         names = install + [n for n in record["remove"] if set_name(n)]
-        trees = _trees(record)
+        trees, ids = _trees(record), _ids(record)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
@@ -129,7 +156,7 @@ def _read(out: Path) -> tuple[Path, list[str], list[str], dict[str, list[str]] |
         raise MechkitError(f"the journal {journal} names {str(record['tmp'])[:60]!r}, which is not a temporary "
                            f"directory mechkit makes for {out.name}: it is no journal of a mechkit write, and "
                            "mechkit rolls nothing back from it", f"delete {journal} (nothing was moved)")
-    return tmp, install, names, trees
+    return _Journal(tmp, install, names, trees, ids)
 
 
 def recover(out: str | os.PathLike[str]) -> bool:
@@ -143,11 +170,11 @@ def recover(out: str | os.PathLike[str]) -> bool:
     read = _read(out)
     if read is None:
         return False
-    tmp, install, names, trees = read
+    tmp, install, names, trees, ids = read
     if tmp.is_dir() and not tmp.is_symlink():
         backup = tmp / ".previous"
         moved = [n for n in install if not os.path.lexists(tmp / n) and os.path.lexists(out / n)]
-        _refuse_changed(out, moved, trees)  # before anything moves: the user's files are never the roll-back's
+        _refuse_changed(out, moved, trees, ids)  # before anything moves: the user's files are never the roll-back's
         _refuse_in_the_way(out, backup, names, moved)
         for name in moved:  # moved in already: ours, from the killed write
             if not remove_beneath(out, name):  # never through a mount or a link put there since
@@ -182,10 +209,11 @@ def _refuse_in_the_way(out: Path, backup: Path, names: list[str], moved: list[st
                            f"{backup})")
 
 
-def _refuse_changed(out: Path, moved: list[str], trees: dict[str, list[str]] | None) -> None:
+def _refuse_changed(out: Path, moved: list[str], trees: dict[str, list[str]] | None,
+                    ids: dict[str, list[int]] | None) -> None:
     """Refuse (one line) to roll back where a name the killed write moved in no longer holds only what it moved:
-    a file a user put inside its half-installed folder, a folder bind-mounted there, a folder where it moved a
-    file. The roll-back had deleted each with the rest, through the mount too. ``trees`` ``None``: a journal
+    a file or link a user put at its name, a file put inside its half-installed folder, a folder bind-mounted
+    there. The roll-back had deleted each with the rest, through the mount too. ``trees`` ``None``: a journal
     older than its record of trees, whose folders :func:`recover` removes on their own mount only."""
     if trees is None:
         return
@@ -193,9 +221,11 @@ def _refuse_changed(out: Path, moved: list[str], trees: dict[str, list[str]] | N
         path = out / name
         is_dir = os.path.isdir(path) and not os.path.islink(path)
         extra = sorted(set(tree_files(path)) - set(trees[name])) if is_dir and name in trees else []
-        if is_dir != (name in trees) or extra:
+        other = ids is not None and name in ids and _id(path) != ids[name]  # not the entry it moved in
+        if is_dir != (name in trees) or extra or other:
             what = f"{path / extra[0].rstrip(LINK)}" + (f" and {len(extra) - 1} more" if len(extra) > 1 else "") \
-                if extra else f"{path}, now a {'folder' if is_dir else 'file'}"
+                if extra else f"{path}" + ("" if other and is_dir == (name in trees) else
+                                           f", now a {'link' if os.path.islink(path) else 'folder' if is_dir else 'file'}")
             raise MechkitError(f"cannot roll back the write killed in {out}: it would delete {what}, which that "
                                "write did not put there",
                                f"move {'those' if len(extra) > 1 else 'it'} out of {out}, then rerun")

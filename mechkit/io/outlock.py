@@ -265,13 +265,21 @@ def settle_interrupted(directory: str | os.PathLike[str]) -> None:
     A ``--force`` write killed between moving the old files out and the new ones in leaves a journal beside
     the directory (:mod:`mechkit.io.replace`); read then, the directory lacks its key file, and the reader
     said "config.json is missing", "no report", with a fix that could not help. Taking the directory's lock
-    rolls the old set back whole, as the next writer would; a write still running is waited for instead.
+    rolls the old set back whole, as the next writer would; a write still running is waited for instead. The
+    folders above are asked too: a model saved at ``OUT/model`` is one of ``OUT``'s set, whose journal sits beside
+    ``OUT``, and loading it had read a killed write's uncommitted model, which the next write then rolled back.
     """
     from mechkit.io.journal import journal_path
 
     real = real_place(directory)  # through a bind mount of the run's folder: the journal beside its own name
-    if not journal_path(real).exists():
-        return
+    for place in dict.fromkeys((real, real.parent, real.parent.parent)):  # OUT/model is in OUT's set, and
+        if journal_path(place).exists():  # OUT/FOLDER/NAME may be (a set's names go one folder deep)
+            _settle(directory, place)
+
+
+def _settle(directory: str | os.PathLike[str], real: Path) -> None:
+    from mechkit.io.journal import journal_path
+
     try:
         with out_lock(real):
             pass  # the lock cleans the killed writer's leftovers and rolls its journal back
