@@ -102,6 +102,7 @@ class PrunePlugin(Plugin):
         unread.prune_model(ctx.model.anatomy, targets, opts["gqa"])  # before any work
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
         levels = [] if opts["budget"] is not None else (opts["sparsity"] or SparsityLevels()("0.2")).resolve(targets)
+        unread.prune_levels(ctx.model.anatomy, levels, guides, opts["allocation"], opts["gqa"])
         config = PruneConfig(**{name: opts[name] for name in SAME_NAMES}, targets=targets, n_calib=opts["calib"],
                              seed=ctx.seed, text_weight=opts["calib_text_weight"])
         study = PruneStudy(ctx.model, tasks, config, step=ctx.step)

@@ -314,8 +314,13 @@ class Scheduler:
                                    f"{recorded[k]}, and this model is on {mine[k]}",
                                    f"load the model with {k}={recorded[k]!r}, or calibrate one with "
                                    f"`mechkit adapt --model ... {option} {mine[k]}`")
+            structure = getattr(handle.model, "_mechkit_structure", None)
+            pruned = structure is not None and bool(structure.mlp_keep or structure.head_keep)
             raise MechkitError(f"this scheduler was calibrated on another model ({k} {recorded[k]!r}, this model "
-                               f"has {mine[k]!r})", "calibrate one on this model with `mechkit adapt --model ...`")
+                               f"has {mine[k]!r})",
+                               "use it on the model it was calibrated on: `mechkit adapt` cannot calibrate one on a "
+                               "model with pruned neurons or heads, such as this one" if pruned else
+                               "calibrate one on this model with `mechkit adapt --model ...`")
 
     @classmethod
     def load(cls, path: str | Path) -> Scheduler:

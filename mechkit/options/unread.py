@@ -334,3 +334,15 @@ def prune_model(anatomy: Any, targets, gqa: str) -> None:
         if gqa == "group":
             refuse_no_kv_groups(anatomy, "--gqa group", "drop --gqa group: --gqa slot already removes each head "
                                 "with its keys and values")
+
+
+def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str], allocation: str, gqa: str) -> None:
+    """A --sparsity that removes no unit of this model, in one line before any work (it rounds to none: a row
+    labelled with it and a saved "pruned" model equal to the dense one), naming the smallest that removes one."""
+    from mechkit.pruning.select import removes_nothing
+
+    for level in levels:
+        for alloc in dict.fromkeys(g.partition("@")[2] or allocation for g in guides):
+            found = removes_nothing(anatomy, level, alloc, gqa)
+            if found is not None:
+                raise OptionError(*found)

@@ -101,23 +101,27 @@ def parse_guides(text: str) -> list[str]:
 
 
 def select_neurons(scores: np.ndarray, fraction: float, allocation: str,
-                   layer_fractions: np.ndarray | None = None) -> dict[int, list[int]]:
+                   layer_fractions: np.ndarray | None = None, skip: frozenset[int] = frozenset()) -> dict[int, list[int]]:
+    """The MLP channels to remove, per layer; none in the layers ``skip`` (removed whole), whose channels would
+    count toward the fraction and remove nothing."""
     L, d = scores.shape
     if layer_fractions is not None:  # per-layer budgets (e.g. from measured sensitivity)
         ks = [min(int(round(f * d)), d - 1) for f in layer_fractions]
-        return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer, k in enumerate(ks) if k}
+        return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer, k in enumerate(ks)
+                if k and layer not in skip}
     if allocation == "uniform":
         k = min(int(round(fraction * d)), d - 1)
-        return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer in range(L) if k}
+        return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer in range(L)
+                if k and layer not in skip}
     ranked = zscore_rows(scores) if allocation == "global-z" else scores
-    total = int(round(fraction * L * d))
+    total = int(round(fraction * (L - len(skip)) * d))
     order = np.argsort(ranked, axis=None, kind="stable")
     removed: dict[int, list[int]] = {}
     for flat in order:
         if total == 0:
             break
         layer, j = divmod(int(flat), d)
-        if len(removed.get(layer, [])) < d - 1:
+        if layer not in skip and len(removed.get(layer, [])) < d - 1:
             removed.setdefault(layer, []).append(j)
             total -= 1
     return {layer: sorted(v) for layer, v in removed.items()}
@@ -146,12 +150,13 @@ def _slots(scores: np.ndarray, anatomy: Anatomy, gqa: str) -> list[tuple[float, 
 
 
 def select_heads(scores: np.ndarray, anatomy: Anatomy, fraction: float, allocation: str,
-                 gqa: str = "slot") -> dict[int, list[int]]:
-    slots = _slots(scores, anatomy, gqa)
+                 gqa: str = "slot", skip: frozenset[int] = frozenset()) -> dict[int, list[int]]:
+    """The heads to remove, per layer; none in the layers ``skip`` (removed whole: see :func:`select_neurons`)."""
+    slots = [s for s in _slots(scores, anatomy, gqa) if s[1] not in skip]
     per_layer: dict[int, list] = {}
     for cost, layer, heads in slots:
         per_layer.setdefault(layer, []).append((cost, heads))
-    target = int(round(fraction * anatomy.n_layers * anatomy.n_heads))
+    target = int(round(fraction * (anatomy.n_layers - len(skip)) * anatomy.n_heads))
     removed: dict[int, list[int]] = {}
     if allocation == "uniform":
         size = len(slots[0][2]) if slots else 1
@@ -164,7 +169,8 @@ def select_heads(scores: np.ndarray, anatomy: Anatomy, fraction: float, allocati
         scores = zscore_rows(scores)
         per_layer = {}
         for cost, layer, heads in _slots(scores, anatomy, gqa):
-            per_layer.setdefault(layer, []).append((cost, heads))
+            if layer not in skip:
+                per_layer.setdefault(layer, []).append((cost, heads))
     nxt = dict.fromkeys(per_layer, 0)
     count = 0
     while count < target:  # greedy: the cheapest next slot of any layer (slots go in order)
@@ -205,10 +211,50 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
 
         fractions = allocate(sensitivity, sparsity.get("neurons", 0.0))
         allocation = "global"
-    if sparsity.get("neurons"):
-        plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation, fractions)
-    if sparsity.get("heads"):
-        plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa)
-    if sparsity.get("layers"):
+    if sparsity.get("layers"):  # first: the heads and channels of a layer removed whole are no more to remove
         plan.layers = select_layers(scores.layers, sparsity["layers"])
+    skip = frozenset(plan.layers)
+    if sparsity.get("neurons"):
+        plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation, fractions, skip)
+    if sparsity.get("heads"):
+        plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip)
     return plan
+
+
+def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
+                    gqa: str = "slot") -> tuple[str, str] | None:
+    """The first target whose fraction in ``level`` removes no unit of this model, and the fix (the smallest
+    fraction that removes one); ``None`` where each removes some. Known from the shape alone, before any work: a
+    --sparsity rounding to no unit gave a row labelled with it, a "pruned" model equal to the dense one.
+
+    >>> from types import SimpleNamespace as NS
+    >>> a = NS(n_layers=2, n_heads=4, n_groups=1, n_kv_heads=4, d_mlp=64)
+    >>> removes_nothing(a, {"layers": 0.1})
+    ('--sparsity layers=0.1 removes no layer of this 2-layer model', 'pass layers=0.5 or more')
+    """
+    L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
+    whole = allocation == "uniform"
+    k_layers = min(int(round(level.get("layers", 0) * L)), L - 1)
+    kept = L - k_layers
+    size = (anatomy.n_groups if gqa == "group" and anatomy.n_groups > 1 else anatomy.n_kv_heads
+            if anatomy.n_groups > 1 else 1)
+    units = {"layers": (L, "layer", f"this {L}-layer model"),
+             "neurons": (d if whole else kept * d, "MLP channel", "this model's layers" if whole else "this model"),
+             "heads": (H / size if whole else kept * H, "head", "this model's layers" if whole else "this model")}
+    for target in ("layers", "neurons", "heads"):
+        fraction = level.get(target, 0)
+        if not fraction:
+            continue
+        n, unit, where = units[target]
+        removed = k_layers if target == "layers" else int(round(fraction * n))
+        if removed > 0 or not n:
+            continue
+        if target == "layers" and L == 1:
+            return (f"--sparsity layers={fraction:g} removes no layer of this 1-layer model: a model keeps at least "
+                    "one", "drop layers from --target")
+        if target == "heads" and H == 1:
+            return (f"--sparsity heads={fraction:g} removes no head of this model: each layer keeps at least one, "
+                    "and has one", "drop heads from --target")
+        return (f"--sparsity {target}={fraction:g} removes no {unit} of {where}",
+                f"pass {target}={1 / n:.3g} or more")
+    return None

@@ -91,9 +91,22 @@ def _tokenizer_settings(tokenizer: Any) -> str:
         value = getattr(tokenizer, name, None)
         if isinstance(value, dict) and list(value) == ["default"]:
             value = value["default"]  # as transformers saves and reloads it: one template, a string
+        value = _as_reloaded(value)
         if value is not None:  # an object JSON cannot write is still a change: its type is recorded
             values[name] = value if _plain(value) else f"<{type(value).__name__}>"
     return json.dumps(values, sort_keys=True)
+
+
+def _as_reloaded(template: Any) -> Any:
+    r"""A chat template as a save and a load give it back: transformers writes it to ``chat_template.jinja`` and
+    reads that as text, turning ``\r\n`` and ``\r`` into ``\n``; a saved copy of the same tokenizer had another
+    identity, and an activation vector extracted on one was refused on the other."""
+    if isinstance(template, str):
+        return template.replace("\r\n", "\n").replace("\r", "\n")
+    if isinstance(template, dict):  # named templates: one level, each a string
+        return {k: v.replace("\r\n", "\n").replace("\r", "\n") if isinstance(v, str) else v
+                for k, v in template.items()}
+    return template
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
