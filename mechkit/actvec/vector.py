@@ -139,6 +139,9 @@ class ActivationVector:
         """Read a saved vector; with ``handle``, check that it fits that model."""
         from safetensors import safe_open
 
+        from mechkit.io.outlock import settle_interrupted
+
+        settle_interrupted(Path(path).parent)  # a killed --force write of the run holding it: its old set back first
         if not Path(path).is_file():
             what = "is not a regular file (a FIFO, device or folder)" if Path(path).exists() else "does not exist"
             raise MechkitError(f"the vector file {path} {what}", "pass a .safetensors file written by icl-vectors")

@@ -315,17 +315,22 @@ class Scheduler:
                                    f"load the model with {k}={recorded[k]!r}, or calibrate one with "
                                    f"`mechkit adapt --model ... {option} {mine[k]}`")
             structure = getattr(handle.model, "_mechkit_structure", None)
-            pruned = structure is not None and bool(structure.mlp_keep or structure.head_keep)
+            why = ("pruned neurons or heads" if structure is not None and (structure.mlp_keep or structure.head_keep)
+                   else "fewer than 2 blocks" if isinstance(mine.get("n_layers"), int) and mine["n_layers"] < 2
+                   else None)  # a model adapt refuses: "calibrate one on it" could not be done
             raise MechkitError(f"this scheduler was calibrated on another model ({k} {recorded[k]!r}, this model "
                                f"has {mine[k]!r})",
-                               "use it on the model it was calibrated on: `mechkit adapt` cannot calibrate one on a "
-                               "model with pruned neurons or heads, such as this one" if pruned else
+                               f"use it on the model it was calibrated on: `mechkit adapt` cannot calibrate one on a "
+                               f"model with {why}, such as this one" if why else
                                "calibrate one on this model with `mechkit adapt --model ...`")
 
     @classmethod
     def load(cls, path: str | Path) -> Scheduler:
         """A scheduler saved by ``mechkit adapt`` (``scheduler.json`` in its run directory)."""
+        from mechkit.io.outlock import settle_interrupted
+
         path = Path(path)
+        settle_interrupted(path if path.is_dir() else path.parent)  # a killed --force write of its run: rolled back
         if path.is_dir():
             path = path / "scheduler.json"
         try:

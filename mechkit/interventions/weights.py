@@ -86,7 +86,9 @@ class WeightEdits:
 
     def _tensor(self, qualname: object) -> torch.Tensor:
         """The parameter named ``qualname``, or one line naming what is wrong with the name."""
-        fix = "name a parameter of the model, e.g. model.layers.0.mlp.down_proj.weight (see m.model.named_parameters())"
+        example = next((n for n, _ in self.handle.model.named_parameters() if n.endswith(".weight")), "")
+        fix = (f"name a parameter of the model, e.g. {example} " if example else "name a parameter of the model ") + \
+            "(see m.model.named_parameters())"
         if not isinstance(qualname, str):
             raise MechkitError(f"a weight's name must be text, not {qualname!r}"[:200], fix)
         module_name, _, leaf = qualname.rpartition(".")

@@ -7,6 +7,7 @@ rolls back journals it finds, needs nothing from the writers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -73,12 +74,14 @@ def tree_files(folder: Path) -> list[str]:
 
 def journal_text(tmp: Path, install: list[str], remove: list[str]) -> str:
     """The journal of a set about to be installed from ``tmp``: its temporary folder, the names it installs and
-    removes, each entry's inode and what each folder it installs holds (:func:`tree_files`), so a roll-back
-    deletes an entry it moved in only while it is that entry and, a folder, holds nothing else (:func:`recover`). A tree too large for a journal is left
-    out, and that folder is then rolled back as an older journal's was."""
-    trees = {n: tree_files(tmp / n) for n in install if (tmp / n).is_dir() and not (tmp / n).is_symlink()}
-    ids = {n: _id(tmp / n) for n in install if os.path.lexists(tmp / n)}  # a rename keeps an entry's inode
-    text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "trees": trees, "ids": ids})
+    removes, and each entry it installs with what lies below a folder, each by its :func:`_signature`, so a
+    roll-back deletes only what is still what it moved in (:func:`recover`). Entries too many for a journal are
+    left out, and the roll-back then goes as an older journal's did."""
+    entries: dict[str, list] = {}
+    for name in install:
+        if os.path.lexists(tmp / name):
+            entries |= _entries(tmp, name)
+    text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "entries": entries})
     if len(text.encode()) > JOURNAL_LIMIT // 2:
         text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove})
     return text
@@ -88,44 +91,61 @@ class _Journal(NamedTuple):
     tmp: Path  # the temporary folder: the new set's files not yet moved in, the old ones in .previous
     install: list[str]  # the names it moves in
     names: list[str]  # every name it touches (those it moves in and those it removes)
-    trees: dict[str, list[str]] | None  # what each folder it moves in holds; None: an older journal
-    ids: dict[str, list[int]] | None  # each entry's identity as built (_id); None: an older journal
+    entries: dict[str, list] | None  # each entry it moves in, and below, by signature; None: an older journal
 
 
-def _id(path: Path) -> list[int]:
-    """An entry's kind, device, inode and (a file's or link's) modification time: what a rename keeps and a new
-    entry at the name does not (a file made where one was just deleted often gets its inode number)."""
+SMALL_FILE = 1 << 20  # a file up to this size is known by its content; a larger one by its size and time
+
+
+def _signature(path: Path) -> list:
+    """What an entry the write moved in must still be for a roll-back to delete it: a folder (what it holds is
+    listed entry by entry), a link and what it names, a file by its content (up to :data:`SMALL_FILE` bytes) or
+    else its size and modification time. A copy (``cp -a``) or a ``touch`` of a small file keeps it; a file, link
+    or folder the user put at the name, or a file they changed, does not."""
     info = os.lstat(path)
-    return [stat.S_IFMT(info.st_mode), info.st_dev, info.st_ino, 0 if stat.S_ISDIR(info.st_mode) else info.st_mtime_ns]
+    if stat.S_ISDIR(info.st_mode):
+        return ["folder"]
+    if stat.S_ISLNK(info.st_mode):
+        return ["link", os.readlink(path)]
+    if not stat.S_ISREG(info.st_mode):
+        return ["special", stat.S_IFMT(info.st_mode)]
+    if info.st_size > SMALL_FILE:
+        return ["file", info.st_size, info.st_mtime_ns]
+    try:
+        return ["file", info.st_size, hashlib.sha256(read_plain(path, SMALL_FILE)).hexdigest()]
+    except OSError:  # changed under us: no match
+        return ["file", info.st_size, None]
 
 
-def _ids(record: dict) -> dict[str, list[int]] | None:
-    ids = record.get("ids")
-    if ids is None:
+def _entries(base: Path, name: str) -> dict[str, list]:
+    """``name`` in ``base`` and, a folder, every entry below it (links not followed; a mount inside is walked, so
+    what it shows is no entry the write made), each by its :func:`_signature`."""
+    found = {name: _signature(base / name)}
+    if found[name] == ["folder"]:
+        for root, dirs, files in os.walk(base / name):
+            for entry in [*dirs, *files]:
+                path = Path(root, entry)
+                found[path.relative_to(base).as_posix()] = _signature(path)
+    return found
+
+
+def _entries_of(record: dict) -> dict[str, list] | None:
+    entries = record.get("entries")
+    if entries is None:
         return None
-    if not isinstance(ids, dict) or not all(isinstance(k, str) and isinstance(v, list) and len(v) == 4
-                                            and all(type(x) is int for x in v) for k, v in ids.items()):
+    if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, list) for k, v in entries.items()):
         raise ValueError("its record of the entries it installs is damaged")
-    return ids
-
-
-def _trees(record: dict) -> dict[str, list[str]] | None:
-    trees = record.get("trees")
-    if trees is None:
-        return None
-    if not isinstance(trees, dict) or not all(isinstance(k, str) and isinstance(v, list)
-                                              and all(isinstance(f, str) for f in v) for k, v in trees.items()):
-        raise ValueError("its record of the folders it installs is damaged")
-    return trees
+    return entries
 
 
 def journal_problem(out: str | os.PathLike[str]) -> MechkitError | None:
-    """Why :func:`recover` cannot roll back ``out``'s journal (unreadable, or naming no temporary directory
-    mechkit makes), or ``None`` where it can (or there is none): asked without acting, so a sweep of leftovers
+    """Why :func:`recover` cannot roll back ``out``'s journal (unreadable, naming no temporary directory mechkit
+    makes, or a name it would delete or put back now holding what the write did not put there), or ``None`` where
+    it can (or there is none): asked without acting, so a sweep of leftovers
     (``cache list``, ``cache clear``, the next save's cleaning) skips such a journal, saying so, instead of
     counting it as removable and then failing whole on it."""
     try:
-        _read(Path(out))
+        _plan(Path(out))
     except MechkitError as err:
         return err
     return None
@@ -143,7 +163,7 @@ def _read(out: Path) -> _Journal | None:
         tmp = out.parent / record["tmp"]
         install = [n for n in record["install"] if set_name(n)]
         names = install + [n for n in record["remove"] if set_name(n)]
-        trees, ids = _trees(record), _ids(record)
+        entries = _entries_of(record)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
@@ -156,7 +176,7 @@ def _read(out: Path) -> _Journal | None:
         raise MechkitError(f"the journal {journal} names {str(record['tmp'])[:60]!r}, which is not a temporary "
                            f"directory mechkit makes for {out.name}: it is no journal of a mechkit write, and "
                            "mechkit rolls nothing back from it", f"delete {journal} (nothing was moved)")
-    return _Journal(tmp, install, names, trees, ids)
+    return _Journal(tmp, install, names, entries)
 
 
 def recover(out: str | os.PathLike[str]) -> bool:
@@ -167,15 +187,12 @@ def recover(out: str | os.PathLike[str]) -> bool:
     (:func:`journal_problem` asks the same without acting).
     """
     out = Path(out)
-    read = _read(out)
-    if read is None:
+    plan = _plan(out)
+    if plan is None:
         return False
-    tmp, install, names, trees, ids = read
-    if tmp.is_dir() and not tmp.is_symlink():
+    (tmp, _, names, _), moved = plan
+    if moved is not None:
         backup = tmp / ".previous"
-        moved = [n for n in install if not os.path.lexists(tmp / n) and os.path.lexists(out / n)]
-        _refuse_changed(out, moved, trees, ids)  # before anything moves: the user's files are never the roll-back's
-        _refuse_in_the_way(out, backup, names, moved)
         for name in moved:  # moved in already: ours, from the killed write
             if not remove_beneath(out, name):  # never through a mount or a link put there since
                 raise MechkitError(f"cannot roll back the write killed in {out}: {out / name}, which it had moved "
@@ -195,6 +212,21 @@ def recover(out: str | os.PathLike[str]) -> bool:
     return True
 
 
+def _plan(out: Path) -> tuple[_Journal, list[str] | None] | None:
+    """``out``'s journal and the names its killed write moved in (``None``: its temporary folder is gone, nothing
+    to put back), refused in one line where a roll-back would delete or replace what that write did not put
+    there; ``None`` where there is no journal."""
+    read = _read(out)
+    if read is None:
+        return None
+    if not read.tmp.is_dir() or read.tmp.is_symlink():
+        return read, None
+    moved = [n for n in read.install if not os.path.lexists(read.tmp / n) and os.path.lexists(out / n)]
+    _refuse_changed(out, moved, read.entries)  # before anything moves: the user's files are never the roll-back's
+    _refuse_in_the_way(out, read.tmp / ".previous", read.names, moved)
+    return read, moved
+
+
 def _refuse_in_the_way(out: Path, backup: Path, names: list[str], moved: list[str]) -> None:
     """Refuse (one line) to roll back where a name the old set goes back to is taken by something the killed
     write did not move in: a file or folder the user made there since the kill. The roll-back had replaced such a
@@ -209,23 +241,20 @@ def _refuse_in_the_way(out: Path, backup: Path, names: list[str], moved: list[st
                            f"{backup})")
 
 
-def _refuse_changed(out: Path, moved: list[str], trees: dict[str, list[str]] | None,
-                    ids: dict[str, list[int]] | None) -> None:
-    """Refuse (one line) to roll back where a name the killed write moved in no longer holds only what it moved:
-    a file or link a user put at its name, a file put inside its half-installed folder, a folder bind-mounted
-    there. The roll-back had deleted each with the rest, through the mount too. ``trees`` ``None``: a journal
-    older than its record of trees, whose folders :func:`recover` removes on their own mount only."""
-    if trees is None:
+def _refuse_changed(out: Path, moved: list[str], entries: dict[str, list] | None) -> None:
+    """Refuse (one line, naming them all) to roll back where a name the killed write moved in no longer holds just
+    what it moved: a file or link the user put at its name, a file they put inside its half-installed folder or
+    changed there, a folder bind-mounted there. The roll-back had deleted each with the rest, through the mount
+    too. ``entries`` ``None``: an older journal, whose entries :func:`recover` removes on their own mount only."""
+    if entries is None:
         return
+    theirs = []
     for name in moved:
-        path = out / name
-        is_dir = os.path.isdir(path) and not os.path.islink(path)
-        extra = sorted(set(tree_files(path)) - set(trees[name])) if is_dir and name in trees else []
-        other = ids is not None and name in ids and _id(path) != ids[name]  # not the entry it moved in
-        if is_dir != (name in trees) or extra or other:
-            what = f"{path / extra[0].rstrip(LINK)}" + (f" and {len(extra) - 1} more" if len(extra) > 1 else "") \
-                if extra else f"{path}" + ("" if other and is_dir == (name in trees) else
-                                           f", now a {'link' if os.path.islink(path) else 'folder' if is_dir else 'file'}")
-            raise MechkitError(f"cannot roll back the write killed in {out}: it would delete {what}, which that "
-                               "write did not put there",
-                               f"move {'those' if len(extra) > 1 else 'it'} out of {out}, then rerun")
+        now = _entries(out, name)
+        theirs += [k for k in now if entries.get(k) != now[k]]
+    if theirs:
+        named = [f"{out / k}" + (f", now a {_signature(out / k)[0]}" if k in moved and
+                                 entries.get(k, ["?"])[0] != _signature(out / k)[0] else "") for k in sorted(theirs)]
+        listed = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+        raise MechkitError(f"cannot roll back the write killed in {out}: it would delete {listed}, which that write "
+                           "did not put there", f"move {'those' if len(named) > 1 else 'it'} out of {out}, then rerun")

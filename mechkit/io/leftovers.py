@@ -35,6 +35,7 @@ from pathlib import Path
 
 from mechkit.errors import MechkitError
 from mechkit.io.journal import journal_problem, recover
+from mechkit.io.locks import is_lock_text
 from mechkit.io.read import mount_points
 from mechkit.io.remove import remove_tree
 
@@ -45,7 +46,6 @@ _OLD = re.compile(r"^\.(?P<name>.+)\.old-(?P<pid>\d+)-[0-9a-f]{8}$")  # a pid: a
 _LOCK = re.compile(r"^\.(?P<name>.+)\.mechkit-lock$")
 _JOURNAL = re.compile(r"^\.(?P<name>.+)\.mechkit-replace$")
 UNTAGGED_AGE_S = 24 * 3600
-_PID_TEXT = re.compile(rb"\s*\d*\s*")  # what a lock file holds: its holder's pid, or nothing yet
 _LOCK_OPEN = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a link is never followed
 
 
@@ -80,7 +80,7 @@ def _lock_free(path: Path) -> bool:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > 32 \
-                or not _PID_TEXT.fullmatch(os.pread(fd, 33, 0)):
+                or not is_lock_text(os.pread(fd, 33, 0)):
             return False  # not a lock file mechkit made (a user's file under that name): never removed as one
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

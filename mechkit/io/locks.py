@@ -8,6 +8,7 @@ Apart from :mod:`mechkit.io.outlock`, which takes and holds the lock for a run, 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -173,3 +174,14 @@ def refuse_locked_below(real: Path, out: str | os.PathLike[str]) -> None:
 
 
 _LOCK = ".mechkit-lock"
+_LOCK_TEXT = re.compile(rb"\s*\d*\s*")
+
+
+def is_lock_text(data: bytes) -> bool:
+    """Whether ``data`` is what a lock file mechkit made holds: its holder's pid, or nothing yet. A user's note
+    under a lock's name (``.run.mechkit-lock`` holding "my notes") is no lock: never truncated, never removed.
+
+    >>> is_lock_text(b"1234\n"), is_lock_text(b""), is_lock_text(b"my notes")
+    (True, True, False)
+    """
+    return _LOCK_TEXT.fullmatch(data) is not None

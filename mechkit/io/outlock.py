@@ -20,6 +20,7 @@ from mechkit.io.locks import (
     HELD,
     OutInUseError,
     holder,
+    is_lock_text,
     lock_path,
     real_place,
     refuse_locked_ancestor,
@@ -146,7 +147,8 @@ def _open_lock(path: Path) -> int:
         raise
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > LOCK_MAX_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1 or info.st_size > LOCK_MAX_BYTES \
+                or not is_lock_text(os.pread(fd, LOCK_MAX_BYTES + 1, 0)):  # a user's note there: never truncated
             _refuse_not_a_lock(path)
         os.set_blocking(fd, True)
     except BaseException:

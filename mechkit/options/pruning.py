@@ -68,7 +68,7 @@ class Levels:
 
 @dataclass(frozen=True)
 class SparsityLevels:
-    """``--sparsity``: fractions in [0, 1) (``0.1,0.2``: one level each, for every target) or one level of
+    """``--sparsity``: fractions in (0, 1) (``0.1,0.2``: one level each, for every target) or one level of
     ``target=fraction`` pairs, checked by :func:`mechkit.pruning.parse_levels` -> :class:`Levels`.
 
     Which targets a bare fraction applies to is ``--target``'s, so the levels themselves are resolved
@@ -82,7 +82,7 @@ class SparsityLevels:
     example: str = "0.1,0.2"
 
     def describe(self) -> str:
-        return "each 0<=x<1"
+        return "each 0<x<1"
 
     def __call__(self, text: str) -> Levels:
         from mechkit.pruning import parse_levels

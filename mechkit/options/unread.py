@@ -9,6 +9,7 @@ target it never aimed at, ``compose --parts steps --shots 0,2`` measured K = 2 a
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from mechkit.options.option import OptionError
@@ -178,6 +179,8 @@ def unnamed_targets(cls: Any, parsed: dict, named: list[str], text: str) -> None
     head_options = [given_flag(o, parsed[o.name]) for o in cls.options
                     if "heads" in missing and o.name in ("gqa", "protect_top_k") and given(cls, parsed, o.name)]
     fraction = dict(part.split("=", 1) for part in text.replace(" ", "").split(","))[named[0]]
+    with contextlib.suppress(ValueError):  # the default level where the given one is smaller (neurons=0.01 made
+        fraction = fraction if float(fraction) >= 0.2 else "0.2"  # heads=0.01, which removes none)
     them = "it" if len(missing) == 1 else "them"
     raise OptionError(f"--target {','.join(parsed['target'])} names {', '.join(missing)}, and --sparsity {text} "
                       f"gives {them} no fraction, so no {' or '.join(missing)} would be pruned",
@@ -334,6 +337,10 @@ def prune_model(anatomy: Any, targets, gqa: str) -> None:
         if gqa == "group":
             refuse_no_kv_groups(anatomy, "--gqa group", "drop --gqa group: --gqa slot already removes each head "
                                 "with its keys and values")
+            if anatomy.n_kv_heads == 1:  # the one group of a layer is always kept: no plan removes a head
+                raise OptionError("--gqa group removes whole groups of heads sharing keys and values, and this model "
+                                  "has one such group per layer, which each layer keeps, so no head would go",
+                                  "drop --gqa group: --gqa slot removes heads within the group")
 
 
 def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str], allocation: str, gqa: str) -> None:

@@ -44,9 +44,9 @@ def parse_sparsity(text: str | float, targets: list[str]) -> dict[str, float]:
     for key, value in out.items():
         if key not in TARGETS:
             raise MechkitError(f"unknown pruning target {key!r}", f"use {', '.join(TARGETS)}")
-        if not 0 <= value < 1:
+        if not 0 < value < 1:  # 0 (or -0.0, or 1e-400) prunes nothing: a row equal to dense, labelled pruned
             where = f" for {key}" if "=" in str(text) else ""  # a plain fraction is every target's, not one's
-            raise MechkitError(f"sparsity {value}{where} is outside [0, 1)", "use a fraction like 0.3")
+            raise MechkitError(f"sparsity {value}{where} is outside (0, 1)", "use a fraction like 0.3")
     return out
 
 
@@ -65,7 +65,7 @@ def parse_levels(text: str, targets: list[str]) -> list[dict[str, float]]:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise MechkitError(f"malformed --sparsity {text!r}", "use fractions like 0.2,0.3 or neurons=0.3,heads=0.2") from None
-    return [parse_sparsity(v, targets) for v in values]
+    return [parse_sparsity(v, targets) for v in dict.fromkeys(values)]  # 0.2,0.2: one level, not two rows
 
 
 def parse_targets(text: str) -> list[str]:
@@ -106,9 +106,9 @@ def select_neurons(scores: np.ndarray, fraction: float, allocation: str,
     count toward the fraction and remove nothing."""
     L, d = scores.shape
     if layer_fractions is not None:  # per-layer budgets (e.g. from measured sensitivity)
-        ks = [min(int(round(f * d)), d - 1) for f in layer_fractions]
+        ks = _counts([0.0 if layer in skip else f * d for layer, f in enumerate(layer_fractions)], d - 1)
         return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer, k in enumerate(ks)
-                if k and layer not in skip}
+                if k}
     if allocation == "uniform":
         k = min(int(round(fraction * d)), d - 1)
         return {layer: sorted(np.argsort(scores[layer], kind="stable")[:k].tolist()) for layer in range(L)
@@ -125,6 +125,20 @@ def select_neurons(scores: np.ndarray, fraction: float, allocation: str,
             removed.setdefault(layer, []).append(j)
             total -= 1
     return {layer: sorted(v) for layer, v in removed.items()}
+
+
+def _counts(shares: list[float], cap: int) -> list[int]:
+    """Whole counts for ``shares`` (each at most ``cap``) summing to their rounded total, the remainders going to
+    the largest fractional parts: each rounded alone, 0.4 channels in each of 4 layers removed none of the 1.6
+    asked, and a sensitivity-spread level removed nothing its label promised."""
+    total = min(int(round(sum(shares))), cap * len(shares))
+    counts = [min(int(x), cap) for x in shares]
+    for i in sorted(range(len(shares)), key=lambda i: shares[i] - int(shares[i]), reverse=True):
+        if sum(counts) >= total:
+            break
+        if counts[i] < cap:
+            counts[i] += 1
+    return counts
 
 
 def _slots(scores: np.ndarray, anatomy: Anatomy, gqa: str) -> list[tuple[float, int, list[int]]]:
@@ -203,17 +217,19 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
     fractions = None
     if allocation == "sensitivity" and not sparsity.get("neurons"):
         allocation = "global"
+    if sparsity.get("layers"):  # first: the heads and channels of a layer removed whole are no more to remove
+        plan.layers = select_layers(scores.layers, sparsity["layers"])
+    skip = frozenset(plan.layers)
     if allocation == "sensitivity":
         if sensitivity is None:
             raise MechkitError("allocation 'sensitivity' needs measured layer sensitivities",
                                "compute them with mechkit.pruning.sensitivity.layer_sensitivity")
         from mechkit.pruning.sensitivity import allocate
 
-        fractions = allocate(sensitivity, sparsity.get("neurons", 0.0))
+        kept = [layer for layer in range(len(sensitivity)) if layer not in skip]  # spread over the layers kept
+        fractions = np.zeros(len(sensitivity))
+        fractions[kept] = allocate(np.asarray(sensitivity)[kept], sparsity.get("neurons", 0.0))
         allocation = "global"
-    if sparsity.get("layers"):  # first: the heads and channels of a layer removed whole are no more to remove
-        plan.layers = select_layers(scores.layers, sparsity["layers"])
-    skip = frozenset(plan.layers)
     if sparsity.get("neurons"):
         plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation, fractions, skip)
     if sparsity.get("heads"):
@@ -233,7 +249,7 @@ def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str =
     ('--sparsity layers=0.1 removes no layer of this 2-layer model', 'pass layers=0.5 or more')
     """
     L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
-    whole = allocation == "uniform"
+    whole = allocation == "uniform"  # "sensitivity" spreads one rounded total, as "global" does (_counts)
     k_layers = min(int(round(level.get("layers", 0) * L)), L - 1)
     kept = L - k_layers
     size = (anatomy.n_groups if gqa == "group" and anatomy.n_groups > 1 else anatomy.n_kv_heads
@@ -249,6 +265,9 @@ def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str =
         removed = k_layers if target == "layers" else int(round(fraction * n))
         if removed > 0 or not n:
             continue
+        if 1 / n >= 1:  # no fraction below 1 reaches one unit
+            return (f"--sparsity {target}={fraction:g} removes no {unit} of {where}, and no fraction below 1 would",
+                    f"drop {target} from --target")
         if target == "layers" and L == 1:
             return (f"--sparsity layers={fraction:g} removes no layer of this 1-layer model: a model keeps at least "
                     "one", "drop layers from --target")

@@ -237,7 +237,10 @@ class TaskVector:
         finite floating-point deltas. Anything else is one line naming the file and the problem."""
         from safetensors import safe_open
 
+        from mechkit.io.outlock import settle_interrupted
+
         path = Path(path)
+        settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
         if not path.is_file():
             if os.path.lexists(path):  # a directory, a FIFO, a device or a broken link: there, but no vector
                 raise MechkitError(f"{path} is not a regular file, so not a task vector",
