@@ -19,7 +19,8 @@ from mechkit.errors import MechkitError
 from mechkit.io.read import read_plain
 from mechkit.io.remove import discard_tree, remove_beneath
 
-JOURNAL_LIMIT = 2**20  # a journal lists a few dozen names: anything larger is no journal mechkit wrote
+JOURNAL_LIMIT = 2**24  # a journal lists a set's entries (a few dozen; 50,000 fill a tenth): larger is no journal
+TOO_MANY = "too many to list"  # a journal's entries where the set held more than a journal holds
 LINK = "\0"  # what ends a link's entry in a folder's walk (tree_files): no file name holds it
 MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
 
@@ -76,14 +77,14 @@ def journal_text(tmp: Path, install: list[str], remove: list[str]) -> str:
     """The journal of a set about to be installed from ``tmp``: its temporary folder, the names it installs and
     removes, and each entry it installs with what lies below a folder, each by its :func:`_signature`, so a
     roll-back deletes only what is still what it moved in (:func:`recover`). Entries too many for a journal are
-    left out, and the roll-back then goes as an older journal's did."""
+    :data:`TOO_MANY`: a roll-back then deletes nothing it moved in, and says what to move aside."""
     entries: dict[str, list] = {}
     for name in install:
         if os.path.lexists(tmp / name):
             entries |= _entries(tmp, name)
     text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "entries": entries})
-    if len(text.encode()) > JOURNAL_LIMIT // 2:
-        text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove})
+    if len(text.encode()) > JOURNAL_LIMIT // 2:  # it had been an older journal's, whose roll-back checks nothing
+        text = json.dumps({"tmp": tmp.name, "install": install, "remove": remove, "entries": TOO_MANY})
     return text
 
 
@@ -91,7 +92,7 @@ class _Journal(NamedTuple):
     tmp: Path  # the temporary folder: the new set's files not yet moved in, the old ones in .previous
     install: list[str]  # the names it moves in
     names: list[str]  # every name it touches (those it moves in and those it removes)
-    entries: dict[str, list] | None  # each entry it moves in, and below, by signature; None: an older journal
+    entries: dict[str, list] | str | None  # each entry moved in, and below, by signature; TOO_MANY; None: older
 
 
 SMALL_FILE = 1 << 20  # a file up to this size is known by its content; a larger one by its size and time
@@ -129,10 +130,10 @@ def _entries(base: Path, name: str) -> dict[str, list]:
     return found
 
 
-def _entries_of(record: dict) -> dict[str, list] | None:
+def _entries_of(record: dict) -> dict[str, list] | str | None:
     entries = record.get("entries")
-    if entries is None:
-        return None
+    if entries is None or entries == TOO_MANY:
+        return entries
     if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, list) for k, v in entries.items()):
         raise ValueError("its record of the entries it installs is damaged")
     return entries
@@ -241,12 +242,20 @@ def _refuse_in_the_way(out: Path, backup: Path, names: list[str], moved: list[st
                            f"{backup})")
 
 
-def _refuse_changed(out: Path, moved: list[str], entries: dict[str, list] | None) -> None:
+def _refuse_changed(out: Path, moved: list[str], entries: dict[str, list] | str | None) -> None:
     """Refuse (one line, naming them all) to roll back where a name the killed write moved in no longer holds just
     what it moved: a file or link the user put at its name, a file they put inside its half-installed folder or
     changed there, a folder bind-mounted there. The roll-back had deleted each with the rest, through the mount
     too. ``entries`` ``None``: an older journal, whose entries :func:`recover` removes on their own mount only."""
     if entries is None:
+        return
+    if entries == TOO_MANY:
+        if moved:
+            raise MechkitError(f"cannot roll back the write killed in {out}: it had moved in {out / moved[0]}"
+                               + (f" and {len(moved) - 1} more" if len(moved) > 1 else "") + ", whose entries were "
+                               "too many for its journal to list, so the roll-back cannot tell them from yours",
+                               f"move {'those' if len(moved) > 1 else 'it'} out of {out} (keep what is yours), "
+                               "then rerun")
         return
     theirs = []
     for name in moved:
