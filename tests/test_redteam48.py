@@ -79,7 +79,7 @@ def test_a_sparsity_that_removes_nothing_is_refused_before_the_work_and_its_fix_
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(OptionError, match="--sparsity layers=0.1 removes no layer of this 2-layer model") as err:
         _prune(tmp_path, "nothing", target="layers", sparsity="0.1", save_model=True)
-    assert err.value.fix == "pass layers=0.5 or more" and not (tmp_path / "nothing").exists()
+    assert err.value.fix == "give it 0.5 or more (--sparsity layers=0.5)" and not (tmp_path / "nothing").exists()
     run = _prune(tmp_path, "fixed", target="layers", sparsity="layers=0.5")
     assert run.report["results"]["rows"][0]["plan"]["counts"]["layers"] == 1
 
@@ -103,7 +103,7 @@ def test_removes_nothing_names_the_smallest_fraction_that_removes_one(level, all
     found = removes_nothing(anatomy, level, allocation)
     assert found is not None and said in found[0], found
     target = next(iter(level))
-    smallest = float(found[1].split("=")[1].split()[0])
+    smallest = float(found[1].split()[2])  # "give it X or more (--sparsity ...)"
     assert removes_nothing(anatomy, {target: smallest}, allocation) is None  # the fix, as said, removes one
 
 

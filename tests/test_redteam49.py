@@ -150,7 +150,7 @@ def test_a_target_left_out_of_a_small_level_gets_a_fraction_that_removes_some(tm
     with pytest.raises(MechkitError, match="gives it no fraction") as err:
         mk.run("prune", model="tiny:llama", target="neurons,heads", sparsity="neurons=0.01",
                out=tmp_path / "o", console=Console(file=io.StringIO()))
-    assert "--sparsity neurons=0.01,heads=0.2" in err.value.fix
+    assert "--sparsity neurons=0.01,heads=0.5" in err.value.fix
 
 
 def test_a_fraction_no_value_below_one_reaches_says_drop_the_target():

@@ -178,7 +178,7 @@ _LOCK_TEXT = re.compile(rb"\s*\d*\s*")
 
 
 def is_lock_text(data: bytes) -> bool:
-    """Whether ``data`` is what a lock file mechkit made holds: its holder's pid, or nothing yet. A user's note
+    r"""Whether ``data`` is what a lock file mechkit made holds: its holder's pid, or nothing yet. A user's note
     under a lock's name (``.run.mechkit-lock`` holding "my notes") is no lock: never truncated, never removed.
 
     >>> is_lock_text(b"1234\n"), is_lock_text(b""), is_lock_text(b"my notes")

@@ -179,8 +179,8 @@ def unnamed_targets(cls: Any, parsed: dict, named: list[str], text: str) -> None
     head_options = [given_flag(o, parsed[o.name]) for o in cls.options
                     if "heads" in missing and o.name in ("gqa", "protect_top_k") and given(cls, parsed, o.name)]
     fraction = dict(part.split("=", 1) for part in text.replace(" ", "").split(","))[named[0]]
-    with contextlib.suppress(ValueError):  # the default level where the given one is smaller (neurons=0.01 made
-        fraction = fraction if float(fraction) >= 0.2 else "0.2"  # heads=0.01, which removes none)
+    with contextlib.suppress(ValueError):  # at least a half where the given one is smaller: neurons=0.01 made
+        fraction = fraction if float(fraction) >= 0.5 else "0.5"  # heads=0.01 (and 0.2 layers=0.2), removing none
     them = "it" if len(missing) == 1 else "them"
     raise OptionError(f"--target {','.join(parsed['target'])} names {', '.join(missing)}, and --sparsity {text} "
                       f"gives {them} no fraction, so no {' or '.join(missing)} would be pruned",

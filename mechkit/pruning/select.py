@@ -164,9 +164,14 @@ def _slots(scores: np.ndarray, anatomy: Anatomy, gqa: str) -> list[tuple[float, 
 
 
 def select_heads(scores: np.ndarray, anatomy: Anatomy, fraction: float, allocation: str,
-                 gqa: str = "slot", skip: frozenset[int] = frozenset()) -> dict[int, list[int]]:
-    """The heads to remove, per layer; none in the layers ``skip`` (removed whole: see :func:`select_neurons`)."""
-    slots = [s for s in _slots(scores, anatomy, gqa) if s[1] not in skip]
+                 gqa: str = "slot", skip: frozenset[int] = frozenset(),
+                 protected: frozenset[tuple[int, int]] = frozenset()) -> dict[int, list[int]]:
+    """The heads to remove, per layer; none in the layers ``skip`` (removed whole: see :func:`select_neurons`),
+    and no slot holding a ``protected`` (layer, head)."""
+    def free(slot: tuple) -> bool:
+        return slot[1] not in skip and not any((slot[1], h) in protected for h in slot[2])
+
+    slots = [s for s in _slots(scores, anatomy, gqa) if free(s)]
     per_layer: dict[int, list] = {}
     for cost, layer, heads in slots:
         per_layer.setdefault(layer, []).append((cost, heads))
@@ -183,7 +188,7 @@ def select_heads(scores: np.ndarray, anatomy: Anatomy, fraction: float, allocati
         scores = zscore_rows(scores)
         per_layer = {}
         for cost, layer, heads in _slots(scores, anatomy, gqa):
-            if layer not in skip:
+            if free((cost, layer, heads)):
                 per_layer.setdefault(layer, []).append((cost, heads))
     nxt = dict.fromkeys(per_layer, 0)
     count = 0
@@ -205,7 +210,8 @@ def select_layers(scores: np.ndarray, fraction: float) -> list[int]:
 
 
 def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str = "uniform",
-              gqa: str = "slot", compensate: bool = True, sensitivity: np.ndarray | None = None) -> UnitsToRemove:
+              gqa: str = "slot", compensate: bool = True, sensitivity: np.ndarray | None = None,
+              strict: bool = False) -> UnitsToRemove:
     """The plan removing the least important units at ``sparsity`` per target.
 
     ``allocation="sensitivity"`` needs ``sensitivity`` (per-layer MLP sensitivity, see
@@ -233,47 +239,67 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
     if sparsity.get("neurons"):
         plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation, fractions, skip)
     if sparsity.get("heads"):
-        plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip)
+        protected = frozenset(map(tuple, scores.protected_heads))  # never removed, whatever the fraction
+        plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip, protected)
+        if strict and protected:
+            _refuse_short(plan.heads, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip),
+                          sparsity["heads"], len(protected))
     return plan
+
+
+def _refuse_short(heads: dict[int, list[int]], unguarded: dict[int, list[int]], fraction: float, n: int) -> None:
+    """Refuse (one line) a level whose heads the protected ones keep from being removed: the plan had removed
+    protected heads (``--protect-top-k`` promises never), and removing only the others falls short of the level."""
+    got, asked = sum(map(len, heads.values())), sum(map(len, unguarded.values()))
+    if got < asked:
+        raise MechkitError(f"--sparsity heads={fraction:g} asks for {asked} heads, and with the {n} that "
+                           f"--protect-top-k keeps only {got} can go",
+                           "lower --sparsity heads, or --protect-top-k")
 
 
 def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
                     gqa: str = "slot") -> tuple[str, str] | None:
-    """The first target whose fraction in ``level`` removes no unit of this model, and the fix (the smallest
-    fraction that removes one); ``None`` where each removes some. Known from the shape alone, before any work: a
+    """Why a fraction in ``level`` removes no unit of this model, and the fix (the level with each such fraction
+    raised to one that removes a unit, the others kept: layers first, since those kept decide the heads and
+    channels left to remove); ``None`` where each removes some. Known from the shape alone, before any work: a
     --sparsity rounding to no unit gave a row labelled with it, a "pruned" model equal to the dense one.
 
     >>> from types import SimpleNamespace as NS
     >>> a = NS(n_layers=2, n_heads=4, n_groups=1, n_kv_heads=4, d_mlp=64)
     >>> removes_nothing(a, {"layers": 0.1})
-    ('--sparsity layers=0.1 removes no layer of this 2-layer model', 'pass layers=0.5 or more')
+    ('--sparsity layers=0.1 removes no layer of this 2-layer model', 'give it 0.5 or more (--sparsity layers=0.5)')
     """
     L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
     whole = allocation == "uniform"  # "sensitivity" spreads one rounded total, as "global" does (_counts)
-    k_layers = min(int(round(level.get("layers", 0) * L)), L - 1)
-    kept = L - k_layers
     size = (anatomy.n_groups if gqa == "group" and anatomy.n_groups > 1 else anatomy.n_kv_heads
             if anatomy.n_groups > 1 else 1)
-    units = {"layers": (L, "layer", f"this {L}-layer model"),
-             "neurons": (d if whole else kept * d, "MLP channel", "this model's layers" if whole else "this model"),
-             "heads": (H / size if whole else kept * H, "head", "this model's layers" if whole else "this model")}
+    fixed, said = dict(level), []
     for target in ("layers", "neurons", "heads"):
         fraction = level.get(target, 0)
         if not fraction:
             continue
-        n, unit, where = units[target]
-        removed = k_layers if target == "layers" else int(round(fraction * n))
+        kept = L - min(int(round(fixed.get("layers", 0) * L)), L - 1)
+        n, unit, where = {"layers": (L, "layer", f"this {L}-layer model"),
+                          "neurons": (d if whole else kept * d, "MLP channel",
+                                      "this model's layers" if whole else "this model"),
+                          "heads": (H / size if whole else kept * H, "head",
+                                    "this model's layers" if whole else "this model")}[target]
+        if target == "layers" and L == 1:
+            return (f"--sparsity layers={fraction:g} removes no layer of this 1-layer model: a model keeps at least "
+                    "one", "drop layers from --target")
+        if target == "heads" and H == 1 or target == "neurons" and d == 1:
+            return (f"--sparsity {target}={fraction:g} removes no {unit} of this model: each layer keeps at least one, "
+                    "and has one", f"drop {target} from --target")
+        removed = min(int(round(fraction * L)), L - 1) if target == "layers" else int(round(fraction * n))
         if removed > 0 or not n:
             continue
         if 1 / n >= 1:  # no fraction below 1 reaches one unit
             return (f"--sparsity {target}={fraction:g} removes no {unit} of {where}, and no fraction below 1 would",
                     f"drop {target} from --target")
-        if target == "layers" and L == 1:
-            return (f"--sparsity layers={fraction:g} removes no layer of this 1-layer model: a model keeps at least "
-                    "one", "drop layers from --target")
-        if target == "heads" and H == 1:
-            return (f"--sparsity heads={fraction:g} removes no head of this model: each layer keeps at least one, "
-                    "and has one", "drop heads from --target")
-        return (f"--sparsity {target}={fraction:g} removes no {unit} of {where}",
-                f"pass {target}={1 / n:.3g} or more")
-    return None
+        fixed[target] = float(f"{1 / n:.3g}")
+        said.append(f"--sparsity {target}={fraction:g} removes no {unit} of {where}")
+    if not said:
+        return None
+    raised = [t for t in fixed if fixed[t] != level.get(t)]
+    them = f"give it {fixed[raised[0]]:g} or more" if len(raised) == 1 else "raise " + " and ".join(raised)
+    return "; ".join(said), f"{them} (--sparsity {','.join(f'{t}={v:g}' for t, v in fixed.items())})"

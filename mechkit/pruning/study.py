@@ -259,14 +259,17 @@ class PruneStudy:
         digest.update(str(stats.n_tokens).encode())
         return digest.hexdigest()
 
-    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None) -> UnitsToRemove:
+    def plan(self, guide: str, level: dict[str, float], reconstruct: str | None = None,
+             strict: bool = True) -> UnitsToRemove:
         """The plan of ``guide`` (``GUIDE@ALLOCATION`` overrides the study's allocation) at ``level``;
-        it compensates unless ``reconstruct`` (default: the study's) is ``"none"``."""
+        it compensates unless ``reconstruct`` (default: the study's) is ``"none"``. ``strict``: a level the
+        protected heads keep from being met is refused (the budget search instead takes what it can remove)."""
         name, _, alloc = guide.partition("@")
         alloc = alloc or self.allocation
         sens = self.sensitivity(name) if alloc == "sensitivity" and level.get("neurons") else None
         method = _method(reconstruct or self.reconstruct)
-        return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, method != "none", sens)
+        return make_plan(self.scores(name), self.handle.anatomy, level, alloc, self.gqa, method != "none", sens,
+                         strict=strict)
 
     def fits(self, plan: UnitsToRemove, reconstruct: str | None = None, sequential: bool | None = None) -> dict[str, Fit]:
         """The least-squares refits of ``plan`` on the calibration tokens (none unless the method is lsq),
@@ -376,7 +379,7 @@ class PruneStudy:
 
         def compute() -> list[dict]:
             margin = LATENCY_AIM if unit == "latency" else 1.0
-            found = search(lambda sparsity: self.plan(guide, sparsity), self.calib.stats, budget * margin,
+            found = search(lambda sparsity: self.plan(guide, sparsity, strict=False), self.calib.stats, budget * margin,
                            self.targets, cost, acc, on_step=on_step)
             return [{"mix": c.mix, "sparsity": c.sparsity, "cost_ratio": c.cost_ratio,
                      "calib_accuracy": c.calib_accuracy} for c in found]
