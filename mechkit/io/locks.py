@@ -174,14 +174,14 @@ def refuse_locked_below(real: Path, out: str | os.PathLike[str]) -> None:
 
 
 _LOCK = ".mechkit-lock"
-_LOCK_TEXT = re.compile(rb"\s*\d*\s*")
+_LOCK_TEXT = re.compile(rb"(\d+\n?)?")  # what mechkit writes: nothing yet, or the pid and a newline
 
 
 def is_lock_text(data: bytes) -> bool:
     r"""Whether ``data`` is what a lock file mechkit made holds: its holder's pid, or nothing yet. A user's note
     under a lock's name (``.run.mechkit-lock`` holding "my notes") is no lock: never truncated, never removed.
 
-    >>> is_lock_text(b"1234\n"), is_lock_text(b""), is_lock_text(b"my notes")
-    (True, True, False)
+    >>> is_lock_text(b"1234\n"), is_lock_text(b""), is_lock_text(b"my notes"), is_lock_text(b"  7 \n")
+    (True, True, False, False)
     """
     return _LOCK_TEXT.fullmatch(data) is not None

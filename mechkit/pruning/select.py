@@ -204,9 +204,11 @@ def select_heads(scores: np.ndarray, anatomy: Anatomy, fraction: float, allocati
     return {layer: sorted(v) for layer, v in removed.items()}
 
 
-def select_layers(scores: np.ndarray, fraction: float) -> list[int]:
+def select_layers(scores: np.ndarray, fraction: float, keep: frozenset[int] = frozenset()) -> list[int]:
+    """The blocks to remove whole, the least important first; none of ``keep`` (those holding protected heads)."""
     k = min(int(round(fraction * len(scores))), len(scores) - 1)
-    return sorted(np.argsort(scores, kind="stable")[:k].tolist())
+    order = [layer for layer in np.argsort(scores, kind="stable").tolist() if layer not in keep]
+    return sorted(order[:k])
 
 
 def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str = "uniform",
@@ -223,8 +225,13 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
     fractions = None
     if allocation == "sensitivity" and not sparsity.get("neurons"):
         allocation = "global"
+    protected = frozenset(map(tuple, scores.protected_heads))  # never removed, whatever the fraction
     if sparsity.get("layers"):  # first: the heads and channels of a layer removed whole are no more to remove
-        plan.layers = select_layers(scores.layers, sparsity["layers"])
+        keep = frozenset(layer for layer, _ in protected)  # a layer removed whole takes its protected heads along
+        plan.layers = select_layers(scores.layers, sparsity["layers"], keep)
+        if strict and keep:
+            _refuse_short({0: plan.layers}, {0: select_layers(scores.layers, sparsity["layers"])},
+                          sparsity["layers"], len(protected), "layers")
     skip = frozenset(plan.layers)
     if allocation == "sensitivity":
         if sensitivity is None:
@@ -239,7 +246,6 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
     if sparsity.get("neurons"):
         plan.mlp = select_neurons(scores.mlp, sparsity["neurons"], allocation, fractions, skip)
     if sparsity.get("heads"):
-        protected = frozenset(map(tuple, scores.protected_heads))  # never removed, whatever the fraction
         plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip, protected)
         if strict and protected:
             _refuse_short(plan.heads, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip),
@@ -247,14 +253,18 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
     return plan
 
 
-def _refuse_short(heads: dict[int, list[int]], unguarded: dict[int, list[int]], fraction: float, n: int) -> None:
-    """Refuse (one line) a level whose heads the protected ones keep from being removed: the plan had removed
-    protected heads (``--protect-top-k`` promises never), and removing only the others falls short of the level."""
-    got, asked = sum(map(len, heads.values())), sum(map(len, unguarded.values()))
+def _refuse_short(units: dict[int, list[int]], unguarded: dict[int, list[int]], fraction: float, n: int,
+                  target: str = "heads") -> None:
+    """Refuse (one line) a level the protected heads keep from being met: the plan had removed protected heads,
+    or the layers holding them (``--protect-top-k`` promises never), and removing only the others falls short."""
+    got, asked = sum(map(len, units.values())), sum(map(len, unguarded.values()))
     if got < asked:
-        raise MechkitError(f"--sparsity heads={fraction:g} asks for {asked} heads, and with the {n} that "
-                           f"--protect-top-k keeps only {got} can go",
-                           "lower --sparsity heads, or --protect-top-k")
+        why = (f"with the {n} that --protect-top-k keeps only {got} can go" if target == "heads" else
+               f"only {got} hold none of the {n} heads --protect-top-k keeps (a layer goes whole, its heads with it)")
+        raise MechkitError(f"--sparsity {target}={fraction:g} asks for {asked} {target}, and {why}",
+                           f"lower --sparsity {target} to remove at most {got}, or lower --protect-top-k" if got else
+                           f"lower --protect-top-k (it keeps all the {target} that could go), or drop {target} from "
+                           "--target")
 
 
 def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
