@@ -30,7 +30,7 @@ from mechkit.taskarith import TaskVector
     ("select-tasks", {"target": "capitalize", "workers": 2}, "--workers sets the validation fine-tunes"),
     # prune --target neurons --gqa group and --guide induction --protect-top-k 3: no head pruned, nothing read
     ("prune", {"target": "neurons", "gqa": "group"}, "--gqa sets how heads are pruned, and --target neurons"),
-    ("prune", {"target": "neurons,layers", "guide": "induction", "protect_top_k": 3}, "--protect-top-k sets how heads"),
+    ("prune", {"target": "neurons", "guide": "induction", "protect_top_k": 3}, "--protect-top-k keeps heads"),
     # prune --target heads --allocation sensitivity went global, silently (MLP sensitivity spreads neurons alone)
     ("prune", {"target": "heads", "allocation": "sensitivity"}, "--allocation sensitivity spreads MLP channels"),
     ("prune", {"target": "heads,layers", "guide": "wanda@sensitivity"}, "--guide wanda@sensitivity spreads MLP"),

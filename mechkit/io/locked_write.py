@@ -26,10 +26,13 @@ def write_locked(path: str | os.PathLike[str], data: bytes | str, writer: str) -
     """
     from mechkit.io.atomic import write_atomic
     from mechkit.io.fs_errors import one_line_errors
+    from mechkit.io.out import refuse_dot_dot_past_missing
     from mechkit.io.outlock import out_lock
     from mechkit.io.replace import refuse_foreign_file
 
     with one_line_errors():  # a full disk: one line, as the CLI gives, not an OSError traceback
+        if isinstance(path, str | os.PathLike):  # `f/../page.html`: "mkdir -p f/.." could never be done
+            refuse_dot_dot_past_missing(Path(path), "file", "the path")
         refuse_foreign_file(path, writer)  # never a model's or another run's file
         if not isinstance(path, str | os.PathLike) or Path(path).is_dir() or not Path(path).parent.is_dir():
             return write_atomic(path, data)  # refuses a non-path, a directory or a missing folder in one line

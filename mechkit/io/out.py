@@ -76,7 +76,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
                            "choose another --out") from err
     refuse_protected(path, kind, inputs)  # after the kind checks: "a file, not a directory" says more
     refuse_mount_point(path)
-    refuse_dot_dot_past_missing(path)
+    refuse_dot_dot_past_missing(path, kind)
     if kind == "dir" and force:
         refuse_mounted_inside(path)
     _probe_writable(path)
@@ -114,7 +114,7 @@ def refuse_unresolvable(path: Path) -> None:
                                "remove the link or choose another --out") from None
 
 
-def refuse_dot_dot_past_missing(path: Path) -> None:
+def refuse_dot_dot_past_missing(path: Path, kind: Literal["dir", "file"] = "dir", flag: str = "--out") -> None:
     """One line where ``path`` goes back (``..``) out of a name that is no folder (``U/nosuch/../data``): the
     system stops at ``nosuch``, so every check of what is there found nothing, and the write, which resolves the
     path as text, replaced ``U/data``'s report or the user's own files without ``--force``. Asked after the
@@ -122,9 +122,13 @@ def refuse_dot_dot_past_missing(path: Path) -> None:
     parts = Path(path).parts
     for i, part in enumerate(parts[1:], 1):
         if part == ".." and not os.path.isdir(Path(*parts[:i])):
-            raise MechkitError(f"--out {path} goes back (..) out of {Path(*parts[:i])}, which is no folder, so the "
+            meant = Path(os.path.realpath(path))  # links resolved as the system does, the rest as text
+            if kind == "file" and meant.is_dir():
+                meant = meant / "name.safetensors"
+            raise MechkitError(f"{flag} {path} goes back (..) out of {Path(*parts[:i])}, which is no folder, so the "
                                "system cannot follow it and mechkit cannot check what is there",
-                               f"name the place without the .. (--out {os.path.normpath(path)})")
+                               f"name the place without the .. ({flag} {meant})" if kind == "dir" else
+                               f"name the file without the .. (e.g. {flag} {meant})")
 
 
 def refuse_mount_point(path: Path) -> None:

@@ -120,8 +120,11 @@ def prune_targets(cls: Any, parsed: dict) -> None:
                        "heads to --target")
         layers_reconstruct(parsed["reconstruct"], spec, "--reconstruct")
     if "heads" not in targets:
-        refuse_ignored(cls, parsed, ("gqa", "protect_top_k"), f"sets how heads are pruned, and {spec} prunes none",
+        refuse_ignored(cls, parsed, ("gqa",), f"sets how heads are pruned, and {spec} prunes none",
                        f"drop it, or add heads: {target_fix(parsed, 'heads')}")
+    if not {"heads", "layers"} & set(targets):  # a layer holding a protected head is kept whole
+        refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps heads (and the layers holding them), and {spec} "
+                       "removes neither", f"drop it, or add heads: {target_fix(parsed, 'heads')}")
     overrides = [g for g in parsed["guide"] if g.partition("@")[2]]  # GUIDE@ALLOCATION
     if not {"neurons", "heads"} & set(targets):
         refuse_ignored(cls, parsed, ("allocation",), f"spreads neurons and heads over the layers, and {spec} "

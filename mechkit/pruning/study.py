@@ -83,7 +83,7 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
-def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency") -> str:
+def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency", protects: bool = False) -> str:
     """The fix for a budget no plan reaches: raise it (to about what the cheapest plan reached), or add the
     unit types not pruned yet, naming them only where some are left (all three given: only the budget).
 
@@ -95,6 +95,9 @@ def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency"
     ratios = [c["cost_ratio"] for c in candidates if isinstance(c.get("cost_ratio"), int | float)]
     if ratios and min(ratios) >= 1:  # --budget stays below 1: raising it cannot reach a plan no faster than dense
         other = "--budget-unit flops, or " if unit == "latency" else ""
+        if protects:  # --protect-top-k may keep every unit the targets hold: nothing else would help
+            return ("no plan tried removed anything or was cheaper than the dense model: lower --protect-top-k, "
+                    "which keeps the top heads and the layers holding them")
         fix = (f"no plan tried was cheaper than the dense model (the cheapest reached {min(ratios):.2f} of its "
                f"{unit}), so no --budget below 1 is met: pass {other}--sparsity instead of --budget")
         return fix + (f"; or add targets: --target {','.join([*targets, *_missing(targets)])}"
@@ -388,7 +391,8 @@ class PruneStudy:
         within = [c for c in candidates if c["calib_accuracy"] is not None]
         if not within:
             raise MechkitError(f"no plan of {', '.join(self.targets)} reaches {budget} of the dense {unit}",
-                               budget_fix(self.targets, candidates, unit))
+                               budget_fix(self.targets, candidates, unit,
+                                          guide.partition("@")[0] in ("induction", "combined") and self.protect_top_k > 0))
         chosen = max(within, key=lambda c: c["calib_accuracy"])
         sparsity = dict(chosen["sparsity"])
         for _ in range(BUDGET_RETRIES):  # the reported row must meet the budget; noise can put it just over
