@@ -19,7 +19,7 @@ from mechkit.errors import MechkitError
 from mechkit.io.read import read_plain
 from mechkit.io.remove import discard_tree, remove_beneath
 
-JOURNAL_LIMIT = 2**24  # a journal lists a set's entries (a few dozen; 50,000 fill a tenth): larger is no journal
+JOURNAL_LIMIT = 2**24  # a set's entries, about 106 bytes each (short names); half of it is the most recorded
 TOO_MANY = "too many to list"  # a journal's entries where the set held more than a journal holds
 LINK = "\0"  # what ends a link's entry in a folder's walk (tree_files): no file name holds it
 MANIFEST = ".mechkit-files"  # inside a directory mechkit wrote: the names it wrote there (JSON list)
