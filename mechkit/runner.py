@@ -24,6 +24,7 @@ from mechkit.executors import check_execution
 from mechkit.io.fs_errors import one_line_errors, refuse_over_file_size_limit
 from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
+from mechkit.io.patharg import text_path
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.io.reads import recording
@@ -144,10 +145,10 @@ def load_run(path: str | Path) -> Run:
     """
     from mechkit.report import load_report
 
-    if not isinstance(path, (str, os.PathLike)):
+    p = text_path(path)
+    if p is None:
         raise MechkitError(f"mk.load_report takes a run directory or its report.json, not {type(path).__name__}",
                            "pass a path, e.g. mk.load_report(\"mechkit-runs/inspect-1\")")
-    p = Path(path)
     report = load_report(p)
     from mechkit.report.show import run_dir_of
 
@@ -319,7 +320,7 @@ def run_plugin(
         with contextlib.ExitStack() as stack:
             if out is not None:
                 try:
-                    out_dir = Path(os.fspath(out)) if isinstance(out, (str, os.PathLike)) else None
+                    out_dir = text_path(out)
                 except Exception:  # noqa: BLE001 - a path object whose own __fspath__ raises
                     out_dir = None
                 if out_dir is None:

@@ -91,11 +91,16 @@ def check_json_target(target: str | None, report: str) -> None:
 
     if not target:
         return
+    if target.endswith("/"):  # resolve() drops the slash: the figures went to a file of the folder's name
+        raise MechkitError(f"--json {target} ends with /, which names a folder", "name a file, e.g. --json rho.json")
     path, run_dir = Path(target).resolve(), Path(report).resolve()
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
     if path.is_relative_to(run_dir):
         raise MechkitError(f"--json {target} is inside the run directory {run_dir}, whose files are the run's",
                            "write the figures elsewhere, e.g. --json rho.json")
+    from mechkit.io.out import refuse_dot_dot_past_missing
+
+    refuse_dot_dot_past_missing(Path(target), "file", "--json")  # nosuch/../x: found only after minutes of features
     from mechkit.io.atomic import refuse_special_file
 
     refuse_special_file(path)  # a pipe or a device named as --json: the rename would replace it with a file

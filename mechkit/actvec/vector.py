@@ -128,9 +128,11 @@ class ActivationVector:
         """Write ``path`` atomically: a temporary file in the same directory, then renamed over it
         (an interrupted save leaves the previous file, and no temporary file, behind). A model's file or
         one of another run's set is never replaced (:func:`mechkit.io.replace.refuse_foreign_file`)."""
+        from mechkit.io.atomic import file_path
         from mechkit.io.locked_write import write_locked
         from mechkit.io.replace import refuse_foreign_file
 
+        path = file_path(path)  # bytes or `x/`: decoded or refused before anything reads it
         refuse_foreign_file(path, "the activation vector")  # before the bytes are made
         return write_locked(path, self.to_bytes(path), "the activation vector")
 
@@ -140,7 +142,9 @@ class ActivationVector:
         from safetensors import safe_open
 
         from mechkit.io.outlock import settle_interrupted
+        from mechkit.io.patharg import path_arg
 
+        path = path_arg(path, "ActivationVector.load", 'ActivationVector.load("v.safetensors")')  # bytes decoded
         settle_interrupted(Path(path).parent)  # a killed --force write of the run holding it: its old set back first
         if not Path(path).is_file():
             what = "is not a regular file (a FIFO, device or folder)" if Path(path).exists() else "does not exist"

@@ -328,8 +328,9 @@ class Scheduler:
     def load(cls, path: str | Path) -> Scheduler:
         """A scheduler saved by ``mechkit adapt`` (``scheduler.json`` in its run directory)."""
         from mechkit.io.outlock import settle_interrupted
+        from mechkit.io.patharg import path_arg
 
-        path = Path(path)
+        path = path_arg(path, "Scheduler.load", 'Scheduler.load("runs/adapt/scheduler.json")')  # bytes decoded
         settle_interrupted(path if path.is_dir() else path.parent)  # a killed --force write of its run: rolled back
         if path.is_dir():
             path = path / "scheduler.json"

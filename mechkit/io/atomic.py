@@ -105,15 +105,42 @@ def _file_target(path: object) -> Path:
     """``path`` as a :class:`Path` a file can be renamed onto, else one line naming it and the fix: a save
     given a directory, a folder that does not exist or a non-path would otherwise raise a bare OSError
     or TypeError (and a rename onto a directory fails only after the whole file is written)."""
-    if not isinstance(path, str | os.PathLike) or not str(os.fspath(path)).strip():
-        raise MechkitError(f"cannot write a file to {path!r}", "pass a file path (a str or pathlib.Path) in a folder that exists")
-    target = Path(path)
+    target = file_path(path)
     if target.is_dir():
         raise MechkitError(f"{target} is a directory, not a file name", f"name a file inside it, e.g. {target / 'out'}")
     if not target.parent.is_dir():
         raise MechkitError(f"the folder {target.parent} does not exist", f"create it first (mkdir -p {target.parent})")
     refuse_special_file(target)
     return target
+
+
+def file_path(path: object) -> Path:
+    """``path`` as a text :class:`Path` naming a file, else one line: not a path, empty, or ending in ``/``.
+
+    A PathLike whose ``__fspath__`` gives bytes is decoded as the system does (``Path`` raised a raw
+    TypeError on it), and ``x/`` is refused: ``Path`` drops the slash, and the save wrote the file ``x``
+    where the caller had named a folder.
+
+    >>> file_path(b"runs/page.html").name
+    'page.html'
+    >>> try:
+    ...     file_path("/tmp/")
+    ... except MechkitError as err:
+    ...     print(err)
+    /tmp/ ends with /, which names a folder, not a file — name a file inside it, e.g. /tmp/page.html
+    """
+    from mechkit.io.patharg import path_text
+
+    if isinstance(path, bytes | os.PathLike):
+        path = path_text(path)
+    if not isinstance(path, str) or not path.strip():
+        raise MechkitError(f"cannot write a file to {path!r}", "pass a file path (a str or pathlib.Path) in a folder that exists")
+    if path.endswith(("/", os.sep)):
+        meant = Path(os.path.realpath(path.rstrip("/") or "/"))
+        raise MechkitError(f"{path} ends with /, which names a folder, not a file",
+                           f"name a file inside it, e.g. {meant / 'page.html'}" if meant.is_dir() else
+                           f"drop the / ({meant})")
+    return Path(path)
 
 
 def refuse_special_file(target: Path) -> None:

@@ -222,6 +222,7 @@ def _plan(out: Path) -> tuple[_Journal, list[str] | None] | None:
         return None
     if not read.tmp.is_dir() or read.tmp.is_symlink():
         return read, None
+    _refuse_swapped_folder(out, read.names)  # first: every name below is looked up through that folder
     moved = [n for n in read.install if not os.path.lexists(read.tmp / n) and os.path.lexists(out / n)]
     _refuse_changed(out, moved, read.entries)  # before anything moves: the user's files are never the roll-back's
     _refuse_in_the_way(out, read.tmp / ".previous", read.names, moved)
@@ -267,3 +268,17 @@ def _refuse_changed(out: Path, moved: list[str], entries: dict[str, list] | str 
         listed = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
         raise MechkitError(f"cannot roll back the write killed in {out}: it would delete {listed}, which that write "
                            "did not put there", f"move {'those' if len(named) > 1 else 'it'} out of {out}, then rerun")
+
+
+def _refuse_swapped_folder(out: Path, names: list[str]) -> None:
+    """Refuse (one line) where the folder holding a ``FOLDER/NAME`` the killed write touched is now a link or a
+    file: its entries were read through the link and matched, and the roll-back then refused to delete through it
+    with "holds a mount point", which sent the user looking for a mount (or put an old file back through it)."""
+    for name in names:
+        folder = name.partition("/")[0]
+        if "/" in name and os.path.lexists(out / folder) and (os.path.islink(out / folder)
+                                                              or not (out / folder).is_dir()):
+            kind = "link" if os.path.islink(out / folder) else "file"
+            raise MechkitError(f"cannot roll back the write killed in {out}: {out / folder}, the folder holding "
+                               f"{name.partition('/')[2]} of that write, is now a {kind}",
+                               f"move that {kind} out of {out} and make {out / folder} a folder again, then rerun")

@@ -24,17 +24,17 @@ def write_locked(path: str | os.PathLike[str], data: bytes | str, writer: str) -
     >>> sorted(q.name for q in p.parent.iterdir())   # no lock file left
     ['page.html']
     """
-    from mechkit.io.atomic import write_atomic
+    from mechkit.io.atomic import file_path, write_atomic
     from mechkit.io.fs_errors import one_line_errors
     from mechkit.io.out import refuse_dot_dot_past_missing
     from mechkit.io.outlock import out_lock
     from mechkit.io.replace import refuse_foreign_file
 
+    path = file_path(path)  # a non-path, bytes, `x/`: one line (or decoded) before any check reads it
     with one_line_errors():  # a full disk: one line, as the CLI gives, not an OSError traceback
-        if isinstance(path, str | os.PathLike):  # `f/../page.html`: "mkdir -p f/.." could never be done
-            refuse_dot_dot_past_missing(Path(path), "file", "the path")
+        refuse_dot_dot_past_missing(path, "file", "the path")  # `f/../page.html`: "mkdir -p f/.." could never be done
         refuse_foreign_file(path, writer)  # never a model's or another run's file
-        if not isinstance(path, str | os.PathLike) or Path(path).is_dir() or not Path(path).parent.is_dir():
+        if path.is_dir() or not path.parent.is_dir():
             return write_atomic(path, data)  # refuses a non-path, a directory or a missing folder in one line
         with out_lock(path):
             refuse_foreign_file(path, writer)  # again: a run may have installed its set meanwhile

@@ -39,6 +39,9 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     """
     if kind not in ("dir", "file"):
         raise ValueError(f"kind must be 'dir' or 'file', not {kind!r}")
+    from mechkit.io.patharg import path_text
+
+    path = path_text(path) or path  # a PathLike giving bytes: Path() raised a raw TypeError on it
     if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
         raise MechkitError(f"--out {str(path)!r} holds a control character (a newline, a tab…)",
                            "choose a path without them")
@@ -48,7 +51,7 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
     refuse_non_utf8(path)
     if kind == "file" and os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: a file would appear
         raise MechkitError(f"--out {os.fspath(path)} ends with /, which names a directory, and this --out is a file",
-                           f"name the file, e.g. --out {Path(path) / 'name.safetensors'}")
+                           _slash_fix(os.fspath(path), "--out", "name.safetensors"))
     path = Path(path)
 
     check_name_lengths(path)
@@ -84,6 +87,15 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 
     refuse_in_use(path)  # known now, not after the work: the lock of a file writer is taken when it saves
     return path
+
+
+def _slash_fix(text: str, flag: str, example: str) -> str:
+    """The fix for a file path ending in ``/``: a file inside it where it is a folder, else the path without the
+    slash, named as the system resolves it (never a file under a file, never a ``..`` past a missing name)."""
+    meant = Path(os.path.realpath(text.rstrip("/") or "/"))
+    if meant.is_dir():
+        return f"name a file inside it, e.g. {flag} {meant / example}"
+    return f"drop the / ({flag} {meant})"
 
 
 def refuse_non_utf8(path: str | os.PathLike[str]) -> None:
@@ -127,6 +139,8 @@ def refuse_dot_dot_past_missing(path: Path, kind: Literal["dir", "file"] = "dir"
                 meant = meant / "name.safetensors"
             raise MechkitError(f"{flag} {path} goes back (..) out of {Path(*parts[:i])}, which is no folder, so the "
                                "system cannot follow it and mechkit cannot check what is there",
+                               f"choose another {flag}, without the .. ({meant}, where it leads, is a file)"
+                               if kind == "dir" and os.path.lexists(meant) and not meant.is_dir() else
                                f"name the place without the .. ({flag} {meant})" if kind == "dir" else
                                f"name the file without the .. (e.g. {flag} {meant})")
 

@@ -7,11 +7,13 @@ or a model object already in memory. Failures become one :class:`ModelLoadError`
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from mechkit.errors import MechkitError, ModelLoadError, first_line
+from mechkit.io.patharg import text_path
 from mechkit.io.quiet import quietly
 from mechkit.model.anatomy import discover_anatomy
 from mechkit.model.backends import ndif
@@ -106,6 +108,8 @@ def load_model(spec: Any, device: str | None = None, dtype: Any = None, tokenize
         backend = handle_backend(spec, backend, remote)  # left out: the handle's own; another one: refused
         remote = None
     backend = check_backend(backend)
+    if isinstance(spec, bytes | os.PathLike) and not isinstance(spec, Path):  # b"dir", or a PathLike giving bytes
+        spec = text_path(spec) or spec
     if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
         raise ModelLoadError(f"tokenizer must be a tokenizer (callable on text, with .decode), not "
                              f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...), or leave it out")
@@ -165,7 +169,7 @@ def _resolve(spec: Any, torch_dtype, tokenizer: Any, placed: Dispatch | None = N
                                      "pass it without device_map/max_memory/offload_folder")
             name = getattr(spec.config, "_name_or_path", "") or type(spec).__name__
             return spec, tokenizer, name, None, f"<object {type(spec).__name__}>"
-        raise ModelLoadError(f"cannot load a model from a {type(spec).__name__}",
+        raise ModelLoadError(f"cannot load a model from a value of type {type(spec).__name__}",
                              "pass a spec string, a path or a transformers model object")
     text = str(spec)
     if text in EMBEDDED_ALIASES:

@@ -81,7 +81,7 @@ def prune(cls: Any, parsed: dict) -> None:
             refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
                            "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
         guides = guides[:1]
-    if not {"induction", "combined"} & set(guides):
+    if not {"induction", "combined"} & set(guides) and parsed["protect_top_k"]:  # 0 asks for no protection: kept
         refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
                        f"and the run's guides ({','.join(guides)}) hold neither",
                        f"drop --protect-top-k, or {guide_fix(parsed, 'induction')}{heads_fix(parsed)}")
@@ -122,7 +122,7 @@ def prune_targets(cls: Any, parsed: dict) -> None:
     if "heads" not in targets:
         refuse_ignored(cls, parsed, ("gqa",), f"sets how heads are pruned, and {spec} prunes none",
                        f"drop it, or add heads: {target_fix(parsed, 'heads')}")
-    if not {"heads", "layers"} & set(targets):  # a layer holding a protected head is kept whole
+    if not {"heads", "layers"} & set(targets) and parsed["protect_top_k"]:  # a layer holding a protected head is kept whole; 0: none
         refuse_ignored(cls, parsed, ("protect_top_k",), f"keeps heads (and the layers holding them), and {spec} "
                        "removes neither", f"drop it, or add heads: {target_fix(parsed, 'heads')}")
     overrides = [g for g in parsed["guide"] if g.partition("@")[2]]  # GUIDE@ALLOCATION
@@ -153,9 +153,11 @@ def sparsity_targets(cls: Any, parsed: dict, spec: str) -> None:
     named = [part.partition("=")[0].strip() for part in text.split(",") if "=" in part]
     twice = next((t for t in named if named.count(t) > 1), None)
     if twice is not None:  # one level: the last fraction replaced the others unsaid
+        given = ",".join(dict.fromkeys(part.partition("=")[2].strip() for part in text.split(",")
+                                       if part.partition("=")[0].strip() == twice))  # the user's own fractions
         raise OptionError(f"--sparsity {text} names {twice} twice, and TARGET=F pairs are one level (the last "
                           f"{twice}= alone would be used)", f"give {twice}= once; for several levels of {twice} pass "
-                          f"fractions with --target {twice} (--sparsity 0.2,0.3)")
+                          f"fractions with --target {twice} (--target {twice} --sparsity {given})")
     outside = [t for t in dict.fromkeys(named) if t not in parsed["target"]]
     if outside:
         pairs = dict(part.replace(" ", "").split("=", 1) for part in text.split(","))
@@ -211,9 +213,10 @@ def guide_fix(parsed: dict, guide: str) -> str:
 
 
 def heads_fix(parsed: dict) -> str:
-    """The rest of --protect-top-k's fix where --target prunes no heads (a guide alone would protect nothing)."""
+    """The rest of --protect-top-k's fix where --target prunes neither heads nor layers (it keeps the heads, and
+    the layers holding them: a guide alone would protect nothing)."""
     targets = parsed["target"]
-    return "" if "heads" in targets else f", with {target_fix(parsed, 'heads')}"
+    return "" if {"heads", "layers"} & set(targets) else f", with {target_fix(parsed, 'heads')}"
 
 
 def target_fix(parsed: dict, target: str) -> str:
@@ -348,11 +351,12 @@ def prune_model(anatomy: Any, targets, gqa: str) -> None:
 
 def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str], allocation: str, gqa: str) -> None:
     """A --sparsity that removes no unit of this model, in one line before any work (it rounds to none: a row
-    labelled with it and a saved "pruned" model equal to the dense one), naming the smallest that removes one."""
-    from mechkit.pruning.select import removes_nothing
+    labelled with it and a saved "pruned" model equal to the dense one), naming the smallest that removes one;
+    and one that asks for more than the model can lose (a row labelled 0.9 that removed half), naming the most."""
+    from mechkit.pruning.select import past_reach, removes_nothing
 
     for level in levels:
         for alloc in dict.fromkeys(g.partition("@")[2] or allocation for g in guides):
-            found = removes_nothing(anatomy, level, alloc, gqa)
+            found = removes_nothing(anatomy, level, alloc, gqa) or past_reach(anatomy, level, alloc, gqa)
             if found is not None:
                 raise OptionError(*found)

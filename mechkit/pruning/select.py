@@ -14,6 +14,7 @@ removed as a layer.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -262,9 +263,10 @@ def _refuse_short(units: dict[int, list[int]], unguarded: dict[int, list[int]], 
         why = (f"with the {n} that --protect-top-k keeps only {got} can go" if target == "heads" else
                f"only {got} hold none of the {n} heads --protect-top-k keeps (a layer goes whole, its heads with it)")
         raise MechkitError(f"--sparsity {target}={fraction:g} asks for {asked} {target}, and {why}",
-                           f"lower --sparsity {target} to remove at most {got}, or lower --protect-top-k" if got else
-                           f"lower --protect-top-k (it keeps all the {target} that could go), or drop {target} from "
-                           "--target")
+                           f"lower --sparsity {target} to remove at most {got}, or lower --protect-top-k "
+                           "(--protect-top-k 0 keeps none)" if got else
+                           f"lower --protect-top-k (it keeps all the {target} that could go; --protect-top-k 0 keeps "
+                           f"none), or drop {target} from --target")
 
 
 def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
@@ -313,3 +315,65 @@ def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str =
     raised = [t for t in fixed if fixed[t] != level.get(t)]
     them = f"give it {fixed[raised[0]]:g} or more" if len(raised) == 1 else "raise " + " and ".join(raised)
     return "; ".join(said), f"{them} (--sparsity {','.join(f'{t}={v:g}' for t, v in fixed.items())})"
+
+
+
+def past_reach(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
+               gqa: str = "slot") -> tuple[str, str] | None:
+    """Why a fraction in ``level`` asks for more units than this model can lose, and the fix (each such fraction
+    lowered to the most it can remove, the others kept); ``None`` where each can be met. A model keeps a layer,
+    each layer an MLP channel, and each layer a head per key/value group (``--gqa slot``) or one group (``--gqa
+    group``): ``--sparsity heads=0.9`` removed 4 of 8 heads under a row labelled 0.9. Counted as the selectors
+    count (:func:`select_heads`, :func:`select_neurons`): ``uniform`` per layer, the others over the layers kept.
+
+    >>> from types import SimpleNamespace as NS
+    >>> a = NS(n_layers=2, n_heads=4, n_groups=2, n_kv_heads=2, d_mlp=64)
+    >>> past_reach(a, {"heads": 0.9})[1]
+    'give it 0.5 or less (--sparsity heads=0.5)'
+    >>> past_reach(a, {"heads": 0.6}) is None   # one slot of two heads per layer: rounding, not a cap
+    True
+    """
+    L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
+    g, n_kv = anatomy.n_groups, anatomy.n_kv_heads
+    size, why = ((g, "each layer keeps a key/value group") if gqa == "group" and g > 1 else
+                 (n_kv, "each key/value group keeps a head") if g > 1 else (1, "each layer keeps a head"))
+    kept = L - min(int(round(level.get("layers", 0) * L)), L - 1)
+    per_layer = allocation == "uniform"
+    fixed, said = dict(level), []
+    for target, fraction in level.items():
+        if target == "layers":  # (steps, most steps, units per step, n units, why, unit)
+            steps, most, unit_size, n, reason, unit = round(fraction * L), L - 1, 1, L, "a model keeps a layer", "layers"
+        elif target == "neurons":
+            n = d if per_layer else kept * d
+            steps, most, unit_size, reason, unit = round(fraction * n), n - (1 if per_layer else kept), 1, \
+                "each layer keeps an MLP channel", "MLP channels"
+        else:
+            n = H if per_layer else kept * H
+            steps = round(fraction * H / size) if per_layer else round(fraction * n)
+            most = (H - size) // size if per_layer else (H - size) * kept
+            unit_size, reason, unit = size if per_layer else 1, why, "heads"
+        if steps <= most or most <= 0:  # none at all is removes_nothing's to say
+            continue
+        fixed[target] = _at_most(most, n // unit_size)
+        of = (f"of each layer's {n} {unit}" if per_layer and target != "layers" else f"of this model's {n} {unit}"
+              if target == "layers" or kept == L else f"of the {n} {unit} in the {kept} layer{'s' * (kept > 1)} kept")
+        said.append(f"--sparsity {target}={fraction:g} asks for {steps * unit_size} {of}, and {reason}, so at most "
+                    f"{most * unit_size} can go")
+    if not said:
+        return None
+    lowered = [t for t in fixed if fixed[t] != level[t]]
+    them = f"give it {fixed[lowered[0]]:g} or less" if len(lowered) == 1 else "lower " + " and ".join(lowered)
+    return "; ".join(said), f"{them} (--sparsity {','.join(f'{t}={v:g}' for t, v in fixed.items())})"
+
+
+def _at_most(count: int, n: int) -> float:
+    """The shortest fraction that removes exactly ``count`` of ``n`` (cut down, never rounded up past it).
+
+    >>> _at_most(2, 3), _at_most(2000, 3000), _at_most(1, 2)
+    (0.66, 0.6666, 0.5)
+    """
+    for places in range(2, 10):
+        value = math.floor(count / n * 10**places) / 10**places
+        if int(round(value * n)) == count:
+            return value
+    return count / n

@@ -97,7 +97,7 @@ def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency"
         other = "--budget-unit flops, or " if unit == "latency" else ""
         if protects:  # --protect-top-k may keep every unit the targets hold: nothing else would help
             return ("no plan tried removed anything or was cheaper than the dense model: lower --protect-top-k, "
-                    "which keeps the top heads and the layers holding them")
+                    "which keeps the top heads and the layers holding them (--protect-top-k 0 keeps none)")
         fix = (f"no plan tried was cheaper than the dense model (the cheapest reached {min(ratios):.2f} of its "
                f"{unit}), so no --budget below 1 is met: pass {other}--sparsity instead of --budget")
         return fix + (f"; or add targets: --target {','.join([*targets, *_missing(targets)])}"

@@ -24,6 +24,7 @@ from typing import Any
 
 from mechkit import __version__
 from mechkit.errors import MechkitError
+from mechkit.io.runfile import MAX_RUN_FILE_BYTES
 
 SCHEMA = "mechkit.report/v1"
 
@@ -47,7 +48,7 @@ _REQUIRED: dict[str, tuple[type, ...]] = {
 NONFINITE = ("null", "keep")
 
 
-MAX_REPORT_BYTES = 32 * 2**20  # a run's largest report is about 1 MB: the writer refuses more, a reader too
+MAX_REPORT_BYTES = MAX_RUN_FILE_BYTES  # a run's largest report is about 1 MB: the writer refuses more, a reader too
 MAX_INT = int(sys.float_info.max)  # the largest integer a reader takes: each turns numbers into floats
 MAX_DEPTH = 100  # containers inside containers a report may hold: a run's deepest (views) is 4; past it, no report
 

@@ -48,31 +48,9 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     A missing, unreadable or malformed file raises :class:`MechkitError` with one line naming it.
     """
-    p = Path(path)
-    from mechkit.io.outlock import settle_interrupted
+    from mechkit.io.runfile import read_run_file
 
-    settle_interrupted(p if p.is_dir() else p.parent)  # a killed --force write: its old set back whole
-    if p.is_dir():
-        p = p / "report.json"
-        if p.is_symlink():  # a run's report is its own file: a link could carry any local JSON into a page
-            raise MechkitError(f"{p} is a symlink, not the run's own report",
-                               "pass the file it points to as PATH if you trust it")
-    if os.path.lexists(p) and not p.is_file():  # a FIFO would block the read, a device never end
-        raise MechkitError(f"{p} is not a regular file", "pass a report.json written by a mechkit run")
-    if not p.is_file():
-        raise MechkitError(
-            f"no report at {p}", "pass a run directory (under ./mechkit-runs/) or its report.json"
-        )
-    size = p.stat().st_size
-    if size > MAX_REPORT_BYTES:  # refused before reading: a crafted file must fail fast, not after minutes
-        raise MechkitError(f"{p} is {size / 2**20:.0f} MB, more than a report's limit of "
-                           f"{MAX_REPORT_BYTES // 2**20} MB", "pass a report.json written by a mechkit run")
-    from mechkit.io.read import read_regular
-
-    data = read_regular(os.path.realpath(p), MAX_REPORT_BYTES)  # a PATH the user named may be a link
-    if data is None:  # it changed since the checks above: now a FIFO, a device or larger
-        raise MechkitError(f"{p} is no longer a regular file of at most {MAX_REPORT_BYTES // 2**20} MB",
-                           "pass a report.json written by a mechkit run")
+    p, data = read_run_file(path, MAX_REPORT_BYTES)  # settled, its own regular file, capped, links not followed
     try:
         report = json.loads(data.decode("utf-8"), parse_int=_float_sized_int)
     except json.JSONDecodeError as err:

@@ -238,8 +238,9 @@ class TaskVector:
         from safetensors import safe_open
 
         from mechkit.io.outlock import settle_interrupted
+        from mechkit.io.patharg import path_arg
 
-        path = Path(path)
+        path = path_arg(path, "TaskVector.load", 'TaskVector.load("v.safetensors")')  # bytes decoded; no path: refused
         settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
         if not path.is_file():
             if os.path.lexists(path):  # a directory, a FIFO, a device or a broken link: there, but no vector
@@ -285,7 +286,12 @@ def check_vector_out(out: str | Path, force: bool, inputs: tuple = ()) -> Path:
     import os
 
     from mechkit.io.fs_errors import NAME_MAX, SUFFIX_ROOM
+    from mechkit.io.patharg import path_text
 
+    out = path_text(out)  # a PathLike giving bytes decoded, a trailing / kept (check_out refuses it)
+    if out is None:
+        raise MechkitError("TaskVector.save takes a path (a str or pathlib.Path)", 'pass one, e.g. '
+                           'vector.save("v.safetensors")')
     longest = NAME_MAX - SUFFIX_ROOM - len(".json")
     if len(os.fsencode(Path(out).name)) > longest:
         raise MechkitError(f"the file name of --out {str(out)[:40]}… is {len(os.fsencode(Path(out).name))} bytes; with the "

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mechkit.errors import MechkitError
+from mechkit.errors import MechkitError, first_line
 
 if TYPE_CHECKING:
     from mechkit.model.handle import ModelHandle
@@ -26,15 +26,17 @@ if TYPE_CHECKING:
 
 def load_report(path: str | Path) -> dict:
     """A select-tasks ``report.json`` (``path`` is the file or its run directory), checked for gains."""
-    path = Path(path)
-    path = path / "report.json" if path.is_dir() else path
+    from mechkit.io.runfile import MAX_RUN_FILE_BYTES, read_run_file
+
+    fix = "pass a select-tasks run directory or its report.json"
+    path, data = read_run_file(path, MAX_RUN_FILE_BYTES, fix=fix)  # settled; never a FIFO, never past a link
     try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise MechkitError(f"cannot read {path}: {err}", "pass a select-tasks run directory or its report.json") \
-            from None
-    if report.get("plugin") != "select-tasks":
-        raise MechkitError(f"{path} is a {report.get('plugin')!r} report, not select-tasks",
+        report = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise MechkitError(f"cannot read {path}: {first_line(err, 160)}", fix) from None
+    if not isinstance(report, dict) or report.get("plugin") != "select-tasks":
+        kind = f"a {report.get('plugin')!r} report" if isinstance(report, dict) else "no report"
+        raise MechkitError(f"{path} is {kind}, not select-tasks",
                            "pass a select-tasks run directory")
     check_shape(report, path)
     if not any((r.get("transfer") or {}).get("gain") for r in report["results"]["targets"].values()):

@@ -669,10 +669,42 @@ def refuse_more_layers_than_weights(path: Path) -> None:
             f"{_numbers(sorted(held))}{past}); those would be random", "re-export the model with all its weights: "
             f"layer {gaps[0]}'s tensors are missing from the safetensors, which no layer count in config.json can fill")
     if held and wanted > max(held) + 1:
+        n = max(held) + 1
+        lacking = f"layer {n}" if wanted == n + 1 else f"layers {n}–{wanted - 1}"
+        if not _shapes_fit(path, n):  # a pruned model whose config lost its entry: no layer count would load it
+            raise ModelLoadError(
+                f"the weights in {path} lack {lacking} (config.json asks for {wanted:,} layers), and the layers they "
+                "hold do not have the shapes config.json gives them", "use the config.json saved with these weights "
+                "(a pruned model's has a mechkit_pruning entry), or re-export the directory")
         raise ModelLoadError(
-            f"the weights in {path} lack layers {max(held) + 1}–{wanted - 1}: config.json asks for {wanted:,} layers "
-            f"and they hold {max(held) + 1}; those would be random", "re-export the model with all its weights, "
-            f"or set {layer_fields(path)} in config.json to the {max(held) + 1} layers the weights hold")
+            f"the weights in {path} lack {lacking}: config.json asks for {wanted:,} layers "
+            f"and they hold {n}; those would be random", "re-export the model with all its weights, "
+            f"or set {layer_fields(path)} in config.json to the {n} layer{'s' * (n > 1)} the weights hold")
+
+
+def _shapes_fit(path: Path, n_layers: int) -> bool:
+    """Whether every tensor the safetensors hold has the shape a model built from ``path``'s config with
+    ``n_layers`` layers gives it (built on the meta device: no memory, no random values); True where that cannot
+    be asked (a config transformers cannot build), so the layer count alone is said."""
+    try:
+        import torch
+        from safetensors import safe_open
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        text = config.get_text_config()
+        key = next(k for k in _LAYER_COUNT_KEYS if isinstance(getattr(text, k, None), int))
+        setattr(text, key, n_layers)
+        with torch.device("meta"), load_report_muted():
+            shapes = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - no __iter__
+                    if name in shapes and tuple(f.get_slice(name).get_shape()) != shapes[name]:
+                        return False
+    except Exception:  # noqa: BLE001 - not askable: the layer count is the finding
+        return True
+    return True
 
 
 def _numbers(values: list[int], limit: int = 8) -> str:

@@ -191,6 +191,13 @@ def _check_folder(folder: str | os.PathLike) -> Path:
     fix = "choose an --offload-folder in a writable place (e.g. one on a local disk under your home)"
     if path.exists() and not path.is_dir():
         raise DispatchError(f"--offload-folder {path} is a file, not a folder", fix)
+    from mechkit.errors import MechkitError
+    from mechkit.io.out import refuse_dot_dot_past_missing
+
+    try:  # nosuch/../OF: the system stops at nosuch, and making the folder made nosuch too (left behind)
+        refuse_dot_dot_past_missing(path, "dir", "--offload-folder")
+    except MechkitError as err:
+        raise DispatchError(err.problem, err.fix) from None
     existing = path
     while not existing.exists():
         existing = existing.parent
