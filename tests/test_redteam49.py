@@ -112,13 +112,14 @@ def _mqa(tmp_path):
 def test_gqa_group_on_one_kv_group_per_layer_is_refused_and_its_fix_prunes(tmp_path, monkeypatch):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
     model = _mqa(tmp_path)
-    common = dict(model=str(model), guide="magnitude", tasks="capitalize", n=2, calib=2, repeats=1, target="heads",
+    common = dict(model=str(model), guide="magnitude", tasks="capitalize", n=2, calib=2, repeats=1,
                   console=Console(file=io.StringIO()))
-    for level in ({"sparsity": "0.6"}, {"budget": 0.8, "budget_unit": "flops"}):
+    for level in ({"sparsity": "0.6", "target": "heads"},  # a budget searches mixes with neurons or layers (pass 54)
+                  {"budget": 0.8, "budget_unit": "flops", "target": "neurons,heads"}):
         with pytest.raises(MechkitError, match="has one such group per layer") as err:
             mk.run("prune", gqa="group", out=tmp_path / "o", **common, **level)
         assert err.value.fix.startswith("drop --gqa group")
-    run = mk.run("prune", sparsity="0.6", out=tmp_path / "fixed", **common)
+    run = mk.run("prune", sparsity="0.6", target="heads", out=tmp_path / "fixed", **common)
     assert run.report["results"]["rows"][0]["plan"]["counts"]["heads"] > 0
 
 
@@ -157,8 +158,9 @@ def test_a_fraction_no_value_below_one_reaches_says_drop_the_target():
     from mechkit.pruning.select import removes_nothing
 
     a = SimpleNamespace(n_layers=2, n_heads=4, n_kv_heads=1, n_groups=4, d_mlp=64)
-    why, fix = removes_nothing(a, {"heads": 0.3}, "uniform", "group")
-    assert "no fraction below 1 would" in why and fix == "drop heads from --target"
+    why, fix = removes_nothing(a, {"heads": 0.3}, "uniform", "group")  # heads alone: dropping it leaves no target
+    assert "no fraction below 1 would" in why and fix == "prune what this model can lose instead: --target neurons"
+    assert removes_nothing(a, {"heads": 0.3, "neurons": 0.3}, "uniform", "group")[1] == "drop heads from --target"
 
 
 def test_a_scheduler_refused_on_a_one_block_model_never_sends_the_user_to_adapt_there(monkeypatch):

@@ -67,8 +67,10 @@ def _prune(tmp_path, name, **options):
 def test_one_unit_per_layer_is_refused_whatever_the_fraction(shape, target, allocation):
     a = SimpleNamespace(n_layers=2, n_kv_heads=shape["n_heads"], n_groups=1, **shape)
     for fraction in (0.3, 0.6, 0.9):
-        found = removes_nothing(a, {target: fraction}, allocation)
-        assert found is not None and found[1] == f"drop {target} from --target", found
+        found = removes_nothing(a, {target: fraction}, allocation)  # the only target: dropping it leaves none
+        other = "neurons" if target == "heads" else "heads" if a.n_heads > 1 else "layers"
+        assert found is not None and found[1] == f"prune what this model can lose instead: --target {other}", found
+        assert removes_nothing(a, {target: fraction, "layers": 0.5}, allocation)[1] == f"drop {target} from --target"
 
 
 def test_the_fix_for_one_target_of_a_bare_fraction_keeps_the_others(tmp_path, monkeypatch):

@@ -79,7 +79,7 @@ def test_a_layer_holding_a_protected_head_is_never_removed_and_a_level_it_blocks
     with pytest.raises(MechkitError, match="only 0 hold none of the 2 heads --protect-top-k keeps") as err:
         make_plan(_scores(((0, 1), (1, 2))), anatomy, {"layers": 0.5}, strict=True)
     assert err.value.fix == ("lower --protect-top-k (it keeps all the layers that could go; --protect-top-k 0 keeps "
-                             "none), or drop layers from --target")
+                             "none)")  # layers is the only target: dropping it would leave --target empty
 
 
 def test_when_protection_leaves_no_head_the_fix_never_says_lower_the_sparsity():

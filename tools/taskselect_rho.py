@@ -16,6 +16,7 @@ different features and a warning line).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -93,6 +94,9 @@ def check_json_target(target: str | None, report: str) -> None:
         return
     if target.endswith("/"):  # resolve() drops the slash: the figures went to a file of the folder's name
         raise MechkitError(f"--json {target} ends with /, which names a folder", "name a file, e.g. --json rho.json")
+    from mechkit.io.fs_errors import check_name_lengths
+
+    check_name_lengths(target, "--json")  # with the temporary copy's suffix: refused before the features, not after
     path, run_dir = Path(target).resolve(), Path(report).resolve()
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
     if path.is_relative_to(run_dir):
@@ -118,7 +122,8 @@ def write_json(path: Path, out: dict) -> None:
         tmp.write_text(json.dumps(out, indent=2))
         os.replace(tmp, path)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the name the write failed on may fail here too
+            tmp.unlink(missing_ok=True)
         raise MechkitError(f"cannot write --json {path}: {err.strerror}", "name a writable file, e.g. --json rho.json") \
             from None
 

@@ -141,12 +141,16 @@ class ActivationVector:
         """Read a saved vector; with ``handle``, check that it fits that model."""
         from safetensors import safe_open
 
+        from mechkit.io.fs_errors import one_line_errors
         from mechkit.io.outlock import settle_interrupted
-        from mechkit.io.patharg import path_arg
+        from mechkit.io.patharg import path_arg, reader_path
 
-        path = path_arg(path, "ActivationVector.load", 'ActivationVector.load("v.safetensors")')  # bytes decoded
-        settle_interrupted(Path(path).parent)  # a killed --force write of the run holding it: its old set back first
-        if not Path(path).is_file():
+        example = 'ActivationVector.load("v.safetensors")'
+        path = reader_path(path_arg(path, "ActivationVector.load", example), "the activation vector", example)
+        with one_line_errors(reading=True):  # a folder that cannot be searched: one line, not an OSError
+            settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
+            found = path.is_file()
+        if not found:
             what = "is not a regular file (a FIFO, device or folder)" if Path(path).exists() else "does not exist"
             raise MechkitError(f"the vector file {path} {what}", "pass a .safetensors file written by icl-vectors")
         fix = "pass a file saved by icl-vectors"

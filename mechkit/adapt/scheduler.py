@@ -327,16 +327,16 @@ class Scheduler:
     @classmethod
     def load(cls, path: str | Path) -> Scheduler:
         """A scheduler saved by ``mechkit adapt`` (``scheduler.json`` in its run directory)."""
-        from mechkit.io.outlock import settle_interrupted
         from mechkit.io.patharg import path_arg
+        from mechkit.io.runfile import MAX_RUN_FILE_BYTES, read_run_file
 
+        fix = "pass the scheduler.json of a `mechkit adapt` run (or its directory)"
         path = path_arg(path, "Scheduler.load", 'Scheduler.load("runs/adapt/scheduler.json")')  # bytes decoded
-        settle_interrupted(path if path.is_dir() else path.parent)  # a killed --force write of its run: rolled back
-        if path.is_dir():
-            path = path / "scheduler.json"
+        # settled (a killed --force write of its run rolled back), its own regular file (a FIFO had hung), capped
+        path, raw = read_run_file(path, MAX_RUN_FILE_BYTES, "scheduler.json", "scheduler", fix)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
+            data = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as err:
             raise MechkitError(f"cannot read a scheduler from {path} ({type(err).__name__}: {err})",
                                "pass the scheduler.json of a `mechkit adapt` run (or its directory)") from None
         check_scheduler_data(data, str(path))  # every field's type and range: a wrong one runs silently wrong

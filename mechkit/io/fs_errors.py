@@ -42,11 +42,20 @@ PATH_MAX = 4096  # bytes in a whole path on Linux
 INNER_ROOM = 64  # what a run writes inside --out: model/model.safetensors, .previous/…
 
 
-def describe(err: OSError) -> MechkitError | None:
-    """The one-line error for an environment :class:`OSError` (``None`` for other kinds: a bug, re-raised)."""
+READ_FIXES = {errno.EACCES: "make it readable (chmod) or pass another path",
+              errno.EPERM: "make it readable (chmod) or pass another path",
+              errno.ELOOP: "remove the link loop or pass another path"}  # else: "check the path"
+
+
+def describe(err: OSError, reading: bool = False) -> MechkitError | None:
+    """The one-line error for an environment :class:`OSError` (``None`` for other kinds: a bug, re-raised);
+    ``reading``: met reading a path the user named (a report, a vector), whose fix is never "choose an --out"."""
     why = _WHY.get(err.errno or 0)
     if why is None:
         return None
+    if reading:
+        where = err.filename if err.filename is not None else "a file mechkit was reading"
+        return MechkitError(f"cannot read {where}: {why[0]}", READ_FIXES.get(err.errno or 0, "check the path"))
     where = err.filename if err.filename is not None else "a file mechkit was writing"
     fix = why[1]
     if err.errno == errno.EFBIG:
@@ -90,7 +99,7 @@ def _is_file(name: str | bytes | int) -> bool:
         return False
 
 
-def one_line(err: BaseException) -> MechkitError | None:
+def one_line(err: BaseException, reading: bool = False) -> MechkitError | None:
     """:func:`describe` of the environment error underneath ``err`` (an OSError, or safetensors' wrapper of
     one), chained from it; ``None`` for a bug. The CLI prints it, and the Python API raises it
     (:func:`mechkit.runner.run_plugin`, :func:`mechkit.io.locked_write.write_locked`), so a full disk is the
@@ -98,7 +107,7 @@ def one_line(err: BaseException) -> MechkitError | None:
     if isinstance(err, MechkitError):
         return None
     found = os_error_of(err) if isinstance(err, Exception) else None
-    line = describe(found) if found is not None else None
+    line = describe(found, reading) if found is not None else None
     if line is not None:
         if found is not err:
             found.__cause__ = err
@@ -107,12 +116,12 @@ def one_line(err: BaseException) -> MechkitError | None:
 
 
 @contextlib.contextmanager
-def one_line_errors() -> Iterator[None]:
+def one_line_errors(reading: bool = False) -> Iterator[None]:
     """Raise :func:`one_line` of an environment error inside (chained from the OSError); others pass."""
     try:
         yield
     except Exception as err:
-        line = one_line(err)
+        line = one_line(err, reading)
         if line is None:
             raise
         raise line from line.__cause__
@@ -148,19 +157,19 @@ def refuse_over_file_size_limit(n_bytes: int, what: str) -> None:
                        "raise your file-size limit (ulimit -f unlimited) before the run")
 
 
-def check_name_lengths(path: str | os.PathLike[str]) -> None:
+def check_name_lengths(path: str | os.PathLike[str], flag: str = "--out") -> None:
     """Refuse (one line) a path with a component too long for the file system once mechkit adds its
-    temporary suffix, before any work rather than at the last rename."""
+    temporary suffix, before any work rather than at the last rename; ``flag`` names the option."""
     refuse_missing_cwd()
     for part in Path(path).parts:
         size = len(os.fsencode(part))
         if size > NAME_MAX - SUFFIX_ROOM:
-            raise MechkitError(f"the name {part[:40]}… in --out is {size} bytes long; the file system allows "
+            raise MechkitError(f"the name {part[:40]}… in {flag} is {size} bytes long; the file system allows "
                                f"{NAME_MAX} and mechkit needs {SUFFIX_ROOM} more for its temporary copies",
                                f"choose a name of at most {NAME_MAX - SUFFIX_ROOM} bytes")
     whole = len(os.fsencode(os.path.abspath(path)))  # the writers use the absolute, resolved path
     if whole > PATH_MAX - SUFFIX_ROOM - INNER_ROOM:
-        raise MechkitError(f"--out {str(path)[:40]}… is {whole} bytes long as a full path; Linux allows {PATH_MAX} "
+        raise MechkitError(f"{flag} {str(path)[:40]}… is {whole} bytes long as a full path; Linux allows {PATH_MAX} "
                            f"and mechkit needs {SUFFIX_ROOM + INNER_ROOM} more for the files it writes there",
                            f"choose a path of at most {PATH_MAX - SUFFIX_ROOM - INNER_ROOM} bytes")
 

@@ -37,7 +37,11 @@ def lock_path(out_dir: str | os.PathLike[str]) -> Path:
 def real_place(path: str | os.PathLike[str]) -> Path:
     """``path`` with symlinks and ``..`` resolved and a bind mount's name taken through its file system's own
     mount: the one name of a place that every lock is named by."""
-    return canonical_place(Path(os.path.realpath(Path(path).expanduser())))
+    try:
+        path = Path(path).expanduser()
+    except RuntimeError:  # ~user of a user with no home: the name as it is (the caller's own check says so)
+        path = Path(path)
+    return canonical_place(Path(os.path.realpath(path)))
 
 
 class OutInUseError(MechkitError):

@@ -105,6 +105,7 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
         refuse_locked_ancestor(real, out_dir)
         refuse_locked_below(real, out_dir)  # a live run writing a folder inside it (that --force would replace)
         clean_leftovers(real.parent, real.name, locked=True)  # a killed writer's temp dirs and half-installed set
+        _recover_as_named(out_dir, real)
         clean_dead_locks(real)  # a killed run's lock of a folder inside, which no live run holds (checked above)
         yield path
     finally:
@@ -113,6 +114,19 @@ def out_lock(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
             path.unlink()  # while still locked: whoever opened it meanwhile retries on the new file
         os.close(fd)
         _remove_empty(created)  # those the run left empty (a written report keeps its parents)
+
+
+def _recover_as_named(out_dir: str | os.PathLike[str], real: Path) -> None:
+    """Roll back, under ``real``'s lock, a killed write's journal beside ``out_dir`` as named, where that name now
+    leads elsewhere (the user moved the folder and put a link to it in its place): the journal is beside the name
+    the write had, so readers said "no report" while the old set waited, and a writer committed over the half set
+    without a word, its journal left to block the next read."""
+    from mechkit.io.journal import journal_path, recover
+
+    given = Path(os.path.abspath(os.fspath(out_dir)))
+    with contextlib.suppress(OSError):
+        if given != real and journal_path(given).exists():
+            recover(given)  # through the link: the half set is where the name leads
 
 
 def _write_pid(fd: int, path: Path, out_dir: str | os.PathLike[str]) -> None:
@@ -274,8 +288,13 @@ def settle_interrupted(directory: str | os.PathLike[str]) -> None:
     from mechkit.io.journal import journal_path
 
     real = real_place(directory)  # through a bind mount of the run's folder: the journal beside its own name
-    for place in dict.fromkeys((real, real.parent, real.parent.parent)):  # OUT/model is in OUT's set, and
-        if journal_path(place).exists():  # OUT/FOLDER/NAME may be (a set's names go one folder deep)
+    given = Path(os.path.abspath(os.fspath(directory)))  # a folder moved and linked: the journal beside the link
+    for place in dict.fromkeys((real, real.parent, real.parent.parent, given, given.parent, given.parent.parent)):
+        try:  # OUT/model is in OUT's set, and OUT/FOLDER/NAME may be (a set's names go one folder deep)
+            found = journal_path(place).exists()
+        except OSError:  # a name too long to look up: no journal of mechkit's is there
+            continue
+        if found:
             _settle(directory, place)
 
 

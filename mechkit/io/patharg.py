@@ -58,3 +58,46 @@ def path_arg(value: object, what: str, example: str) -> Path:
         raise MechkitError(f"{what} takes a path (a str or pathlib.Path), not {type(value).__name__}",
                            f"pass one, e.g. {example}")
     return path
+
+
+def expand_user(path: str | os.PathLike[str], what: str = "the path") -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded; one line where it names a user with no home
+    (``~nosuchuser/r``): :meth:`Path.expanduser` raised RuntimeError, a traceback from every reader.
+
+    >>> expand_user("runs/a")
+    PosixPath('runs/a')
+    """
+    from mechkit.errors import MechkitError
+
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        first = os.fspath(path).split("/")[0]
+        raise MechkitError(f"{what} {os.fspath(path)} starts with {first}, which names no user with a home "
+                           "directory here", "spell the path out (an absolute path, or ~/ for your own home)") from None
+
+
+def reader_path(value: object, what: str, example: str) -> Path:
+    """The path a reader of a file (a report, a vector, a scheduler) was given, checked before any look-up: a
+    path at all (:func:`path_arg`), ``~user`` expanded (:func:`expand_user`), and no name longer than the file
+    system allows, each refused in one line. A long name had raised a raw OSError from the first look-up (in
+    the API), or "choose a shorter --out" (on the command line, for a command with no --out).
+
+    >>> try:
+    ...     reader_path("a" * 300, "the report", 'mk.load_report("runs/a")')
+    ... except Exception as err:
+    ...     print(str(err)[-69:])
+    it is 300 bytes long, and the file system allows 255 — check the path
+    """
+    from mechkit.errors import MechkitError
+    from mechkit.io.fs_errors import NAME_MAX, PATH_MAX
+
+    path = expand_user(path_arg(value, what, example), what)
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > NAME_MAX or len(os.fsencode(os.fspath(path))) > PATH_MAX:
+        shown = os.fspath(path)
+        why = (f"a name in it is {longest} bytes long, and the file system allows {NAME_MAX}" if longest > NAME_MAX
+               else f"it is longer than the {PATH_MAX} bytes the system allows")
+        raise MechkitError(f"cannot look up {what} {shown[:60]}{'…' if len(shown) > 60 else ''}: {why}",
+                           "check the path")
+    return path

@@ -31,11 +31,18 @@ def read_run_file(path: str | os.PathLike[str], limit: int, name: str = "report.
     ...     print(str(err).replace(str(run), "RUN"))
     RUN/pipe.json is not a regular file — pass a report.json written by a mechkit run
     """
+    from mechkit.io.fs_errors import one_line_errors
+    from mechkit.io.patharg import reader_path
+
+    p = reader_path(path, f"the {what}", f"a run directory such as mechkit-runs/NAME, or its {name}")
+    with one_line_errors(reading=True):  # a folder above that cannot be searched: one line, in the API too
+        return _read(p, limit, name, what, fix)
+
+
+def _read(p: Path, limit: int, name: str, what: str, fix: str) -> tuple[Path, bytes]:
     from mechkit.io.outlock import settle_interrupted
-    from mechkit.io.patharg import text_path
     from mechkit.io.read import read_regular
 
-    p = text_path(path) or Path(path)
     settle_interrupted(p if p.is_dir() else p.parent)  # a killed --force write: its old set back whole
     if p.is_dir():
         p = p / name

@@ -80,6 +80,11 @@ def prune(cls: Any, parsed: dict) -> None:
         if len(guides) > 1:
             refuse_ignored(cls, parsed, ("guide",), f"names {len(guides)} guides, and --budget searches the plan of "
                            "the first alone", f"pass one guide (--guide {parsed['guide'][0]}), or drop --budget")
+        from mechkit.pruning.study import unsearched
+
+        none = unsearched(parsed["target"])  # known from the options: refused before the model loads
+        if none is not None:
+            raise OptionError(*none)
         guides = guides[:1]
     if not {"induction", "combined"} & set(guides) and parsed["protect_top_k"]:  # 0 asks for no protection: kept
         refuse_ignored(cls, parsed, ("protect_top_k",), f"protects heads under the induction and combined guides, "
@@ -155,9 +160,18 @@ def sparsity_targets(cls: Any, parsed: dict, spec: str) -> None:
     if twice is not None:  # one level: the last fraction replaced the others unsaid
         given = ",".join(dict.fromkeys(part.partition("=")[2].strip() for part in text.split(",")
                                        if part.partition("=")[0].strip() == twice))  # the user's own fractions
-        raise OptionError(f"--sparsity {text} names {twice} twice, and TARGET=F pairs are one level (the last "
-                          f"{twice}= alone would be used)", f"give {twice}= once; for several levels of {twice} pass "
-                          f"fractions with --target {twice} (--target {twice} --sparsity {given})")
+        why = (f"--sparsity {text} names {twice} twice, and TARGET=F pairs are one level (the last {twice}= alone "
+               "would be used)")
+        if set(named) == {twice} and list(parsed["target"]) == [twice]:  # a list of fractions keeps every level
+            raise OptionError(why, f"give {twice}= once; for several levels of {twice} pass fractions with --target "
+                              f"{twice} (--target {twice} --sparsity {given})")
+        pairs = dict(part.replace(" ", "").split("=", 1) for part in text.split(",") if "=" in part)  # last wins
+        fraction = pairs[named[0]]
+        with contextlib.suppress(ValueError):  # as unnamed_targets gives a --target part no pair names
+            fraction = fraction if float(fraction) >= 0.5 else "0.5"
+        pairs.update((t, fraction) for t in parsed["target"] if t not in pairs)
+        raise OptionError(why, f"give {twice}= once (--sparsity {','.join(f'{t}={v}' for t, v in pairs.items())}); "
+                          f"several levels of a mix of targets are separate runs, one --sparsity each")
     outside = [t for t in dict.fromkeys(named) if t not in parsed["target"]]
     if outside:
         pairs = dict(part.replace(" ", "").split("=", 1) for part in text.split(","))
@@ -353,10 +367,9 @@ def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str]
     """A --sparsity that removes no unit of this model, in one line before any work (it rounds to none: a row
     labelled with it and a saved "pruned" model equal to the dense one), naming the smallest that removes one;
     and one that asks for more than the model can lose (a row labelled 0.9 that removed half), naming the most."""
-    from mechkit.pruning.select import past_reach, removes_nothing
+    from mechkit.pruning.select import fit_levels
 
-    for level in levels:
-        for alloc in dict.fromkeys(g.partition("@")[2] or allocation for g in guides):
-            found = removes_nothing(anatomy, level, alloc, gqa) or past_reach(anatomy, level, alloc, gqa)
-            if found is not None:
-                raise OptionError(*found)
+    for alloc in dict.fromkeys(g.partition("@")[2] or allocation for g in guides):
+        found = fit_levels(anatomy, levels, alloc, gqa)  # both checks, every level: one fix that passes them all
+        if found is not None:
+            raise OptionError(*found)

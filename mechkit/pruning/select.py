@@ -232,7 +232,7 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
         plan.layers = select_layers(scores.layers, sparsity["layers"], keep)
         if strict and keep:
             _refuse_short({0: plan.layers}, {0: select_layers(scores.layers, sparsity["layers"])},
-                          sparsity["layers"], len(protected), "layers")
+                          sparsity["layers"], len(protected), "layers", others=sum(map(bool, sparsity.values())) > 1)
     skip = frozenset(plan.layers)
     if allocation == "sensitivity":
         if sensitivity is None:
@@ -250,14 +250,15 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
         plan.heads = select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip, protected)
         if strict and protected:
             _refuse_short(plan.heads, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip),
-                          sparsity["heads"], len(protected))
+                          sparsity["heads"], len(protected), others=sum(map(bool, sparsity.values())) > 1)
     return plan
 
 
 def _refuse_short(units: dict[int, list[int]], unguarded: dict[int, list[int]], fraction: float, n: int,
-                  target: str = "heads") -> None:
+                  target: str = "heads", others: bool = True) -> None:
     """Refuse (one line) a level the protected heads keep from being met: the plan had removed protected heads,
-    or the layers holding them (``--protect-top-k`` promises never), and removing only the others falls short."""
+    or the layers holding them (``--protect-top-k`` promises never), and removing only the others falls short.
+    ``others``: --target names more than ``target``, so dropping it leaves a run (alone, it left --target empty)."""
     got, asked = sum(map(len, units.values())), sum(map(len, unguarded.values()))
     if got < asked:
         why = (f"with the {n} that --protect-top-k keeps only {got} can go" if target == "heads" else
@@ -266,7 +267,7 @@ def _refuse_short(units: dict[int, list[int]], unguarded: dict[int, list[int]], 
                            f"lower --sparsity {target} to remove at most {got}, or lower --protect-top-k "
                            "(--protect-top-k 0 keeps none)" if got else
                            f"lower --protect-top-k (it keeps all the {target} that could go; --protect-top-k 0 keeps "
-                           f"none), or drop {target} from --target")
+                           "none)" + (f", or drop {target} from --target" if others else ""))
 
 
 def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
@@ -281,6 +282,13 @@ def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str =
     >>> removes_nothing(a, {"layers": 0.1})
     ('--sparsity layers=0.1 removes no layer of this 2-layer model', 'give it 0.5 or more (--sparsity layers=0.5)')
     """
+    found = _too_few(anatomy, level, allocation, gqa)
+    return None if found is None else (found[0], _fix_text(level, found[1], "more", "raise"))
+
+
+def _too_few(anatomy: Anatomy, level: dict[str, float], allocation: str,
+             gqa: str) -> tuple[str, dict[str, float] | str] | None:
+    """:func:`removes_nothing`'s why and its fixed level (or ``"drop X from --target"`` where no fraction helps)."""
     L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
     whole = allocation == "uniform"  # "sensitivity" spreads one rounded total, as "global" does (_counts)
     size = (anatomy.n_groups if gqa == "group" and anatomy.n_groups > 1 else anatomy.n_kv_heads
@@ -298,24 +306,44 @@ def removes_nothing(anatomy: Anatomy, level: dict[str, float], allocation: str =
                                     "this model's layers" if whole else "this model")}[target]
         if target == "layers" and L == 1:
             return (f"--sparsity layers={fraction:g} removes no layer of this 1-layer model: a model keeps at least "
-                    "one", "drop layers from --target")
+                    "one", _drop("layers", level, anatomy, gqa))
         if target == "heads" and H == 1 or target == "neurons" and d == 1:
             return (f"--sparsity {target}={fraction:g} removes no {unit} of this model: each layer keeps at least one, "
-                    "and has one", f"drop {target} from --target")
+                    "and has one", _drop(target, level, anatomy, gqa))
         removed = min(int(round(fraction * L)), L - 1) if target == "layers" else int(round(fraction * n))
         if removed > 0 or not n:
             continue
         if 1 / n >= 1:  # no fraction below 1 reaches one unit
             return (f"--sparsity {target}={fraction:g} removes no {unit} of {where}, and no fraction below 1 would",
-                    f"drop {target} from --target")
+                    _drop(target, level, anatomy, gqa))
         fixed[target] = float(f"{1 / n:.3g}")
         said.append(f"--sparsity {target}={fraction:g} removes no {unit} of {where}")
-    if not said:
-        return None
-    raised = [t for t in fixed if fixed[t] != level.get(t)]
-    them = f"give it {fixed[raised[0]]:g} or more" if len(raised) == 1 else "raise " + " and ".join(raised)
-    return "; ".join(said), f"{them} (--sparsity {','.join(f'{t}={v:g}' for t, v in fixed.items())})"
+    return ("; ".join(said), fixed) if said else None
 
+
+def _drop(target: str, level: dict[str, float], anatomy: Anatomy, gqa: str) -> str:
+    """The fix for a target this model cannot lose a unit of: drop it where other targets remain, else name a unit
+    type it can lose (dropping the only target left ``--target`` empty, which is refused)."""
+    if any(t != target and v for t, v in level.items()):
+        return f"drop {target} from --target"
+    can = {"layers": anatomy.n_layers > 1, "neurons": anatomy.d_mlp > 1,
+           "heads": anatomy.n_heads > 1 and not (gqa == "group" and anatomy.n_kv_heads == 1)}
+    others = [t for t in TARGETS if t != target and can.get(t)]
+    return (f"prune what this model can lose instead: --target {others[0]}" if others else
+            "this model has no unit mechkit can prune: choose another model")
+
+
+def _fix_text(level: dict[str, float], fixed: dict[str, float] | str, way: str, verb: str) -> str:
+    """``give it F or {way}`` (one fraction changed) or ``{verb} A and B``, then the pairs to pass."""
+    if isinstance(fixed, str):
+        return fixed
+    changed = [t for t in fixed if fixed[t] != level.get(t)]
+    them = f"give it {fixed[changed[0]]:g} or {way}" if len(changed) == 1 else f"{verb} " + " and ".join(changed)
+    return f"{them} (--sparsity {_pairs(fixed)})"
+
+
+def _pairs(level: dict[str, float]) -> str:
+    return ",".join(f"{t}={v:g}" for t, v in level.items())
 
 
 def past_reach(anatomy: Anatomy, level: dict[str, float], allocation: str = "uniform",
@@ -333,6 +361,13 @@ def past_reach(anatomy: Anatomy, level: dict[str, float], allocation: str = "uni
     >>> past_reach(a, {"heads": 0.6}) is None   # one slot of two heads per layer: rounding, not a cap
     True
     """
+    found = _too_many(anatomy, level, allocation, gqa)
+    return None if found is None else (found[0], _fix_text(level, found[1], "less", "lower"))
+
+
+def _too_many(anatomy: Anatomy, level: dict[str, float], allocation: str,
+              gqa: str) -> tuple[str, dict[str, float]] | None:
+    """:func:`past_reach`'s why and its fixed level."""
     L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
     g, n_kv = anatomy.n_groups, anatomy.n_kv_heads
     size, why = ((g, "each layer keeps a key/value group") if gqa == "group" and g > 1 else
@@ -359,11 +394,97 @@ def past_reach(anatomy: Anatomy, level: dict[str, float], allocation: str = "uni
               if target == "layers" or kept == L else f"of the {n} {unit} in the {kept} layer{'s' * (kept > 1)} kept")
         said.append(f"--sparsity {target}={fraction:g} asks for {steps * unit_size} {of}, and {reason}, so at most "
                     f"{most * unit_size} can go")
-    if not said:
+    return ("; ".join(said), fixed) if said else None
+
+
+def _fit(anatomy: Anatomy, level: dict[str, float], allocation: str,
+         gqa: str) -> tuple[str, dict[str, float] | str, list[str]] | None:
+    """The problems of ``level`` (both checks), the level fitted to pass both (or a ``drop X from --target``), and
+    the checks that found them; ``None`` where it passes. Raising or lowering layers changes the layers kept, and
+    so what the heads and channels can lose: the two fixes repeat until both pass."""
+    few, many = _too_few(anatomy, level, allocation, gqa), _too_many(anatomy, level, allocation, gqa)
+    if few is None and many is None:
         return None
-    lowered = [t for t in fixed if fixed[t] != level[t]]
-    them = f"give it {fixed[lowered[0]]:g} or less" if len(lowered) == 1 else "lower " + " and ".join(lowered)
-    return "; ".join(said), f"{them} (--sparsity {','.join(f'{t}={v:g}' for t, v in fixed.items())})"
+    why = "; ".join(f[0] for f in (few, many) if f is not None)
+    if few is not None and isinstance(few[1], str):
+        return why, few[1], ["few"]
+    fixed: dict[str, float] = dict(level)
+    for _ in range(4):
+        up = _too_few(anatomy, fixed, allocation, gqa)
+        if up is not None:
+            if isinstance(up[1], str):
+                return why, up[1], ["few"]
+            fixed = up[1]
+        down = _too_many(anatomy, fixed, allocation, gqa)
+        if down is not None:
+            fixed = down[1]
+        if up is None and down is None:
+            break
+    return why, fixed, [name for name, f in (("few", few), ("many", many)) if f is not None]
+
+
+def _passes(anatomy: Anatomy, level: dict[str, float], allocation: str, gqa: str) -> bool:
+    return _too_few(anatomy, level, allocation, gqa) is None and _too_many(anatomy, level, allocation, gqa) is None
+
+
+def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str = "uniform",
+               gqa: str = "slot") -> tuple[str, str] | None:
+    """Why some level of a sweep removes no unit of a target, or asks for more than this model can lose (both
+    checks, :func:`removes_nothing` and :func:`past_reach`, every level), and one fix that passes both for each;
+    ``None`` where every level passes. One level gets its ``TARGET=F`` pairs; several levels (a list of fractions,
+    each every target's) get the whole list back, each bad level replaced by one fraction that passes for every
+    target (or, where none does, the advice to run it on its own with pairs).
+
+    >>> from types import SimpleNamespace as NS
+    >>> a = NS(n_layers=2, n_heads=4, n_groups=2, n_kv_heads=2, d_mlp=128)
+    >>> fit_levels(a, [{"neurons": 0.999, "heads": 0.2}])[1]
+    'lower neurons to 0.99 and raise heads to 0.5 (--sparsity neurons=0.99,heads=0.5)'
+    >>> fit_levels(a, [{"heads": 0.3}, {"heads": 0.9}])[1]
+    'use 0.5 for 0.9 (--sparsity 0.3,0.5)'
+    """
+    found = [(level, _fit(anatomy, level, allocation, gqa)) for level in levels]
+    bad = [(level, f) for level, f in found if f is not None]
+    if not bad:
+        return None
+    why = "; ".join(f[0] for _, f in bad)
+    drop = next((f[1] for _, f in bad if isinstance(f[1], str)), None)
+    if drop is not None:
+        return why, drop
+    if len(levels) == 1:
+        level, (_, fixed, checks) = bad[0]
+        if len(checks) == 1 and fixed == (_too_few if checks == ["few"] else _too_many)(
+                anatomy, level, allocation, gqa)[1]:  # one check, one pass: its own words
+            return why, _fix_text(level, fixed, "more" if checks == ["few"] else "less",
+                                  "raise" if checks == ["few"] else "lower")
+        return why, _both_text(level, fixed)
+    values, replaced, alone = [], [], []
+    for level, f in found:
+        old = next(iter(level.values()))
+        if f is None:
+            values.append(old)
+            continue
+        fixed = f[1]
+        options = sorted(dict.fromkeys([old, *fixed.values()]), key=lambda v: (abs(v - old), v))
+        single = next((v for v in options if _passes(anatomy, dict.fromkeys(level, v), allocation, gqa)), None)
+        if single is None:
+            alone.append((old, fixed))
+        else:
+            values.append(single)
+            replaced.append(f"use {single:g} for {old:g}")
+    rest = ",".join(f"{v:g}" for v in dict.fromkeys(values))
+    if not alone:
+        return why, f"{', '.join(replaced)} (--sparsity {rest})"
+    runs = " and ".join(f"--sparsity {_pairs(fixed)}" for _, fixed in alone)
+    which = ", ".join(f"{old:g}" for old, _ in alone)
+    return why, (f"no one fraction passes for every target at {which}: run it on its own with a fraction per "
+                 f"target ({runs})" + (f", and the others as the list (--sparsity {rest})" if rest else ""))
+
+
+def _both_text(level: dict[str, float], fixed: dict[str, float]) -> str:
+    """``lower A to F and raise B to G (--sparsity ...)``: the fitted level, each change said."""
+    changes = [f"{'lower' if fixed[t] < level[t] else 'raise'} {t} to {fixed[t]:g}" for t in fixed
+               if fixed[t] != level.get(t)]
+    return f"{' and '.join(changes)} (--sparsity {_pairs(fixed)})"
 
 
 def _at_most(count: int, n: int) -> float:

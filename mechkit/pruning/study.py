@@ -84,11 +84,12 @@ def compute_now(_key: str, compute: Callable[[], Any]) -> Any:
 
 
 def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency", protects: bool = False) -> str:
-    """The fix for a budget no plan reaches: raise it (to about what the cheapest plan reached), or add the
-    unit types not pruned yet, naming them only where some are left (all three given: only the budget).
+    """The fix for a budget no plan reaches: raise it (to about what the cheapest plan reached). Adding unit types
+    to --target is not offered: whether pruning more kinds reaches the budget is not known without searching
+    them (``--target heads`` under ``--budget 0.2`` was told to add neurons and layers, which reached 0.29).
 
     >>> budget_fix(["neurons"], [{"cost_ratio": 0.62}])
-    'raise --budget (the cheapest plan tried reached 0.62), or add targets: --target neurons,heads,layers'
+    'raise --budget (the cheapest plan tried reached 0.62)'
     >>> budget_fix(["neurons", "heads", "layers"], [])
     'raise --budget'
     """
@@ -98,19 +99,29 @@ def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency"
         if protects:  # --protect-top-k may keep every unit the targets hold: nothing else would help
             return ("no plan tried removed anything or was cheaper than the dense model: lower --protect-top-k, "
                     "which keeps the top heads and the layers holding them (--protect-top-k 0 keeps none)")
-        fix = (f"no plan tried was cheaper than the dense model (the cheapest reached {min(ratios):.2f} of its "
-               f"{unit}), so no --budget below 1 is met: pass {other}--sparsity instead of --budget")
-        return fix + (f"; or add targets: --target {','.join([*targets, *_missing(targets)])}"
-                      if _missing(targets) else "")
-    fix = "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
-    missing = _missing(targets)
-    return fix + (f", or add targets: --target {','.join([*targets, *missing])}" if missing else "")
+        return (f"no plan tried was cheaper than the dense model (the cheapest reached {min(ratios):.2f} of its "
+                f"{unit}), so no --budget below 1 is met: pass {other}--sparsity instead of --budget")
+    return "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
 
 
-def _missing(targets: list[str]) -> list[str]:
-    from mechkit.pruning.select import TARGETS
+def unsearched(targets: Sequence[str]) -> tuple[str, str] | None:
+    """Why ``--budget`` has no plan to search for ``targets`` (each of its mixes prunes neurons or layers, so
+    ``--target heads`` alone gave none: no candidate, and a "raise --budget" no budget met), and the fix;
+    ``None`` where some mix fits.
 
-    return [t for t in TARGETS if t not in targets]
+    >>> unsearched(["heads"])[1]
+    'pass --sparsity instead of --budget, or add neurons or layers to --target to search their mixes with heads'
+    >>> unsearched(["neurons"]) is None
+    True
+    """
+    from mechkit.pruning.budget import MIXES
+
+    if any(set(mix) <= set(targets) for mix in MIXES.values()):
+        return None
+    return (f"--budget searches the mixes {', '.join(MIXES)}, each pruning neurons or layers, and --target "
+            f"{','.join(targets)} prunes neither, so no plan would be searched",
+            f"pass --sparsity instead of --budget, or add neurons or layers to --target to search their mixes with "
+            f"{' and '.join(targets)}")
 
 
 @dataclass(frozen=True)
@@ -375,6 +386,9 @@ class PruneStudy:
         did. Returns the search's ``candidates``, the ``chosen`` one, ``measured_ratio``, ``met`` and
         ``chosen_row``; raises :class:`MechkitError` when no mix reaches the budget.
         """
+        none = unsearched(self.targets)
+        if none is not None:  # before any work: no mix to search, so no budget would be met
+            raise MechkitError(*none)
         cost = cost_ratio_fn(self.handle, unit, self.timing_texts, repeats=max(3, self.repeats // 2),
                              last=self.timing == "last")
         acc = masked_accuracy(self.handle, self.calib, self.batch_size,

@@ -73,8 +73,8 @@ def compare_runs(paths: Sequence[str | os.PathLike[str]],
     if len(paths) < 2:
         raise MechkitError("report compare needs at least two reports", "pass two or more run directories")
     tables_of = tables_of or (lambda r: generic_tables(r.get("results") or {}))
+    reports = [load_report(p) for p in paths]  # first: each path checked (a name too long, ~user) before any look-up
     dirs = [run_dir_of(p) for p in paths]
-    reports = [load_report(p) for p in paths]
     plugins = list(dict.fromkeys(r["plugin"] for r in reports))
     if len(plugins) > 1:
         which = ", ".join(f"{d.name or d} ({r['plugin']})" for d, r in zip(dirs, reports, strict=True))

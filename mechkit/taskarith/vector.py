@@ -237,12 +237,16 @@ class TaskVector:
         finite floating-point deltas. Anything else is one line naming the file and the problem."""
         from safetensors import safe_open
 
+        from mechkit.io.fs_errors import one_line_errors
         from mechkit.io.outlock import settle_interrupted
-        from mechkit.io.patharg import path_arg
+        from mechkit.io.patharg import path_arg, reader_path
 
-        path = path_arg(path, "TaskVector.load", 'TaskVector.load("v.safetensors")')  # bytes decoded; no path: refused
-        settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
-        if not path.is_file():
+        example = 'TaskVector.load("v.safetensors")'
+        path = reader_path(path_arg(path, "TaskVector.load", example), "the task vector", example)  # bytes, ~user
+        with one_line_errors(reading=True):  # a folder that cannot be searched: one line, not an OSError
+            settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
+            found = path.is_file()
+        if not found:
             if os.path.lexists(path):  # a directory, a FIFO, a device or a broken link: there, but no vector
                 raise MechkitError(f"{path} is not a regular file, so not a task vector",
                                    "pass the .safetensors file `mechkit taskvec extract` wrote")

@@ -74,11 +74,7 @@ def parse_device_map(text: str) -> str | dict[str, str]:
     if _ONE_DEVICE.match(text):
         return {"": text}
     if text.endswith(".json"):
-        try:
-            mapping = json.loads(Path(text).expanduser().read_text())
-        except (OSError, ValueError) as err:
-            raise DispatchError(f"--device-map {text}: cannot read it as JSON ({type(err).__name__})",
-                                'write a JSON object like {"model.layers.0": "cuda:0", "lm_head": "cpu"}') from None
+        mapping = _map_file(text)
         if not isinstance(mapping, dict) or not mapping:
             raise DispatchError(f"--device-map {text} holds no JSON object of module names to devices",
                                 'write a JSON object like {"model.layers.0": "cuda:0", "lm_head": "cpu"}')
@@ -88,6 +84,28 @@ def parse_device_map(text: str) -> str | dict[str, str]:
         raise DispatchError(f"--device-map {text!r} is not a strategy, a device, a .json file or MODULE=DEVICE pairs",
                             _MAP_FIX)
     return {k.strip(): v.strip() for k, v in (p.split("=") for p in pairs)}
+
+
+MAX_MAP_BYTES = 16 * 2**20  # a device map names each module once: far below this
+
+
+def _map_file(text: str) -> Any:
+    """The JSON a ``--device-map X.json`` holds, read only as a regular file of at most :data:`MAX_MAP_BYTES`: a FIFO
+    there had blocked the read for ever, and ``~nosuchuser/map.json`` had raised RuntimeError."""
+    from mechkit.errors import MechkitError
+    from mechkit.io.patharg import expand_user
+    from mechkit.io.read import read_plain
+
+    fix = 'write a JSON object like {"model.layers.0": "cuda:0", "lm_head": "cpu"}'
+    try:
+        path = expand_user(text, "--device-map")
+    except MechkitError as err:
+        raise DispatchError(err.problem, err.fix) from None
+    try:
+        return json.loads(read_plain(os.path.realpath(path), MAX_MAP_BYTES).decode("utf-8"))  # a link: its file
+    except (OSError, ValueError, RecursionError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise DispatchError(f"--device-map {text}: cannot read it as JSON ({why})", fix) from None
 
 
 def parse_size(value: Any, what: str = "--max-memory") -> int:
@@ -187,11 +205,30 @@ def _device(value: Any, flag: str) -> str:
 
 def _check_folder(folder: str | os.PathLike) -> Path:
     """``folder`` if offloaded weights could be written there (it need not exist yet); nothing is created."""
-    path = Path(folder).expanduser()
+    from mechkit.errors import MechkitError
+    from mechkit.io.patharg import expand_user, path_text
+
     fix = "choose an --offload-folder in a writable place (e.g. one on a local disk under your home)"
+    text = path_text(folder)  # a PathLike giving bytes decoded; anything else is no folder
+    if text is None:
+        raise DispatchError(f"offload_folder must be a path (a str or pathlib.Path), not {type(folder).__name__}",
+                            'pass one, e.g. offload_folder="offload"')
+    try:
+        path = expand_user(text, "--offload-folder")
+    except MechkitError as err:
+        raise DispatchError(err.problem, err.fix) from None
+    try:
+        return _writable_folder(path, fix)
+    except OSError as err:  # a name too long, a folder above that cannot be searched: one line
+        raise DispatchError(f"cannot look up --offload-folder {path}: {err.strerror or type(err).__name__}",
+                            fix) from None
+
+
+def _writable_folder(path: Path, fix: str) -> Path:
+    from mechkit.errors import MechkitError
+
     if path.exists() and not path.is_dir():
         raise DispatchError(f"--offload-folder {path} is a file, not a folder", fix)
-    from mechkit.errors import MechkitError
     from mechkit.io.out import refuse_dot_dot_past_missing
 
     try:  # nosuch/../OF: the system stops at nosuch, and making the folder made nosuch too (left behind)
