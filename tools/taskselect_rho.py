@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         check_json_target(args.json, args.report)
         out = run(args)
         show(out)
-        if args.json:
+        if args.json is not None:
             write_json(Path(args.json), out)
     except MechkitError as err:
         print(f"taskselect_rho: {err}", file=sys.stderr)
@@ -90,8 +90,10 @@ def check_json_target(target: str | None, report: str) -> None:
     report.json among them: the tool's input, lost) or that cannot be written (a missing folder, a folder)."""
     from mechkit.errors import MechkitError
 
-    if not target:
+    if target is None:
         return
+    if not target.strip():  # "" was taken for "not given": the run ended 0 with no file and no word
+        raise MechkitError(f"--json {target!r} names no file", "name one, e.g. --json rho.json, or leave --json out")
     if target.endswith("/"):  # resolve() drops the slash: the figures went to a file of the folder's name
         raise MechkitError(f"--json {target} ends with /, which names a folder", "name a file, e.g. --json rho.json")
     from mechkit.io.fs_errors import check_name_lengths

@@ -369,7 +369,7 @@ def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str]
     and one that asks for more than the model can lose (a row labelled 0.9 that removed half), naming the most."""
     from mechkit.pruning.select import fit_levels
 
-    for alloc in dict.fromkeys(g.partition("@")[2] or allocation for g in guides):
-        found = fit_levels(anatomy, levels, alloc, gqa)  # both checks, every level: one fix that passes them all
-        if found is not None:
-            raise OptionError(*found)
+    allocations = tuple(dict.fromkeys(g.partition("@")[2] or allocation for g in guides))
+    found = fit_levels(anatomy, levels, allocations, gqa)  # both checks, every level, every guide: one fix for all
+    if found is not None:
+        raise OptionError(*found)

@@ -15,6 +15,7 @@ removed as a layer.
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -232,7 +233,8 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
         plan.layers = select_layers(scores.layers, sparsity["layers"], keep)
         if strict and keep:
             _refuse_short({0: plan.layers}, {0: select_layers(scores.layers, sparsity["layers"])},
-                          sparsity["layers"], len(protected), "layers", others=sum(map(bool, sparsity.values())) > 1)
+                          sparsity["layers"], len(protected), "layers",
+                          others=_others_run(scores, anatomy, sparsity, allocation, gqa, protected))
     skip = frozenset(plan.layers)
     if allocation == "sensitivity":
         if sensitivity is None:
@@ -252,6 +254,20 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
             _refuse_short(plan.heads, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa, skip),
                           sparsity["heads"], len(protected), others=sum(map(bool, sparsity.values())) > 1)
     return plan
+
+
+def _others_run(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str, gqa: str,
+                protected: frozenset) -> bool:
+    """Whether the targets beside ``layers`` could run under the same protection: "drop layers from --target" is
+    offered only then (with heads that protection also blocks, dropping layers led to the heads' refusal next)."""
+    if sparsity.get("neurons"):
+        return True
+    if not sparsity.get("heads"):
+        return False
+    count = sum(map(len, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa).values()))
+    kept = sum(map(len, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa,
+                                     protected=protected).values()))
+    return kept >= count
 
 
 def _refuse_short(units: dict[int, list[int]], unguarded: dict[int, list[int]], fraction: float, n: int,
@@ -397,43 +413,49 @@ def _too_many(anatomy: Anatomy, level: dict[str, float], allocation: str,
     return ("; ".join(said), fixed) if said else None
 
 
-def _fit(anatomy: Anatomy, level: dict[str, float], allocation: str,
+def _fit(anatomy: Anatomy, level: dict[str, float], allocations: tuple[str, ...],
          gqa: str) -> tuple[str, dict[str, float] | str, list[str]] | None:
-    """The problems of ``level`` (both checks), the level fitted to pass both (or a ``drop X from --target``), and
-    the checks that found them; ``None`` where it passes. Raising or lowering layers changes the layers kept, and
-    so what the heads and channels can lose: the two fixes repeat until both pass."""
-    few, many = _too_few(anatomy, level, allocation, gqa), _too_many(anatomy, level, allocation, gqa)
-    if few is None and many is None:
+    """The problems of ``level`` (both checks, under every guide's allocation), the level fitted to pass them all
+    (or a ``drop X from --target``), and the checks that found them; ``None`` where it passes. Raising or lowering
+    layers changes the layers kept, and so what the heads and channels can lose; a fraction one allocation takes
+    another may not (``uniform`` counts per layer): the fixes repeat until every check passes."""
+    found = [(name, check(anatomy, level, alloc, gqa)) for alloc in allocations
+             for name, check in (("few", _too_few), ("many", _too_many))]
+    if all(f is None for _, f in found):
         return None
-    why = "; ".join(f[0] for f in (few, many) if f is not None)
-    if few is not None and isinstance(few[1], str):
-        return why, few[1], ["few"]
+    why = "; ".join(dict.fromkeys(f[0] for _, f in found if f is not None))
+    checks = list(dict.fromkeys(name for name, f in found if f is not None))
+    drop = next((f[1] for _, f in found if f is not None and isinstance(f[1], str)), None)
+    if drop is not None:
+        return why, drop, ["few"]
     fixed: dict[str, float] = dict(level)
-    for _ in range(4):
-        up = _too_few(anatomy, fixed, allocation, gqa)
-        if up is not None:
-            if isinstance(up[1], str):
-                return why, up[1], ["few"]
-            fixed = up[1]
-        down = _too_many(anatomy, fixed, allocation, gqa)
-        if down is not None:
-            fixed = down[1]
-        if up is None and down is None:
+    for _ in range(6):
+        changed = False
+        for alloc in allocations:
+            for check in (_too_few, _too_many):
+                got = check(anatomy, fixed, alloc, gqa)
+                if got is not None:
+                    if isinstance(got[1], str):
+                        return why, got[1], ["few"]
+                    fixed, changed = got[1], True
+        if not changed:
             break
-    return why, fixed, [name for name, f in (("few", few), ("many", many)) if f is not None]
+    return why, fixed, checks
 
 
-def _passes(anatomy: Anatomy, level: dict[str, float], allocation: str, gqa: str) -> bool:
-    return _too_few(anatomy, level, allocation, gqa) is None and _too_many(anatomy, level, allocation, gqa) is None
+def _passes(anatomy: Anatomy, level: dict[str, float], allocations: tuple[str, ...], gqa: str) -> bool:
+    return all(_too_few(anatomy, level, a, gqa) is None and _too_many(anatomy, level, a, gqa) is None
+               for a in allocations)
 
 
-def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str = "uniform",
+def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str | tuple[str, ...] = "uniform",
                gqa: str = "slot") -> tuple[str, str] | None:
     """Why some level of a sweep removes no unit of a target, or asks for more than this model can lose (both
-    checks, :func:`removes_nothing` and :func:`past_reach`, every level), and one fix that passes both for each;
-    ``None`` where every level passes. One level gets its ``TARGET=F`` pairs; several levels (a list of fractions,
-    each every target's) get the whole list back, each bad level replaced by one fraction that passes for every
-    target (or, where none does, the advice to run it on its own with pairs).
+    checks, :func:`removes_nothing` and :func:`past_reach`, every level, under each guide's ``allocation``), and one
+    fix that passes them all; ``None`` where every level passes. One level gets its ``TARGET=F`` pairs; several
+    levels (a list of fractions, each every target's) get the whole list back, each bad level replaced by one
+    fraction that passes for every target (or, where none does, the advice to run it on its own with pairs). A
+    target this model cannot lose a unit of is dropped, and the rest fitted in the same fix.
 
     >>> from types import SimpleNamespace as NS
     >>> a = NS(n_layers=2, n_heads=4, n_groups=2, n_kv_heads=2, d_mlp=128)
@@ -441,22 +463,63 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
     'lower neurons to 0.99 and raise heads to 0.5 (--sparsity neurons=0.99,heads=0.5)'
     >>> fit_levels(a, [{"heads": 0.3}, {"heads": 0.9}])[1]
     'use 0.5 for 0.9 (--sparsity 0.3,0.5)'
+    >>> fit_levels(NS(n_layers=1, n_heads=4, n_groups=2, n_kv_heads=2, d_mlp=128), [{"layers": 0.5, "heads": 0.9}])[1]
+    'drop layers from --target, and lower heads to 0.5 (--target heads --sparsity heads=0.5)'
     """
-    found = [(level, _fit(anatomy, level, allocation, gqa)) for level in levels]
+    allocations = (allocation,) if isinstance(allocation, str) else tuple(dict.fromkeys(allocation))
+    whys, dropped, current = [], [], [dict(level) for level in levels]
+    for _ in range(len(TARGETS)):  # a target no fraction helps: dropped, the rest fitted without it
+        found = [_fit(anatomy, level, allocations, gqa) for level in current]
+        whys += [part for f in found if f is not None for part in f[0].split("; ") if part not in whys]
+        drops = [f[1] for f in found if f is not None and isinstance(f[1], str)]
+        if not drops:
+            break
+        named = [m[1] for m in map(_DROP.match, drops) if m]
+        if not named:  # the level's only target: another unit type, no fraction to fit
+            return "; ".join(whys), drops[0]
+        dropped += [t for t in dict.fromkeys(named) if t not in dropped]
+        current = [{t: v for t, v in level.items() if t not in dropped} for level in current]
+    if not whys:
+        return None
+    fix = _fitted_text(anatomy, current, allocations, gqa, own_words=not dropped)
+    if not dropped:
+        return "; ".join(whys), fix or "choose another --sparsity"
+    rest = [t for t in current[0]]
+    said = f"drop {' and '.join(dropped)} from --target" + (f", and {fix}" if fix else "")
+    values = _flag_text(fix) if fix else (_pairs(current[0]) if len(current) == 1 else
+                                          ",".join(dict.fromkeys(f"{next(iter(lv.values())):g}" for lv in current)))
+    return "; ".join(whys), f"{_strip_flag(said)} (--target {','.join(rest)} --sparsity {values})"
+
+
+_DROP = re.compile(r"drop (\w+) from --target$")
+
+
+def _flag_text(fix: str) -> str:
+    """The ``--sparsity`` value a fix text ends with (``... (--sparsity V)``)."""
+    return fix.rsplit("(--sparsity ", 1)[1].rstrip(")")
+
+
+def _strip_flag(text: str) -> str:
+    """A fix text without its closing ``(--sparsity V)`` (given once, with --target, by the caller)."""
+    return text.rsplit(" (--sparsity ", 1)[0]
+
+
+def _fitted_text(anatomy: Anatomy, levels: list[dict[str, float]], allocations: tuple[str, ...],
+                 gqa: str, own_words: bool = True) -> str | None:
+    """The fix for ``levels`` with no target to drop, ending ``(--sparsity V)``; ``None`` where they pass.
+    ``own_words``: one check's one change in :func:`removes_nothing`'s or :func:`past_reach`'s words ("give it
+    F or more"); else each change named ("lower heads to F"), as after a dropped target, where "it" is unclear."""
+    found = [(level, _fit(anatomy, level, allocations, gqa)) for level in levels]
     bad = [(level, f) for level, f in found if f is not None]
     if not bad:
         return None
-    why = "; ".join(f[0] for _, f in bad)
-    drop = next((f[1] for _, f in bad if isinstance(f[1], str)), None)
-    if drop is not None:
-        return why, drop
     if len(levels) == 1:
         level, (_, fixed, checks) = bad[0]
-        if len(checks) == 1 and fixed == (_too_few if checks == ["few"] else _too_many)(
-                anatomy, level, allocation, gqa)[1]:  # one check, one pass: its own words
-            return why, _fix_text(level, fixed, "more" if checks == ["few"] else "less",
-                                  "raise" if checks == ["few"] else "lower")
-        return why, _both_text(level, fixed)
+        if own_words and len(checks) == 1 and len(allocations) == 1 and fixed == (_too_few if checks == ["few"] else _too_many)(
+                anatomy, level, allocations[0], gqa)[1]:  # one check, one pass: its own words
+            return _fix_text(level, fixed, "more" if checks == ["few"] else "less",
+                             "raise" if checks == ["few"] else "lower")
+        return _both_text(level, fixed)
     values, replaced, alone = [], [], []
     for level, f in found:
         old = next(iter(level.values()))
@@ -465,7 +528,7 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
             continue
         fixed = f[1]
         options = sorted(dict.fromkeys([old, *fixed.values()]), key=lambda v: (abs(v - old), v))
-        single = next((v for v in options if _passes(anatomy, dict.fromkeys(level, v), allocation, gqa)), None)
+        single = next((v for v in options if _passes(anatomy, dict.fromkeys(level, v), allocations, gqa)), None)
         if single is None:
             alone.append((old, fixed))
         else:
@@ -473,11 +536,11 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
             replaced.append(f"use {single:g} for {old:g}")
     rest = ",".join(f"{v:g}" for v in dict.fromkeys(values))
     if not alone:
-        return why, f"{', '.join(replaced)} (--sparsity {rest})"
+        return f"{', '.join(replaced)} (--sparsity {rest})"
     runs = " and ".join(f"--sparsity {_pairs(fixed)}" for _, fixed in alone)
     which = ", ".join(f"{old:g}" for old, _ in alone)
-    return why, (f"no one fraction passes for every target at {which}: run it on its own with a fraction per "
-                 f"target ({runs})" + (f", and the others as the list (--sparsity {rest})" if rest else ""))
+    return (f"no one fraction passes for every target at {which}: run it on its own with a fraction per target "
+            f"({runs})" + (f", and the others as the list (--sparsity {rest})" if rest else ""))
 
 
 def _both_text(level: dict[str, float], fixed: dict[str, float]) -> str:
