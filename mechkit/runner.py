@@ -24,7 +24,7 @@ from mechkit.executors import check_execution
 from mechkit.io.fs_errors import one_line_errors, refuse_over_file_size_limit
 from mechkit.io.out import refuse_tmpdir_inside
 from mechkit.io.outlock import check_run_out, claimed, locked_fresh_dir, out_lock
-from mechkit.io.patharg import text_path
+from mechkit.io.patharg import checked_text, text_path
 from mechkit.io.progress import heartbeat
 from mechkit.io.quiet import quiet
 from mechkit.io.reads import recording
@@ -145,14 +145,14 @@ def load_run(path: str | Path) -> Run:
     """
     from mechkit.report import load_report
 
-    p = text_path(path)
-    if p is None:
+    if text_path(path) is None:
         raise MechkitError(f"mk.load_report takes a run directory or its report.json, not {type(path).__name__}",
                            "pass a path, e.g. mk.load_report(\"mechkit-runs/inspect-1\")")
-    report = load_report(p)
+    text = checked_text(path, "mk.load_report", 'mk.load_report("mechkit-runs/inspect-1")')  # "" is no run
+    report = load_report(text)  # as text: "report.json/" is refused there, not read as the file
     from mechkit.report.show import run_dir_of
 
-    return Run(report=report, out_dir=run_dir_of(p))
+    return Run(report=report, out_dir=run_dir_of(text))
 
 
 def _seed_everything(seed: int) -> None:

@@ -99,7 +99,7 @@ class PrunePlugin(Plugin):
 
         opts = ctx.options
         guides, targets, tasks = opts["guide"], opts["target"], opts["tasks"]
-        unread.prune_model(ctx.model.anatomy, targets, opts["gqa"])  # before any work
+        unread.prune_model(ctx.model.anatomy, targets, opts["gqa"], opts["budget"])  # before any work
         # the levels depend on --target (a bare fraction is for every target): resolved here, before any work
         levels = [] if opts["budget"] is not None else (opts["sparsity"] or SparsityLevels()("0.2")).resolve(targets)
         unread.prune_levels(ctx.model.anatomy, levels, guides, opts["allocation"], opts["gqa"])

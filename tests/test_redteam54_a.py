@@ -61,7 +61,7 @@ def test_the_offload_folder_takes_bytes_and_refuses_no_path_in_one_line(tmp_path
     monkeypatch.chdir(tmp_path)
     handle = mk.load_model("tiny:llama", offload_folder=Raw("OF"))
     assert handle.anatomy.n_layers == 2
-    for value, words in ((3, "offload_folder must be a path"), ("~nosuchuser/OF", "names no user with a home"),
+    for value, words in ((3, "offload_folder takes a path"), ("~nosuchuser/OF", "names no user with a home"),
                          (LONG + "/x", "cannot look up --offload-folder")):
         with pytest.raises(MechkitError, match=words):
             mk.load_model("tiny:llama", offload_folder=value)

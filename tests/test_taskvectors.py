@@ -69,7 +69,7 @@ def test_patching_with_the_clean_value_changes_nothing(tiny_llama):
         tiny_llama(ids)
     own = torch.zeros(tiny_llama.anatomy.n_layers, tiny_llama.anatomy.d_model)
     own[0] = cache["blocks.0.hook_resid_post"][0, -1]
-    own[1] = torch.randn(tiny_llama.anatomy.d_model)  # layer 1 is not patched here; layer 0 gets its own value
+    own[1] = torch.randn(tiny_llama.anatomy.d_model, generator=torch.Generator().manual_seed(0))  # not own: layer 0 gets it
     same, other = score_edited(tiny_llama, [p], [ResidEdit(0, own[0]), ResidEdit(0, own[1])])
     torch.testing.assert_close(torch.tensor(same.logprobs), torch.tensor(baseline.logprobs), rtol=1e-5, atol=1e-5)
     assert abs(other.logprobs[0] - baseline.logprobs[0]) > 1e-3  # the comparison can tell a real patch apart

@@ -99,7 +99,11 @@ def check_json_target(target: str | None, report: str) -> None:
     from mechkit.io.fs_errors import check_name_lengths
 
     check_name_lengths(target, "--json")  # with the temporary copy's suffix: refused before the features, not after
-    path, run_dir = Path(target).resolve(), Path(report).resolve()
+    from mechkit.io.locks import real_place
+    from mechkit.io.replace import refuse_foreign_file
+
+    # each by its real identity (links, .., ~, a bind mount): a bind mount of the run's folder had passed
+    path, run_dir = real_place(target), real_place(report)
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
     if path.is_relative_to(run_dir):
         raise MechkitError(f"--json {target} is inside the run directory {run_dir}, whose files are the run's",
@@ -110,6 +114,7 @@ def check_json_target(target: str | None, report: str) -> None:
     from mechkit.io.atomic import refuse_special_file
 
     refuse_special_file(path)  # a pipe or a device named as --json: the rename would replace it with a file
+    refuse_foreign_file(path, "taskselect_rho's --json")  # another run's file, or a model's: never replaced
     if path.is_dir() or not path.parent.is_dir():
         raise MechkitError(f"--json {target}: {'is a directory' if path.is_dir() else 'its folder does not exist'}",
                            "name a file in an existing folder, e.g. --json rho.json")

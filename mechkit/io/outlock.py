@@ -310,6 +310,10 @@ def _settle(directory: str | os.PathLike[str], real: Path) -> None:
     except MechkitError as err:
         if not isinstance(err.__cause__, OSError):  # not mechkit's journal, not a lock file: its own line says so
             raise
+        if err.__cause__.errno == errno.EROFS:  # no owner can roll back there: "ask the owner" could not help
+            raise MechkitError(f"{directory} holds a set of files a killed mechkit write left half-installed "
+                               f"({journal_path(real)}), on a read-only file system, so it cannot be rolled back",
+                               f"remount it writable, then read {directory} again (the roll-back runs first)") from None
         raise MechkitError(f"{directory} holds a set of files a killed mechkit write left half-installed "
                            f"({journal_path(real)}), which this user cannot roll back",
                            f"run any mechkit write to {directory} as its owner, or ask them to") from None

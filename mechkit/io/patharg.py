@@ -51,13 +51,25 @@ def path_arg(value: object, what: str, example: str) -> Path:
     ...     print(err)
     TaskVector.load takes a path (a str or pathlib.Path), not NoneType — pass one, e.g. TaskVector.load("v.safetensors")
     """
+    return Path(checked_text(value, what, example))
+
+
+def checked_text(value: object, what: str, example: str) -> str:
+    """``value`` as path text (a trailing ``/`` kept), else one line: no path at all, an empty one (``Path("")`` is
+    the working directory: ``mk.load_report("")`` read ``./report.json``), or one holding a NUL byte (no file name
+    can: a raw ValueError once a folder was made with it)."""
     from mechkit.errors import MechkitError
 
-    path = text_path(value)
-    if path is None:
+    text = path_text(value)
+    if text is None:
         raise MechkitError(f"{what} takes a path (a str or pathlib.Path), not {type(value).__name__}",
                            f"pass one, e.g. {example}")
-    return path
+    if not text.strip():
+        raise MechkitError(f"{what} was given an empty path, which names no file", f"pass one, e.g. {example}")
+    if "\0" in text:
+        raise MechkitError(f"{what} was given a path holding a NUL byte, which no file name can hold",
+                           f"pass one, e.g. {example}")
+    return text
 
 
 def expand_user(path: str | os.PathLike[str], what: str = "the path") -> Path:
@@ -92,7 +104,8 @@ def reader_path(value: object, what: str, example: str) -> Path:
     from mechkit.errors import MechkitError
     from mechkit.io.fs_errors import NAME_MAX, PATH_MAX
 
-    path = expand_user(path_arg(value, what, example), what)
+    text = checked_text(value, what, example)
+    path = expand_user(text, what)
     longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
     if longest > NAME_MAX or len(os.fsencode(os.fspath(path))) > PATH_MAX:
         shown = os.fspath(path)
@@ -100,4 +113,7 @@ def reader_path(value: object, what: str, example: str) -> Path:
                else f"it is longer than the {PATH_MAX} bytes the system allows")
         raise MechkitError(f"cannot look up {what} {shown[:60]}{'…' if len(shown) > 60 else ''}: {why}",
                            "check the path")
+    if text.endswith("/") and os.path.lexists(path) and not os.path.isdir(path):  # Path() drops the slash: file read
+        raise MechkitError(f"{what} {text} ends with /, which names a folder, and {path} is a file",
+                           f"drop the / ({path})")
     return path

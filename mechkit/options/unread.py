@@ -346,10 +346,14 @@ def gqa_before_load(parsed: dict, spec: Any, kv_groups: bool | None) -> None:
                           "same on this model)")
 
 
-def prune_model(anatomy: Any, targets, gqa: str) -> None:
+def prune_model(anatomy: Any, targets, gqa: str, budget: float | None = None) -> None:
     """prune's options this model cannot honour, in one line as the run starts (before any work): --target
     neurons on a mixture of experts (experts, not neurons), heads normalised together (they cannot be
-    sliced apart), --gqa group without KV groups (every head is its own slot: the default's plan)."""
+    sliced apart), --gqa group without KV groups (every head is its own slot: the default's plan), and a
+    --budget whose targets this model cannot lose a unit of (a 1-layer model's layers: the search ran, and its
+    fixes could not help)."""
+    if budget is not None:
+        budget_on_model(anatomy, targets)
     if "neurons" in targets:
         anatomy.refuse_moe("dense MLP neurons to prune", "pass --target heads,layers")
     if "heads" in targets:
@@ -361,6 +365,24 @@ def prune_model(anatomy: Any, targets, gqa: str) -> None:
                 raise OptionError("--gqa group removes whole groups of heads sharing keys and values, and this model "
                                   "has one such group per layer, which each layer keeps, so no head would go",
                                   "drop --gqa group: --gqa slot removes heads within the group")
+
+
+def budget_on_model(anatomy: Any, targets) -> None:
+    """--budget where the targets this model can lose a unit of leave the search no mix (see
+    :func:`mechkit.pruning.study.unsearched`): one line naming what it can lose, before the search."""
+    from mechkit.pruning.study import unsearched
+
+    can = {"layers": anatomy.n_layers > 1, "neurons": anatomy.d_mlp > 1 and not getattr(anatomy, "is_moe", False),
+           "heads": anatomy.n_heads > 1}
+    left = [t for t in targets if can.get(t)]
+    if unsearched(left) is None:
+        return
+    cannot = [t for t in targets if not can.get(t)]
+    more = [t for t in ("neurons", "layers") if can[t] and t not in targets]
+    raise OptionError(f"--budget with --target {','.join(targets)} searches no plan on this model: it cannot lose "
+                      f"{' or '.join(cannot) or 'what the search prunes'} (each mix prunes neurons or layers)",
+                      f"add {more[0]} to --target (--target {','.join([*targets, more[0]])})" if more else
+                      "pass --sparsity instead of --budget")
 
 
 def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str], allocation: str, gqa: str) -> None:

@@ -88,17 +88,21 @@ def parse_targets(text: str) -> list[str]:
 def parse_guides(text: str) -> list[str]:
     """A comma list of guides, each a known guide, optionally ``GUIDE@ALLOCATION``, checked.
 
-    An empty list comes back empty (the caller says what to pass instead).
+    An empty list comes back empty (the caller says what to pass instead). A repeat is dropped (it measured the
+    same rows twice, listed twice in the report), and ``GUIDE@`` with no allocation is refused (it ran under the
+    default, labelled ``GUIDE@``).
 
-    >>> parse_guides("attribution@sensitivity,random")
+    >>> parse_guides("attribution@sensitivity,random,random")
     ['attribution@sensitivity', 'random']
     """
-    guides = [g.strip() for g in text.split(",") if g.strip()]
+    guides = list(dict.fromkeys(g.strip() for g in text.split(",") if g.strip()))
     for g in guides:
-        name, _, alloc = g.partition("@")
+        name, at, alloc = g.partition("@")
         check_guide(name)
-        if alloc and alloc not in ALLOCATIONS:
-            raise MechkitError(f"unknown allocation {alloc!r} in --guide {g!r}", f"use {', '.join(ALLOCATIONS)}")
+        if at and alloc not in ALLOCATIONS:
+            what = f"unknown allocation {alloc!r}" if alloc else "no allocation after @"
+            raise MechkitError(f"{what} in --guide {g!r}", f"use {name}@ALLOCATION with ALLOCATION one of "
+                               f"{', '.join(ALLOCATIONS)}, or {name} alone for --allocation's")
     return guides
 
 
@@ -259,11 +263,10 @@ def make_plan(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allo
 def _others_run(scores: Scores, anatomy: Anatomy, sparsity: dict[str, float], allocation: str, gqa: str,
                 protected: frozenset) -> bool:
     """Whether the targets beside ``layers`` could run under the same protection: "drop layers from --target" is
-    offered only then (with heads that protection also blocks, dropping layers led to the heads' refusal next)."""
-    if sparsity.get("neurons"):
-        return True
+    offered only then (with heads that protection also blocks, dropping layers led to the heads' refusal next,
+    neurons beside them or not)."""
     if not sparsity.get("heads"):
-        return False
+        return bool(sparsity.get("neurons"))
     count = sum(map(len, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa).values()))
     kept = sum(map(len, select_heads(scores.heads, anatomy, sparsity["heads"], allocation, gqa,
                                      protected=protected).values()))
@@ -475,8 +478,8 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
         if not drops:
             break
         named = [m[1] for m in map(_DROP.match, drops) if m]
-        if not named:  # the level's only target: another unit type, no fraction to fit
-            return "; ".join(whys), drops[0]
+        if not named:  # the level's only target: another unit type, its fractions fitted to it too
+            return "; ".join(whys), _instead(anatomy, current, drops[0], allocations, gqa)
         dropped += [t for t in dict.fromkeys(named) if t not in dropped]
         current = [{t: v for t, v in level.items() if t not in dropped} for level in current]
     if not whys:
@@ -492,6 +495,22 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
 
 
 _DROP = re.compile(r"drop (\w+) from --target$")
+_INSTEAD = re.compile(r"--target (\w+)$")
+
+
+def _instead(anatomy: Anatomy, levels: list[dict[str, float]], drop: str, allocations: tuple[str, ...],
+             gqa: str) -> str:
+    """``drop`` (the only target cannot lose a unit: "prune ... instead: --target X") with the levels' fractions
+    given to X and fitted to it, so the fix runs as given (the user's own ``--sparsity`` named the old target, or
+    asked X for more than it can lose)."""
+    other = _INSTEAD.search(drop)
+    if other is None:  # no unit type to prune at all
+        return drop
+    moved = [{other[1]: next(iter(level.values()))} for level in levels]
+    fix = _fitted_text(anatomy, moved, allocations, gqa, own_words=False)
+    values = _flag_text(fix) if fix else (_pairs(moved[0]) if len(moved) == 1 else
+                                          ",".join(dict.fromkeys(f"{next(iter(lv.values())):g}" for lv in moved)))
+    return f"prune what this model can lose instead (--target {other[1]} --sparsity {values})"
 
 
 def _flag_text(fix: str) -> str:

@@ -206,6 +206,12 @@ class TaskVector:
         both exiting 0 with one vector silently lost (:func:`mechkit.io.check_out` names ``inputs``)."""
         from safetensors.torch import save_file
 
+        if not isinstance(force, bool):  # force="no" is truthy: an existing vector was replaced
+            raise MechkitError(f"force must be True or False, not {type(force).__name__}", "pass force=False to keep "
+                               "an existing file")
+        if isinstance(inputs, str | bytes | os.PathLike) or not isinstance(inputs, tuple | list):
+            raise MechkitError(f"inputs must be a tuple of paths, not {type(inputs).__name__}",
+                               'pass inputs=("base.safetensors",)')  # a str was read letter by letter
         path = check_vector_out(path, force, inputs)
         refuse_non_finite(self.deltas, path, "a scale or λ too large, or a diverged fine-tune: "
                                              "recompute the vector with finite inputs")

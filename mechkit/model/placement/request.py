@@ -206,13 +206,13 @@ def _device(value: Any, flag: str) -> str:
 def _check_folder(folder: str | os.PathLike) -> Path:
     """``folder`` if offloaded weights could be written there (it need not exist yet); nothing is created."""
     from mechkit.errors import MechkitError
-    from mechkit.io.patharg import expand_user, path_text
+    from mechkit.io.patharg import checked_text, expand_user
 
     fix = "choose an --offload-folder in a writable place (e.g. one on a local disk under your home)"
-    text = path_text(folder)  # a PathLike giving bytes decoded; anything else is no folder
-    if text is None:
-        raise DispatchError(f"offload_folder must be a path (a str or pathlib.Path), not {type(folder).__name__}",
-                            'pass one, e.g. offload_folder="offload"')
+    try:  # a PathLike giving bytes decoded; no path, "" (the working directory) or a NUL byte: one line
+        text = checked_text(folder, "offload_folder", 'offload_folder="offload"')
+    except MechkitError as err:
+        raise DispatchError(err.problem, err.fix) from None
     try:
         path = expand_user(text, "--offload-folder")
     except MechkitError as err:
