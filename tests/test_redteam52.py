@@ -26,9 +26,9 @@ def test_the_place_meant_is_resolved_as_the_system_would(tmp_path):
 
 def test_a_file_out_is_offered_a_file(tmp_path):
     os.symlink(tmp_path / "missing", tmp_path / "dang")
-    with pytest.raises(MechkitError, match="which is no folder") as err:
-        check_out(tmp_path / "dang" / "..", kind="file")
-    assert err.value.fix == f"name the file without the .. (e.g. --out {tmp_path / 'name.safetensors'})"
+    with pytest.raises(MechkitError, match="ends with /.., which names a directory") as err:  # a folder's name (pass 57)
+        check_out(f"{tmp_path}/dang/..", kind="file")
+    assert err.value.fix == f"name a file inside it, e.g. --out {tmp_path / 'name.safetensors'}"
 
 
 def test_an_api_save_through_a_files_dot_dot_is_refused_with_a_fix_that_works(tmp_path):

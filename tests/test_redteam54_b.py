@@ -109,7 +109,8 @@ def test_a_list_of_levels_keeps_every_level_in_its_fix():
     levels = parse_levels("0.3,0.9", ["heads"])
     why, fix = fit_levels(LLAMA, levels, "uniform")
     assert why.startswith("--sparsity heads=0.9 asks for 4") and "0.3" not in why  # only the bad level's problem
-    assert fix == "use 0.5 for 0.9 (--sparsity 0.3,0.5)"
+    # 0.5, the most it can remove, removes the slot 0.3 removes on this shape: one level, not two rows (pass 57)
+    assert fix == "drop 0.9 (the most it can remove, 0.5, removes what 0.3 does) (--sparsity 0.3)"
     assert fit_levels(LLAMA, parse_levels(_sparsity(fix), ["heads"]), "uniform") is None
 
 
@@ -129,11 +130,11 @@ def test_one_fraction_for_every_target_keeps_the_pairs_form():
 
 def test_prune_list_fix_runs_every_level(tmp_path, monkeypatch):
     monkeypatch.setenv("MECHKIT_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(OptionError, match="heads=0.9 asks for") as err:
-        mk.run("prune", out=tmp_path / "a", target="heads", sparsity="0.3,0.9", allocation="uniform", **COMMON)
-    assert _sparsity(err.value.fix) == "0.3,0.5"
-    run = mk.run("prune", out=tmp_path / "b", target="heads", sparsity="0.3,0.5", allocation="uniform", **COMMON)
-    assert [r["sparsity"]["heads"] for r in run.report["results"]["rows"]] == [0.3, 0.5]
+    with pytest.raises(OptionError, match="neurons=0.9999 asks for") as err:  # heads: 0.3 and 0.5 are one plan here
+        mk.run("prune", out=tmp_path / "a", target="neurons", sparsity="0.3,0.9999", allocation="uniform", **COMMON)
+    assert _sparsity(err.value.fix) == "0.3,0.99"
+    run = mk.run("prune", out=tmp_path / "b", target="neurons", sparsity="0.3,0.99", allocation="uniform", **COMMON)
+    assert [r["sparsity"]["neurons"] for r in run.report["results"]["rows"]] == [0.3, 0.99]
 
 
 # --- F3 ----------------------------------------------------------------------------------------------------------

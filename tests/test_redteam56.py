@@ -91,9 +91,9 @@ def test_a_file_named_with_a_trailing_slash_is_not_read(tmp_path):
     import mechkit as mk
 
     mk.run("inspect", model="tiny:llama", out=tmp_path / "r", console=_quiet())
-    with pytest.raises(MechkitError, match="ends with /, which names a folder") as err:
+    with pytest.raises(MechkitError, match="names a folder \\(it ends with / or .\\)") as err:
         mk.load_report(f"{tmp_path}/r/report.json/")
-    assert err.value.fix == f"drop the / ({tmp_path}/r/report.json)"
+    assert err.value.fix == f"name the file itself ({tmp_path}/r/report.json)"
     assert mk.load_report(f"{tmp_path}/r/").report["plugin"] == "inspect"  # a folder's slash is fine
 
 

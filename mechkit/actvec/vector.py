@@ -143,10 +143,12 @@ class ActivationVector:
 
         from mechkit.io.fs_errors import one_line_errors
         from mechkit.io.outlock import settle_interrupted
-        from mechkit.io.patharg import path_arg, reader_path
+        from mechkit.io.patharg import path_arg, reader_path, text_path
 
         example = 'ActivationVector.load("v.safetensors")'
-        path = reader_path(path_arg(path, "ActivationVector.load", example), "the activation vector", example)
+        if text_path(path) is None:
+            path_arg(path, "ActivationVector.load", example)  # no path at all: the call named
+        path = reader_path(path, "the activation vector", example)  # bytes, ~user, a trailing / after a file
         with one_line_errors(reading=True):  # a folder that cannot be searched: one line, not an OSError
             settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
             found = path.is_file()

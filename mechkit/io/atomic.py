@@ -129,17 +129,17 @@ def file_path(path: object) -> Path:
     ...     print(err)
     /tmp/ ends with /, which names a folder, not a file — name a file inside it, e.g. /tmp/page.html
     """
-    from mechkit.io.patharg import path_text
+    from mechkit.io.patharg import folder_tail, names_folder, path_text
 
     if isinstance(path, bytes | os.PathLike):
         path = path_text(path)
-    if not isinstance(path, str) or not path.strip():
+    if not isinstance(path, str) or not path:
         raise MechkitError(f"cannot write a file to {path!r}", "pass a file path (a str or pathlib.Path) in a folder that exists")
-    if path.endswith(("/", os.sep)):
-        meant = Path(os.path.realpath(path.rstrip("/") or "/"))
-        raise MechkitError(f"{path} ends with /, which names a folder, not a file",
+    if names_folder(path):  # x/ or x/.: Path() drops it, and the save replaced a file x (the user's notes)
+        tail, meant = folder_tail(path), Path(os.path.realpath(path.rstrip("/") or "/"))
+        raise MechkitError(f"{path} ends with {tail}, which names a folder, not a file",
                            f"name a file inside it, e.g. {meant / 'page.html'}" if meant.is_dir() else
-                           f"drop the / ({meant})")
+                           f"drop the {tail} ({meant})")
     return Path(path)
 
 

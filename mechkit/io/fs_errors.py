@@ -157,9 +157,20 @@ def refuse_over_file_size_limit(n_bytes: int, what: str) -> None:
                        "raise your file-size limit (ulimit -f unlimited) before the run")
 
 
+def refuse_unencodable(path: str | os.PathLike[str], flag: str = "--out") -> None:
+    """One line where ``path`` holds a character no file name can (a lone surrogate, ``"\\ud800"``, reachable from
+    Python only): the first ``os.fsencode`` raised a raw UnicodeEncodeError."""
+    try:
+        os.fsencode(os.fspath(path))
+    except UnicodeEncodeError:
+        raise MechkitError(f"{flag} {ascii(os.fspath(path))[1:-1][:80]} holds a character no file name can hold",
+                           f"choose another {flag}") from None
+
+
 def check_name_lengths(path: str | os.PathLike[str], flag: str = "--out") -> None:
     """Refuse (one line) a path with a component too long for the file system once mechkit adds its
     temporary suffix, before any work rather than at the last rename; ``flag`` names the option."""
+    refuse_unencodable(path, flag)
     refuse_missing_cwd()
     for part in Path(path).parts:
         size = len(os.fsencode(part))

@@ -49,9 +49,11 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 
     refuse_missing_cwd()
     refuse_non_utf8(path)
-    if kind == "file" and os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: a file would appear
-        raise MechkitError(f"--out {os.fspath(path)} ends with /, which names a directory, and this --out is a file",
-                           _slash_fix(os.fspath(path), "--out", "name.safetensors"))
+    from mechkit.io.patharg import folder_tail, names_folder
+
+    if kind == "file" and names_folder(os.fspath(path)):  # x/ or x/.: Path() drops it, and a file x was replaced
+        raise MechkitError(f"--out {os.fspath(path)} ends with {folder_tail(os.fspath(path))}, which names a "
+                           "directory, and this --out is a file", _slash_fix(os.fspath(path), "--out", "name.safetensors"))
     path = Path(path)
 
     check_name_lengths(path)
@@ -92,10 +94,12 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 def _slash_fix(text: str, flag: str, example: str) -> str:
     """The fix for a file path ending in ``/``: a file inside it where it is a folder, else the path without the
     slash, named as the system resolves it (never a file under a file, never a ``..`` past a missing name)."""
+    from mechkit.io.patharg import folder_tail
+
     meant = Path(os.path.realpath(text.rstrip("/") or "/"))
     if meant.is_dir():
         return f"name a file inside it, e.g. {flag} {meant / example}"
-    return f"drop the / ({flag} {meant})"
+    return f"drop the {folder_tail(text)} ({flag} {meant})"
 
 
 def refuse_non_utf8(path: str | os.PathLike[str]) -> None:
@@ -253,7 +257,7 @@ def refuse_protected(path: str | os.PathLike[str], kind: str = "dir",
 
     if str(path).startswith("~"):
         raise MechkitError(f"--out {path} starts with ~, which no shell expanded (it would be a folder named ~)",
-                           "write the full path, e.g. $HOME/runs/name")
+                           f"write the full path, e.g. {os.path.join(os.path.expanduser('~'), 'runs', 'name')}")
     real = _real(path)
     if kind == "dir":
         for name, place in (("the working directory", Path.cwd()), ("your home directory", Path.home())):

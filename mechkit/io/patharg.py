@@ -12,6 +12,22 @@ import os
 from pathlib import Path
 
 
+def names_folder(text: str) -> bool:
+    """Whether path text names a folder by its spelling: a trailing ``/``, or a last part ``.`` or ``..``
+    (``notes/.``): ``Path`` drops both, and a save to ``notes/.`` had replaced the user's file ``notes``.
+
+    >>> [names_folder(t) for t in ("a/", "a/.", "a/..", ".", "a", "a.b")]
+    [True, True, True, True, False, False]
+    """
+    last = text.rstrip("/").rsplit("/", 1)[-1]
+    return text.endswith("/") or last in (".", "..")
+
+
+def folder_tail(text: str) -> str:
+    """The spelling that makes ``text`` name a folder (see :func:`names_folder`): ``/``, ``/.`` or ``/..``."""
+    return "/" if text.endswith("/") else "/" + text.rsplit("/", 1)[-1] if "/" in text else text
+
+
 def text_path(value: object) -> Path | None:
     """``value`` as a :class:`Path` of text, or None where it is no path (see :func:`path_text`).
 
@@ -64,8 +80,13 @@ def checked_text(value: object, what: str, example: str) -> str:
     if text is None:
         raise MechkitError(f"{what} takes a path (a str or pathlib.Path), not {type(value).__name__}",
                            f"pass one, e.g. {example}")
-    if not text.strip():
+    if not text:  # " " is a name a file can have: only "" is none
         raise MechkitError(f"{what} was given an empty path, which names no file", f"pass one, e.g. {example}")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): a raw UnicodeEncodeError from the first look-up
+        raise MechkitError(f"{what} was given a path holding {ascii(text)[1:-1][:80]}, a character no file name can "
+                           "hold", f"pass one, e.g. {example}") from None
     if "\0" in text:
         raise MechkitError(f"{what} was given a path holding a NUL byte, which no file name can hold",
                            f"pass one, e.g. {example}")
@@ -113,7 +134,7 @@ def reader_path(value: object, what: str, example: str) -> Path:
                else f"it is longer than the {PATH_MAX} bytes the system allows")
         raise MechkitError(f"cannot look up {what} {shown[:60]}{'…' if len(shown) > 60 else ''}: {why}",
                            "check the path")
-    if text.endswith("/") and os.path.lexists(path) and not os.path.isdir(path):  # Path() drops the slash: file read
-        raise MechkitError(f"{what} {text} ends with /, which names a folder, and {path} is a file",
-                           f"drop the / ({path})")
+    if names_folder(text) and os.path.lexists(path) and not os.path.isdir(path):  # Path() drops it: the file read
+        raise MechkitError(f"{what} {text} names a folder (it ends with / or .), and {path} is a file",
+                           f"name the file itself ({path})")
     return path

@@ -73,6 +73,14 @@ def prune(cls: Any, parsed: dict) -> None:
         refuse_ignored(cls, parsed, ("ridge", "sequential"), f"sets the least-squares refit, and --reconstruct "
                        f"{parsed['reconstruct']} refits nothing", "drop it, or pass --reconstruct lsq")
     guides = [g.partition("@")[0] for g in parsed["guide"]]
+    effective = [(g.partition("@")[0], g.partition("@")[2] or parsed["allocation"]) for g in parsed["guide"]]
+    twice = next((g for g, e in zip(parsed["guide"], effective, strict=True) if effective.count(e) > 1), None)
+    if twice is not None:  # magnitude,magnitude@global under --allocation global: one guide, two identical rows
+        kept = list(dict.fromkeys(effective))
+        raise OptionError(f"--guide {','.join(parsed['guide'])} names {twice.partition('@')[0]} twice with the "
+                          f"allocation {effective[parsed['guide'].index(twice)][1]} (--allocation gives a guide "
+                          "without @ its own), which measures the same rows twice",
+                          f"name it once (--guide {','.join(g if a == parsed['allocation'] else f'{g}@{a}' for g, a in kept)})")
     if parsed["budget"] is not None:
         refuse_ignored(cls, parsed, RAY_ONLY, "fans the guide × sparsity grid's rows out, and --budget searches "
                        "one row at a time in this process",
@@ -389,9 +397,11 @@ def prune_levels(anatomy: Any, levels: list[dict[str, float]], guides: list[str]
     """A --sparsity that removes no unit of this model, in one line before any work (it rounds to none: a row
     labelled with it and a saved "pruned" model equal to the dense one), naming the smallest that removes one;
     and one that asks for more than the model can lose (a row labelled 0.9 that removed half), naming the most."""
-    from mechkit.pruning.select import fit_levels
+    from mechkit.pruning.select import fit_levels, same_effect
 
     allocations = tuple(dict.fromkeys(g.partition("@")[2] or allocation for g in guides))
     found = fit_levels(anatomy, levels, allocations, gqa)  # both checks, every level, every guide: one fix for all
+    if found is None and len(levels) > 1:
+        found = same_effect(anatomy, levels, allocations, gqa)  # two labels of one plan: two rows the same
     if found is not None:
         raise OptionError(*found)

@@ -446,6 +446,50 @@ def _fit(anatomy: Anatomy, level: dict[str, float], allocations: tuple[str, ...]
     return why, fixed, checks
 
 
+def _effect(anatomy: Anatomy, level: dict[str, float], allocations: tuple[str, ...], gqa: str) -> tuple:
+    """What ``level`` removes, as counts per target under each allocation (the selectors' rounding): two levels
+    with one effect are one plan under two labels."""
+    L, H, d = anatomy.n_layers, anatomy.n_heads, anatomy.d_mlp
+    g, n_kv = anatomy.n_groups, anatomy.n_kv_heads
+    size = g if gqa == "group" and g > 1 else n_kv if g > 1 else 1
+    layers = min(int(round(level.get("layers", 0) * L)), L - 1)
+    kept = L - layers
+    out = []
+    for alloc in allocations:
+        uniform = alloc == "uniform"
+        neurons = (min(int(round(level.get("neurons", 0) * d)), d - 1) if uniform else
+                   int(round(level.get("neurons", 0) * kept * d)))
+        heads = (int(round(level.get("heads", 0) * H / size)) if uniform else int(round(level.get("heads", 0) * kept * H)))
+        out.append((layers, neurons, heads))
+    return tuple(out)
+
+
+def same_effect(anatomy: Anatomy, levels: list[dict[str, float]], allocations: str | tuple[str, ...] = "uniform",
+                gqa: str = "slot") -> tuple[str, str] | None:
+    """Two levels of a sweep that remove the same units of this model (``--sparsity 0.3,0.5`` on a 2-layer model
+    removes one layer at each): one plan under two labels, two rows and a finding comparing them. The fix keeps the
+    first of each.
+
+    >>> from types import SimpleNamespace as NS
+    >>> same_effect(NS(n_layers=2, n_heads=4, n_groups=1, n_kv_heads=4, d_mlp=64), [{"layers": .3}, {"layers": .5}])
+    ('--sparsity 0.3 and 0.5 remove the same units of this model', 'keep one (--sparsity 0.3)')
+    """
+    allocations = (allocations,) if isinstance(allocations, str) else tuple(dict.fromkeys(allocations))
+    seen: dict[tuple, float] = {}
+    twins = []
+    for level in levels:
+        value = next(iter(level.values()))
+        effect = _effect(anatomy, level, allocations, gqa)
+        if effect in seen:
+            twins.append((seen[effect], value))
+        else:
+            seen[effect] = value
+    if not twins:
+        return None
+    said = "; ".join(f"--sparsity {a:g} and {b:g} remove the same units of this model" for a, b in twins)
+    return said, f"keep one (--sparsity {','.join(f'{v:g}' for v in seen.values())})"
+
+
 def _passes(anatomy: Anatomy, level: dict[str, float], allocations: tuple[str, ...], gqa: str) -> bool:
     return all(_too_few(anatomy, level, a, gqa) is None and _too_many(anatomy, level, a, gqa) is None
                for a in allocations)
@@ -464,8 +508,9 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
     >>> a = NS(n_layers=2, n_heads=4, n_groups=2, n_kv_heads=2, d_mlp=128)
     >>> fit_levels(a, [{"neurons": 0.999, "heads": 0.2}])[1]
     'lower neurons to 0.99 and raise heads to 0.5 (--sparsity neurons=0.99,heads=0.5)'
-    >>> fit_levels(a, [{"heads": 0.3}, {"heads": 0.9}])[1]
-    'use 0.5 for 0.9 (--sparsity 0.3,0.5)'
+    >>> b = NS(n_layers=2, n_heads=8, n_groups=4, n_kv_heads=2, d_mlp=128)
+    >>> fit_levels(b, [{"heads": 0.3}, {"heads": 0.9}])[1]
+    'use 0.75 for 0.9 (--sparsity 0.3,0.75)'
     >>> fit_levels(NS(n_layers=1, n_heads=4, n_groups=2, n_kv_heads=2, d_mlp=128), [{"layers": 0.5, "heads": 0.9}])[1]
     'drop layers from --target, and lower heads to 0.5 (--target heads --sparsity heads=0.5)'
     """
@@ -552,10 +597,18 @@ def _fitted_text(anatomy: Anatomy, levels: list[dict[str, float]], allocations: 
             alone.append((old, fixed))
         else:
             values.append(single)
-            replaced.append(f"use {single:g} for {old:g}")
-    rest = ",".join(f"{v:g}" for v in dict.fromkeys(values))
+            replaced.append((single, old))
+    effects: dict[tuple, float] = {}  # a replacement removing what another level removes: one plan, two rows
+    for v in values:
+        effects.setdefault(_effect(anatomy, dict.fromkeys(levels[0], v), allocations, gqa), v)
+    rest = ",".join(f"{v:g}" for v in effects.values())
     if not alone:
-        return f"{', '.join(replaced)} (--sparsity {rest})"
+        said = []
+        for single, old in replaced:
+            twin = effects[_effect(anatomy, dict.fromkeys(levels[0], single), allocations, gqa)]
+            said.append(f"use {single:g} for {old:g}" if twin == single else
+                        f"drop {old:g} (the most it can remove, {single:g}, removes what {twin:g} does)")
+        return f"{', '.join(said)} (--sparsity {rest})"
     runs = " and ".join(f"--sparsity {_pairs(fixed)}" for _, fixed in alone)
     which = ", ".join(f"{old:g}" for old, _ in alone)
     return (f"no one fraction passes for every target at {which}: run it on its own with a fraction per target "

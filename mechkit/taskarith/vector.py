@@ -245,10 +245,12 @@ class TaskVector:
 
         from mechkit.io.fs_errors import one_line_errors
         from mechkit.io.outlock import settle_interrupted
-        from mechkit.io.patharg import path_arg, reader_path
+        from mechkit.io.patharg import path_arg, reader_path, text_path
 
         example = 'TaskVector.load("v.safetensors")'
-        path = reader_path(path_arg(path, "TaskVector.load", example), "the task vector", example)  # bytes, ~user
+        if text_path(path) is None:
+            path_arg(path, "TaskVector.load", example)  # no path at all: the call named
+        path = reader_path(path, "the task vector", example)  # bytes, ~user, a trailing / after a file
         with one_line_errors(reading=True):  # a folder that cannot be searched: one line, not an OSError
             settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
             found = path.is_file()
@@ -295,13 +297,14 @@ def check_vector_out(out: str | Path, force: bool, inputs: tuple = ()) -> Path:
     after the work, with the vector already written and its .json missing."""
     import os
 
-    from mechkit.io.fs_errors import NAME_MAX, SUFFIX_ROOM
+    from mechkit.io.fs_errors import NAME_MAX, SUFFIX_ROOM, refuse_unencodable
     from mechkit.io.patharg import path_text
 
     out = path_text(out)  # a PathLike giving bytes decoded, a trailing / kept (check_out refuses it)
     if out is None:
         raise MechkitError("TaskVector.save takes a path (a str or pathlib.Path)", 'pass one, e.g. '
                            'vector.save("v.safetensors")')
+    refuse_unencodable(out)  # a lone surrogate: os.fsencode below raised a raw UnicodeEncodeError
     longest = NAME_MAX - SUFFIX_ROOM - len(".json")
     if len(os.fsencode(Path(out).name)) > longest:
         raise MechkitError(f"the file name of --out {str(out)[:40]}… is {len(os.fsencode(Path(out).name))} bytes; with the "
