@@ -364,7 +364,7 @@ def test_an_unreachable_budget_names_targets_only_where_some_are_left(targets):
     targets is no longer offered at all (red-team 54: it was not known to reach the budget, and did not)."""
     from mechkit.pruning.study import budget_fix
 
-    fix = budget_fix(targets, [{"cost_ratio": 0.5}, {"cost_ratio": 0.41}])
+    fix = budget_fix(targets, [{"cost_ratio": 0.5}, {"cost_ratio": 0.41}], "flops")
     assert fix == "raise --budget (the cheapest plan tried reached 0.41)" and "--target" not in fix
 
 

@@ -198,8 +198,9 @@ def test_prune_induction_protecting_every_head_does_not_say_drop_heads(tmp_path,
 
 
 def test_an_unreachable_budget_is_not_told_to_add_targets():
-    assert budget_fix(["neurons"], [{"cost_ratio": 0.62}]) == "raise --budget (the cheapest plan tried reached 0.62)"
-    assert budget_fix(["heads", "layers"], [{"cost_ratio": 0.5}, {"cost_ratio": 0.41}]) == (
+    assert budget_fix(["neurons"], [{"cost_ratio": 0.62}], "flops") == (
+        "raise --budget (the cheapest plan tried reached 0.62)")
+    assert budget_fix(["heads", "layers"], [{"cost_ratio": 0.5}, {"cost_ratio": 0.41}], "flops") == (
         "raise --budget (the cheapest plan tried reached 0.41)")
     assert "--target" not in budget_fix(["neurons"], [{"cost_ratio": 1.1}])
 

@@ -88,7 +88,7 @@ def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency"
     to --target is not offered: whether pruning more kinds reaches the budget is not known without searching
     them (``--target heads`` under ``--budget 0.2`` was told to add neurons and layers, which reached 0.29).
 
-    >>> budget_fix(["neurons"], [{"cost_ratio": 0.62}])
+    >>> budget_fix(["neurons"], [{"cost_ratio": 0.62}], "flops")
     'raise --budget (the cheapest plan tried reached 0.62)'
     >>> budget_fix(["neurons", "heads", "layers"], [])
     'raise --budget'
@@ -101,7 +101,11 @@ def budget_fix(targets: list[str], candidates: list[dict], unit: str = "latency"
                     "which keeps the top heads and the layers holding them (--protect-top-k 0 keeps none)")
         return (f"no plan tried was cheaper than the dense model (the cheapest reached {min(ratios):.2f} of its "
                 f"{unit}), so no --budget below 1 is met: pass {other}--sparsity instead of --budget")
-    return "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
+    fix = "raise --budget" + (f" (the cheapest plan tried reached {min(ratios):.2f})" if ratios else "")
+    if unit == "latency" and ratios:  # measured afresh each run: a budget just above this figure may miss it again
+        fix += ("; latency is measured again each run, so leave a margin above that figure, or pass --budget-unit "
+                "flops, which is the same every run")
+    return fix
 
 
 def unsearched(targets: Sequence[str]) -> tuple[str, str] | None:

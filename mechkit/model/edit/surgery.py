@@ -371,6 +371,10 @@ def structure_of(entry: Any) -> Structure:
     _indices(entry.get("layers_removed", []), "layers_removed")
     if not isinstance(entry.get("biased", []), list) or not isinstance(entry.get("config_restore", {}), dict):
         raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: biased or config_restore", RESAVE)
+    odd = next((b for b in entry.get("biased", []) if not (isinstance(b, str) and b.endswith(".bias"))), None)
+    if odd is not None:  # [1]: "'int' object has no attribute 'rsplit'", blamed on the weights
+        raise MechkitError(f"config.json's {CONFIG_KEY} entry is malformed: biased holds {odd!r}, not a bias's "
+                           "name", RESAVE)
     return Structure.from_dict(entry)
 
 
@@ -416,7 +420,11 @@ def build_pruned(config: Any, structure: Structure, state: Mapping[str, torch.Te
     apply_structure(model, Structure(structure.n_layers, structure.mlp_keep, structure.head_keep,
                                      structure.layers_removed))
     for name in structure.biased:
-        module = model.get_submodule(name.rsplit(".", 1)[0])
+        try:
+            module = model.get_submodule(name.rsplit(".", 1)[0])
+        except AttributeError:  # a module the model has not: the entry's fault, not the weights'
+            raise MechkitError(f"config.json's {CONFIG_KEY} entry does not fit this model: biased names {name}, "
+                               "which it has no module for", RESAVE) from None
         add_output_bias(module, torch.zeros(_out_width(module)))
     out_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings()) + ".weight"
     in_name = next(n for n, m in model.named_modules() if m is model.get_input_embeddings()) + ".weight"

@@ -287,8 +287,21 @@ def request(device_map: Any = None, max_memory: Any = None, offload_folder: Any 
         if isinstance(device_map, dict):
             raise DispatchError("--max-memory was given with an explicit device map, which it cannot change",
                                 "pass --max-memory with a strategy (--device-map auto), or the map alone")
+    if isinstance(device_map, dict):
+        _refuse_nested(device_map)
     folder = _check_folder(offload_folder) if offload_folder is not None else None
     return Dispatch(device_map=device_map, max_memory=memory, offload_folder=folder)
+
+
+def _refuse_nested(mapping: Mapping) -> None:
+    """One line where the map names a module and one inside it (``model=cpu,model.layers.1=disk``): accelerate
+    placed the parent whole and left the child's weights on the meta device, which the load blamed on the weights."""
+    names = sorted(str(k) for k in mapping if str(k))
+    for outer in names:
+        inner = next((n for n in names if n.startswith(outer + ".")), None)
+        if inner is not None:
+            raise DispatchError(f"--device-map names {outer} and {inner}, one inside the other",
+                                f"name each module once: drop {outer}= and place its parts, or drop {inner}=")
 
 
 def format_size(n: float) -> str:
