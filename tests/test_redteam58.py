@@ -58,3 +58,54 @@ def test_a_device_map_naming_a_module_and_one_inside_it_is_refused_before_the_lo
                       offload_folder=tmp_path / "off")
     assert err.value.fix.startswith("name each module once")
     assert not (tmp_path / "off").exists()
+
+
+# --- pass 58, fixed ------------------------------------------------------------------------------------------------
+
+
+def test_scheduler_load_never_reads_a_file_through_a_name_that_names_a_folder(tmp_path):
+    from mechkit.adapt.scheduler import Scheduler
+
+    (tmp_path / "scheduler.json").write_text("{}")
+    for given in ("scheduler.json/", "scheduler.json/."):
+        with pytest.raises(MechkitError, match="names a folder"):
+            Scheduler.load(f"{tmp_path}/{given}")
+
+
+def test_an_api_save_to_tilde_goes_where_a_load_of_it_reads(tmp_path, monkeypatch):
+    from mechkit.io.locked_write import write_locked
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "~").mkdir()  # a folder literally named ~ in the working directory: never the target
+    assert write_locked("~/page.html", "<p>x</p>", "the attention page") == tmp_path / "home" / "page.html"
+    assert not any((tmp_path / "~").iterdir())
+
+
+def test_a_fix_that_drops_a_target_never_leaves_two_levels_of_one_plan():
+    from types import SimpleNamespace
+
+    from mechkit.pruning.select import fit_levels, parse_levels, same_effect
+
+    one_layer = SimpleNamespace(n_layers=1, n_heads=4, n_kv_heads=2, n_groups=2, d_mlp=128)
+    why, fix = fit_levels(one_layer, parse_levels("0.25,0.3", ["heads", "layers"]), ("global",))
+    assert fix == "drop layers from --target (--target heads --sparsity 0.25)"
+    assert same_effect(one_layer, parse_levels("0.25", ["heads"]), ("global",)) is None
+
+
+@pytest.mark.parametrize("target,sparsity,fix", [
+    ("heads", "heads=0.3,neurons=0.3,neurons=0.4", "(--sparsity heads=0.3)"),
+    ("heads,layers", "neurons=0.3,neurons=0.4", "(--sparsity heads=0.5,layers=0.5)"),
+])
+def test_a_repeated_key_outside_target_is_dropped_from_its_fix(tmp_path, target, sparsity, fix):
+    from mechkit.options.option import OptionError
+
+    common = dict(model="tiny:llama", tasks="capitalize", n=2, calib=2, shots=1, repeats=1, guide="magnitude",
+                  console=Console(file=io.StringIO()))
+    with pytest.raises(OptionError, match="names neurons twice") as err:
+        mk.run("prune", out=tmp_path / "a", target=target, sparsity=sparsity, **common)
+    assert err.value.fix.startswith("drop neurons= (--target") and fix in err.value.fix
+    applied = fix.strip("()").removeprefix("--sparsity ")
+    run = mk.run("prune", out=tmp_path / "b", target=target, sparsity=applied, **common)  # the fix, as given
+    assert run.report["results"]["rows"]

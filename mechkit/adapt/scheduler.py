@@ -327,11 +327,12 @@ class Scheduler:
     @classmethod
     def load(cls, path: str | Path) -> Scheduler:
         """A scheduler saved by ``mechkit adapt`` (``scheduler.json`` in its run directory)."""
-        from mechkit.io.patharg import path_arg
+        from mechkit.io.patharg import path_arg, text_path
         from mechkit.io.runfile import MAX_RUN_FILE_BYTES, read_run_file
 
         fix = "pass the scheduler.json of a `mechkit adapt` run (or its directory)"
-        path = path_arg(path, "Scheduler.load", 'Scheduler.load("runs/adapt/scheduler.json")')  # bytes decoded
+        if text_path(path) is None:  # no path at all: the call named
+            path_arg(path, "Scheduler.load", 'Scheduler.load("runs/adapt/scheduler.json")')
         # settled (a killed --force write of its run rolled back), its own regular file (a FIFO had hung), capped
         path, raw = read_run_file(path, MAX_RUN_FILE_BYTES, "scheduler.json", "scheduler", fix)
         try:

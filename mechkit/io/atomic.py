@@ -129,10 +129,12 @@ def file_path(path: object) -> Path:
     ...     print(err)
     /tmp/ ends with /, which names a folder, not a file — name a file inside it, e.g. /tmp/page.html
     """
-    from mechkit.io.patharg import folder_tail, names_folder, path_text
+    from mechkit.io.patharg import expand_user, folder_tail, names_folder, path_text
 
     if isinstance(path, bytes | os.PathLike):
         path = path_text(path)
+    if isinstance(path, str) and path.startswith("~"):  # as every reader expands it: a save to ~/x had gone to ./~/x
+        path = os.fspath(expand_user(path)) + ("/" if path.endswith("/") else "")
     if not isinstance(path, str) or not path:
         raise MechkitError(f"cannot write a file to {path!r}", "pass a file path (a str or pathlib.Path) in a folder that exists")
     if names_folder(path):  # x/ or x/.: Path() drops it, and the save replaced a file x (the user's notes)

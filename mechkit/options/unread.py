@@ -173,12 +173,15 @@ def sparsity_targets(cls: Any, parsed: dict, spec: str) -> None:
         if set(named) == {twice} and list(parsed["target"]) == [twice]:  # a list of fractions keeps every level
             raise OptionError(why, f"give {twice}= once; for several levels of {twice} pass fractions with --target "
                               f"{twice} (--target {twice} --sparsity {given})")
-        pairs = dict(part.replace(" ", "").split("=", 1) for part in text.split(",") if "=" in part)  # last wins
-        fraction = pairs[named[0]]
+        pairs = {t: v for t, v in (part.replace(" ", "").split("=", 1) for part in text.split(",") if "=" in part)
+                 if t in parsed["target"]}  # last wins; a pair --target leaves out is not kept (refused next)
+        fraction = next(iter(pairs.values()), "0.5")
         with contextlib.suppress(ValueError):  # as unnamed_targets gives a --target part no pair names
             fraction = fraction if float(fraction) >= 0.5 else "0.5"
         pairs.update((t, fraction) for t in parsed["target"] if t not in pairs)
-        raise OptionError(why, f"give {twice}= once (--sparsity {','.join(f'{t}={v}' for t, v in pairs.items())}); "
+        once = (f"give {twice}= once" if twice in parsed["target"] else
+                f"drop {twice}= ({spec} leaves {twice} out; or add it to --target and give it once)")
+        raise OptionError(why, f"{once} (--sparsity {','.join(f'{t}={v}' for t, v in pairs.items())}); "
                           f"several levels of a mix of targets are separate runs, one --sparsity each")
     outside = [t for t in dict.fromkeys(named) if t not in parsed["target"]]
     if outside:

@@ -534,9 +534,19 @@ def fit_levels(anatomy: Anatomy, levels: list[dict[str, float]], allocation: str
         return "; ".join(whys), fix or "choose another --sparsity"
     rest = [t for t in current[0]]
     said = f"drop {' and '.join(dropped)} from --target" + (f", and {fix}" if fix else "")
-    values = _flag_text(fix) if fix else (_pairs(current[0]) if len(current) == 1 else
-                                          ",".join(dict.fromkeys(f"{next(iter(lv.values())):g}" for lv in current)))
+    values = _flag_text(fix) if fix else _list_text(anatomy, current, allocations, gqa)
     return "; ".join(whys), f"{_strip_flag(said)} (--target {','.join(rest)} --sparsity {values})"
+
+
+def _list_text(anatomy: Anatomy, levels: list[dict[str, float]], allocations: tuple[str, ...], gqa: str) -> str:
+    """Levels that pass, as ``--sparsity`` text: pairs for one, else the list with the levels that remove what an
+    earlier one removes left out (a target dropped or swapped can make two levels one plan: refused next)."""
+    if len(levels) == 1:
+        return _pairs(levels[0])
+    kept: dict[tuple, float] = {}
+    for level in levels:
+        kept.setdefault(_effect(anatomy, level, allocations, gqa), next(iter(level.values())))
+    return ",".join(f"{v:g}" for v in kept.values())
 
 
 _DROP = re.compile(r"drop (\w+) from --target$")
@@ -553,8 +563,7 @@ def _instead(anatomy: Anatomy, levels: list[dict[str, float]], drop: str, alloca
         return drop
     moved = [{other[1]: next(iter(level.values()))} for level in levels]
     fix = _fitted_text(anatomy, moved, allocations, gqa, own_words=False)
-    values = _flag_text(fix) if fix else (_pairs(moved[0]) if len(moved) == 1 else
-                                          ",".join(dict.fromkeys(f"{next(iter(lv.values())):g}" for lv in moved)))
+    values = _flag_text(fix) if fix else _list_text(anatomy, moved, allocations, gqa)
     return f"prune what this model can lose instead (--target {other[1]} --sparsity {values})"
 
 
