@@ -141,17 +141,10 @@ class ActivationVector:
         """Read a saved vector; with ``handle``, check that it fits that model."""
         from safetensors import safe_open
 
-        from mechkit.io.fs_errors import one_line_errors
-        from mechkit.io.outlock import settle_interrupted
-        from mechkit.io.patharg import path_arg, reader_path, text_path
+        from mechkit.io.runfile import settled_file
 
-        example = 'ActivationVector.load("v.safetensors")'
-        if text_path(path) is None:
-            path_arg(path, "ActivationVector.load", example)  # no path at all: the call named
-        path = reader_path(path, "the activation vector", example)  # bytes, ~user, a trailing / after a file
-        with one_line_errors(reading=True):  # a folder that cannot be searched: one line, not an OSError
-            settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
-            found = path.is_file()
+        path, found = settled_file(path, "ActivationVector.load", "the activation vector",
+                                   'ActivationVector.load("v.safetensors")')  # checked, its run rolled back first
         if not found:
             what = "is not a regular file (a FIFO, device or folder)" if Path(path).exists() else "does not exist"
             raise MechkitError(f"the vector file {path} {what}", "pass a .safetensors file written by icl-vectors")

@@ -15,6 +15,28 @@ from mechkit.errors import MechkitError
 MAX_RUN_FILE_BYTES = 32 * 2**20  # a run's largest report is about 1 MB: the writer refuses more, a reader too
 
 
+def settled_file(value: object, call: str, what: str, example: str) -> tuple[Path, bool]:
+    """``(path, whether it is a regular file)`` for a loader of one file (a task or activation vector): the path
+    checked as :func:`mechkit.io.patharg.reader_path` checks it (no path at all named by ``call``), and a killed
+    ``--force`` write of the run holding it rolled back first; a folder above that cannot be searched is one line.
+
+    >>> import tempfile, pathlib
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "v.safetensors"
+    >>> settled_file(f, "TaskVector.load", "the task vector", 'TaskVector.load("v.safetensors")')[1]
+    False
+    """
+    from mechkit.io.fs_errors import one_line_errors
+    from mechkit.io.outlock import settle_interrupted
+    from mechkit.io.patharg import path_arg, reader_path, text_path
+
+    if text_path(value) is None:
+        path_arg(value, call, example)  # no path at all: the call named
+    path = reader_path(value, what, example)  # bytes, ~user, a name too long, a trailing / after a file
+    with one_line_errors(reading=True):
+        settle_interrupted(path.parent)
+        return path, path.is_file()
+
+
 def read_run_file(path: str | os.PathLike[str], limit: int, name: str = "report.json", what: str = "report",
                   fix: str = "pass a report.json written by a mechkit run") -> tuple[Path, bytes]:
     """``(file, bytes)`` of ``path`` (a run directory, whose ``name`` is read, or the file itself), else one line.

@@ -243,17 +243,10 @@ class TaskVector:
         finite floating-point deltas. Anything else is one line naming the file and the problem."""
         from safetensors import safe_open
 
-        from mechkit.io.fs_errors import one_line_errors
-        from mechkit.io.outlock import settle_interrupted
-        from mechkit.io.patharg import path_arg, reader_path, text_path
+        from mechkit.io.runfile import settled_file
 
-        example = 'TaskVector.load("v.safetensors")'
-        if text_path(path) is None:
-            path_arg(path, "TaskVector.load", example)  # no path at all: the call named
-        path = reader_path(path, "the task vector", example)  # bytes, ~user, a trailing / after a file
-        with one_line_errors(reading=True):  # a folder that cannot be searched: one line, not an OSError
-            settle_interrupted(path.parent)  # a killed --force write of the run holding it: its old set back first
-            found = path.is_file()
+        path, found = settled_file(path, "TaskVector.load", "the task vector",
+                                   'TaskVector.load("v.safetensors")')  # checked, its run rolled back first
         if not found:
             if os.path.lexists(path):  # a directory, a FIFO, a device or a broken link: there, but no vector
                 raise MechkitError(f"{path} is not a regular file, so not a task vector",
