@@ -21,15 +21,14 @@ support (now names the pruning).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 import mechkit as mk
 from mechkit.model.headspec import HeadSpecError
+from tests.rho_tool import rho_tool
 
 COUNTS = (2, 4, 2)  # a head-pruned 3-layer model: layer 0 kept 2 heads, 1 kept 4, 2 kept 2
 
@@ -64,14 +63,6 @@ def test_a_dense_model_still_takes_a_full_grid():
 
 # ---- tools/taskselect_rho.py --json: never the run's own files, never a traceback -----------------------
 
-def _tool():
-    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
-    spec = importlib.util.spec_from_file_location("taskselect_rho", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 @pytest.mark.parametrize("given,target,words", [
     ("dir", "run/report.json", "inside the run directory"),
     ("file", "run/report.json", "inside the run directory"),
@@ -82,7 +73,7 @@ def _tool():
 ])
 def test_a_json_target_that_would_replace_the_runs_files_or_cannot_be_written_is_refused_first(
         tmp_path, monkeypatch, capsys, given, target, words):
-    tool = _tool()
+    tool = rho_tool()
     run = tmp_path / "run"
     run.mkdir()
     (run / "report.json").write_text(json.dumps({"plugin": "select-tasks", "mine": True}))
@@ -95,7 +86,7 @@ def test_a_json_target_that_would_replace_the_runs_files_or_cannot_be_written_is
 
 
 def test_the_json_is_written_whole_beside_the_run(tmp_path, monkeypatch, capsys):
-    tool = _tool()
+    tool = rho_tool()
     (tmp_path / "run").mkdir()
     monkeypatch.chdir(tmp_path)
     figures = {"past-tense": {"hidden | 0-shot": {"similarity": 0.5, "coverage": None}}}

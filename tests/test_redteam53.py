@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -40,6 +39,7 @@ from mechkit.io.out import check_out
 from mechkit.options.option import OptionError
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.select import make_plan, past_reach, removes_nothing
+from tests.rho_tool import rho_tool
 
 
 class Raw:
@@ -200,18 +200,8 @@ def test_an_offload_folder_going_back_out_of_a_missing_name_is_refused_and_leave
     assert list(tmp_path.iterdir()) == []
 
 
-def _rho_tool():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
-    spec = importlib.util.spec_from_file_location("taskselect_rho", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_the_rho_tools_json_target_is_checked_like_an_out(tmp_path):
-    tool = _rho_tool()
+    tool = rho_tool()
     (tmp_path / "run").mkdir()
     with pytest.raises(MechkitError, match="--json .*nosuch/../x.json goes back"):
         tool.check_json_target(f"{tmp_path}/nosuch/../x.json", str(tmp_path / "run"))
@@ -298,6 +288,7 @@ KILLED = """
 import os, sys
 from pathlib import Path
 import mechkit.io.replace as R
+from tests.rho_tool import rho_tool
 out = Path(sys.argv[1])
 with R.replacing_dir(out, writer="taskvec apply", force=True) as tmp:
     (tmp / "model").mkdir()

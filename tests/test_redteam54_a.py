@@ -13,11 +13,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -32,6 +30,7 @@ from mechkit.taskarith.vector import TaskVector
 from mechkit.taskselect import rho
 from tests.conftest import cli_in_process
 from tests.killed_write import killed_write
+from tests.rho_tool import rho_tool
 
 LONG = "a" * 300
 
@@ -110,10 +109,7 @@ def test_rho_refuses_no_path_in_one_line():
 
 
 def test_the_rho_tools_json_refuses_a_long_name_before_the_features(tmp_path, monkeypatch, capsys):
-    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
-    spec = importlib.util.spec_from_file_location("taskselect_rho_54", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = rho_tool()
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "report.json").write_text('{"plugin": "select-tasks"}')
     monkeypatch.chdir(tmp_path)

@@ -11,10 +11,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,6 +21,7 @@ import pytest
 from mechkit.errors import MechkitError
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.select import fit_levels, make_plan, parse_levels
+from tests.rho_tool import rho_tool
 
 
 def _shape(L, H, kv, d):
@@ -103,10 +102,7 @@ def test_a_layers_refusal_offers_no_drop_where_protection_blocks_the_heads_too()
 
 
 def test_the_rho_tools_empty_json_is_refused(tmp_path):
-    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
-    spec = importlib.util.spec_from_file_location("taskselect_rho_55", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = rho_tool()
     for empty in ("", "  "):
         with pytest.raises(MechkitError, match="names no file"):
             tool.check_json_target(empty, str(tmp_path))

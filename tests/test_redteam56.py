@@ -21,6 +21,7 @@ from mechkit.options import unread
 from mechkit.options.option import OptionError
 from mechkit.pruning.guides import Scores
 from mechkit.pruning.select import fit_levels, make_plan, parse_guides, parse_levels
+from tests.rho_tool import rho_tool
 
 ONE_LAYER = SimpleNamespace(n_layers=1, n_heads=4, n_kv_heads=2, n_groups=2, d_mlp=128, is_moe=False)
 ONE_HEAD = SimpleNamespace(n_layers=2, n_heads=1, n_kv_heads=1, n_groups=1, d_mlp=128, is_moe=False)
@@ -113,15 +114,10 @@ def test_a_task_vector_save_takes_only_a_bool_force_and_a_tuple_of_inputs(tmp_pa
 
 
 def test_the_rho_tools_json_never_names_another_runs_file_or_a_models(tmp_path, monkeypatch):
-    import importlib.util
-    from pathlib import Path
 
     import mechkit as mk
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
-    spec = importlib.util.spec_from_file_location("taskselect_rho_56", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = rho_tool()
     (tmp_path / "run").mkdir()
     mk.run("inspect", model="tiny:llama", out=tmp_path / "other", console=_quiet())
     (tmp_path / "m").mkdir()

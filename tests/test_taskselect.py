@@ -12,6 +12,7 @@ from mechkit.errors import MechkitError
 from mechkit.taskselect import conditions, coverage, select_tasks, split_budget
 from mechkit.taskselect.select import greedy_stop
 from mechkit.taskselect.validate import spearman
+from tests.rho_tool import rho_tool
 
 D = 4
 
@@ -282,9 +283,7 @@ def test_lora_grad_leaves_the_model_and_the_random_state_unchanged():
 def test_rho_tool_agrees_with_the_in_run_rho(tmp_path, monkeypatch, capsys):
     """The fine-tunes are faked with fixed, distinct scores (the tool never fine-tunes; what it must
     reproduce is ρ from the report's gains and freshly computed features); the features are real."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     import mechkit as mk
     from mechkit.taskselect import validate
@@ -302,10 +301,7 @@ def test_rho_tool_agrees_with_the_in_run_rho(tmp_path, monkeypatch, capsys):
         batch_size=4, eval_n=2, eval_shots="0,1", draws=3, transfer_seeds=1))
     in_run = run.results["targets"]["past-tense"]["transfer"]["rho"]
     assert sum(v["similarity"] is not None for v in in_run.values()) >= 4  # distinct gains: real ρ values
-    path = Path(__file__).resolve().parents[1] / "tools" / "taskselect_rho.py"
-    spec = importlib.util.spec_from_file_location("taskselect_rho", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = rho_tool()
     assert tool.main([str(tmp_path / "r"), "--representation", "hidden,pc1,actvec,lora-grad",
                       "--json", str(tmp_path / "rho.json")]) == 0
     again = json.loads((tmp_path / "rho.json").read_text())["past-tense"]

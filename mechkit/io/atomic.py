@@ -129,7 +129,7 @@ def file_path(path: object) -> Path:
     ...     print(err)
     /tmp/ ends with /, which names a folder, not a file — name a file inside it, e.g. /tmp/page.html
     """
-    from mechkit.io.patharg import expand_user, folder_tail, names_folder, path_text
+    from mechkit.io.patharg import expand_user, folder_fix, folder_tail, names_folder, path_text
 
     if isinstance(path, bytes | os.PathLike):
         path = path_text(path)
@@ -138,10 +138,7 @@ def file_path(path: object) -> Path:
     if not isinstance(path, str) or not path:
         raise MechkitError(f"cannot write a file to {path!r}", "pass a file path (a str or pathlib.Path) in a folder that exists")
     if names_folder(path):  # x/ or x/.: Path() drops it, and the save replaced a file x (the user's notes)
-        tail, meant = folder_tail(path), Path(os.path.realpath(path.rstrip("/") or "/"))
-        raise MechkitError(f"{path} ends with {tail}, which names a folder, not a file",
-                           f"name a file inside it, e.g. {meant / 'page.html'}" if meant.is_dir() else
-                           f"drop the {tail} ({meant})")
+        raise MechkitError(f"{path} ends with {folder_tail(path)}, which names a folder, not a file", folder_fix(path))
     return Path(path)
 
 

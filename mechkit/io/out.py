@@ -49,11 +49,11 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 
     refuse_missing_cwd()
     refuse_non_utf8(path)
-    from mechkit.io.patharg import folder_tail, names_folder
+    from mechkit.io.patharg import folder_fix, folder_tail, names_folder
 
     if kind == "file" and names_folder(os.fspath(path)):  # x/ or x/.: Path() drops it, and a file x was replaced
         raise MechkitError(f"--out {os.fspath(path)} ends with {folder_tail(os.fspath(path))}, which names a "
-                           "directory, and this --out is a file", _slash_fix(os.fspath(path), "--out", "name.safetensors"))
+                           "directory, and this --out is a file", folder_fix(os.fspath(path), "--out ", "name.safetensors"))
     path = Path(path)
 
     check_name_lengths(path)
@@ -89,17 +89,6 @@ def check_out(path: str | os.PathLike[str], force: bool = False, kind: Literal["
 
     refuse_in_use(path)  # known now, not after the work: the lock of a file writer is taken when it saves
     return path
-
-
-def _slash_fix(text: str, flag: str, example: str) -> str:
-    """The fix for a file path ending in ``/``: a file inside it where it is a folder, else the path without the
-    slash, named as the system resolves it (never a file under a file, never a ``..`` past a missing name)."""
-    from mechkit.io.patharg import folder_tail
-
-    meant = Path(os.path.realpath(text.rstrip("/") or "/"))
-    if meant.is_dir():
-        return f"name a file inside it, e.g. {flag} {meant / example}"
-    return f"drop the {folder_tail(text)} ({flag} {meant})"
 
 
 def refuse_non_utf8(path: str | os.PathLike[str]) -> None:

@@ -28,6 +28,20 @@ def folder_tail(text: str) -> str:
     return "/" if text.endswith("/") else "/" + text.rsplit("/", 1)[-1] if "/" in text else text
 
 
+def folder_fix(text: str, prefix: str = "", example: str = "page.html") -> str:
+    """The fix for a file path that names a folder (``x/``, ``x/.``): a file inside it where it is a folder, else
+    the path without that ending, named as the system resolves it (never a file under a file, never a ``..`` past a
+    missing name); ``prefix`` is the option to write before it (``"--out "``), if any.
+
+    >>> folder_fix("/", "--out ")
+    'name a file inside it, e.g. --out /page.html'
+    """
+    meant = Path(os.path.realpath(text.rstrip("/") or "/"))
+    if meant.is_dir():
+        return f"name a file inside it, e.g. {prefix}{meant / example}"
+    return f"drop the {folder_tail(text)} ({prefix}{meant})"
+
+
 def text_path(value: object) -> Path | None:
     """``value`` as a :class:`Path` of text, or None where it is no path (see :func:`path_text`).
 
