@@ -468,9 +468,9 @@ def test_a_file_out_ending_with_a_slash_is_not_written_as_a_file(tmp_path, capsy
 
 
 def test_the_rho_tools_json_never_replaces_a_pipe(tmp_path, monkeypatch, capsys):
-    from tests.test_redteam4 import _tool
+    from tests.rho_tool import rho_tool
 
-    tool = _tool()
+    tool = rho_tool()
     (tmp_path / "run").mkdir()
     os.mkfifo(tmp_path / "rho.json")
     monkeypatch.chdir(tmp_path)
